@@ -1,0 +1,30 @@
+# `make demo` and `make test` both start with `make install`: a .venv with everything pinned.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch pinned: 2.13.0 is the CPU build on this machine's disk (never a CUDA download)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps -e .
+	touch $@
+
+demo: install
+	$(VENV)/bin/hvdlite-run -np 2 $(PY) examples/pytorch_mnist.py --epochs 2
+
+test: install
+	bash tests/setup_system.sh
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/hvdlite-run -np 2 $(PY) benchmarks/allreduce.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

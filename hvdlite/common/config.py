@@ -1,0 +1,208 @@
+"""One frozen object holding every tunable and every launcher-provided fact.
+
+Each ``HVDLITE_*`` name is spelled exactly once, here.  The launcher turns its
+flags into these variables (``runner`` imports the names from this module), and
+``init()`` reads them once with :meth:`Config.from_env`.
+"""
+
+import dataclasses
+import logging
+import os
+from typing import Dict, Mapping, Optional
+
+from .exceptions import HvdliteConfigError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "HVDLITE_"
+
+# --- identity of this process inside the job (set by the launcher per rank) ---
+RANK = "HVDLITE_RANK"
+SIZE = "HVDLITE_SIZE"
+LOCAL_RANK = "HVDLITE_LOCAL_RANK"
+LOCAL_SIZE = "HVDLITE_LOCAL_SIZE"
+CROSS_RANK = "HVDLITE_CROSS_RANK"
+CROSS_SIZE = "HVDLITE_CROSS_SIZE"
+HOSTNAME = "HVDLITE_HOSTNAME"
+
+# --- rendezvous (set by the launcher for the whole job) ---
+RENDEZVOUS_ADDR = "HVDLITE_RENDEZVOUS_ADDR"
+RENDEZVOUS_PORT = "HVDLITE_RENDEZVOUS_PORT"
+SECRET_KEY = "HVDLITE_SECRET_KEY"          # hex; never on a command line
+JOB_ID = "HVDLITE_JOB_ID"
+GLOO_IFACE = "HVDLITE_GLOO_IFACE"
+
+# --- tunables (each has a launcher flag) ---
+CPU_OPERATIONS = "HVDLITE_CPU_OPERATIONS"
+FUSION_THRESHOLD = "HVDLITE_FUSION_THRESHOLD"
+CYCLE_TIME = "HVDLITE_CYCLE_TIME"
+CACHE_CAPACITY = "HVDLITE_CACHE_CAPACITY"
+OP_TIMEOUT = "HVDLITE_OP_TIMEOUT_SECONDS"
+START_TIMEOUT = "HVDLITE_START_TIMEOUT"
+TIMELINE = "HVDLITE_TIMELINE"
+TIMELINE_MARK_CYCLES = "HVDLITE_TIMELINE_MARK_CYCLES"
+STALL_CHECK_DISABLE = "HVDLITE_STALL_CHECK_DISABLE"
+STALL_CHECK_WARNING_TIME = "HVDLITE_STALL_CHECK_TIME_SECONDS"
+STALL_CHECK_SHUTDOWN_TIME = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
+AUTOTUNE = "HVDLITE_AUTOTUNE"
+AUTOTUNE_LOG = "HVDLITE_AUTOTUNE_LOG"
+LOG_LEVEL = "HVDLITE_LOG_LEVEL"
+
+# The variables horovodrun exports, which user scripts read; the launcher sets
+# them to the same values as their HVDLITE_* twins.
+HOROVOD_ALIASES: Dict[str, str] = {
+    RANK: "HOROVOD_RANK",
+    SIZE: "HOROVOD_SIZE",
+    LOCAL_RANK: "HOROVOD_LOCAL_RANK",
+    LOCAL_SIZE: "HOROVOD_LOCAL_SIZE",
+    CROSS_RANK: "HOROVOD_CROSS_RANK",
+    CROSS_SIZE: "HOROVOD_CROSS_SIZE",
+    HOSTNAME: "HOROVOD_HOSTNAME",
+}
+
+_KNOWN = {v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str)
+          and v.startswith(PREFIX)}
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise HvdliteConfigError(f"{name}={raw!r} is not a boolean (use 1/0, true/false)")
+
+
+def _parse_number(name: str, raw: str, kind):
+    try:
+        return kind(raw)
+    except ValueError:
+        raise HvdliteConfigError(
+            f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of one process of a job; defaults follow Horovod's."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    cross_rank: int = 0
+    cross_size: int = 1
+    hostname: str = "localhost"
+    rendezvous_addr: Optional[str] = None
+    rendezvous_port: Optional[int] = None
+    secret_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
+    job_id: str = "job"
+    #: "" picks automatically: MPI under mpiexec, Gloo under hvdlite-run.
+    cpu_operations: str = ""
+    #: largest fused allreduce buffer; 0 turns fusion off.
+    fusion_threshold_bytes: int = 128 * 1024 * 1024
+    #: period of the background loop.
+    cycle_time_ms: float = 1.0
+    #: response cache entries; 0 turns the cache off.
+    cache_capacity: int = 1024
+    #: bound on any single collective / control exchange before peers count as failed.
+    op_timeout_s: float = 60.0
+    #: bound on rendezvous at init.
+    start_timeout_s: float = 60.0
+    timeline_filename: str = ""
+    timeline_mark_cycles: bool = False
+    stall_check: bool = True
+    stall_check_warning_time_s: float = 60.0
+    #: 0 means never fail on a stall, only warn.
+    stall_check_shutdown_time_s: float = 0.0
+    autotune: bool = False
+    autotune_log_file: str = ""
+    log_level: str = "WARNING"
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise HvdliteConfigError(f"{SIZE}={self.size}: the job size must be at least 1")
+        if not 0 <= self.rank < self.size:
+            raise HvdliteConfigError(
+                f"{RANK}={self.rank} is outside 0..{self.size - 1} ({SIZE}={self.size})")
+        if self.fusion_threshold_bytes < 0:
+            raise HvdliteConfigError(f"{FUSION_THRESHOLD} must be >= 0 bytes")
+        if self.cycle_time_ms < 0:
+            raise HvdliteConfigError(f"{CYCLE_TIME} must be >= 0 ms")
+        if self.cache_capacity < 0:
+            raise HvdliteConfigError(f"{CACHE_CAPACITY} must be >= 0")
+        if self.op_timeout_s <= 0:
+            raise HvdliteConfigError(f"{OP_TIMEOUT} must be > 0 seconds")
+        if self.cpu_operations not in ("", "gloo", "mpi", "local"):
+            raise HvdliteConfigError(
+                f"{CPU_OPERATIONS}={self.cpu_operations!r}: expected 'gloo' or 'mpi'")
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
+        """Build the config from ``HVDLITE_*`` variables, warning about unknown ones."""
+        env = os.environ if environ is None else environ
+        for name in env:
+            if name.startswith(PREFIX) and name not in _KNOWN:
+                log.warning("unknown variable %s is ignored (known: %s)",
+                            name, ", ".join(sorted(_KNOWN)))
+
+        def get(name, kind, default):
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            if kind is bool:
+                return _parse_bool(name, raw)
+            if kind in (int, float):
+                return _parse_number(name, raw, kind)
+            return raw
+
+        key_hex = env.get(SECRET_KEY)
+        try:
+            key = bytes.fromhex(key_hex) if key_hex else None
+        except ValueError:
+            raise HvdliteConfigError(f"{SECRET_KEY} is not hex") from None
+        port = get(RENDEZVOUS_PORT, int, None)
+        return cls(
+            rank=get(RANK, int, 0),
+            size=get(SIZE, int, 1),
+            local_rank=get(LOCAL_RANK, int, 0),
+            local_size=get(LOCAL_SIZE, int, 1),
+            cross_rank=get(CROSS_RANK, int, 0),
+            cross_size=get(CROSS_SIZE, int, 1),
+            hostname=get(HOSTNAME, str, None) or _this_host(),
+            rendezvous_addr=get(RENDEZVOUS_ADDR, str, None),
+            rendezvous_port=port,
+            secret_key=key,
+            job_id=get(JOB_ID, str, "job"),
+            cpu_operations=get(CPU_OPERATIONS, str, "").lower(),
+            fusion_threshold_bytes=get(FUSION_THRESHOLD, int, 128 * 1024 * 1024),
+            cycle_time_ms=get(CYCLE_TIME, float, 1.0),
+            cache_capacity=get(CACHE_CAPACITY, int, 1024),
+            op_timeout_s=get(OP_TIMEOUT, float, 60.0),
+            start_timeout_s=get(START_TIMEOUT, float, 60.0),
+            timeline_filename=get(TIMELINE, str, ""),
+            timeline_mark_cycles=get(TIMELINE_MARK_CYCLES, bool, False),
+            stall_check=not get(STALL_CHECK_DISABLE, bool, False),
+            stall_check_warning_time_s=get(STALL_CHECK_WARNING_TIME, float, 60.0),
+            stall_check_shutdown_time_s=get(STALL_CHECK_SHUTDOWN_TIME, float, 0.0),
+            autotune=get(AUTOTUNE, bool, False),
+            autotune_log_file=get(AUTOTUNE_LOG, str, ""),
+            log_level=get(LOG_LEVEL, str, "WARNING").upper(),
+        )
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+def _this_host() -> str:
+    import socket
+    return socket.gethostname()
+
+
+def rank_env(rank: int, size: int, local_rank: int, local_size: int,
+             cross_rank: int, cross_size: int, hostname: str) -> Dict[str, str]:
+    """The identity variables of one rank, under both our names and Horovod's."""
+    values = {RANK: rank, SIZE: size, LOCAL_RANK: local_rank, LOCAL_SIZE: local_size,
+              CROSS_RANK: cross_rank, CROSS_SIZE: cross_size, HOSTNAME: hostname}
+    env = {k: str(v) for k, v in values.items()}
+    env.update({HOROVOD_ALIASES[k]: str(v) for k, v in values.items()})
+    return env

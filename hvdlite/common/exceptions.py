@@ -1,0 +1,55 @@
+"""The one exception tree of hvdlite.
+
+Every error a user can see derives from :class:`HvdliteError`, so
+``except HvdliteError`` catches all of them; classes that describe bad input
+also derive from the matching builtin (``ValueError``/``TypeError``).
+"""
+
+
+class HvdliteError(Exception):
+    """Base of every hvdlite error."""
+
+
+class HvdliteConfigError(HvdliteError, ValueError):
+    """A setting (environment variable or launcher flag) has a bad value."""
+
+
+class HvdliteNotInitializedError(HvdliteError, ValueError):
+    """An API call that needs ``init()`` was made before it (or after ``shutdown()``)."""
+
+
+class HvdliteInternalError(HvdliteError, RuntimeError):
+    """The runtime cannot complete an operation: a peer died or shut down,
+    the transport failed, or the background thread stopped.
+
+    Horovod raises ``HorovodInternalError`` in the same situations; elastic
+    training catches it to reset.
+    """
+
+
+class HvdliteTimeoutError(HvdliteInternalError, TimeoutError):
+    """A bounded wait ran out; the message names the stage and the knob."""
+
+
+class HvdliteMismatchError(HvdliteError, ValueError):
+    """Ranks submitted the same tensor name with incompatible parameters."""
+
+
+class HvdliteDuplicateNameError(HvdliteError, ValueError):
+    """A tensor name was submitted again while the first one is still in flight."""
+
+
+class HvdliteStallError(HvdliteInternalError):
+    """Some ranks submitted a tensor that others never did, past the stall shutdown time."""
+
+
+class HvdliteAuthError(HvdliteError):
+    """A control-plane message failed authentication (bad or missing HMAC, replay)."""
+
+
+class HostsUpdatedInterrupt(HvdliteError):
+    """Elastic mode: the set of hosts changed; training should reset (not an error)."""
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
