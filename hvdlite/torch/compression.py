@@ -1,0 +1,73 @@
+"""Gradient compression applied around a collective.
+
+The interface is Horovod's: a compressor has static ``compress(tensor)``
+returning ``(compressed, ctx)`` and ``decompress(tensor, ctx)`` returning a
+tensor of the original dtype.  :func:`hvdlite.torch.mpi_ops.allreduce` and
+:class:`~hvdlite.torch.optimizer.DistributedOptimizer` call them duck-typed,
+so a user-defined class with the same two static methods works too.
+"""
+
+import torch
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
+
+
+class Compressor:
+    """Base of all compressors: override both static methods.
+
+    ``compress`` must not modify its input.  ``ctx`` is whatever
+    ``decompress`` needs to restore the original tensor (typically its dtype).
+    """
+
+    @staticmethod
+    def compress(tensor):
+        """Return ``(compressed_tensor, ctx)``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Return the tensor restored from ``compress``'s output and ``ctx``."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are (identity; no copy)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends floating-point tensors as float16, restoring the original dtype after.
+
+    Integer, bool and already-16-bit tensors pass through unchanged.  The
+    reduction itself then runs in float16, so sums of many large values can
+    overflow; prefer ``op=Average`` with a ``prescale_factor`` for huge worlds.
+    """
+
+    @staticmethod
+    def compress(tensor):
+        dtype = tensor.dtype
+        if dtype.is_floating_point and dtype not in (torch.float16, torch.bfloat16):
+            return tensor.to(torch.float16), dtype
+        return tensor, dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        if ctx is not None and tensor.dtype != ctx:
+            return tensor.to(ctx)
+        return tensor
+
+
+class Compression:
+    """The built-in compressors, under Horovod's names."""
+
+    #: no compression
+    none = NoneCompressor
+    #: float16 on the wire for floating-point tensors
+    fp16 = FP16Compressor

@@ -1,0 +1,555 @@
+"""DistributedOptimizer: averages gradients across ranks while backward runs.
+
+``DistributedOptimizer(opt, ...)`` returns an object of a new subclass of
+``type(opt)`` that shares ``opt``'s state, parameter groups and hooks, so it
+is still an ``isinstance`` of the user's optimizer class and keeps its
+behaviour; only ``step``, ``zero_grad`` and ``synchronize`` change.
+
+How gradients travel (three strategies, chosen at construction):
+
+* **buckets** (the default): like ``DistributedDataParallel``, the gradients
+  of all parameters are made views of a few flat buffers (one per ~25 MiB of
+  parameters, filled in reverse parameter order, the first one small so
+  communication starts early).  A ``post_accumulate_grad`` hook counts the
+  parameters of a bucket whose gradient is final; when the last one arrives,
+  one in-place ``allreduce_async_`` on the flat buffer starts, while backward
+  continues.  Nothing is packed or unpacked: autograd accumulates straight
+  into the buffer and the result lands there.
+* **groups** (``groups=`` or ``num_groups=``): Horovod's explicit grouping;
+  one ``grouped_allreduce_async_`` per group once all its gradients exist.
+* **per parameter** (``bucket_cap_mb=0``): Horovod's classic path, one named
+  ``allreduce_async_`` per gradient, fused by the runtime.  This path also
+  reduces sparse gradients (``nn.Embedding(sparse=True)``) with allgathers
+  unless ``sparse_as_dense=True``.
+
+``step()`` waits for every reduction (starting the ones of parameters that got
+no gradient this step, with zeros, so no rank waits for another) and then
+applies the wrapped optimizer's update.
+"""
+
+import contextlib
+import logging
+import warnings
+import weakref
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from hvdlite.torch import mpi_ops
+from hvdlite.torch.compression import Compression
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DistributedOptimizer"]
+
+#: Attribute set on each parameter: the token of the DistributedOptimizer whose
+#: hooks act on it.  When a parameter is wrapped again, the older optimizer's
+#: hooks become no-ops.
+_OWNER_ATTR = "_hvdlite_grad_owner"
+
+_MIB = 1024 * 1024
+#: like DDP: a small first bucket so the first reduction starts early.
+_FIRST_BUCKET_BYTES = 1 * _MIB
+
+
+class _Bucket:
+    """A flat buffer whose slices are the ``.grad`` of several parameters."""
+
+    __slots__ = ("index", "name", "params", "views", "buffer", "pending", "handle")
+
+    def __init__(self, index: int, name: str, params: List[torch.Tensor]):
+        self.index = index
+        self.name = name
+        self.params = params
+        total = sum(p.numel() for p in params)
+        self.buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        self.views = []
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.views.append(self.buffer[offset:offset + n].view(p.shape))
+            offset += n
+        self.pending = len(params)
+        self.handle = None  # (handle, ctx, compressed) while in flight
+
+
+def _is_view_of(grad: Optional[torch.Tensor], view: torch.Tensor) -> bool:
+    return (grad is not None and not grad.is_sparse and grad.data_ptr() == view.data_ptr()
+            and grad.shape == view.shape and grad.stride() == view.stride())
+
+
+def _param_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
+    """Map every parameter of ``optimizer`` to its name, validating the user's list."""
+    opt_params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {p: f"noname.{i}" for i, p in enumerate(opt_params)}
+    named = list(named_parameters)
+    for i, item in enumerate(named):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise ValueError(
+                "DistributedOptimizer: named_parameters must be (name, parameter) pairs such as "
+                f"model.named_parameters(); item {i} is {type(item).__name__}")
+    seen: Dict[str, int] = {}
+    dups = []
+    for name, _ in named:
+        if name in seen and name not in dups:
+            dups.append(name)
+        seen[name] = seen.get(name, 0) + 1
+    if dups:
+        raise ValueError(
+            "DistributedOptimizer: named_parameters contains duplicate names "
+            f"{dups}; every parameter needs a name unique in the model (names must also be the same "
+            "on every rank)")
+    by_id = {}
+    for name, p in named:
+        if id(p) in by_id and by_id[id(p)][0] != name:
+            raise ValueError(
+                f"DistributedOptimizer: parameter named {by_id[id(p)][0]!r} is also named {name!r} "
+                "in named_parameters; give each parameter one name")
+        by_id[id(p)] = (name, p)
+    missing = [p for p in opt_params if id(p) not in by_id]
+    if missing:
+        shapes = [tuple(p.shape) for p in missing[:5]]
+        raise ValueError(
+            f"DistributedOptimizer: named_parameters is missing {len(missing)} of the optimizer's "
+            f"{len(opt_params)} parameters (shapes {shapes}{'...' if len(missing) > 5 else ''}); "
+            "pass model.named_parameters() of the model that owns every optimized parameter, "
+            "or leave named_parameters=None")
+    return {p: by_id[id(p)][0] for p in opt_params}
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixin placed in front of the user's optimizer class; never instantiated directly."""
+
+    # -- construction -----------------------------------------------------------------
+
+    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor, num_groups, groups, sparse_as_dense,
+                   process_set, bucket_cap_mb):
+        if backward_passes_per_step < 1:
+            raise ValueError(
+                f"DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} "
+                "must be >= 1")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(
+                f"DistributedOptimizer: gradient_predivide_factor={gradient_predivide_factor} "
+                "must be > 0")
+        if op == mpi_ops.Adasum:
+            raise NotImplementedError(
+                "DistributedOptimizer(op=Adasum) is not implemented in hvdlite; "
+                "use op=hvd.Average (default) or op=hvd.Sum")
+        if op not in (mpi_ops.Average, mpi_ops.Sum):
+            raise ValueError(
+                f"DistributedOptimizer: op={op!r} is not supported for gradients; "
+                "use hvd.Average or hvd.Sum")
+        if bucket_cap_mb < 0:
+            raise ValueError(f"DistributedOptimizer: bucket_cap_mb={bucket_cap_mb} must be >= 0")
+        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+            raise TypeError(
+                "DistributedOptimizer: compression must have compress/decompress, e.g. "
+                f"hvd.Compression.fp16; got {compression!r}")
+
+        self._hvd_token = object()
+        self._hvd_names = _param_names(self, named_parameters)
+        self._hvd_compression = compression
+        self._hvd_bpps = int(backward_passes_per_step)
+        self._hvd_op = op
+        # Split the average (or sum) between a scale before and after the
+        # reduction, to keep fp16 sums in range.
+        self._hvd_prescale = 1.0 / gradient_predivide_factor
+        self._hvd_postscale = float(gradient_predivide_factor)
+        self._hvd_sparse_as_dense = bool(sparse_as_dense)
+        self._hvd_process_set = process_set
+        self._hvd_should_sync = True
+        self._hvd_synchronized = False
+
+        self._hvd_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._hvd_delay = {p: self._hvd_bpps for p in self._hvd_params}
+        # per-parameter and per-group in-flight reductions
+        self._hvd_handles: Dict[torch.Tensor, tuple] = {}
+        self._hvd_group_of: Dict[torch.Tensor, int] = {}
+        self._hvd_groups: List[List[torch.Tensor]] = []
+        self._hvd_group_pending: List[int] = []
+        self._hvd_group_handles: Dict[int, tuple] = {}
+        self._hvd_buckets: List[_Bucket] = []
+        self._hvd_bucket_of: Dict[torch.Tensor, tuple] = {}
+
+        if isinstance(groups, int) and not isinstance(groups, bool):
+            num_groups, groups = groups, None
+        if num_groups < 0:
+            raise ValueError(f"DistributedOptimizer: num_groups={num_groups} must be >= 0")
+        if groups is not None:
+            self._hvd_mode = "groups"
+            self._hvd_build_groups(groups)
+        elif num_groups > 0:
+            self._hvd_mode = "groups"
+            n = len(self._hvd_params)
+            k = min(num_groups, max(n, 1))
+            chunks = [self._hvd_params[i * n // k:(i + 1) * n // k] for i in range(k)]
+            self._hvd_build_groups([c for c in chunks if c])
+        elif bucket_cap_mb > 0:
+            self._hvd_mode = "buckets"
+            self._hvd_build_buckets(int(bucket_cap_mb * _MIB))
+        else:
+            self._hvd_mode = "params"
+
+        for p in self._hvd_params:
+            setattr(p, _OWNER_ATTR, self._hvd_token)
+        self._hvd_hook_handles = []
+        ref = weakref.ref(self)
+        for p in self._hvd_params:
+            self._hvd_hook_handles.append(
+                p.register_post_accumulate_grad_hook(_make_hook(ref, self._hvd_token)))
+
+    def _hvd_build_groups(self, groups):
+        known = {p: i for i, p in enumerate(self._hvd_params)}
+        for gi, group in enumerate(groups):
+            members = list(group)
+            for p in members:
+                if not isinstance(p, torch.Tensor) or p not in known:
+                    raise ValueError(
+                        f"DistributedOptimizer: groups[{gi}] holds an object that is not a "
+                        "parameter of the optimizer that requires grad")
+                if p in self._hvd_group_of:
+                    raise ValueError(
+                        f"DistributedOptimizer: parameter {self._hvd_names[p]!r} is in groups["
+                        f"{self._hvd_group_of[p]}] and groups[{gi}]; a parameter may be in one "
+                        "group only")
+                self._hvd_group_of[p] = len(self._hvd_groups)
+            if members:
+                # keep the optimizer's order inside a group so all ranks agree
+                members.sort(key=lambda t: known[t])
+                self._hvd_groups.append(members)
+        self._hvd_group_pending = [len(g) for g in self._hvd_groups]
+
+    def _hvd_build_buckets(self, cap_bytes: int):
+        open_buckets: Dict[tuple, List[torch.Tensor]] = {}
+        open_bytes: Dict[tuple, int] = {}
+        closed: List[List[torch.Tensor]] = []
+        for p in reversed(self._hvd_params):
+            key = (p.device, p.dtype)
+            cur = open_buckets.setdefault(key, [])
+            cur.append(p)
+            open_bytes[key] = open_bytes.get(key, 0) + p.numel() * p.element_size()
+            limit = min(_FIRST_BUCKET_BYTES, cap_bytes) if not closed else cap_bytes
+            if open_bytes[key] >= limit:
+                closed.append(cur)
+                open_buckets[key] = []
+                open_bytes[key] = 0
+        closed.extend(b for b in open_buckets.values() if b)
+        for i, params in enumerate(closed):
+            first = self._hvd_names[params[0]]
+            b = _Bucket(i, f"DistributedOptimizer.bucket.{i}.{len(params)}.{first}", params)
+            self._hvd_buckets.append(b)
+            with torch.no_grad():
+                for j, p in enumerate(params):
+                    self._hvd_bucket_of[p] = (b, j)
+                    if p.grad is not None:
+                        if p.grad.is_sparse:
+                            b.views[j].add_(p.grad)
+                        else:
+                            b.views[j].copy_(p.grad)
+                    p.grad = b.views[j]
+
+    def _hvd_op_kwargs(self):
+        kw = dict(op=self._hvd_op, prescale_factor=self._hvd_prescale,
+                  postscale_factor=self._hvd_postscale)
+        if self._hvd_process_set is not None:
+            kw["process_set"] = self._hvd_process_set
+        return kw
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def _hvd_grad_ready(self, p: torch.Tensor):
+        left = self._hvd_delay[p] - 1
+        if left < 0:
+            raise RuntimeError(
+                f"DistributedOptimizer: the gradient of {self._hvd_names[p]!r} was computed more "
+                f"than backward_passes_per_step={self._hvd_bpps} times before optimizer.step() or "
+                "optimizer.synchronize(); raise backward_passes_per_step or call step() after "
+                "each accumulation window")
+        self._hvd_delay[p] = left
+        if left > 0:
+            return
+        if self._hvd_mode == "buckets":
+            b, j = self._hvd_bucket_of[p]
+            self._hvd_adopt_view(p, b, j)
+            b.pending -= 1
+            if b.pending == 0:
+                self._hvd_launch_bucket(b)
+        elif p in self._hvd_group_of:
+            gi = self._hvd_group_of[p]
+            self._hvd_group_pending[gi] -= 1
+            if self._hvd_group_pending[gi] == 0:
+                self._hvd_launch_group(gi)
+        else:
+            self._hvd_launch_param(p)
+
+    @staticmethod
+    def _hvd_adopt_view(p, b: _Bucket, j: int):
+        """Make ``p.grad`` the bucket view again (after zero_grad(set_to_none) or no grad)."""
+        view = b.views[j]
+        g = p.grad
+        if _is_view_of(g, view):
+            return
+        with torch.no_grad():
+            if g is None:
+                view.zero_()
+            elif g.is_sparse:
+                view.zero_()
+                view.add_(g)
+            else:
+                view.copy_(g)
+        p.grad = view
+
+    # -- launching ---------------------------------------------------------------------
+
+    def _hvd_launch_bucket(self, b: _Bucket):
+        compressed, ctx = self._hvd_compression.compress(b.buffer)
+        h = mpi_ops.allreduce_async_(compressed, name=b.name, **self._hvd_op_kwargs())
+        b.handle = (h, ctx, compressed)
+
+    def _hvd_prepare_dense(self, p):
+        g = p.grad
+        if g is None:
+            p.grad = g = torch.zeros_like(p)
+        elif g.is_sparse:
+            if self._hvd_sparse_as_dense:
+                p.grad = g = g.to_dense()
+        return g
+
+    def _hvd_launch_param(self, p):
+        g = self._hvd_prepare_dense(p)
+        name = "allreduce." + self._hvd_names[p]
+        if g.is_sparse:
+            g = g.coalesce()
+            indices = g.indices().t().contiguous()
+            values = g.values().contiguous()
+            kw = {} if self._hvd_process_set is None else {"process_set": self._hvd_process_set}
+            hi = mpi_ops.allgather_async(indices, name=name + ".indices", **kw)
+            hv = mpi_ops.allgather_async(values, name=name + ".values", **kw)
+            self._hvd_handles[p] = ("sparse", hi, hv)
+            return
+        compressed, ctx = self._hvd_compression.compress(g)
+        h = mpi_ops.allreduce_async_(compressed, name=name, **self._hvd_op_kwargs())
+        self._hvd_handles[p] = ("dense", h, ctx, compressed)
+
+    def _hvd_launch_group(self, gi: int):
+        params = self._hvd_groups[gi]
+        grads = []
+        for p in params:
+            g = self._hvd_prepare_dense(p)
+            if g.is_sparse:
+                raise ValueError(
+                    f"DistributedOptimizer: parameter {self._hvd_names[p]!r} has a sparse gradient "
+                    "and is in a group; pass sparse_as_dense=True or leave it out of groups")
+            grads.append(g)
+        packed = [self._hvd_compression.compress(g) for g in grads]
+        compressed = [c for c, _ in packed]
+        ctxs = [x for _, x in packed]
+        name = f"grouped_allreduce.{len(params)}.{self._hvd_names[params[0]]}"
+        h = mpi_ops.grouped_allreduce_async_(compressed, name=name, **self._hvd_op_kwargs())
+        self._hvd_group_handles[gi] = (h, ctxs, compressed)
+
+    # -- public API --------------------------------------------------------------------
+
+    def synchronize(self):
+        """Wait for every gradient reduction of this step; the results are in ``p.grad``.
+
+        Starts the reductions of gradients whose hooks did not fire (unused
+        parameters get zeros), so every rank reduces the same tensors.
+        """
+        try:
+            if self._hvd_mode == "buckets":
+                for b in self._hvd_buckets:
+                    if b.handle is None:
+                        for j, p in enumerate(b.params):
+                            self._hvd_adopt_view(p, b, j)
+                        self._hvd_launch_bucket(b)
+                for b in self._hvd_buckets:
+                    h, ctx, compressed = b.handle
+                    mpi_ops.synchronize(h)
+                    if compressed is not b.buffer:
+                        with torch.no_grad():
+                            b.buffer.copy_(self._hvd_compression.decompress(compressed, ctx))
+            else:
+                for gi in range(len(self._hvd_groups)):
+                    if gi not in self._hvd_group_handles:
+                        self._hvd_launch_group(gi)
+                for p in self._hvd_params:
+                    if p not in self._hvd_group_of and p not in self._hvd_handles:
+                        self._hvd_launch_param(p)
+                for gi, (h, ctxs, compressed) in sorted(self._hvd_group_handles.items()):
+                    mpi_ops.synchronize(h)
+                    with torch.no_grad():
+                        for p, c, ctx in zip(self._hvd_groups[gi], compressed, ctxs):
+                            if c is not p.grad:
+                                p.grad.copy_(self._hvd_compression.decompress(c, ctx))
+                for p, entry in self._hvd_handles.items():
+                    if entry[0] == "sparse":
+                        self._hvd_finish_sparse(p, entry[1], entry[2])
+                        continue
+                    _, h, ctx, c = entry
+                    mpi_ops.synchronize(h)
+                    if c is not p.grad:
+                        with torch.no_grad():
+                            p.grad.copy_(self._hvd_compression.decompress(c, ctx))
+        finally:
+            self._hvd_reset()
+        self._hvd_synchronized = True
+
+    def _hvd_finish_sparse(self, p, hi, hv):
+        indices = mpi_ops.synchronize(hi)
+        values = mpi_ops.synchronize(hv)
+        scale = self._hvd_prescale * self._hvd_postscale
+        if self._hvd_op == mpi_ops.Average:
+            ps = self._hvd_process_set
+            n = ps.size() if ps is not None and hasattr(ps, "size") else mpi_ops.size()
+            scale /= n
+        values = values * scale if scale != 1.0 else values
+        p.grad = torch.sparse_coo_tensor(indices.t(), values, p.shape).coalesce()
+
+    def _hvd_reset(self):
+        for p in self._hvd_params:
+            self._hvd_delay[p] = self._hvd_bpps
+        for b in self._hvd_buckets:
+            b.pending = len(b.params)
+            b.handle = None
+        self._hvd_group_pending = [len(g) for g in self._hvd_groups]
+        self._hvd_group_handles.clear()
+        self._hvd_handles.clear()
+
+    def _hvd_in_flight(self) -> bool:
+        return (bool(self._hvd_handles) or bool(self._hvd_group_handles)
+                or any(b.handle is not None for b in self._hvd_buckets))
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within this block ``step()`` does not synchronize (call ``synchronize()`` first)."""
+        self._hvd_should_sync = False
+        try:
+            yield
+        finally:
+            self._hvd_should_sync = True
+
+    def step(self, closure=None):
+        if self._hvd_should_sync:
+            if self._hvd_synchronized:
+                warnings.warn(
+                    "optimizer.step() called after optimizer.synchronize() without "
+                    "`with optimizer.skip_synchronize():`; gradients are reduced again. "
+                    "Wrap step() in skip_synchronize() after calling synchronize().")
+            self.synchronize()
+        self._hvd_synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Clear gradients; bucketed gradients stay views of their (zeroed) buckets."""
+        if self._hvd_in_flight():
+            raise RuntimeError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); the reductions started by backward "
+                "are still in flight. Call step() (or synchronize()) before zero_grad().")
+        if self._hvd_mode != "buckets":
+            return super().zero_grad(set_to_none)
+        bucketed = self._hvd_bucket_of
+        with torch.no_grad():
+            for b in self._hvd_buckets:
+                b.buffer.zero_()
+                for j, p in enumerate(b.params):
+                    if not _is_view_of(p.grad, b.views[j]):
+                        p.grad = b.views[j]
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p in bucketed or p.grad is None:
+                        continue
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        if p.grad.grad_fn is not None:
+                            p.grad.detach_()
+                        else:
+                            p.grad.requires_grad_(False)
+                        p.grad.zero_()
+        for p in self._hvd_params:
+            self._hvd_delay[p] = self._hvd_bpps
+
+    def set_backward_passes_per_step(self, passes: int):
+        """Change how many backward passes accumulate before the reduction."""
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step={passes} must be >= 1")
+        self._hvd_bpps = int(passes)
+        for p in self._hvd_params:
+            self._hvd_delay[p] = self._hvd_bpps
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._hvd_bpps
+
+    def remove_hooks(self):
+        """Detach this optimizer's gradient hooks (it no longer reduces gradients)."""
+        for h in self._hvd_hook_handles:
+            h.remove()
+        self._hvd_hook_handles = []
+
+
+def _make_hook(opt_ref, token):
+    def hook(p):
+        opt = opt_ref()
+        if opt is None or getattr(p, _OWNER_ATTR, None) is not token:
+            return
+        opt._hvd_grad_ready(p)
+    return hook
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                         *, bucket_cap_mb: float = 25.0):
+    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer`` (including custom subclasses).  The
+            returned object is an instance of a subclass of its class and shares its
+            state and parameter groups.
+        named_parameters: ``model.named_parameters()``; names identify gradients across
+            ranks and appear in errors.  Every parameter of ``optimizer`` must be named.
+            ``None`` numbers them in parameter-group order.
+        compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (or any object
+            with static ``compress``/``decompress``).
+        backward_passes_per_step: backward passes whose gradients accumulate locally before
+            one reduction (gradient accumulation); the loss is not rescaled.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        gradient_predivide_factor: divide gradients by this before the reduction and
+            multiply after (with ``Average`` the total division is still by ``size()``).
+        num_groups: split parameters into this many groups reduced with one grouped op each.
+        groups: an int (same as ``num_groups``) or a list of lists of parameters to reduce
+            together; parameters not listed are reduced one by one.
+        sparse_as_dense: densify sparse gradients (per-parameter path; the default bucketed
+            path always densifies them).
+        process_set: reduce among this process set only (default: all ranks).
+        bucket_cap_mb: hvdlite extension: size of the flat gradient buckets.  ``0`` selects
+            Horovod's per-parameter path.  Ignored when ``groups``/``num_groups`` is given.
+
+    Raises:
+        ValueError: bad or duplicate names, a parameter not named, bad factors or groups.
+        NotImplementedError: ``op=Adasum``.
+    """
+    if op is None:
+        op = mpi_ops.Average
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"DistributedOptimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("DistributedOptimizer: this optimizer is already a DistributedOptimizer")
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    obj = cls.__new__(cls)
+    state = dict(optimizer.__dict__)
+    state.pop("step", None)  # an instance-level step wrapper (LR scheduler) would bypass ours
+    obj.__dict__.update(state)
+    obj._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+                   bucket_cap_mb)
+    return obj
