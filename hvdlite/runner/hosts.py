@@ -2,16 +2,29 @@
 
 Ranks fill hosts in the order given, each host up to its slot count; local
 ranks count within a host, cross ranks count hosts that have that local rank.
+A host is written ``[user@]name[:slots]`` on ``-H`` and ``[user@]name slots=N``
+in a hostfile.
 """
 
 import dataclasses
-from typing import List
+import functools
+import socket
+from typing import List, Optional, Set
+
+import psutil
+
+from hvdlite.common.exceptions import HvdliteConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class HostSlots:
     hostname: str
     slots: int
+    user: Optional[str] = None
+
+    @property
+    def ssh_target(self) -> str:
+        return f"{self.user}@{self.hostname}" if self.user else self.hostname
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +40,19 @@ class SlotInfo:
     cross_size: int
 
 
+def _split_user(name: str, where: str):
+    user, sep, host = name.rpartition("@")
+    if sep and (not user or not host):
+        raise HvdliteConfigError(f"{where}: {name!r} is not [user@]host")
+    return (host, user or None) if sep else (name, None)
+
+
 def parse_hosts(spec: str) -> List[HostSlots]:
-    """Parse ``-H host1:2,host2:1`` (a host without ``:N`` has 1 slot)."""
+    """Parse ``-H host1:2,user@host2:1`` (a host without ``:N`` has 1 slot).
+
+    Raises:
+        HvdliteConfigError: an entry has no name, or its slots are not a positive number.
+    """
     hosts = []
     for item in spec.split(","):
         item = item.strip()
@@ -38,32 +62,93 @@ def parse_hosts(spec: str) -> List[HostSlots]:
         if not sep:
             name, slots = item, "1"
         if not name:
-            raise ValueError(f"-H/--hosts: entry {item!r} has no host name")
+            raise HvdliteConfigError(f"-H/--hosts: entry {item!r} has no host name")
         try:
             count = int(slots)
         except ValueError:
-            raise ValueError(f"-H/--hosts: entry {item!r}: slots {slots!r} is not a number") \
-                from None
+            raise HvdliteConfigError(
+                f"-H/--hosts: entry {item!r}: slots {slots!r} is not a number") from None
         if count < 1:
-            raise ValueError(f"-H/--hosts: entry {item!r}: slots must be at least 1")
-        hosts.append(HostSlots(name, count))
+            raise HvdliteConfigError(f"-H/--hosts: entry {item!r}: slots must be at least 1")
+        host, user = _split_user(name, f"-H/--hosts entry {item!r}")
+        hosts.append(HostSlots(host, count, user))
     if not hosts:
-        raise ValueError(f"-H/--hosts: no hosts in {spec!r}")
-    return hosts
+        raise HvdliteConfigError(f"-H/--hosts: no hosts in {spec!r}")
+    return _merge(hosts, "-H/--hosts")
+
+
+def parse_hostfile(path: str) -> List[HostSlots]:
+    """Parse a hostfile: ``host slots=N`` per line, ``#`` comments, blank lines.
+
+    A line with just a host name has 1 slot.
+
+    Raises:
+        HvdliteConfigError: the file cannot be read or a line is malformed (the
+            message names file and line number).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise HvdliteConfigError(f"--hostfile {path}: cannot read it: {exc.strerror}") from None
+    hosts = []
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"--hostfile {path}, line {number} ({raw.strip()!r})"
+        fields = line.split()
+        if len(fields) > 2:
+            raise HvdliteConfigError(f"{where}: expected 'host slots=N'")
+        count = 1
+        if len(fields) == 2:
+            key, sep, value = fields[1].partition("=")
+            if key not in ("slots", "max_slots") or not sep:
+                raise HvdliteConfigError(f"{where}: expected 'slots=N' after the host name")
+            try:
+                count = int(value)
+            except ValueError:
+                raise HvdliteConfigError(f"{where}: slots {value!r} is not a number") from None
+            if count < 1:
+                raise HvdliteConfigError(f"{where}: slots must be at least 1")
+        if ":" in fields[0] or "=" in fields[0]:
+            raise HvdliteConfigError(f"{where}: expected 'host slots=N'")
+        host, user = _split_user(fields[0], where)
+        hosts.append(HostSlots(host, count, user))
+    if not hosts:
+        raise HvdliteConfigError(f"--hostfile {path}: no hosts in the file")
+    return _merge(hosts, f"--hostfile {path}")
+
+
+def _merge(hosts: List[HostSlots], where: str) -> List[HostSlots]:
+    """A host listed twice gets the sum of its slots (at its first position)."""
+    order, merged = [], {}
+    for h in hosts:
+        key = h.hostname
+        if key in merged:
+            if merged[key].user != h.user:
+                raise HvdliteConfigError(f"{where}: host {h.hostname!r} listed with two users")
+            merged[key] = HostSlots(h.hostname, merged[key].slots + h.slots, h.user)
+        else:
+            order.append(key)
+            merged[key] = h
+    return [merged[k] for k in order]
 
 
 def assign_slots(hosts: List[HostSlots], np: int) -> List[SlotInfo]:
     """Give ranks 0..np-1 their host, local and cross ranks.
 
-    Raises ValueError if the hosts have fewer slots than ``np``.
+    Raises:
+        HvdliteConfigError: ``np`` < 1, or the hosts have fewer slots than ``np``.
     """
     if np < 1:
-        raise ValueError(f"-np {np}: the number of processes must be at least 1")
+        raise HvdliteConfigError(f"-np {np}: the number of processes must be at least 1")
     total = sum(h.slots for h in hosts)
     if np > total:
         listing = ", ".join(f"{h.hostname}:{h.slots}" for h in hosts)
-        raise ValueError(f"-np {np} asks for more processes than the {total} slots of the "
-                         f"hosts ({listing}); add hosts or slots, or lower -np")
+        raise HvdliteConfigError(
+            f"-np {np} asks for more processes than the {total} slots of the "
+            f"hosts ({listing}); add hosts or slots, or lower -np")
     placed = []          # (hostname, local_rank)
     for host in hosts:
         for local in range(host.slots):
@@ -82,3 +167,48 @@ def assign_slots(hosts: List[HostSlots], np: int) -> List[SlotInfo]:
                                cross_rank=peers.index(name), size=np,
                                local_size=local_sizes[name], cross_size=len(peers)))
     return result
+
+
+@functools.lru_cache(maxsize=1)
+def local_addresses() -> Set[str]:
+    """Names and addresses that mean "this machine"."""
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                names.add(a.address.split("%", 1)[0])
+    return names
+
+
+def resolve(hostname: str) -> str:
+    """The host's first IPv4 address.
+
+    Raises:
+        HvdliteConfigError: the name does not resolve (names the host).
+    """
+    try:
+        infos = socket.getaddrinfo(hostname, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise HvdliteConfigError(
+            f"unknown host {hostname!r}: it does not resolve ({exc}); check -H/--hostfile "
+            f"and DNS or /etc/hosts") from None
+    return infos[0][4][0]
+
+
+def is_local(hostname: str) -> bool:
+    """True for localhost, this host's names and any address of its interfaces.
+
+    A name is local when it, or the address it resolves to, is one of ours;
+    ``127.0.0.2`` is not (no interface has it), so it is reached through SSH.
+    """
+    mine = local_addresses()
+    if hostname in mine:
+        return True
+    try:
+        return resolve(hostname) in mine and hostname not in ("",)
+    except HvdliteConfigError:
+        return False

@@ -1,32 +1,66 @@
-"""``hvdlite-run``: parse the command line, build Settings, dispatch.
+"""``hvdlite-run``: parse the command line (and --config-file), build Settings, dispatch.
 
-Kept to parse -> Settings -> dispatch; each launch mechanism lives in its own module.
+Kept to parse -> Settings -> dispatch; each launch mechanism lives in its own
+module (``gloo_run`` for local and multi-host Gloo jobs, ``mpi_run`` for MPI).
 """
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import os
+import shlex
 import shutil
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hvdlite.common import config as cfg
-from hvdlite.runner.hosts import assign_slots, parse_hosts
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
+from hvdlite.runner.hosts import (HostSlots, assign_slots, is_local, parse_hostfile,
+                                  parse_hosts, resolve)
 
 log = logging.getLogger("hvdlite.runner")
+
+#: variables every host's workers get from the launcher's environment (besides -x ones)
+FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
+#: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
+_JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
+              cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
+              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE}
+
+DEFAULT_START_TIMEOUT_S = 30.0
 
 
 @dataclasses.dataclass
 class Settings:
-    """Everything one launch needs, derived from flags."""
+    """Everything one launch needs, derived from flags (and --config-file)."""
 
     np: int
-    hosts: str
+    hosts: List[HostSlots]
     command: List[str]
+    controller: str = "gloo"                      # "gloo" or "mpi"
     verbose: bool = False
     output_dir: Optional[str] = None
+    timestamp_output: bool = False
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    ssh_port: int = 22
+    ssh_identity_file: Optional[str] = None
+    ssh_known_hosts_file: Optional[str] = None
+    ssh_strict_host_key_checking: bool = False
+    network_interfaces: Optional[List[str]] = None
+    mpi_args: List[str] = dataclasses.field(default_factory=list)
+    #: HVDLITE_* tunables from flags
     tunable_env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: -x NAME=VALUE (and -x NAME resolved from our environment)
+    user_env: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def forward_env(self) -> Dict[str, str]:
+        """The allow-list remote hosts get: HVDLITE_* tunables, PATH & co, and -x names."""
+        env = {k: v for k, v in os.environ.items()
+               if (k.startswith(cfg.PREFIX) and k not in _JOB_NAMES) or k in FORWARD_ALWAYS}
+        env.update(self.user_env)
+        env.update(self.tunable_env)
+        return env
 
 
 # flag dest -> (HVDLITE_* variable, converter to the variable's text)
@@ -47,83 +81,315 @@ TUNABLE_FLAGS = {
 }
 
 
+def _version() -> str:
+    import hvdlite
+    return getattr(hvdlite, "__version__", "unknown")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvdlite-run",
-        description="Launch a distributed training job (horovodrun-compatible flags).")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+        usage="hvdlite-run -np N [-H host:slots,... | --hostfile FILE] [options] "
+              "[python] train.py [args...]",
+        description="Launch a distributed training job (horovodrun-compatible flags). "
+                    "Local hosts start directly; others over SSH.")
+    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
+    p.add_argument("-np", "--num-proc", dest="np", type=int,
                    help="total number of training processes")
-    p.add_argument("-H", "--hosts", default=None,
-                   help="host:slots list, e.g. localhost:2 (default: localhost:NP)")
+    p.add_argument("--check-build", action="store_true",
+                   help="show which frameworks and controllers are available, and exit")
+    p.add_argument("--config-file", metavar="FILE",
+                   help="YAML file with the same keys as the long flags "
+                        "(e.g. 'fusion-threshold-mb: 32'); flags given on the command line win")
     p.add_argument("--verbose", action="store_true", help="report each launch step")
-    p.add_argument("--output-filename", default=None,
+
+    h = p.add_argument_group("host arguments")
+    hx = h.add_mutually_exclusive_group()
+    hx.add_argument("-H", "--hosts", metavar="HOSTS",
+                    help="[user@]host:slots list, e.g. localhost:2,node2:4 "
+                         "(default: localhost:NP)")
+    hx.add_argument("--hostfile", metavar="FILE",
+                    help="file with one 'host slots=N' per line (# comments allowed)")
+    h.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                   help=f"bound on connecting to hosts, task registration and worker rendezvous "
+                        f"(default {DEFAULT_START_TIMEOUT_S:.0f})")
+    h.add_argument("--network-interfaces", metavar="NICS",
+                   help="comma-separated interfaces to use between hosts (default: probe and "
+                        "pick one routable between all hosts)")
+
+    s = p.add_argument_group("SSH")
+    s.add_argument("-p", "--ssh-port", type=int, metavar="PORT", help="SSH port (default 22)")
+    s.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key file")
+    s.add_argument("--ssh-known-hosts", metavar="FILE",
+                   help="known_hosts file to trust in addition to ~/.ssh/known_hosts")
+    s.add_argument("--ssh-strict-host-key-checking", action="store_true",
+                   help="refuse hosts whose key is not known (default: warn and accept)")
+
+    c = p.add_argument_group("controller parameters")
+    cx = c.add_mutually_exclusive_group()
+    cx.add_argument("--gloo", action="store_true", help="run collectives through Gloo")
+    cx.add_argument("--mpi", action="store_true", help="run the job under mpiexec")
+    c.add_argument("--mpi-args", metavar="ARGS", help="extra arguments for mpiexec (one string)")
+
+    e = p.add_argument_group("environment")
+    e.add_argument("-x", dest="env", action="append", default=None, metavar="NAME[=VALUE]",
+                   help="also pass NAME (from this environment, or =VALUE) to every rank; "
+                        "repeatable. Remote ranks get only HVDLITE_*, PATH, PYTHONPATH, "
+                        "LD_LIBRARY_PATH and these")
+
+    o = p.add_argument_group("output")
+    o.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
-    ctl = p.add_mutually_exclusive_group()
-    ctl.add_argument("--gloo", action="store_true", help="run collectives through Gloo (default)")
-    ctl.add_argument("--mpi", action="store_true", help="run collectives through MPI (mpiexec)")
+    o.add_argument("--prefix-output-with-timestamp", action="store_true",
+                   help="put a timestamp before each output line's [rank] prefix")
+    o.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log level of the launcher and the workers")
+
     t = p.add_argument_group("tunable parameters")
-    t.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB (0: off)")
-    t.add_argument("--cycle-time-ms", type=float, help="background loop period in ms")
-    t.add_argument("--cache-capacity", type=int, help="response cache entries (0: off)")
-    t.add_argument("--op-timeout-seconds", type=float,
+    t.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                   help="fusion buffer size in MiB (0: off; default 128)")
+    t.add_argument("--cycle-time-ms", type=float, metavar="MS",
+                   help="background loop period in ms")
+    t.add_argument("--cache-capacity", type=int, metavar="N",
+                   help="response cache entries (0: off; default 1024)")
+    t.add_argument("--op-timeout-seconds", type=float, metavar="SECONDS",
                    help="how long a collective may wait on a silent peer before failing")
-    t.add_argument("--start-timeout", type=float, help="seconds allowed for workers to rendezvous")
-    t.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    s = p.add_argument_group("timeline, stall check and autotune")
-    s.add_argument("--timeline-filename")
-    s.add_argument("--timeline-mark-cycles", action="store_true")
-    s.add_argument("--no-stall-check", action="store_true")
-    s.add_argument("--stall-check-warning-time-seconds", type=float)
-    s.add_argument("--stall-check-shutdown-time-seconds", type=float)
-    s.add_argument("--autotune", action="store_true")
-    s.add_argument("--autotune-log-file")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+
+    tl = p.add_argument_group("timeline parameters")
+    tl.add_argument("--timeline-filename", metavar="FILE", help="write a Chrome-trace timeline")
+    tl.add_argument("--timeline-mark-cycles", action="store_true",
+                    help="mark background loop cycles in the timeline")
+
+    st = p.add_argument_group("stall check parameters")
+    st.add_argument("--no-stall-check", action="store_true", help="disable the stall check")
+    st.add_argument("--stall-check-warning-time-seconds", type=float, metavar="SECONDS")
+    st.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="SECONDS")
+
+    at = p.add_argument_group("autotune parameters")
+    at.add_argument("--autotune", action="store_true",
+                    help="search fusion threshold and cycle time online")
+    at.add_argument("--autotune-log-file", metavar="FILE")
+
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the training command: 'python train.py ...' or 'train.py ...'")
     return p
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    command = list(args.command)
+def _config_file_defaults(parser: argparse.ArgumentParser, path: str) -> Dict[str, Any]:
+    """Read --config-file into {dest: value}.
+
+    Raises:
+        HvdliteConfigError: unreadable file, not a mapping, or an unknown key.
+    """
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise HvdliteConfigError(f"--config-file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise HvdliteConfigError(f"--config-file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise HvdliteConfigError(f"--config-file {path}: expected a mapping of flag names")
+    flat: Dict[str, Any] = {}
+    for k, v in data.items():      # one level of sections (horovodrun style) is allowed
+        if isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    by_name = {}
+    for action in parser._actions:
+        for opt in action.option_strings:
+            if opt.startswith("--"):
+                by_name[opt[2:]] = action
+        by_name.setdefault(action.dest.replace("_", "-"), action)
+    out = {}
+    for k, v in flat.items():
+        name = str(k).replace("_", "-")
+        action = by_name.get(name)
+        if action is None or name in ("config-file", "command", "help"):
+            raise HvdliteConfigError(f"--config-file {path}: unknown key {k!r}")
+        if isinstance(v, str) and action.type is not None:
+            try:
+                v = action.type(v)
+            except ValueError:
+                raise HvdliteConfigError(
+                    f"--config-file {path}: {k}: {v!r} is not a valid value") from None
+        if action.dest == "env" and isinstance(v, str):
+            v = [v]
+        out[action.dest] = v
+    return out
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.config_file:
+        parser.set_defaults(**_config_file_defaults(parser, args.config_file))
+        args = parser.parse_args(argv)
+    return args
+
+
+def _resolve_command(command: List[str]) -> List[str]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise ValueError("no training command given (e.g. hvdlite-run -np 2 python train.py)")
+        raise HvdliteConfigError(
+            "no training command given (e.g. hvdlite-run -np 2 python train.py)")
     if command[0].endswith(".py"):
         command = [sys.executable] + command
     exe = command[0]
     if shutil.which(exe) is None and not os.path.exists(exe):
-        raise ValueError(f"command {exe!r} not found")
+        raise HvdliteConfigError(f"command {exe!r} not found")
     if exe == sys.executable or os.path.basename(exe).startswith("python"):
         script = next((a for a in command[1:] if not a.startswith("-")), None)
         if script and script.endswith(".py") and not os.path.exists(script):
-            raise ValueError(f"training script {script!r} not found")
+            raise HvdliteConfigError(f"training script {script!r} not found")
+    return command
+
+
+def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
+    env = {}
+    for item in items or []:
+        name, sep, value = str(item).partition("=")
+        if not name or not name.replace("_", "a").isalnum():
+            raise HvdliteConfigError(f"-x {item!r}: not a variable name")
+        if not sep:
+            if name not in os.environ:
+                log.warning("-x %s: not set in this environment; not passed", name)
+                continue
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
+def controllers_available() -> Dict[str, bool]:
+    from hvdlite.runner.mpi_run import find_mpiexec
+    has_torch = importlib.util.find_spec("torch") is not None
+    return {"gloo": has_torch,
+            "mpi": find_mpiexec() is not None and importlib.util.find_spec("mpi4py") is not None}
+
+
+def check_build() -> str:
+    frameworks = {"PyTorch": importlib.util.find_spec("torch") is not None,
+                  "TensorFlow": importlib.util.find_spec("tensorflow") is not None}
+    ctl = controllers_available()
+
+    def box(x):
+        return "[X]" if x else "[ ]"
+
+    lines = [f"hvdlite v{_version()}:", "", "Available Frameworks:"]
+    lines += [f"    {box(v)} {k}" for k, v in frameworks.items()]
+    lines += ["", "Available Controllers:", f"    {box(ctl['gloo'])} Gloo",
+              f"    {box(ctl['mpi'])} MPI", ""]
+    return "\n".join(lines)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Validate the flags into Settings.
+
+    Raises:
+        HvdliteConfigError: any bad flag value, host list or command (names the flag).
+    """
+    if args.np is None:
+        raise HvdliteConfigError("-np is required (the number of processes)")
+    if args.np < 1:
+        raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
+    command = _resolve_command(list(args.command))
+    if args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
+    assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
     tunable_env = {}
     for dest, (var, conv) in TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
         if value is not None and value is not False:
             tunable_env[var] = conv(value)
     if args.mpi:
-        tunable_env[cfg.CPU_OPERATIONS] = "mpi"
+        controller = "mpi"
     elif args.gloo:
-        tunable_env[cfg.CPU_OPERATIONS] = "gloo"
-    hosts = args.hosts or f"localhost:{max(args.np, 1)}"
-    return Settings(np=args.np, hosts=hosts, command=command, verbose=args.verbose,
-                    output_dir=args.output_filename, tunable_env=tunable_env)
+        controller = "gloo"
+    else:
+        avail = controllers_available()
+        controller = "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
+    tunable_env[cfg.CPU_OPERATIONS] = controller
+    start_timeout = args.start_timeout if args.start_timeout is not None \
+        else DEFAULT_START_TIMEOUT_S
+    if start_timeout <= 0:
+        raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise HvdliteConfigError(f"-p/--ssh-port {args.ssh_port}: not a port number")
+    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
+        raise HvdliteConfigError(
+            f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
+    nics = None
+    if args.network_interfaces:
+        nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
+    return Settings(
+        np=args.np, hosts=hosts, command=command, controller=controller, verbose=args.verbose,
+        output_dir=args.output_filename, timestamp_output=args.prefix_output_with_timestamp,
+        start_timeout_s=start_timeout, ssh_port=args.ssh_port or 22,
+        ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
+        ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
+        network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
+        tunable_env=tunable_env, user_env=_user_env(args.env))
 
 
 def run(settings: Settings) -> int:
-    slots = assign_slots(parse_hosts(settings.hosts), settings.np)
-    from hvdlite.runner.gloo_run import launch_local
-    return launch_local(slots, settings.command, settings.tunable_env,
-                        output_dir=settings.output_dir, verbose=settings.verbose)
+    """Dispatch to the launch mechanism; returns the job's exit code."""
+    slots = assign_slots(settings.hosts, settings.np)
+    used = [h for h in settings.hosts if any(s.hostname == h.hostname for s in slots)]
+    for h in used:
+        if not is_local(h.hostname):
+            resolve(h.hostname)          # "unknown host" before anything starts
+    if settings.controller == "mpi":
+        from hvdlite.runner.mpi_run import launch_mpi
+        names = [n for n in FORWARD_ALWAYS if n in os.environ]
+        env = dict(settings.tunable_env)
+        env.update(settings.user_env)
+        return launch_mpi(settings.np, used, settings.command, env, names,
+                          settings.mpi_args, ssh_port=settings.ssh_port
+                          if settings.ssh_port != 22 else None,
+                          identity_file=settings.ssh_identity_file, verbose=settings.verbose)
+    from hvdlite.runner import gloo_run
+    if all(is_local(h.hostname) for h in used):
+        if settings.verbose:
+            log.warning("all hosts are local: starting %d ranks without SSH", settings.np)
+        return gloo_run.launch_local(slots, settings.command, settings.tunable_env,
+                                     output_dir=settings.output_dir, verbose=settings.verbose,
+                                     timestamp=settings.timestamp_output,
+                                     extra_env=settings.user_env)
+    from hvdlite.runner.ssh import SSHOptions
+    ssh = SSHOptions(port=settings.ssh_port, identity_file=settings.ssh_identity_file,
+                     known_hosts_file=settings.ssh_known_hosts_file,
+                     strict_host_key_checking=settings.ssh_strict_host_key_checking)
+    return gloo_run.launch_multi(used, slots, settings.command, settings.tunable_env,
+                                 settings.forward_env(), ssh, settings.start_timeout_s,
+                                 network_interfaces=settings.network_interfaces,
+                                 output_dir=settings.output_dir, verbose=settings.verbose,
+                                 timestamp=settings.timestamp_output)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="hvdlite-run: %(message)s")
-    args = build_parser().parse_args(argv)
     try:
+        args = parse_args(argv)
+        if args.version:
+            print(f"hvdlite-run {_version()}")
+            return 0
+        if args.check_build:
+            print(check_build())
+            return 0
+        if args.log_level:
+            logging.getLogger("hvdlite").setLevel(args.log_level)
+        elif args.verbose:
+            logging.getLogger("hvdlite").setLevel(logging.INFO)
         settings = settings_from_args(args)
         return run(settings)
-    except ValueError as exc:
+    except HvdliteError as exc:
         sys.stderr.write(f"hvdlite-run: error: {exc}\n")
         return 2
 

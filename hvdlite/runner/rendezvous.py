@@ -41,9 +41,25 @@ class KVStoreService(Service):
                                        f"{missing[:5]}")
                 self._cond.wait(left)
 
+    _KEYED = ("set", "add", "compare_set", "delete", "get")
+    _MAX_WAIT_S = 24 * 3600.0
+
     def handle(self, header, blob, client):
         op = header.get("op")
         key = header.get("key")
+        if op in self._KEYED and not isinstance(key, str):
+            raise ServiceError(f"store operation {op!r}: key must be a string")
+        if op in ("check", "wait"):
+            keys = header.get("keys")
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+                raise ServiceError(f"store operation {op!r}: keys must be a list of strings")
+        if op in ("get", "wait"):
+            t = header.get("timeout_s")
+            if not isinstance(t, (int, float)) or not 0 <= t <= self._MAX_WAIT_S:
+                raise ServiceError(f"store operation {op!r}: timeout_s must be 0..{self._MAX_WAIT_S:.0f}")
+        if op == "add" and (not isinstance(header.get("amount"), int)
+                            or isinstance(header.get("amount"), bool)):
+            raise ServiceError("store operation 'add': amount must be an integer")
         with self._cond:
             if op == "set":
                 self._data[key] = blob

@@ -48,13 +48,14 @@ class Service(abc.ABC):
             allow_reuse_address = True
 
         self._server = _Server((bind_addr, port), _Handler)
+        self._address = self._server.server_address[:2]
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name=f"{name}-service", daemon=True)
         self._thread.start()
 
     @property
     def address(self) -> Tuple[str, int]:
-        return self._server.server_address[:2]
+        return self._address
 
     @abc.abstractmethod
     def handle(self, header: Header, blob: bytes, client: Tuple[str, int]) -> Tuple[Header, bytes]:
@@ -66,8 +67,11 @@ class Service(abc.ABC):
         """
 
     def _serve_connection(self, sock: socket.socket, client) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        chan = SecureChannel.accept(sock, self._key)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            chan = SecureChannel.accept(sock, self._key)
+        except OSError:
+            return
         while True:
             try:
                 header, blob = chan.recv(timeout_s=None)
@@ -86,6 +90,10 @@ class Service(abc.ABC):
                 reply = dict(reply, ok=True)
             except (ServiceError, ValueError, KeyError, TypeError) as exc:
                 reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
+            except Exception as exc:  # a handler bug must not take the service down
+                log.exception("%s: handler failed on %r from %s", self.name,
+                              header.get("op"), client[0])
+                reply, out = {"ok": False, "error": f"internal error: {type(exc).__name__}"}, b""
             try:
                 chan.send(reply, out)
             except OSError:
@@ -95,10 +103,10 @@ class Service(abc.ABC):
         """Stop accepting and close the listening socket (idempotent)."""
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
+        server, self._server = self._server, None
+        server.shutdown()
+        server.server_close()
         self._thread.join(timeout=5)
-        self._server = None
 
 
 class Client:

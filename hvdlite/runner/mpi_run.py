@@ -1,0 +1,149 @@
+"""MPI mode: build and run the ``mpiexec`` command.
+
+The flavour is detected from ``mpiexec --version``: MPICH's Hydra, Open MPI,
+or Intel MPI (Hydra-based, ``-genv`` too).  Each gets its own flags for
+hosts/slots, environment and output tagging.  Rank identity comes from MPI
+itself; the launcher only passes the tunables and ``HVDLITE_CPU_OPERATIONS=mpi``.
+"""
+
+import logging
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from typing import Dict, List, Optional, Sequence
+
+import psutil
+
+from hvdlite.common import config as cfg
+from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.runner.hosts import HostSlots
+
+log = logging.getLogger(__name__)
+
+HYDRA, OPENMPI, INTEL = "mpich-hydra", "openmpi", "intel-mpi"
+
+
+def find_mpiexec() -> Optional[str]:
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+def detect_flavor(mpiexec: str, timeout_s: float = 10.0) -> str:
+    """Which MPI ``mpiexec`` belongs to.
+
+    Raises:
+        HvdliteConfigError: it cannot be run or is not one we know.
+    """
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HvdliteConfigError(f"--mpi: cannot run {mpiexec} --version: {exc}") from None
+    text = (out.stdout + out.stderr).lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return OPENMPI
+    if "intel" in text:
+        return INTEL
+    if "hydra" in text or "mpich" in text:
+        return HYDRA
+    raise HvdliteConfigError(
+        f"--mpi: {mpiexec} --version does not look like MPICH, Open MPI or Intel MPI: "
+        f"{text.strip()[:200]!r}")
+
+
+def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
+                  env: Dict[str, str], env_names: Sequence[str], mpi_args: Sequence[str],
+                  command: Sequence[str], ssh_port: Optional[int] = None,
+                  identity_file: Optional[str] = None) -> List[str]:
+    """The full mpiexec command line (pure function, for tests and --verbose).
+
+    ``env`` values are set for every rank; ``env_names`` are passed through
+    from the launcher's environment by name.
+    """
+    host_list = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
+    ssh = None
+    if ssh_port or identity_file:
+        ssh = "ssh" + (f" -p {int(ssh_port)}" if ssh_port else "") + \
+              (f" -i {shlex.quote(identity_file)}" if identity_file else "")
+    if flavor == OPENMPI:
+        cmd = [mpiexec, "--allow-run-as-root", "-np", str(np), "-H", host_list,
+               "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+        if ssh:
+            cmd += ["-mca", "plm_rsh_args", ssh[len("ssh "):]]
+        for k, v in env.items():
+            cmd += ["-x", f"{k}={v}"]
+        for name in env_names:
+            cmd += ["-x", name]
+    else:  # Hydra and Intel MPI share the Hydra flags
+        cmd = [mpiexec, "-n", str(np), "-hosts", host_list, "-prepend-rank"]
+        if ssh:
+            cmd += ["-launcher", "ssh", "-launcher-exec", ssh]
+        for k, v in env.items():
+            cmd += ["-genv", k, v]
+        if env_names:
+            cmd += ["-genvlist" if flavor == INTEL else "-envlist", ",".join(env_names)]
+    return cmd + list(mpi_args) + list(command)
+
+
+def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
+               tunable_env: Dict[str, str], env_names: Sequence[str],
+               mpi_args: Sequence[str], ssh_port: Optional[int] = None,
+               identity_file: Optional[str] = None, verbose: bool = False) -> int:
+    """Run the job under mpiexec; returns its exit code.
+
+    Raises:
+        HvdliteConfigError: no mpiexec on PATH, or an unknown flavour.
+    """
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise HvdliteConfigError("--mpi: no mpiexec/mpirun on PATH (pip install mpich, or "
+                                 "use --gloo)")
+    flavor = detect_flavor(mpiexec)
+    env = dict(tunable_env)
+    env[cfg.CPU_OPERATIONS] = "mpi"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    names = [n for n in env_names if n not in env]
+    cmd = build_command(flavor, mpiexec, np, hosts, env, names, mpi_args, command,
+                        ssh_port, identity_file)
+    if verbose:
+        sys.stderr.write(f"hvdlite-run: {flavor}: {' '.join(shlex.quote(c) for c in cmd)}\n")
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    stopped = threading.Event()
+
+    def on_signal(signum, frame):
+        stopped.set()
+        sys.stderr.write(f"hvdlite-run: received {signal.Signals(signum).name}; "
+                         f"stopping mpiexec.\n")
+        try:
+            proc.send_signal(signal.SIGINT)
+        except OSError:
+            pass
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    import time
+    stop_deadline = None
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stopped.is_set():
+                stop_deadline = stop_deadline or time.monotonic() + 5.0
+                if time.monotonic() > stop_deadline:
+                    from hvdlite.runner.gloo_run import kill_tree
+                    kill_tree(psutil.Process(proc.pid), grace_s=3.0)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if stopped.is_set():
+        return 130
+    if code != 0:
+        from hvdlite.runner.gloo_run import describe_exit
+        sys.stderr.write(f"hvdlite-run: mpiexec ({flavor}) {describe_exit(code)}; see the "
+                         f"rank-tagged output above for the failing rank.\n")
+        return code if code > 0 else 128 - code
+    return 0

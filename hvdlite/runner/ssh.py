@@ -1,0 +1,276 @@
+"""Starting a task process on a host: paramiko for remote hosts, a subprocess locally.
+
+The task's start-up payload (which carries the job key) is written to the
+task's stdin, never put on a command line; stdin then stays open as the
+task's lifeline: when it closes (we are done, or the launcher died and the SSH
+connection dropped) the task ends its workers and exits.
+"""
+
+import abc
+import dataclasses
+import json
+import logging
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+from typing import Callable, Optional
+
+import paramiko
+import psutil
+
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteTimeoutError
+from hvdlite.runner.hosts import HostSlots, resolve
+
+log = logging.getLogger(__name__)
+
+TASK_MODULE = "hvdlite.runner.task"
+_RANK_LINE = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class SSHOptions:
+    """How to reach remote hosts (``-p``, ``-i``, known-hosts policy)."""
+
+    port: int = 22
+    identity_file: Optional[str] = None
+    known_hosts_file: Optional[str] = None
+    #: reject hosts whose key is not in the known-hosts files (else warn and accept).
+    strict_host_key_checking: bool = False
+    python: str = sys.executable
+
+
+class TaskProcess(abc.ABC):
+    """A running task; its stdout carries rank lines ``[rank]<stream>:...``."""
+
+    hostname: str
+
+    def pump_output(self, on_rank_line: Callable[[int, str, bytes], None],
+                    on_other_line: Callable[[bytes], None]) -> None:
+        """Start threads that route each stdout line to a rank and each stderr line out."""
+
+        def on_stdout(line: bytes):
+            m = _RANK_LINE.match(line)
+            if m:
+                on_rank_line(int(m.group(1)), m.group(2).decode(), m.group(3))
+            else:
+                on_other_line(line)
+
+        self._pumps = [_pump(self._stdout(), on_stdout, f"task-{self.hostname}-stdout"),
+                       _pump(self._stderr(), on_other_line, f"task-{self.hostname}-stderr")]
+
+    def join_output(self, timeout_s: float) -> None:
+        for p in getattr(self, "_pumps", []):
+            p.join(timeout_s)
+
+    @abc.abstractmethod
+    def _stdout(self): ...
+
+    @abc.abstractmethod
+    def _stderr(self): ...
+
+    @abc.abstractmethod
+    def close_stdin(self) -> None:
+        """Close the lifeline; the task then ends its workers and exits."""
+
+    @abc.abstractmethod
+    def poll(self) -> Optional[int]:
+        """The task's exit code, or None while it runs."""
+
+    @abc.abstractmethod
+    def wait(self, timeout_s: float) -> Optional[int]:
+        """Wait up to ``timeout_s`` for the task to exit; its code or None."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Cut the task off (local: kill its process tree; remote: drop the connection)."""
+
+
+def _pump(stream, on_line, name) -> threading.Thread:
+    def run():
+        try:
+            while True:
+                line = stream.readline()
+                if not line:
+                    break
+                if isinstance(line, str):
+                    line = line.encode()
+                on_line(line)
+        except (OSError, ValueError, EOFError, paramiko.SSHException):
+            pass
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    return t
+
+
+class LocalTask(TaskProcess):
+    def __init__(self, host: HostSlots, payload: bytes, python: str):
+        self.hostname = host.hostname
+        self._proc = subprocess.Popen([python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True)
+        self._proc.stdin.write(payload)
+        self._proc.stdin.flush()
+
+    def _stdout(self):
+        return self._proc.stdout
+
+    def _stderr(self):
+        return self._proc.stderr
+
+    def close_stdin(self):
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
+    def poll(self):
+        return self._proc.poll()
+
+    def wait(self, timeout_s):
+        try:
+            return self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self):
+        from hvdlite.runner.gloo_run import kill_tree
+        try:
+            kill_tree(psutil.Process(self._proc.pid), grace_s=2.0)
+        except psutil.NoSuchProcess:
+            pass
+        self.wait(2.0)
+
+
+class SSHTask(TaskProcess):
+    def __init__(self, host: HostSlots, payload: bytes, opts: SSHOptions, timeout_s: float):
+        self.hostname = host.hostname
+        target = f"{host.ssh_target}:{opts.port}"
+        resolve(host.hostname)  # a clear "unknown host" before paramiko's own error
+        client = paramiko.SSHClient()
+        client.load_system_host_keys()
+        if opts.known_hosts_file:
+            try:
+                client.load_host_keys(opts.known_hosts_file)
+            except OSError as exc:
+                raise HvdliteConfigError(
+                    f"--ssh-known-hosts {opts.known_hosts_file}: {exc.strerror}") from None
+        else:
+            default = os.path.expanduser("~/.ssh/known_hosts")
+            if os.path.exists(default):
+                try:
+                    client.load_host_keys(default)
+                except (OSError, paramiko.SSHException):
+                    pass
+        client.set_missing_host_key_policy(
+            paramiko.RejectPolicy() if opts.strict_host_key_checking else _QuietWarningPolicy())
+        user = host.user or _current_user()
+        try:
+            client.connect(host.hostname, port=opts.port, username=user,
+                           key_filename=opts.identity_file, timeout=timeout_s,
+                           banner_timeout=timeout_s, auth_timeout=timeout_s,
+                           allow_agent=opts.identity_file is None,
+                           look_for_keys=opts.identity_file is None)
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            hint = (f"the key {opts.identity_file} (-i/--ssh-identity-file)"
+                    if opts.identity_file else "your default keys (give one with -i)")
+            raise HvdliteConfigError(
+                f"SSH to {target}: authentication as {user!r} failed with {hint}: {exc}") \
+                from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            raise HvdliteTimeoutError(
+                f"SSH to {target}: no answer within {timeout_s:.0f}s "
+                f"(raise --start-timeout, or check the host and -p/--ssh-port)") from None
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HvdliteConfigError(f"SSH to {target}: host key mismatch: {exc}") from None
+        except paramiko.SSHException as exc:
+            client.close()
+            raise HvdliteConfigError(
+                f"SSH to {target}: {exc} (strict host key checking: add the host to "
+                f"--ssh-known-hosts, or drop --ssh-strict-host-key-checking)"
+                if "not found in known_hosts" in str(exc) else f"SSH to {target}: {exc}") \
+                from None
+        except OSError as exc:
+            client.close()
+            reason = exc.strerror or str(exc)
+            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+                reason = "connection refused"
+            raise HvdliteConfigError(
+                f"SSH to {target}: cannot connect: {reason} (is sshd running there? "
+                f"check -p/--ssh-port)") from None
+        self._client = client
+        command = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; "
+                   f"exec {shlex.quote(opts.python)} -m {TASK_MODULE}")
+        try:
+            chan = client.get_transport().open_session(timeout=timeout_s)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError) as exc:
+            client.close()
+            raise HvdliteConfigError(f"SSH to {target}: cannot start the task: {exc}") \
+                from None
+        self._chan = chan
+        self._stdin = chan.makefile_stdin("wb")
+        self._out = chan.makefile("rb")
+        self._err = chan.makefile_stderr("rb")
+        self._stdin.write(payload)
+        self._stdin.flush()
+        log.info("SSH to %s: task started", target)
+
+    def _stdout(self):
+        return self._out
+
+    def _stderr(self):
+        return self._err
+
+    def close_stdin(self):
+        try:
+            self._chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+    def poll(self):
+        if self._chan.exit_status_ready():
+            return self._chan.recv_exit_status()
+        if self._chan.closed or not self._client.get_transport().is_active():
+            return -1
+        return None
+
+    def wait(self, timeout_s):
+        if self._chan.status_event.wait(timeout_s):
+            return self._chan.recv_exit_status()
+        return self.poll()
+
+    def kill(self):
+        self._client.close()
+
+
+class _QuietWarningPolicy(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client, hostname, key):
+        log.info("SSH: host %s is not in known_hosts; accepting its %s key", hostname,
+                 key.get_name())
+
+
+def _current_user() -> str:
+    import getpass
+    return getpass.getuser()
+
+
+def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
+               timeout_s: float) -> TaskProcess:
+    """Start the task service process for ``host``.
+
+    Raises:
+        HvdliteConfigError: the host is unknown, refuses the connection or the login.
+        HvdliteTimeoutError: the host did not answer within ``timeout_s``.
+    """
+    data = (json.dumps(payload) + "\n").encode()
+    if local:
+        return LocalTask(host, data, opts.python)
+    return SSHTask(host, data, opts, timeout_s)

@@ -1,0 +1,244 @@
+"""The task service: one per host of a multi-host job, started by the launcher.
+
+``python -m hvdlite.runner.task`` reads one JSON line from stdin (job key,
+driver addresses, this host's index, the forwarded environment), finds a
+driver address it can reach, registers this host's interfaces, and serves:
+
+* ``ping`` -> ``{role: "task", job_id, host_index}`` (the identity a probe checks)
+* ``probe {targets: [[iface, addr, port]], expect_host_index, timeout_s}`` ->
+  ``{reachable: [iface]}``: the interfaces on which the expected task answered
+* ``run {slots, command, env}``: start this host's workers (a second call is a no-op)
+* ``terminate``: end the workers' process trees and exit
+* ``status`` -> ``{started, exited: {rank: code}}``
+
+Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
+routes it); worker exits are reported to the driver.  When stdin closes, the
+launcher is gone or done: the task ends its workers and exits.
+"""
+
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Callable, Dict, List, Optional
+
+from hvdlite.common import config as cfg
+from hvdlite.common.exceptions import HvdliteError
+from hvdlite.runner.driver import discover_nics
+from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.service import Client, Service, ServiceError
+
+log = logging.getLogger("hvdlite.runner.task")
+
+_SLOT_FIELDS = {f: int for f in ("rank", "local_rank", "cross_rank", "size", "local_size",
+                                 "cross_size")}
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ServiceError(f"malformed request: {what}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_slots(raw) -> List[SlotInfo]:
+    _check(isinstance(raw, list) and raw, "slots must be a non-empty list")
+    slots = []
+    for s in raw:
+        _check(isinstance(s, dict) and isinstance(s.get("hostname"), str)
+               and all(_is_int(s.get(f)) for f in _SLOT_FIELDS), "slot fields")
+        slots.append(SlotInfo(hostname=s["hostname"], **{f: s[f] for f in _SLOT_FIELDS}))
+    return slots
+
+
+def probe_targets(key: bytes, job_id: str, targets, expect: int, timeout_s: float) -> List[str]:
+    """The interfaces on which the task with host index ``expect`` answers a ping."""
+    reachable = []
+    for iface, addr, port in targets:
+        client = Client((addr, port), key, timeout_s, name=f"task service at {addr}")
+        try:
+            reply, _ = client.request({"op": "ping"}, timeout_s=timeout_s)
+            if (reply.get("role") == "task" and reply.get("job_id") == job_id
+                    and reply.get("host_index") == expect):
+                reachable.append(iface)
+        except (HvdliteError, ServiceError, OSError) as exc:
+            log.info("probe of %s %s:%s failed: %s", iface, addr, port, exc)
+        finally:
+            client.close()
+    return reachable
+
+
+class TaskService(Service):
+    """Serves the requests above; ``on_run``/``on_terminate`` do the work."""
+
+    def __init__(self, key: bytes, job_id: str, host_index: int,
+                 on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], None],
+                 on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0"):
+        self.job_id = job_id
+        self.host_index = host_index
+        self._on_run = on_run
+        self._on_terminate = on_terminate
+        self._lock = threading.Lock()
+        self.started = False
+        self.exited: Dict[int, int] = {}
+        super().__init__("task service", key, bind_addr)
+
+    def handle(self, header, blob, client):
+        op = header.get("op")
+        if op == "ping":
+            return {"role": "task", "job_id": self.job_id, "host_index": self.host_index}, b""
+        if op == "status":
+            return {"started": self.started,
+                    "exited": {str(k): v for k, v in self.exited.items()}}, b""
+        if op == "probe":
+            targets = header.get("targets")
+            _check(isinstance(targets, list) and len(targets) <= 64 and all(
+                isinstance(t, list) and len(t) == 3 and isinstance(t[0], str)
+                and isinstance(t[1], str) and _is_int(t[2]) and 0 < t[2] < 65536
+                for t in targets), "targets")
+            expect, timeout_s = header.get("expect_host_index"), header.get("timeout_s")
+            _check(_is_int(expect), "expect_host_index")
+            _check(isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 60, "timeout_s")
+            return {"reachable": probe_targets(self._key, self.job_id, targets, expect,
+                                               float(timeout_s))}, b""
+        if op == "run":
+            slots = parse_slots(header.get("slots"))
+            command, env = header.get("command"), header.get("env")
+            _check(isinstance(command, list) and command
+                   and all(isinstance(c, str) for c in command), "command")
+            _check(isinstance(env, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()), "env")
+            with self._lock:
+                if self.started:
+                    return {"already": True}, b""
+                self._on_run(slots, command, env)
+                self.started = True
+            return {}, b""
+        if op == "terminate":
+            self._on_terminate()
+            return {}, b""
+        raise ServiceError(f"unknown task operation {op!r}")
+
+
+class _Task:
+    def __init__(self, payload: dict):
+        self.key = bytes.fromhex(payload["key"])
+        self.job_id = payload["job_id"]
+        self.host_index = int(payload["host_index"])
+        self.hostname = payload["hostname"]
+        self.forward_env = dict(payload.get("env") or {})
+        self.timeout_s = float(payload.get("timeout_s", 30))
+        self.driver_addrs = payload["driver"]
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.group = None
+        self.driver: Optional[Client] = None
+        cwd = payload.get("cwd")
+        self.cwd = cwd if cwd and os.path.isdir(cwd) else None
+
+    def on_run(self, slots, command, env):
+        from hvdlite.runner.gloo_run import OutputSink, WorkerGroup
+        base = dict(os.environ)
+        base.update(self.forward_env)
+        job_env = dict(env)
+        job_env[cfg.SECRET_KEY] = self.key.hex()   # the key came over SSH, not the wire
+        sink = OutputSink(out=sys.stdout.buffer, err=sys.stdout.buffer)
+        self.sink = sink
+        group = WorkerGroup(slots, command, job_env, sink, base_env=base, cwd=self.cwd)
+        try:
+            group.start()
+        finally:
+            self.group = group
+            self.wake.set()
+
+    def on_terminate(self):
+        self.stop.set()
+        self.wake.set()
+
+    def _lifeline(self):
+        try:
+            while sys.stdin.buffer.readline():
+                pass
+        except (OSError, ValueError):
+            pass
+        log.info("stdin closed: the launcher is done or gone")
+        self.on_terminate()
+
+    def _find_driver(self) -> List[str]:
+        reachable, chosen = [], None
+        for iface, addr, port in self.driver_addrs:
+            client = Client((addr, int(port)), self.key, min(3.0, self.timeout_s),
+                            name=f"driver at {addr}:{port}")
+            try:
+                reply, _ = client.request({"op": "ping"})
+                if reply.get("role") == "driver" and reply.get("job_id") == self.job_id:
+                    reachable.append(iface)
+                    if chosen is None:
+                        chosen = client
+                        continue
+            except (HvdliteError, ServiceError, OSError) as exc:
+                log.info("driver address %s %s:%s unreachable: %s", iface, addr, port, exc)
+            client.close()
+        if chosen is None:
+            raise HvdliteError(
+                f"host {self.hostname}: cannot reach the driver at any of "
+                f"{[a[1:] for a in self.driver_addrs]}")
+        self.driver = chosen
+        return reachable
+
+    def run(self) -> int:
+        service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
+                              self.on_terminate)
+        threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True).start()
+        try:
+            reachable = self._find_driver()
+            self.driver.request({"op": "register", "host_index": self.host_index,
+                                 "hostname": self.hostname, "nics": discover_nics(),
+                                 "port": service.address[1], "driver_reachable": reachable})
+            while not self.stop.is_set():
+                group = self.group
+                if group is not None:
+                    for slot, code in group.poll():
+                        self.driver.request({"op": "worker_exit", "host_index": self.host_index,
+                                             "rank": slot.rank, "code": code})
+                    if group.all_exited():
+                        group.join_output()
+                        return 0
+                    if self.sink.broken.is_set():
+                        log.warning("host %s: output pipe to the launcher broke; stopping",
+                                    self.hostname)
+                        break
+                self.wake.wait(0.05)
+                self.wake.clear()
+            return 0
+        except (HvdliteError, OSError) as exc:
+            sys.stderr.write(f"hvdlite task on {self.hostname}: {exc}\n")
+            return 2
+        finally:
+            if self.group is not None:
+                self.group.terminate()
+                self.group.join_output(2.0)
+            service.shutdown()
+            if self.driver is not None:
+                self.driver.close()
+
+
+def main() -> int:
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 2
+    try:
+        payload = json.loads(line)
+    except ValueError:
+        sys.stderr.write("hvdlite task: the start-up payload on stdin is not JSON\n")
+        return 2
+    logging.basicConfig(level=logging.INFO if payload.get("verbose") else logging.WARNING,
+                        format=f"task {payload.get('hostname')}: %(message)s")
+    return _Task(payload).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
