@@ -1,0 +1,79 @@
+"""The transport interface the background thread drives.
+
+One backend object belongs to one ``init()``; every method is called from the
+runtime's background thread only (never concurrently), on contiguous CPU
+tensors.  Implementations: :mod:`.gloo` (torch.distributed's Gloo),
+:mod:`.mpi` (mpi4py) and :mod:`.local` (a 1-rank job).
+"""
+
+import abc
+import struct
+from typing import List
+
+import numpy as np
+
+from hvdlite.common.message import ReduceOp
+
+_LEN = struct.Struct("!I")
+
+
+class Backend(abc.ABC):
+    """Collectives over all ranks of the job.
+
+    Every method blocks until the collective finished on this rank and raises
+    :class:`hvdlite.common.exceptions.HvdliteInternalError` (or a subclass)
+    when a peer failed or the backend's timeout (``Config.op_timeout_s``)
+    passed; after such an error the backend is unusable.
+    """
+
+    name = "abstract"
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    # -- control plane ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def control_allreduce_min(self, vec: np.ndarray) -> np.ndarray:
+        """Elementwise MIN of an int32 vector over all ranks (the per-cycle agreement)."""
+
+    def control_allgather(self, payload: bytes, max_len: int) -> List[bytes]:
+        """Every rank's ``payload`` (at most ``max_len`` bytes), in rank order."""
+        width = max_len + _LEN.size
+        buf = np.zeros(width, dtype=np.uint8)
+        buf[:_LEN.size] = np.frombuffer(_LEN.pack(len(payload)), dtype=np.uint8)
+        buf[_LEN.size:_LEN.size + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        rows = self._allgather_fixed(buf).reshape(self.size, width)
+        out = []
+        for row in rows:
+            (n,) = _LEN.unpack(row[:_LEN.size].tobytes())
+            out.append(row[_LEN.size:_LEN.size + n].tobytes())
+        return out
+
+    @abc.abstractmethod
+    def _allgather_fixed(self, buf: np.ndarray) -> np.ndarray:
+        """Concatenation of every rank's equally sized uint8 ``buf``, in rank order."""
+
+    # -- data plane -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def allreduce_(self, tensor, op: ReduceOp) -> None:
+        """Reduce ``tensor`` in place with SUM, MIN, MAX or PRODUCT."""
+
+    @abc.abstractmethod
+    def allgather_bytes(self, send, counts: List[int]) -> list:
+        """Gather uint8 ``send`` (``counts[rank]`` bytes) from every rank.
+
+        Returns one uint8 tensor per rank (``counts[r]`` bytes each)."""
+
+    @abc.abstractmethod
+    def broadcast_(self, tensor, root: int) -> None:
+        """Overwrite ``tensor`` with the root's values on every rank."""
+
+    @abc.abstractmethod
+    def alltoall_bytes(self, send, send_counts: List[int], recv_counts: List[int]):
+        """Send ``send_counts[r]`` bytes of uint8 ``send`` to rank r; returns what came in."""
+
+    def close(self) -> None:
+        """Release the transport (idempotent)."""

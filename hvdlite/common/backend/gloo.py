@@ -1,0 +1,167 @@
+"""Gloo through torch.distributed's ProcessGroupGloo, rendezvoused via the launcher's store.
+
+The runtime builds its own process group and never touches torch.distributed's
+default group, so user code may still call ``init_process_group`` (or use DDP).
+"""
+
+import datetime
+import logging
+import os
+from typing import List
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hvdlite.common import config as cfg
+from hvdlite.common.backend.base import Backend
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteInternalError
+from hvdlite.common.message import ReduceOp
+
+log = logging.getLogger(__name__)
+
+_REDUCE = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
+           ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
+# dtypes Gloo cannot reduce, and the wider type they travel as
+_WIDEN = {torch.int16: torch.int32}
+
+
+class AuthenticatedStore(dist.Store):
+    """A torch Store over the launcher's authenticated key-value service."""
+
+    def __init__(self, client, timeout_s: float):
+        super().__init__()
+        self._client = client
+        self._timeout_s = timeout_s
+
+    def set(self, key, value):
+        self._client.set(key, value if isinstance(value, bytes) else bytes(value))
+
+    def get(self, key):
+        return self._client.get(key)
+
+    def add(self, key, value):
+        return self._client.add(key, value)
+
+    def check(self, keys):
+        return self._client.check(list(keys))
+
+    def wait(self, keys, timeout=None):
+        t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
+        self._client.wait(list(keys), t if t and t > 0 else None)
+
+    def compare_set(self, key, expected, desired):
+        return self._client.compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        return self._client.delete(key)
+
+    def num_keys(self):
+        return self._client.num_keys()
+
+    def set_timeout(self, timeout):
+        pass
+
+
+class GlooBackend(Backend):
+    """Collectives on a private ProcessGroupGloo."""
+
+    name = "gloo"
+
+    def __init__(self, config: cfg.Config, generation: int):
+        from hvdlite.runner.rendezvous import KVClient
+        if config.rendezvous_addr is None or config.rendezvous_port is None or \
+                config.secret_key is None:
+            raise HvdliteConfigError(
+                f"rank {config.rank}: size is {config.size} but {cfg.RENDEZVOUS_ADDR}, "
+                f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
+                f"with hvdlite-run")
+        self.rank, self.size = config.rank, config.size
+        self.local_rank, self.local_size = config.local_rank, config.local_size
+        self.cross_rank, self.cross_size = config.cross_rank, config.cross_size
+        self._timeout_s = config.op_timeout_s
+        client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
+                          timeout_s=config.start_timeout_s,
+                          prefix=f"{config.job_id}/init{generation}/")
+        self._client = client
+        store = AuthenticatedStore(client, config.start_timeout_s)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=config.op_timeout_s)
+        iface = os.environ.get(cfg.GLOO_IFACE)
+        if iface:
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface=iface)]
+        else:
+            opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        try:
+            self.pg = dist.ProcessGroupGloo(store, self.rank, self.size, opts)
+        except Exception as exc:
+            raise HvdliteInternalError(
+                f"rank {self.rank} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
+
+    def _run(self, what: str, work) -> None:
+        try:
+            work.wait()
+        except Exception as exc:
+            raise HvdliteInternalError(
+                f"rank {self.rank}: Gloo {what} failed ({exc}); a peer rank has probably "
+                f"exited or stopped responding") from exc
+
+    def control_allreduce_min(self, vec):
+        t = torch.from_numpy(vec)
+        self._run("control allreduce", self.pg.allreduce([t], _min_opts()))
+        return vec
+
+    def _allgather_fixed(self, buf):
+        src = torch.from_numpy(buf)
+        out = torch.empty(self.size * buf.size, dtype=torch.uint8)
+        self._run("control allgather", self.pg._allgather_base(out, src))
+        return out.numpy()
+
+    def allreduce_(self, tensor, op):
+        wide = _WIDEN.get(tensor.dtype)
+        target = tensor.to(wide) if wide is not None else tensor
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE[op]
+        self._run("allreduce", self.pg.allreduce([target], opts))
+        if wide is not None:
+            tensor.copy_(target)
+
+    def allgather_bytes(self, send, counts):
+        width = max(counts) if counts else 0
+        if width == 0:
+            return [send[:0] for _ in counts]
+        if send.numel() < width:
+            padded = torch.zeros(width, dtype=torch.uint8)
+            padded[:send.numel()] = send
+        else:
+            padded = send
+        out = torch.empty(self.size * width, dtype=torch.uint8)
+        self._run("allgather", self.pg._allgather_base(out, padded))
+        return [out[r * width:r * width + counts[r]] for r in range(self.size)]
+
+    def broadcast_(self, tensor, root):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        self._run("broadcast", self.pg.broadcast([tensor], opts))
+
+    def alltoall_bytes(self, send, send_counts, recv_counts):
+        out = torch.empty(sum(recv_counts), dtype=torch.uint8)
+        self._run("alltoall", self.pg.alltoall_base(out, send, list(recv_counts),
+                                                   list(send_counts), dist.AllToAllOptions()))
+        return out
+
+    def close(self):
+        pg, self.pg = getattr(self, "pg", None), None
+        if pg is not None:
+            try:
+                pg.shutdown()
+            except Exception as exc:  # already broken by a dead peer: nothing left to release
+                log.debug("rank %d: Gloo shutdown: %s", self.rank, exc)
+        self._client.close()
+
+
+def _min_opts():
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MIN
+    return opts

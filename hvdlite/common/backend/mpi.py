@@ -1,0 +1,108 @@
+"""MPI through mpi4py, on a private duplicate of MPI_COMM_WORLD.
+
+MPI cannot be initialised twice in one process, so ``shutdown()`` frees only
+the duplicate; the next ``init()`` duplicates the world again.  Rank identity
+(rank, local and cross ranks) comes from MPI itself, not from the launcher.
+"""
+
+import logging
+
+import numpy as np
+import torch
+
+from hvdlite.common.backend.base import Backend
+from hvdlite.common.exceptions import HvdliteInternalError
+from hvdlite.common.message import ReduceOp
+
+log = logging.getLogger(__name__)
+
+# dtypes MPI has no reduction for travel as float32 (a numpy view is impossible for bfloat16)
+_WIDEN = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def mpi_available() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def launched_by_mpi() -> bool:
+    import os
+    return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
+                                          "PMIX_RANK", "MPI_LOCALRANKID"))
+
+
+class MPIBackend(Backend):
+    """Collectives on a duplicate of MPI_COMM_WORLD."""
+
+    name = "mpi"
+
+    def __init__(self, config):
+        from mpi4py import MPI
+        self._MPI = MPI
+        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
+                     ReduceOp.PRODUCT: MPI.PROD}
+        world = MPI.COMM_WORLD
+        self.comm = world.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        cross = self.comm.Split(color=self.local_rank, key=self.rank)
+        self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
+        cross.Free()
+
+    def _call(self, what, fn, *args):
+        try:
+            return fn(*args)
+        except self._MPI.Exception as exc:
+            raise HvdliteInternalError(f"rank {self.rank}: MPI {what} failed: {exc}") from exc
+
+    def control_allreduce_min(self, vec):
+        out = np.empty_like(vec)
+        self._call("control allreduce", self.comm.Allreduce, vec, out, self._MPI.MIN)
+        return out
+
+    def _allgather_fixed(self, buf):
+        out = np.empty(self.size * buf.size, dtype=np.uint8)
+        self._call("control allgather", self.comm.Allgather, buf, out)
+        return out
+
+    def allreduce_(self, tensor, op):
+        wide = _WIDEN.get(tensor.dtype)
+        target = tensor.to(wide) if wide is not None else tensor
+        if target.dtype == torch.bool:
+            target = target.view(torch.uint8)
+        arr = target.numpy()
+        self._call("allreduce", self.comm.Allreduce, self._MPI.IN_PLACE, arr, self._ops[op])
+        if wide is not None:
+            tensor.copy_(target)
+
+    def allgather_bytes(self, send, counts):
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
+        out = torch.empty(sum(counts), dtype=torch.uint8)
+        self._call("allgather", self.comm.Allgatherv, send.numpy(),
+                   [out.numpy(), list(counts), displs, self._MPI.BYTE])
+        return [out[d:d + c] for d, c in zip(displs, counts)]
+
+    def broadcast_(self, tensor, root):
+        self._call("broadcast", self.comm.Bcast, tensor.view(-1).view(torch.uint8).numpy(), root)
+
+    def alltoall_bytes(self, send, send_counts, recv_counts):
+        out = torch.empty(sum(recv_counts), dtype=torch.uint8)
+        sd = np.concatenate(([0], np.cumsum(send_counts)[:-1])).astype(np.int64).tolist()
+        rd = np.concatenate(([0], np.cumsum(recv_counts)[:-1])).astype(np.int64).tolist()
+        self._call("alltoall", self.comm.Alltoallv,
+                   [send.numpy(), list(send_counts), sd, self._MPI.BYTE],
+                   [out.numpy(), list(recv_counts), rd, self._MPI.BYTE])
+        return out
+
+    def close(self):
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            try:
+                comm.Free()
+            except Exception as exc:
+                log.debug("rank %d: freeing the MPI communicator: %s", self.rank, exc)

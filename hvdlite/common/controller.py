@@ -1,0 +1,190 @@
+"""Negotiation: which tensors are ready on every rank, validated, ordered and fused.
+
+Rank 0 is not special here: every rank receives the same gathered requests
+(one allgather on the control plane) and runs this same deterministic code on
+them, so every rank holds the same message table and computes the same
+ordered response list without a second round trip to broadcast it.  The
+invariant DESIGN.md asks for (every rank executes the same responses in the
+same order) follows from determinism: no wall clock, randomness or local state
+enters :meth:`Controller.ingest`.
+"""
+
+import logging
+import time
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from hvdlite.common.message import (OpType, ReduceOp, Request, Response, SAME_SHAPE_OPS)
+
+log = logging.getLogger(__name__)
+
+_JOIN_NAME = "\0join"
+_BARRIER_NAME = "\0barrier"
+
+
+class _Pending:
+    __slots__ = ("requests", "first_cycle", "first_time")
+
+    def __init__(self, cycle: int):
+        self.requests: Dict[int, Request] = {}
+        self.first_cycle = cycle
+        self.first_time = time.monotonic()
+
+
+class Controller:
+    """The message table of one job (identical on every rank)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.table: Dict[str, _Pending] = {}
+        self.joined: Set[int] = set()
+        self.last_joined = -1
+
+    # -- negotiation -------------------------------------------------------------------------
+    def ingest(self, gathered: Sequence[Sequence[Request]], cycle: int) -> List[Response]:
+        """Add every rank's new requests; return the responses now ready, in order."""
+        ready: List[str] = []
+        for rank, requests in enumerate(gathered):
+            for req in requests:
+                if req.op == OpType.JOIN:
+                    self.joined.add(rank)
+                    self.last_joined = rank
+                    continue
+                entry = self.table.get(req.name)
+                if entry is None:
+                    entry = self.table[req.name] = _Pending(cycle)
+                entry.requests[rank] = req
+                if self._complete(entry) and req.name not in ready:
+                    ready.append(req.name)
+        # Joining can complete tensors submitted earlier by the other ranks.
+        if self.joined:
+            for name, entry in self.table.items():
+                if name not in ready and self._complete(entry):
+                    ready.append(name)
+        responses = [self._respond(name, self.table.pop(name)) for name in ready]
+        if self.joined and len(self.joined) == self.size:
+            responses.append(Response(_JOIN_NAME, OpType.JOIN, value=self.last_joined))
+            self.joined.clear()
+        return responses
+
+    def _complete(self, entry: _Pending) -> bool:
+        have = entry.requests
+        if len(have) + len(self.joined - have.keys()) < self.size:
+            return False
+        return len(have) > 0
+
+    def _respond(self, name: str, entry: _Pending) -> Response:
+        reqs = entry.requests
+        ranks = sorted(reqs)
+        first = reqs[ranks[0]]
+        error = self._validate(name, reqs)
+        if error is None and self.joined and first.op in (OpType.ALLTOALL, OpType.REDUCESCATTER):
+            error = (f"{first.op.name.lower()} of tensor {name!r} cannot run while ranks "
+                     f"{sorted(self.joined)} have joined")
+        if error is None and first.op == OpType.BROADCAST and first.root in self.joined:
+            error = f"broadcast of tensor {name!r}: root rank {first.root} has already joined"
+        if error is not None:
+            return Response(name, first.op, first.dtype, first.shape, error=error)
+        resp = Response(name, first.op, first.dtype, first.shape, first.root, first.reduce_op,
+                        first.prescale, first.postscale)
+        if first.op == OpType.ALLGATHER:
+            resp.first_dims = [reqs[r].shape[0] if r in reqs else 0 for r in range(self.size)]
+        elif first.op == OpType.ALLTOALL:
+            resp.splits = [reqs[r].splits for r in range(self.size)]
+        return resp
+
+    def _validate(self, name: str, reqs: Dict[int, Request]) -> Optional[str]:
+        ranks = sorted(reqs)
+        first = reqs[ranks[0]]
+
+        def disagree(what: str, value_of) -> Optional[str]:
+            groups: Dict[str, List[int]] = {}
+            for r in ranks:
+                groups.setdefault(str(value_of(reqs[r])), []).append(r)
+            if len(groups) == 1:
+                return None
+            seen = "; ".join(f"ranks {rs} sent {val}" for val, rs in groups.items())
+            return f"mismatched {what} for tensor {name!r}: {seen}"
+
+        checks = [("operation", lambda q: q.op.name.lower()), ("dtype", lambda q: q.dtype)]
+        if first.op in SAME_SHAPE_OPS:
+            checks.append(("shape", lambda q: list(q.shape)))
+        elif first.op in (OpType.ALLGATHER, OpType.ALLTOALL):
+            checks.append(("rank (number of dimensions) or trailing shape",
+                           lambda q: ["*"] + list(q.shape[1:]) if q.shape else "scalar"))
+        if first.op == OpType.BROADCAST:
+            checks.append(("root_rank", lambda q: q.root))
+        if first.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
+            checks.append(("reduce op", lambda q: ReduceOp(q.reduce_op).name.lower()))
+            checks.append(("prescale/postscale factors", lambda q: (q.prescale, q.postscale)))
+        for what, fn in checks:
+            msg = disagree(what, fn)
+            if msg:
+                return msg
+        if first.op == OpType.ALLTOALL:
+            for r in ranks:
+                splits = reqs[r].splits
+                if len(splits) != self.size or sum(splits) != reqs[r].shape[0]:
+                    return (f"alltoall of tensor {name!r}: rank {r} sent splits {list(splits)}, "
+                            f"which must have {self.size} entries summing to its first "
+                            f"dimension {reqs[r].shape[0]}")
+        return None
+
+    # -- stall inspection --------------------------------------------------------------------
+    def stalled(self, older_than_s: float) -> List[Tuple[str, List[int], List[int], float]]:
+        """(name, ranks that submitted, ranks missing, seconds waiting) past the threshold."""
+        now = time.monotonic()
+        out = []
+        for name, entry in self.table.items():
+            waited = now - entry.first_time
+            if waited >= older_than_s:
+                have = sorted(entry.requests)
+                missing = [r for r in range(self.size) if r not in entry.requests
+                           and r not in self.joined]
+                out.append((name, have, missing, waited))
+        return out
+
+    def fail_older_than(self, cycle: int) -> List[Response]:
+        """Error responses for every incomplete tensor first seen at or before ``cycle``."""
+        out = []
+        for name in [n for n, e in self.table.items() if e.first_cycle <= cycle]:
+            entry = self.table.pop(name)
+            first = next(iter(entry.requests.values()))
+            missing = [r for r in range(self.size) if r not in entry.requests]
+            out.append(Response(name, first.op, first.dtype, first.shape, error=(
+                f"tensor {name!r} stalled: submitted by ranks {sorted(entry.requests)} but "
+                f"never by ranks {missing} (stall shutdown time exceeded; see "
+                f"--stall-check-shutdown-time-seconds)"), error_kind="stall"))
+        return out
+
+
+def plan_fusion(responses: Sequence[Response], threshold_bytes: int,
+                nbytes_of) -> List[List[Response]]:
+    """Group responses that can share one collective; deterministic on every rank.
+
+    Allreduces fuse when dtype, reduce op and scale factors match; allgathers
+    and broadcasts (same root) fuse as raw bytes.  A group never exceeds
+    ``threshold_bytes`` (0 disables fusion); groups keep the responses' order.
+    """
+    groups: List[List[Response]] = []
+    open_groups: Dict[tuple, Tuple[List[Response], int]] = {}
+    for resp in responses:
+        if resp.error is not None or threshold_bytes <= 0 or resp.op not in (
+                OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST):
+            groups.append([resp])
+            continue
+        if resp.op == OpType.ALLREDUCE:
+            key = (resp.op, resp.dtype, resp.reduce_op, resp.prescale, resp.postscale)
+        elif resp.op == OpType.BROADCAST:
+            key = (resp.op, resp.root)
+        else:
+            key = (resp.op,)
+        nbytes = nbytes_of(resp)
+        current = open_groups.get(key)
+        if current is not None and current[1] + nbytes <= threshold_bytes:
+            current[0].append(resp)
+            open_groups[key] = (current[0], current[1] + nbytes)
+        else:
+            group = [resp]
+            groups.append(group)
+            open_groups[key] = (group, nbytes)
+    return groups

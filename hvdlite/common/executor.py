@@ -1,0 +1,202 @@
+"""Runs agreed, fused response groups on the backend and fills the outputs.
+
+Called by the background thread only.  ``entries`` maps a name to this rank's
+entry; a name without an entry is one this rank contributes a neutral value to
+(it has joined).
+"""
+
+from typing import Callable, Dict, List
+
+from hvdlite.common import fusion
+from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
+from hvdlite.common.fusion import itemsize, numel
+from hvdlite.common.message import OpType, ReduceOp, Response
+
+_torch = None
+
+
+def _t():
+    global _torch
+    if _torch is None:
+        import torch
+        _torch = torch
+    return _torch
+
+
+class Executor:
+    def __init__(self, backend, buffers: fusion.FusionBuffers):
+        self.backend = backend
+        self.buffers = buffers
+        self.rank = backend.rank
+        self.size = backend.size
+
+    def run(self, group: List[Response], entries: Dict[str, object],
+            complete: Callable, fail: Callable) -> None:
+        first = group[0]
+        if first.error is not None:
+            for resp in group:
+                entry = entries.get(resp.name)
+                if entry is not None:
+                    kind = HvdliteStallError if resp.error_kind == "stall" else \
+                        HvdliteMismatchError
+                    fail(entry, kind(resp.error))
+            return
+        op = first.op
+        if op == OpType.ALLREDUCE:
+            self._allreduce(group, entries, complete)
+        elif op == OpType.ALLGATHER:
+            self._allgather(group, entries, complete)
+        elif op == OpType.BROADCAST:
+            self._broadcast(group, entries, complete)
+        elif op == OpType.ALLTOALL:
+            self._alltoall(first, entries.get(first.name), complete)
+        elif op == OpType.REDUCESCATTER:
+            self._reducescatter(first, entries.get(first.name), complete)
+        elif op in (OpType.BARRIER, OpType.JOIN):
+            entry = entries.get(first.name)
+            if entry is not None:
+                complete(entry, first.value if op == OpType.JOIN else None)
+
+    # -- allreduce ------------------------------------------------------------------------
+    def _post_factor(self, resp: Response) -> float:
+        factor = resp.postscale
+        if resp.reduce_op == ReduceOp.AVERAGE:
+            factor /= self.size
+        return factor
+
+    def _reduce(self, buf, resp: Response) -> None:
+        fusion.scale_(buf, resp.prescale)
+        op = resp.reduce_op
+        self.backend.allreduce_(buf, ReduceOp.SUM if op == ReduceOp.AVERAGE else ReduceOp(op))
+        fusion.scale_(buf, self._post_factor(resp))
+
+    def _allreduce(self, group, entries, complete) -> None:
+        torch = _t()
+        first = group[0]
+        if len(group) == 1:
+            entry = entries.get(first.name)
+            if entry is None:
+                scratch = torch.full(first.shape, fusion.neutral(first.dtype, first.reduce_op),
+                                     dtype=fusion.dtype_of(first.dtype))
+                self._reduce(scratch, first)
+                return
+            out = entry.output
+            if out is not entry.tensor:
+                out.copy_(entry.tensor)
+            self._reduce(out.view(-1), first)
+            complete(entry, out)
+            return
+        total = sum(numel(r.shape) for r in group)
+        buf = self.buffers.get(first.dtype, total)
+        flats, outs, done = [], [], []
+        for resp in group:
+            entry = entries.get(resp.name)
+            if entry is None:
+                fill = fusion.neutral(resp.dtype, resp.reduce_op)
+                flats.append(torch.full((numel(resp.shape),), fill,
+                                        dtype=fusion.dtype_of(resp.dtype)))
+            else:
+                flats.append(entry.tensor.view(-1))
+                outs.append(entry.output)
+                done.append(entry)
+        fusion.pack(flats, buf)
+        self._reduce(buf, first)
+        if len(outs) == len(group):
+            fusion.unpack(buf, outs)
+        else:
+            offset = 0
+            for resp, flat in zip(group, flats):
+                n = flat.numel()
+                entry = entries.get(resp.name)
+                if entry is not None:
+                    entry.output.view(-1).copy_(buf[offset:offset + n])
+                offset += n
+        for entry in done:
+            complete(entry, entry.output)
+
+    # -- allgather ------------------------------------------------------------------------
+    def _allgather(self, group, entries, complete) -> None:
+        torch = _t()
+        row_bytes = [numel(r.shape[1:]) * itemsize(r.dtype) for r in group]
+        counts = [sum(r.first_dims[rank] * rb for r, rb in zip(group, row_bytes))
+                  for rank in range(self.size)]
+        pieces = []
+        for resp in group:
+            entry = entries.get(resp.name)
+            if entry is not None and entry.tensor.numel():
+                pieces.append(entry.tensor.reshape(-1).view(torch.uint8))
+        if len(pieces) == 1:
+            send = pieces[0]
+        elif pieces:
+            send = torch.cat(pieces)
+        else:
+            send = torch.empty(0, dtype=torch.uint8)
+        chunks = self.backend.allgather_bytes(send, counts)
+        offsets = [0] * self.size
+        for resp, rb in zip(group, row_bytes):
+            entry = entries.get(resp.name)
+            total_rows = sum(resp.first_dims)
+            dtype = fusion.dtype_of(resp.dtype)
+            parts = []
+            for rank in range(self.size):
+                n = resp.first_dims[rank] * rb
+                parts.append(chunks[rank][offsets[rank]:offsets[rank] + n])
+                offsets[rank] += n
+            if entry is None:
+                continue
+            flat = parts[0] if self.size == 1 else torch.cat(parts)
+            out = flat.view(dtype).reshape((total_rows,) + tuple(resp.shape[1:]))
+            complete(entry, out.clone() if self.size == 1 else out)
+
+    # -- broadcast ------------------------------------------------------------------------
+    def _broadcast(self, group, entries, complete) -> None:
+        torch = _t()
+        root = group[0].root
+        if len(group) == 1:
+            resp = group[0]
+            entry = entries.get(resp.name)
+            if entry is None:
+                scratch = torch.empty(resp.shape, dtype=fusion.dtype_of(resp.dtype))
+                self.backend.broadcast_(scratch, root)
+                return
+            out = entry.output
+            if out is not entry.tensor and self.rank == root:
+                out.copy_(entry.tensor)
+            self.backend.broadcast_(out, root)
+            complete(entry, out)
+            return
+        sizes = [numel(r.shape) * itemsize(r.dtype) for r in group]
+        buf = self.buffers.get("uint8", sum(sizes))
+        present = [entries.get(r.name) for r in group]
+        if self.rank == root:
+            fusion.pack([e.tensor.reshape(-1).view(torch.uint8) for e in present], buf)
+        self.backend.broadcast_(buf, root)
+        offset = 0
+        for entry, n in zip(present, sizes):
+            if entry is not None:
+                if self.rank != root or entry.output is not entry.tensor:
+                    entry.output.reshape(-1).view(torch.uint8).copy_(buf[offset:offset + n])
+                complete(entry, entry.output)
+            offset += n
+
+    # -- alltoall / reducescatter -----------------------------------------------------------
+    def _alltoall(self, resp, entry, complete) -> None:
+        torch = _t()
+        rb = numel(resp.shape[1:]) * itemsize(resp.dtype)
+        send_rows = resp.splits[self.rank]
+        recv_rows = [resp.splits[r][self.rank] for r in range(self.size)]
+        send = entry.tensor.reshape(-1).view(torch.uint8)
+        out = self.backend.alltoall_bytes(send, [n * rb for n in send_rows],
+                                          [n * rb for n in recv_rows])
+        result = out.view(fusion.dtype_of(resp.dtype)).reshape(
+            (sum(recv_rows),) + tuple(resp.shape[1:]))
+        complete(entry, (result, torch.tensor(recv_rows, dtype=torch.int32)))
+
+    def _reducescatter(self, resp, entry, complete) -> None:
+        full = entry.tensor.clone()
+        self._reduce(full.view(-1), resp)
+        rows = resp.shape[0] if resp.shape else 1
+        base, extra = divmod(rows, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        count = base + (1 if self.rank < extra else 0)
+        complete(entry, full[start:start + count].clone())

@@ -1,0 +1,127 @@
+"""Request, Response and their explicit wire encoding.
+
+A :class:`Request` is what one rank asks for one tensor; a :class:`Response`
+is what every rank agreed to execute for it.  Lists of requests travel on the
+control plane as compact JSON (plain data; nothing is unpickled).
+"""
+
+import enum
+import json
+from typing import List, Optional, Sequence, Tuple
+
+
+class OpType(enum.IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+    JOIN = 6
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction ops; values match horovod.torch's constants."""
+
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+#: ops whose shapes must agree on every rank (allgather/alltoall only agree past dim 0)
+SAME_SHAPE_OPS = (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER)
+
+
+class Request:
+    """One rank's request for one named tensor."""
+
+    __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale",
+                 "postscale", "splits")
+
+    def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
+                 root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
+                 postscale: float = 1.0, splits: Optional[Tuple[int, ...]] = None):
+        self.name = name
+        self.op = op
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.root = root
+        self.reduce_op = reduce_op
+        self.prescale = prescale
+        self.postscale = postscale
+        self.splits = tuple(splits) if splits is not None else None
+
+    def signature(self) -> tuple:
+        """Everything that must be equal for a cached response to be reused."""
+        return (self.op, self.dtype, self.shape, self.root, self.reduce_op, self.prescale,
+                self.postscale, self.splits)
+
+    def to_list(self) -> list:
+        return [self.name, int(self.op), self.dtype, list(self.shape), self.root,
+                self.reduce_op, self.prescale, self.postscale,
+                list(self.splits) if self.splits is not None else None]
+
+    @classmethod
+    def from_list(cls, item: list) -> "Request":
+        name, op, dtype, shape, root, reduce_op, pre, post, splits = item
+        return cls(str(name), OpType(op), str(dtype), tuple(int(s) for s in shape), int(root),
+                   int(reduce_op), float(pre), float(post),
+                   tuple(int(s) for s in splits) if splits is not None else None)
+
+    def describe(self) -> str:
+        parts = [f"op={self.op.name.lower()}", f"dtype={self.dtype}", f"shape={list(self.shape)}"]
+        if self.op == OpType.BROADCAST:
+            parts.append(f"root_rank={self.root}")
+        if self.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
+            parts.append(f"op={ReduceOp(self.reduce_op).name.lower()}")
+            if self.prescale != 1.0 or self.postscale != 1.0:
+                parts.append(f"prescale={self.prescale} postscale={self.postscale}")
+        return " ".join(parts)
+
+
+def encode_requests(requests: Sequence[Request]) -> bytes:
+    return json.dumps([r.to_list() for r in requests], separators=(",", ":")).encode()
+
+
+def decode_requests(data: bytes) -> List[Request]:
+    if not data:
+        return []
+    return [Request.from_list(item) for item in json.loads(data)]
+
+
+class Response:
+    """What every rank executes for one tensor (or a JOIN/BARRIER/error).
+
+    ``first_dims`` holds each rank's first dimension (allgather); ``splits``
+    each rank's send splits (alltoall); ``error`` makes every rank's handle
+    for ``name`` fail with that message.
+    """
+
+    __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale", "postscale",
+                 "first_dims", "splits", "error", "error_kind", "value")
+
+    def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
+                 root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
+                 postscale: float = 1.0, first_dims: Optional[List[int]] = None,
+                 splits: Optional[List[Tuple[int, ...]]] = None, error: Optional[str] = None,
+                 value: int = -1, error_kind: str = "mismatch"):
+        self.name = name
+        self.op = op
+        self.dtype = dtype
+        self.shape = shape
+        self.root = root
+        self.reduce_op = reduce_op
+        self.prescale = prescale
+        self.postscale = postscale
+        self.first_dims = first_dims
+        self.splits = splits
+        self.error = error
+        self.error_kind = error_kind   # "mismatch" or "stall"
+        self.value = value
+
+    @property
+    def cacheable(self) -> bool:
+        return self.error is None and self.op not in (OpType.JOIN, OpType.BARRIER)

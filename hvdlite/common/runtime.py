@@ -1,0 +1,251 @@
+"""The background thread: drain, agree, fuse, execute, complete.
+
+One :class:`Runtime` per ``init()``.  User threads only enqueue and wait on
+handles; only the background thread touches the backend.  Each cycle:
+
+1. drain new entries from the :class:`TensorQueue`;
+2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
+   once: whether anybody needs a full negotiation, the longest request payload,
+   who is shutting down, rank 0's stall verdict, and the response-cache bits;
+3. if anybody has a request the cache cannot answer, every rank's unsent
+   requests are allgathered and each rank runs the same :class:`Controller`
+   on them; otherwise the slots whose bit survived are ready;
+4. responses are fused (:func:`plan_fusion`) and executed in the same order
+   everywhere; handles complete with values or errors.
+
+Any exception in the loop is delivered to every pending handle, and later
+calls raise it too: a failure never becomes a hang.
+"""
+
+import logging
+import threading
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from hvdlite.common import fusion
+from hvdlite.common.config import Config
+from hvdlite.common.controller import Controller, plan_fusion
+from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError, HvdliteStallError)
+from hvdlite.common.executor import Executor
+from hvdlite.common.message import OpType, Request, Response, decode_requests, encode_requests
+from hvdlite.common.response_cache import ResponseCache
+from hvdlite.common.tensor_queue import Entry, TensorQueue
+
+log = logging.getLogger(__name__)
+
+_INT_MAX = np.iinfo(np.int32).max
+# control vector layout: [need_nothing_new, -payload_len, stall_cutoff, alive[size], bits[cap]]
+_NEED, _LEN, _STALL, _ALIVE = 0, 1, 2, 3
+#: a cache hit not executed after this long is sent through full negotiation instead,
+#: so the stall inspector sees it
+_CACHE_PATIENCE_S = 1.0
+
+
+class Runtime:
+    """Owns the queue, the controller, the cache and the backend of one init()."""
+
+    def __init__(self, config: Config, backend):
+        self.config = config
+        self.backend = backend
+        self.rank, self.size = backend.rank, backend.size
+        self.queue = TensorQueue()
+        self.controller = Controller(self.size)
+        self.cache = ResponseCache(config.cache_capacity)
+        self.executor = Executor(backend, fusion.FusionBuffers())
+        self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
+        self._sent: Dict[str, Entry] = {}        # in the controller's table
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._cycle = 0
+        self._stall_warned: set = set()
+        self._last_stall_check = time.monotonic()
+        self.peer_shutdown: Optional[int] = None
+        base = _ALIVE + self.size
+        self._vec_len = base + config.cache_capacity
+        self._bits_base = base
+        self._thread = threading.Thread(target=self._main, name=f"hvdlite-background-r{self.rank}",
+                                        daemon=True)
+
+    # -- user-thread side -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def enqueue(self, entries: List[Entry]) -> None:
+        if self._error is not None:
+            raise self._error
+        self.queue.push(entries, time.monotonic())
+        self._wake.set()
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def error(self) -> Optional[BaseException]:
+        return self._error
+
+    def stop(self, timeout_s: float) -> bool:
+        """Ask every rank to stop (via the control vector) and join; True if it exited."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # -- background thread ----------------------------------------------------------------
+    def _main(self) -> None:
+        period = self.config.cycle_time_ms / 1000.0
+        try:
+            while True:
+                start = time.monotonic()
+                if not self._cycle_once():
+                    break
+                left = period - (time.monotonic() - start)
+                if not self._unsent or left > 0:
+                    self._wake.wait(max(left, 0.0))
+                self._wake.clear()
+        except BaseException as exc:  # delivered to every handle, never swallowed
+            if isinstance(exc, HvdliteError):
+                err = exc
+            else:
+                err = HvdliteInternalError(
+                    f"rank {self.rank}: the background thread failed: "
+                    f"{type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+            log.debug("rank %d: background loop ended with %s", self.rank, err)
+            self._fail_all(err)
+        finally:
+            try:
+                self.backend.close()
+            finally:
+                self._stopped.set()
+
+    def _fail_all(self, err: BaseException) -> None:
+        self._error = err
+        for entry in self.queue.close(err):
+            entry.handle._fail(err)
+        self._unsent.clear()
+        self._sent.clear()
+
+    def _cycle_once(self) -> bool:
+        self._cycle += 1
+        now = time.monotonic()
+        for entry in self.queue.drain():
+            self._unsent[entry.request.name] = entry
+
+        # 1. what this rank brings to the agreement
+        vec = np.ones(self._vec_len, dtype=np.int32)
+        need_full = bool(self.controller.joined) and self.rank in self.controller.joined
+        table = self.controller.table
+        bits = []
+        for name, entry in self._unsent.items():
+            slot = -1
+            if name not in table and now - entry.enqueued_at < _CACHE_PATIENCE_S:
+                slot = self.cache.lookup(entry.request)
+            if slot < 0:
+                need_full = True
+            else:
+                bits.append(slot)
+        vec[self._bits_base:] = 0
+        if bits:
+            vec[[self._bits_base + s for s in bits]] = 1
+        payload = b""
+        if need_full:
+            vec[_NEED] = 0
+        vec[_STALL] = self._stall_cutoff() if self.rank == 0 else _INT_MAX
+        if self._stop.is_set():
+            vec[_ALIVE + self.rank] = 0
+        if need_full:
+            payload = encode_requests([e.request for e in self._unsent.values()])
+            vec[_LEN] = -len(payload)
+
+        # 2. agree
+        agreed = self.backend.control_allreduce_min(vec)
+
+        # 3. shutdown of any rank ends the job's runtime everywhere
+        leaving = [r for r in range(self.size) if agreed[_ALIVE + r] == 0]
+        if leaving:
+            if self.rank not in leaving:
+                self.peer_shutdown = leaving[0]
+                err = HvdliteInternalError(
+                    f"rank {self.rank}: rank {leaving[0]} shut down (hvd.shutdown() or exit) "
+                    f"while this rank was still running; pending and later operations fail")
+            else:
+                err = HvdliteInternalError(f"rank {self.rank}: hvdlite was shut down")
+            self._fail_all(err)
+            return False
+
+        responses: List[Response] = []
+        if agreed[_STALL] != _INT_MAX:
+            responses.extend(self.controller.fail_older_than(int(agreed[_STALL])))
+        if agreed[_NEED] == 0:
+            # 4a. full negotiation: everybody sends every unsent request
+            if not need_full:
+                payload = encode_requests([e.request for e in self._unsent.values()])
+            gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
+            self._sent.update(self._unsent)
+            self._unsent = {}
+            requests = [decode_requests(p) for p in gathered]
+            responses.extend(self.controller.ingest(requests, self._cycle))
+        elif bits:
+            # 4b. fast path: slots every rank hit
+            ready = np.flatnonzero(agreed[self._bits_base:])
+            responses.extend(self.cache.response(int(s)) for s in ready)
+        self._execute(responses)
+        if self.config.stall_check and now - self._last_stall_check > 1.0:
+            self._last_stall_check = now
+            self._check_stalls()
+        return True
+
+    def _execute(self, responses: List[Response]) -> None:
+        if not responses:
+            return
+        entries: Dict[str, Entry] = {}
+        for resp in responses:
+            entry = self._sent.pop(resp.name, None) or self._unsent.pop(resp.name, None)
+            if entry is not None:
+                entries[resp.name] = entry
+            if resp.cacheable:
+                self.cache.put(resp, entry.request if entry is not None else None)
+            elif resp.error is not None:
+                self.cache.erase(resp.name)
+        groups = plan_fusion(responses, self.config.fusion_threshold_bytes, _nbytes)
+        for group in groups:
+            self.executor.run(group, entries, self._complete, self._fail_entry)
+
+    def _complete(self, entry: Entry, result) -> None:
+        self.queue.finish(entry.request.name)
+        entry.handle._complete_one(entry.index, result)
+
+    def _fail_entry(self, entry: Entry, err: BaseException) -> None:
+        self.queue.finish(entry.request.name)
+        entry.handle._fail(err)
+
+    # -- stall inspection -----------------------------------------------------------------
+    def _check_stalls(self) -> None:
+        if self.rank != 0:
+            return
+        for name, have, missing, waited in self.controller.stalled(
+                self.config.stall_check_warning_time_s):
+            if name in self._stall_warned:
+                continue
+            self._stall_warned.add(name)
+            log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
+                        "(waiting %.0fs); one rank may be skipping a collective or running "
+                        "different code", name, have, missing, waited)
+
+    def _stall_cutoff(self) -> int:
+        """Rank 0's verdict: the last cycle whose tensors have waited too long, or INT_MAX."""
+        limit = self.config.stall_check_shutdown_time_s
+        if not self.config.stall_check or limit <= 0 or not self.controller.table:
+            return _INT_MAX
+        horizon = time.monotonic() - limit
+        expired = [e.first_cycle for e in self.controller.table.values()
+                   if e.first_time <= horizon]
+        return max(expired) if expired else _INT_MAX
+
+
+def _nbytes(resp: Response) -> int:
+    return fusion.numel(resp.shape) * fusion.itemsize(resp.dtype)

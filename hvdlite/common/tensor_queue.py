@@ -1,0 +1,117 @@
+"""Pending operations handed from user threads to the background thread.
+
+User threads call :meth:`TensorQueue.push`; only the background thread calls
+:meth:`TensorQueue.drain` and :meth:`TensorQueue.finish`.  A name may be in
+flight once: pushing it again before it completes is refused at once.
+"""
+
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from hvdlite.common.exceptions import HvdliteDuplicateNameError, HvdliteInternalError
+from hvdlite.common.message import Request
+
+
+class Handle:
+    """The user's side of one (possibly grouped) asynchronous operation."""
+
+    __slots__ = ("_event", "_remaining", "_error", "_finish", "results", "names")
+
+    def __init__(self, count: int, finish: Optional[Callable[[list], Any]] = None):
+        self._event = threading.Event()
+        self._remaining = count
+        self._error: Optional[BaseException] = None
+        self._finish = finish
+        self.results: List[Any] = [None] * count
+        self.names: List[str] = []
+
+    def _complete_one(self, index: int, result: Any) -> None:
+        # background thread only: no lock needed for _remaining
+        self.results[index] = result
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._event.wait(timeout_s)
+
+    def value(self):
+        """The result once done; raises the operation's error."""
+        if self._error is not None:
+            raise self._error
+        if self._finish is not None:
+            return self._finish(self.results)
+        return self.results[0] if len(self.results) == 1 else self.results
+
+
+class Entry:
+    """One tensor of an operation: the request plus the local buffers."""
+
+    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "sent")
+
+    def __init__(self, request: Request, tensor: Any, output: Any, handle: Handle, index: int):
+        self.request = request
+        self.tensor = tensor
+        self.output = output
+        self.handle = handle
+        self.index = index
+        self.enqueued_at = 0.0
+        self.sent = False
+
+
+class TensorQueue:
+    """Thread-safe inbox of entries with duplicate-name detection."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._incoming: List[Entry] = []
+        self._in_flight: Dict[str, Entry] = {}
+        self._closed_error: Optional[BaseException] = None
+
+    def push(self, entries: List[Entry], now: float) -> None:
+        with self._lock:
+            if self._closed_error is not None:
+                raise self._closed_error
+            for i, e in enumerate(entries):
+                name = e.request.name
+                if name in self._in_flight or any(o.request.name == name for o in entries[:i]):
+                    raise HvdliteDuplicateNameError(
+                        f"tensor name {name!r} is already in flight; wait for its handle or "
+                        f"give each concurrent operation a distinct name")
+            for e in entries:
+                e.enqueued_at = now
+                self._in_flight[e.request.name] = e
+            self._incoming.extend(entries)
+
+    def drain(self) -> List[Entry]:
+        with self._lock:
+            out, self._incoming = self._incoming, []
+        return out
+
+    def finish(self, name: str) -> Optional[Entry]:
+        """Forget a completed name; returns its entry (None if unknown)."""
+        with self._lock:
+            return self._in_flight.pop(name, None)
+
+    def close(self, error: BaseException) -> List[Entry]:
+        """Refuse new work with ``error``; return every entry still in flight."""
+        with self._lock:
+            self._closed_error = error
+            left = list(self._in_flight.values())
+            self._in_flight.clear()
+            self._incoming = []
+        return left
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
