@@ -408,7 +408,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             n = ps.size() if ps is not None and hasattr(ps, "size") else mpi_ops.size()
             scale /= n
         values = values * scale if scale != 1.0 else values
-        p.grad = torch.sparse_coo_tensor(indices.t(), values, p.shape).coalesce()
+        p.grad = torch.sparse_coo_tensor(indices.t(), values, p.shape,
+                                         check_invariants=True).coalesce()
 
     def _hvd_reset(self):
         for p in self._hvd_params:

@@ -1,32 +1,23 @@
 """Shared by the worker scripts that tests/torch_integration launches with hvdlite-run."""
 
-import os
 import sys
 import traceback
 
 import torch
 
-if os.environ.get("HVDLITE_TI_DEV_FAKE"):  # development only: a stand-in for mpi_ops
-    sys.path.insert(0, os.environ["HVDLITE_TI_DEV_FAKE"])
-    import fake_mpi_ops
-    sys.modules["hvdlite.torch.mpi_ops"] = fake_mpi_ops
-    import types
-    from hvdlite.torch.compression import Compression
-    from hvdlite.torch.optimizer import DistributedOptimizer
-    from hvdlite.torch.functions import (broadcast_parameters, broadcast_optimizer_state,
-                                         broadcast_object, allgather_object)
-    from hvdlite.torch.sync_batch_norm import SyncBatchNorm
-    hvd = types.SimpleNamespace(**{k: getattr(fake_mpi_ops, k) for k in dir(fake_mpi_ops)
-                                   if not k.startswith("_")})
-    hvd.Compression = Compression
-    hvd.DistributedOptimizer = DistributedOptimizer
-    hvd.broadcast_parameters = broadcast_parameters
-    hvd.broadcast_optimizer_state = broadcast_optimizer_state
-    hvd.broadcast_object = broadcast_object
-    hvd.allgather_object = allgather_object
-    hvd.SyncBatchNorm = SyncBatchNorm
-else:
-    import hvdlite.torch as hvd  # noqa: F401
+import hvdlite.torch as hvd  # noqa: E402
+from hvdlite.torch import compression as _c, functions as _f, optimizer as _o  # noqa: E402
+from hvdlite.torch import sync_batch_norm as _s  # noqa: E402
+
+# hvdlite/torch/__init__.py re-exports these; fill them in if a checkout lacks that
+# (tests/torch_integration/test_exports.py checks the real exports separately).
+for _mod, _names in ((_c, ["Compression"]), (_o, ["DistributedOptimizer"]),
+                     (_f, ["broadcast_parameters", "broadcast_optimizer_state",
+                           "broadcast_object", "allgather_object"]),
+                     (_s, ["SyncBatchNorm"])):
+    for _n in _names:
+        if not hasattr(hvd, _n):
+            setattr(hvd, _n, getattr(_mod, _n))
 
 torch.set_num_threads(1)
 

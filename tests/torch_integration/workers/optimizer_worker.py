@@ -54,11 +54,14 @@ def train_case(kind="sgd", bpps=1, compression=None, op=None, predivide=1.0, rto
         ref = Net()
         model = copy.deepcopy(ref)
         ref_opt = make_opt(kind, ref.parameters())
+        kw = dict(dist_kw)
+        if callable(kw.get("groups")):
+            kw["groups"] = kw["groups"](model)
         opt = hvd.DistributedOptimizer(
             make_opt(kind, model.parameters()), named_parameters=model.named_parameters(),
             compression=comp, backward_passes_per_step=bpps,
             op=the_op, gradient_predivide_factor=predivide,
-            **dist_kw)
+            **kw)
         assert isinstance(opt, type(ref_opt)), type(opt).__mro__
         loss_scale = hvd.size() if op == "sum" else 1.0
         n, r = hvd.size(), hvd.rank()
@@ -197,7 +200,69 @@ def lr_scheduler():
     assert abs(opt.param_groups[0]["lr"] - 0.025) < 1e-12, opt.param_groups[0]["lr"]
 
 
+class EmbNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 4, sparse=True)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx).mean(1))
+
+
+def sparse_case(**dist_kw):
+    def case():
+        torch.manual_seed(0)
+        ref = EmbNet()
+        model = copy.deepcopy(ref)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                       named_parameters=model.named_parameters(), **dist_kw)
+        n, r = hvd.size(), hvd.rank()
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            idx, y = torch.randint(0, 20, (BATCH, 3), generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+            ref_opt.zero_grad()
+            F.cross_entropy(ref(idx), y).backward()
+            ref_opt.step()
+            opt.zero_grad()
+            s = BATCH // n
+            F.cross_entropy(model(idx[r * s:(r + 1) * s]), y[r * s:(r + 1) * s]).backward()
+            opt.step()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert_close(name, p.detach(), q.detach(), 1e-5, 1e-6)
+    return case
+
+
+class ScaledSGD(torch.optim.SGD):
+    """A user subclass with its own attribute and step: both must survive wrapping."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.calls = 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure)
+
+
+def custom_subclass():
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(ScaledSGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    assert isinstance(opt, ScaledSGD)
+    x, y = data(0)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert opt.calls == 1, opt.calls
+
+
 CASES = {
+    "sparse_params_path": sparse_case(bucket_cap_mb=0),
+    "sparse_as_dense": sparse_case(bucket_cap_mb=0, sparse_as_dense=True),
+    "sparse_buckets": sparse_case(),
+    "custom_subclass": custom_subclass,
     "sgd_momentum": train_case("sgd"),
     "adam": train_case("adam"),
     "adamw_params_path": train_case("adamw", bucket_cap_mb=0),
@@ -210,7 +275,9 @@ CASES = {
     "sgd_op_sum": train_case("sgd", op="sum"),
     "sgd_op_sum_predivide": train_case("sgd", op="sum", predivide=2.0),
     "sgd_average_predivide": train_case("sgd", predivide=4.0),
-    "sgd_groups": train_case("sgd", groups=2),
+    "sgd_num_groups": train_case("sgd", groups=2),
+    "adam_explicit_groups": train_case(
+        "adam", groups=lambda m: [[m.conv.weight, m.conv.bias], [m.fc2.bias, m.fc1.weight]]),
     "uneven_usage": uneven_usage,
     "errors": errors,
     "sync_then_step": sync_then_step,

@@ -1,0 +1,48 @@
+"""Runs worker scripts under the real launcher (2 ranks) and parses their OK/FAIL lines."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+REPO = HERE.parent.parent
+
+
+def launch(script, args=(), np=2, timeout_s=150, env=None):
+    """Run ``script`` on ``np`` ranks through ``hvdlite.runner.launch``; return (rc, output)."""
+    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np), sys.executable,
+           str(script), *args]
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(WORKERS), str(REPO), full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    try:
+        proc = subprocess.run(cmd, cwd=str(REPO), env=full_env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
+            else (e.stdout or "")
+        pytest.fail(f"{script.name} did not finish within {timeout_s}s; output:\n{out[-4000:]}")
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+class CaseResults:
+    """OK/FAIL lines of one launch, by case name and rank."""
+
+    def __init__(self, rc, output, np):
+        self.rc, self.output, self.np = rc, output, np
+        self.ok = {}
+        for m in re.finditer(r"^(?:\[\d+\]<stdout>:)?OK (\S+) rank=(\d+)", output, re.M):
+            self.ok.setdefault(m.group(1), set()).add(int(m.group(2)))
+
+    def check(self, case):
+        ranks = self.ok.get(case, set())
+        if ranks != set(range(self.np)):
+            missing = sorted(set(range(self.np)) - ranks)
+            pytest.fail(f"case {case!r} failed or did not run on rank(s) {missing} "
+                        f"(launcher exit code {self.rc}); output:\n{self.output[-6000:]}")

@@ -1,0 +1,132 @@
+"""In-process checks that need no second rank (a script run without the launcher is 1 rank)."""
+
+import pytest
+import torch
+
+import hvdlite.torch as hvd
+from hvdlite.torch.compression import Compression
+from hvdlite.torch.functions import allgather_object, broadcast_object, broadcast_parameters
+from hvdlite.torch.optimizer import DistributedOptimizer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank():
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+def test_exports():
+    """hvdlite.torch re-exports the integration's public names (Horovod users expect them)."""
+    for name in ("DistributedOptimizer", "Compression", "broadcast_parameters",
+                 "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+                 "SyncBatchNorm"):
+        assert hasattr(hvd, name), f"hvdlite.torch does not export {name}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int64])
+def test_fp16_roundtrip(dtype):
+    t = (torch.arange(10) - 3).to(dtype)
+    c, ctx = Compression.fp16.compress(t)
+    if dtype in (torch.float32, torch.float64):
+        assert c.dtype == torch.float16
+    else:
+        assert c.dtype == dtype
+    back = Compression.fp16.decompress(c, ctx)
+    assert back.dtype == dtype and torch.equal(back, t)
+    n, ctx = Compression.none.compress(t)
+    assert n is t and Compression.none.decompress(n, ctx) is t
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+
+
+def test_one_rank_matches_plain_training():
+    ref = _model()
+    model = _model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters())
+    for i in range(3):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(i))
+        for m, o in ((ref, ref_opt), (model, opt)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_grads_are_bucket_views():
+    model = _model()
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    ptrs = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(ptrs) == 1, "gradients should share one flat bucket"
+    opt.step()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(backward_passes_per_step=0), "backward_passes_per_step"),
+    (dict(gradient_predivide_factor=0), "gradient_predivide_factor"),
+    (dict(op=hvd.Min), "op="),
+    (dict(bucket_cap_mb=-1), "bucket_cap_mb"),
+])
+def test_bad_arguments(kwargs, needle):
+    model = _model()
+    with pytest.raises(ValueError, match=needle):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                             named_parameters=model.named_parameters(), **kwargs)
+
+
+def test_adasum_not_implemented():
+    model = _model()
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+
+
+def test_named_parameters_not_pairs():
+    model = _model()
+    with pytest.raises(ValueError, match="named_parameters"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                             named_parameters=list(model.parameters()))
+
+
+def test_group_with_foreign_parameter():
+    model = _model()
+    stranger = torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(ValueError, match=r"groups\[0\]"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=[[stranger]])
+
+
+def test_zero_grad_while_in_flight():
+    model = _model()
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match="zero_grad"):
+        opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_wrap_twice_refused():
+    model = _model()
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="already"):
+        DistributedOptimizer(opt)
+
+
+def test_broadcast_helpers_one_rank():
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    broadcast_parameters(model.state_dict(), root_rank=0)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert broadcast_object({"a": 1}, root_rank=0) == {"a": 1}
+    assert allgather_object(3) == [3]
+    with pytest.raises(ValueError, match="root_rank"):
+        broadcast_parameters(model.state_dict(), root_rank=1)
