@@ -157,8 +157,7 @@ class Controller:
         return out
 
 
-def plan_fusion(responses: Sequence[Response], threshold_bytes: int,
-                nbytes_of) -> List[List[Response]]:
+def plan_fusion(responses: Sequence[Response], threshold_bytes: int) -> List[List[Response]]:
     """Group responses that can share one collective; deterministic on every rank.
 
     Allreduces fuse when dtype, reduce op and scale factors match; allgathers
@@ -178,7 +177,7 @@ def plan_fusion(responses: Sequence[Response], threshold_bytes: int,
             key = (resp.op, resp.root)
         else:
             key = (resp.op,)
-        nbytes = nbytes_of(resp)
+        nbytes = resp.nbytes
         current = open_groups.get(key)
         if current is not None and current[1] + nbytes <= threshold_bytes:
             current[0].append(resp)

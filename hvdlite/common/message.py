@@ -39,7 +39,7 @@ class Request:
     """One rank's request for one named tensor."""
 
     __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale",
-                 "postscale", "splits")
+                 "postscale", "splits", "sig")
 
     def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
                  root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
@@ -53,11 +53,11 @@ class Request:
         self.prescale = prescale
         self.postscale = postscale
         self.splits = tuple(splits) if splits is not None else None
+        #: everything that must be equal for a cached response to be reused
+        self.sig = (op, dtype, self.shape, root, reduce_op, prescale, postscale, self.splits)
 
     def signature(self) -> tuple:
-        """Everything that must be equal for a cached response to be reused."""
-        return (self.op, self.dtype, self.shape, self.root, self.reduce_op, self.prescale,
-                self.postscale, self.splits)
+        return self.sig
 
     def to_list(self) -> list:
         return [self.name, int(self.op), self.dtype, list(self.shape), self.root,
@@ -101,7 +101,7 @@ class Response:
     """
 
     __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale", "postscale",
-                 "first_dims", "splits", "error", "error_kind", "value")
+                 "first_dims", "splits", "error", "error_kind", "value", "nbytes")
 
     def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
                  root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
@@ -121,6 +121,7 @@ class Response:
         self.error = error
         self.error_kind = error_kind   # "mismatch" or "stall"
         self.value = value
+        self.nbytes = 0                # payload size, for fusion planning (set by the runtime)
 
     @property
     def cacheable(self) -> bool:

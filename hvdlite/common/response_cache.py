@@ -21,6 +21,8 @@ class ResponseCache:
         self._by_name: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self._slots: List[Optional[Tuple[Response, Optional[tuple]]]] = []
         self._slot_names: List[Optional[str]] = []
+        #: changes whenever a slot's response changes (fusion plans keyed on slots depend on it)
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._by_name)
@@ -28,7 +30,7 @@ class ResponseCache:
     def lookup(self, request: Request) -> int:
         """The slot whose stored response fits ``request``, or -1."""
         slot = self._by_name.get(request.name, -1)
-        if slot >= 0 and self._slots[slot][1] == request.signature():
+        if slot >= 0 and self._slots[slot][1] == request.sig:
             return slot
         return -1
 
@@ -39,7 +41,7 @@ class ResponseCache:
         """Record an executed response (same call order on every rank)."""
         if self.capacity == 0:
             return
-        sig = own.signature() if own is not None else None
+        sig = own.sig if own is not None else None
         slot = self._by_name.get(response.name)
         if slot is not None:
             self._by_name.move_to_end(response.name)
@@ -51,6 +53,9 @@ class ResponseCache:
                 self._slots.append(None)
                 self._slot_names.append(None)
             self._by_name[response.name] = slot
+        old = self._slots[slot]
+        if old is None or old[0] is not response or old[1] != sig:
+            self.version += 1
         self._slots[slot] = (response, sig)
         self._slot_names[slot] = response.name
 
@@ -61,6 +66,7 @@ class ResponseCache:
     def erase(self, name: str) -> None:
         slot = self._by_name.pop(name, None)
         if slot is not None:
+            self.version += 1
             # keep the slot allocated but unusable; it is reused by the next put
             self._slots[slot] = (self._slots[slot][0], None)
             self._free_slot(slot)

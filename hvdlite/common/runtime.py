@@ -64,6 +64,8 @@ class Runtime:
         self._stall_warned: set = set()
         self._last_stall_check = time.monotonic()
         self.peer_shutdown: Optional[int] = None
+        self._plan_memo: Dict[tuple, list] = {}  # fusion plans of cache-hit cycles
+        self._done: list = []                    # (entry, result, error) of the running group
         base = _ALIVE + self.size
         self._vec_len = base + config.cache_capacity
         self._bits_base = base
@@ -78,7 +80,8 @@ class Runtime:
         if self._error is not None:
             raise self._error
         self.queue.push(entries, time.monotonic())
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -191,37 +194,60 @@ class Runtime:
             responses.extend(self.controller.ingest(requests, self._cycle))
         elif bits:
             # 4b. fast path: slots every rank hit
-            ready = np.flatnonzero(agreed[self._bits_base:])
-            responses.extend(self.cache.response(int(s)) for s in ready)
+            ready = np.flatnonzero(agreed[self._bits_base:]).tolist()
+            self._execute(responses)   # stall errors, if any, first
+            self._execute([self.cache.response(s) for s in ready], tuple(ready))
+            responses = []
         self._execute(responses)
         if self.config.stall_check and now - self._last_stall_check > 1.0:
             self._last_stall_check = now
             self._check_stalls()
         return True
 
-    def _execute(self, responses: List[Response]) -> None:
+    def _execute(self, responses: List[Response], cached_slots=None) -> None:
         if not responses:
             return
         entries: Dict[str, Entry] = {}
+        cache = self.cache
         for resp in responses:
-            entry = self._sent.pop(resp.name, None) or self._unsent.pop(resp.name, None)
+            name = resp.name
+            entry = self._sent.pop(name, None) or self._unsent.pop(name, None)
             if entry is not None:
-                entries[resp.name] = entry
-            if resp.cacheable:
-                self.cache.put(resp, entry.request if entry is not None else None)
+                entries[name] = entry
+            if cached_slots is not None:
+                cache.touch(name)
+            elif resp.cacheable:
+                resp.nbytes = _nbytes(resp)
+                cache.put(resp, entry.request if entry is not None else None)
             elif resp.error is not None:
-                self.cache.erase(resp.name)
-        groups = plan_fusion(responses, self.config.fusion_threshold_bytes, _nbytes)
+                cache.erase(name)
+        groups = None
+        if cached_slots is not None:
+            key = (cache.version, cached_slots)
+            groups = self._plan_memo.get(key)
+        if groups is None:
+            groups = plan_fusion(responses, self.config.fusion_threshold_bytes)
+            if cached_slots is not None:
+                if len(self._plan_memo) > 64:
+                    self._plan_memo.clear()
+                self._plan_memo[key] = groups
+        done = self._done
         for group in groups:
-            self.executor.run(group, entries, self._complete, self._fail_entry)
+            self.executor.run(group, entries, self._collect, self._collect_error)
+            # forget the names before waking their owners, who may reuse them at once
+            self.queue.finish([e.request.name for e, _, _ in done])
+            for entry, result, err in done:
+                if err is None:
+                    entry.handle._complete_one(entry.index, result)
+                else:
+                    entry.handle._fail(err)
+            done.clear()
 
-    def _complete(self, entry: Entry, result) -> None:
-        self.queue.finish(entry.request.name)
-        entry.handle._complete_one(entry.index, result)
+    def _collect(self, entry: Entry, result) -> None:
+        self._done.append((entry, result, None))
 
-    def _fail_entry(self, entry: Entry, err: BaseException) -> None:
-        self.queue.finish(entry.request.name)
-        entry.handle._fail(err)
+    def _collect_error(self, entry: Entry, err: BaseException) -> None:
+        self._done.append((entry, None, err))
 
     # -- stall inspection -----------------------------------------------------------------
     def _check_stalls(self) -> None:

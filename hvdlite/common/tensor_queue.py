@@ -15,10 +15,13 @@ from hvdlite.common.message import Request
 class Handle:
     """The user's side of one (possibly grouped) asynchronous operation."""
 
-    __slots__ = ("_event", "_remaining", "_error", "_finish", "results", "names")
+    __slots__ = ("_done", "_remaining", "_error", "_finish", "results", "names")
 
     def __init__(self, count: int, finish: Optional[Callable[[list], Any]] = None):
-        self._event = threading.Event()
+        # A lock held until completion is far cheaper to create and signal than an Event,
+        # which matters with thousands of small tensors per step.
+        self._done = threading.Lock()
+        self._done.acquire()
         self._remaining = count
         self._error: Optional[BaseException] = None
         self._finish = finish
@@ -30,20 +33,23 @@ class Handle:
         self.results[index] = result
         self._remaining -= 1
         if self._remaining == 0:
-            self._event.set()
+            self._done.release()
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
         self._remaining -= 1
         if self._remaining == 0:
-            self._event.set()
+            self._done.release()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return not self._done.locked()
 
     def wait(self, timeout_s: float) -> bool:
-        return self._event.wait(timeout_s)
+        if self._done.acquire(timeout=timeout_s):
+            self._done.release()
+            return True
+        return False
 
     def value(self):
         """The result once done; raises the operation's error."""
@@ -98,10 +104,12 @@ class TensorQueue:
             out, self._incoming = self._incoming, []
         return out
 
-    def finish(self, name: str) -> Optional[Entry]:
-        """Forget a completed name; returns its entry (None if unknown)."""
+    def finish(self, names: List[str]) -> None:
+        """Forget completed names."""
         with self._lock:
-            return self._in_flight.pop(name, None)
+            pop = self._in_flight.pop
+            for name in names:
+                pop(name, None)
 
     def close(self, error: BaseException) -> List[Entry]:
         """Refuse new work with ``error``; return every entry still in flight."""
