@@ -202,8 +202,7 @@ def _config_file_defaults(parser: argparse.ArgumentParser, path: str) -> Dict[st
     by_name = {}
     for action in parser._actions:
         for opt in action.option_strings:
-            if opt.startswith("--"):
-                by_name[opt[2:]] = action
+            by_name[opt.lstrip("-")] = action
         by_name.setdefault(action.dest.replace("_", "-"), action)
     out = {}
     for k, v in flat.items():

@@ -37,8 +37,9 @@ print(f"OK rank={rank} size={size} local={env[cfg.LOCAL_RANK]}/{env[cfg.LOCAL_SI
       f"iface={env.get(cfg.GLOO_IFACE, '')} rdv={env[cfg.RENDEZVOUS_ADDR]} "
       f"peers={','.join(peers)}", flush=True)
 print(f"to stderr from {rank}", file=sys.stderr, flush=True)
+if rank == a.fail_rank:
+    time.sleep(0.5)
+    sys.exit(a.code)
 if a.sleep:
     print(f"READY {rank}", flush=True)
     time.sleep(a.sleep)
-if rank == a.fail_rank:
-    sys.exit(a.code)

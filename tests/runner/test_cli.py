@@ -1,0 +1,123 @@
+"""The command line: flags, --config-file, -x, --check-build, and quick clear errors."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from hvdlite.common import config as cfg
+from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.runner import launch
+
+from conftest import free_port, run_launcher, worker
+
+pytestmark = pytest.mark.timeout(60)
+KV = worker("kv_worker.py")
+
+
+def settings(argv):
+    return launch.settings_from_args(launch.parse_args(argv))
+
+
+def test_tunable_flags_map_to_env():
+    s = settings(["-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+                  "--cache-capacity", "0", "--timeline-filename", "/tmp/t.json",
+                  "--timeline-mark-cycles", "--no-stall-check",
+                  "--stall-check-warning-time-seconds", "7",
+                  "--stall-check-shutdown-time-seconds", "9", "--autotune",
+                  "--autotune-log-file", "/tmp/a.csv", "--log-level", "DEBUG",
+                  "--start-timeout", "12", "--gloo", KV])
+    e = s.tunable_env
+    assert e[cfg.FUSION_THRESHOLD] == str(32 * 1024 * 1024)
+    assert e[cfg.CYCLE_TIME] == "2.5" and e[cfg.CACHE_CAPACITY] == "0"
+    assert e[cfg.TIMELINE] == "/tmp/t.json" and e[cfg.TIMELINE_MARK_CYCLES] == "1"
+    assert e[cfg.STALL_CHECK_DISABLE] == "1" and e[cfg.STALL_CHECK_WARNING_TIME] == "7.0"
+    assert e[cfg.STALL_CHECK_SHUTDOWN_TIME] == "9.0" and e[cfg.AUTOTUNE] == "1"
+    assert e[cfg.AUTOTUNE_LOG] == "/tmp/a.csv" and e[cfg.LOG_LEVEL] == "DEBUG"
+    assert e[cfg.START_TIMEOUT] == "12.0" and e[cfg.CPU_OPERATIONS] == "gloo"
+    assert s.start_timeout_s == 12.0
+    # every produced value is understood by the runtime's config reader
+    cfg.Config.from_env(e)
+    assert s.command == [sys.executable, KV]
+
+
+def test_config_file_and_flags_win(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("fusion-threshold-mb: 16\ncycle_time_ms: 3\nverbose: true\n"
+                 "timeline:\n  timeline-filename: /tmp/tl.json\nhosts: localhost:4\n"
+                 "x: [A_VAR=1]\n")
+    s = settings(["--config-file", str(f), "-np", "2", "--cycle-time-ms", "5", KV])
+    assert s.tunable_env[cfg.FUSION_THRESHOLD] == str(16 * 1024 * 1024)
+    assert s.tunable_env[cfg.CYCLE_TIME] == "5.0"          # the flag wins
+    assert s.tunable_env[cfg.TIMELINE] == "/tmp/tl.json"
+    assert s.verbose and s.hosts[0].slots == 4
+    assert s.user_env == {"A_VAR": "1"}
+
+
+def test_config_file_unknown_key(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("fusion-treshold-mb: 16\n")
+    with pytest.raises(HvdliteConfigError, match="unknown key 'fusion-treshold-mb'"):
+        settings(["--config-file", str(f), "-np", "1", KV])
+
+
+def test_env_forwarding_allow_list(monkeypatch):
+    monkeypatch.setenv("MY_SECRET_TOKEN", "s3cret")
+    monkeypatch.setenv("FROM_ENV", "yes")
+    monkeypatch.setenv(cfg.CYCLE_TIME, "4")
+    monkeypatch.setenv(cfg.SECRET_KEY, "abcd")       # a stale job var must not travel
+    s = settings(["-np", "1", "-x", "FROM_ENV", "-x", "SET_HERE=1", KV])
+    fwd = s.forward_env()
+    assert fwd["FROM_ENV"] == "yes" and fwd["SET_HERE"] == "1"
+    assert fwd[cfg.CYCLE_TIME] == "4" and "PATH" in fwd
+    assert "MY_SECRET_TOKEN" not in fwd and cfg.SECRET_KEY not in fwd
+    assert set(fwd) <= {"FROM_ENV", "SET_HERE", "PATH", "PYTHONPATH", "LD_LIBRARY_PATH"} | {
+        k for k in fwd if k.startswith("HVDLITE_")}
+
+
+def test_version_check_build_and_help():
+    r = run_launcher(["-v"])
+    assert r.returncode == 0 and r.stdout.startswith("hvdlite-run 0.")
+    r = run_launcher(["--check-build"])
+    assert r.returncode == 0
+    assert "[X] PyTorch" in r.stdout and "Gloo" in r.stdout and "MPI" in r.stdout
+    r = run_launcher(["--help"])
+    assert r.returncode == 0
+    for group in ("host arguments", "SSH", "controller parameters", "tunable parameters",
+                  "timeline parameters", "stall check parameters", "autotune parameters"):
+        assert group in r.stdout
+
+
+def _bad(args, fragment, tmp_path=None):
+    t = time.monotonic()
+    r = run_launcher(args, timeout=30)
+    took = time.monotonic() - t
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert fragment in r.stderr, r.stderr
+    assert took < 15, f"took {took:.1f}s"
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def test_bad_inputs_quick_clear_errors(tmp_path):
+    _bad(["-np", "0", KV], "-np 0")
+    _bad(["-np", "3", "-H", "localhost:2", KV], "more processes than the 2 slots")
+    hf = tmp_path / "hosts"
+    hf.write_text("localhost slots=2\nnode2 slots=two\n")
+    _bad(["-np", "2", "--hostfile", str(hf), KV], "line 2")
+    _bad(["-np", "2", "-H", "localhost:1,no-such-host.invalid:1", KV],
+         "unknown host 'no-such-host.invalid'")
+    _bad(["-np", "2", "--no-such-flag", KV], "unrecognized arguments: --no-such-flag")
+    _bad(["-np", "2", str(tmp_path / "missing.py")], "missing.py' not found")
+    _bad(["-np", "2", "no-such-command-xyz"], "'no-such-command-xyz' not found")
+    _bad(["-np", "2"], "no training command")
+    _bad([KV], "-np is required")
+    _bad(["-np", "1", "-i", str(tmp_path / "nokey"), KV], "-i/--ssh-identity-file")
+
+
+def test_closed_ssh_port_names_host():
+    port = free_port()
+    r = _bad(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "-p", str(port), KV],
+             f"127.0.0.2:{port}")
+    assert "cannot connect" in r.stderr and "-p/--ssh-port" in r.stderr
