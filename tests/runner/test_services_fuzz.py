@@ -1,0 +1,201 @@
+"""Driver, task service and rendezvous store under forged, unsigned, truncated,
+replayed and malformed frames: each is rejected, nothing changes, the service stays up."""
+
+import hashlib
+import hmac
+import json
+import os
+import random
+import socket
+import struct
+import time
+
+import pytest
+
+from hvdlite.runner.driver import DriverService
+from hvdlite.runner.rendezvous import KVClient, KVStoreService
+from hvdlite.runner.secure import NONCE_BYTES, SecureChannel, encode_body, new_key
+from hvdlite.runner.service import Client, ServiceError
+from hvdlite.runner.task import TaskService
+
+pytestmark = pytest.mark.timeout(120)
+N_RAW = 1200          # unauthenticated / mutated frames per service
+N_AUTH = 300          # authenticated but malformed requests per service
+
+
+def _frame(key, nonce, seq, header, blob=b""):
+    body = encode_body(header, blob)
+    mac = hmac.new(key, b"C" + nonce + struct.pack("!Q", seq) + body, hashlib.sha256).digest()
+    return struct.pack("!I", len(body)) + mac + body
+
+
+def _connect(addr):
+    s = socket.create_connection(addr, timeout=5)
+    nonce = b""
+    while len(nonce) < NONCE_BYTES:
+        chunk = s.recv(NONCE_BYTES - len(nonce))
+        if not chunk:
+            break
+        nonce += chunk
+    return s, nonce
+
+
+def _mutations(rng, key, valid_header):
+    """Yield (kind, builder(nonce) -> bytes) pairs."""
+    other_nonce = os.urandom(NONCE_BYTES)
+    wrong_key = new_key()
+    kinds = ["random", "flip", "truncate", "replay_other_conn", "wrong_key", "unsigned",
+             "replay_same_conn", "huge_length", "seq_skip"]
+    for _ in range(N_RAW):
+        kind = rng.choice(kinds)
+        if kind == "random":
+            data = os.urandom(rng.randrange(0, 300))
+            yield kind, lambda n, d=data: d
+        elif kind == "flip":
+            pos = rng.randrange(0, 10_000)
+
+            def b(n, pos=pos):
+                f = bytearray(_frame(key, n, 0, valid_header))
+                f[pos % len(f)] ^= 1 << rng.randrange(8)
+                return bytes(f)
+            yield kind, b
+        elif kind == "truncate":
+            cut = rng.randrange(1, 60)
+            yield kind, lambda n, c=cut: _frame(key, n, 0, valid_header)[:-c]
+        elif kind == "replay_other_conn":
+            yield kind, lambda n: _frame(key, other_nonce, 0, valid_header)
+        elif kind == "wrong_key":
+            yield kind, lambda n: _frame(wrong_key, n, 0, valid_header)
+        elif kind == "unsigned":
+            yield kind, lambda n: (struct.pack("!I", len(encode_body(valid_header)))
+                                   + b"\0" * 32 + encode_body(valid_header))
+        elif kind == "replay_same_conn":
+            # a valid frame followed by the same frame again: the second must be refused
+            yield kind, lambda n: _frame(key, n, 0, {"op": "ping"}) * 2
+        elif kind == "huge_length":
+            yield kind, lambda n: struct.pack("!I", 0xFFFFFFF0) + os.urandom(40)
+        else:
+            yield kind, lambda n: _frame(key, n, 5, valid_header)
+
+
+_JUNK = [None, 1.5, -1, 2 ** 70, [], {}, [1, "a"], True, {"a": [None]}, [[1, 2, 3]], ""]
+
+
+def _auth_junk(rng, ops, fields):
+    header = {"op": rng.choice(ops + ["", "nope", None, 7])}
+    for f in fields:
+        if rng.random() < 0.8:
+            header[f] = rng.choice(_JUNK)
+    return header
+
+
+def _hammer(addr, key, valid_header, ops, fields, seed):
+    rng = random.Random(seed)
+    for kind, build in _mutations(rng, key, valid_header):
+        s, nonce = _connect(addr)
+        try:
+            try:
+                s.sendall(build(nonce))
+                s.shutdown(socket.SHUT_WR)
+            except OSError:        # the service already dropped us: fine
+                continue
+            s.settimeout(2)
+            try:
+                while s.recv(65536):
+                    pass
+            except (socket.timeout, OSError):
+                pass
+        finally:
+            s.close()
+    # authenticated but malformed: an error reply each, connection stays usable
+    chan = SecureChannel.connect(addr, key, 5)
+    errors = 0
+    for _ in range(N_AUTH):
+        chan.send(_auth_junk(rng, ops, fields), os.urandom(rng.randrange(0, 8)))
+        reply, _ = chan.recv(timeout_s=5)
+        errors += not reply.get("ok")
+    chan.close()
+    return errors
+
+
+def _wait_rejected(service, at_least, timeout_s=10):
+    deadline = time.monotonic() + timeout_s
+    while service.rejected < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return service.rejected
+
+
+def test_fuzz_rendezvous_store():
+    key = new_key()
+    store = KVStoreService(key)
+    try:
+        kv = KVClient(store.address, key, timeout_s=5, prefix="job/")
+        kv.set("a", b"1")
+        kv.add("n", 5)
+        before = dict(store._data)
+        errors = _hammer(store.address, key, {"op": "set", "key": "job/a", "x": 1},
+                         ["set", "get", "add", "check", "wait", "compare_set", "delete",
+                          "num_keys"], ["key", "keys", "amount", "timeout_s", "expected"], 1)
+        assert errors > N_AUTH * 0.6
+        assert _wait_rejected(store, N_RAW // 2) >= N_RAW // 2
+        assert dict(store._data) == before
+        assert kv.get("a") == b"1" and kv.add("n", 1) == 6        # still serving
+        # a process without the key can neither read nor write
+        with pytest.raises((ConnectionError, OSError, Exception)):
+            KVClient(store.address, new_key(), timeout_s=2).get("job/a")
+        assert dict(store._data) == {**before, "job/n": b"6"}
+    finally:
+        store.shutdown()
+
+
+def test_fuzz_driver():
+    key = new_key()
+    drv = DriverService(key, "jobx", ["h0", "h1"], [[0], [1]], bind_addr="127.0.0.1")
+    try:
+        errors = _hammer(drv.address, key,
+                         {"op": "worker_exit", "host_index": 0, "rank": 0, "code": 9},
+                         ["register", "worker_exit", "ping"],
+                         ["host_index", "hostname", "nics", "port", "driver_reachable",
+                          "rank", "code"], 2)
+        assert errors > N_AUTH * 0.6
+        assert _wait_rejected(drv, N_RAW // 2) >= N_RAW // 2
+        assert drv.registrations == {} and drv.exits == {}
+        c = Client(drv.address, key, 5, name="driver")
+        assert c.request({"op": "ping"})[0]["job_id"] == "jobx"
+        with pytest.raises(ServiceError, match="rank does not run on that host"):
+            c.request({"op": "worker_exit", "host_index": 0, "rank": 1, "code": 0})
+        with pytest.raises(ServiceError, match="hostname does not match"):
+            c.request({"op": "register", "host_index": 1, "hostname": "h0", "nics": {},
+                       "port": 5, "driver_reachable": []})
+        c.request({"op": "worker_exit", "host_index": 1, "rank": 1, "code": 0})
+        assert drv.exits == {1: 0}
+        c.close()
+    finally:
+        drv.shutdown()
+
+
+def test_fuzz_task_service():
+    key = new_key()
+    calls = []
+    task = TaskService(key, "joby", 0, on_run=lambda *a: calls.append(("run", a)),
+                       on_terminate=lambda: calls.append(("terminate",)),
+                       bind_addr="127.0.0.1")
+    try:
+        errors = _hammer(task.address, key, {"op": "terminate"},
+                         ["run", "probe", "status", "ping"],
+                         ["slots", "command", "env", "targets", "expect_host_index",
+                          "timeout_s"], 3)
+        assert errors > N_AUTH * 0.6
+        assert _wait_rejected(task, N_RAW // 2) >= N_RAW // 2
+        assert calls == [] and not task.started
+        c = Client(task.address, key, 5, name="task")
+        assert c.request({"op": "ping"})[0]["host_index"] == 0
+        # the probe checks identity: it reaches itself as host 0, not as host 1
+        target = [["lo", "127.0.0.1", task.address[1]]]
+        assert c.request({"op": "probe", "targets": target, "expect_host_index": 0,
+                          "timeout_s": 2})[0]["reachable"] == ["lo"]
+        assert c.request({"op": "probe", "targets": target, "expect_host_index": 1,
+                          "timeout_s": 2})[0]["reachable"] == []
+        c.close()
+    finally:
+        task.shutdown()
