@@ -193,3 +193,21 @@ def test_ssh_sigint_ends_everything(sshd):
             assert "HVDLITE_SECRET_KEY" not in " ".join(p.cmdline())
         except Exception:
             pass
+
+
+def _runtime_works():
+    try:
+        import hvdlite.torch  # noqa: F401
+        return hasattr(hvdlite.torch, "allreduce")
+    except Exception:
+        return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _runtime_works(), reason="hvdlite.torch runtime not available")
+def test_ssh_trains_with_the_runtime(sshd):
+    r = run_launcher(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args(),
+                      worker("torch_worker.py")], timeout=100)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(re.findall(r"^\[(\d)\]<stdout>:TRAINOK rank=(\d) size=2", r.stdout, re.M)) \
+        == [("0", "0"), ("1", "1")]

@@ -56,3 +56,14 @@ def test_mpi_mode_failure_exit_code():
     r = run_launcher(["--mpi", "-np", "2", worker("mpi_worker.py"), "1"])
     assert r.returncode != 0
     assert "mpiexec" in r.stderr
+
+
+@pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
+def test_mpi_mode_runtime_smoke():
+    try:
+        import hvdlite.torch  # noqa: F401
+    except Exception:
+        pytest.skip("hvdlite.torch runtime not available")
+    r = run_launcher(["--mpi", "-np", "2", worker("torch_worker.py")], timeout=80)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(re.findall(r"TRAINOK rank=\d size=2", r.stdout)) == 2
