@@ -17,7 +17,6 @@ every host and the launcher names the rank, its host and its exit code or signal
 import datetime
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,18 +29,17 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import psutil
 
 from hvdlite.common import config as cfg
-from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteTimeoutError
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
 from hvdlite.runner.rendezvous import KVStoreService
 from hvdlite.runner.secure import new_key
+from hvdlite.runner.service import ServiceError
 
 log = logging.getLogger(__name__)
 
 TERMINATE_GRACE_S = 5.0
 #: how long tasks get to end their workers after a failure before we cut them off
 TASK_SHUTDOWN_GRACE_S = 10.0
-
-_LINE = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
 
 
 def slot_env(slot: SlotInfo, base_env: Dict[str, str], job_env: Dict[str, str]) -> Dict[str, str]:
@@ -411,7 +409,7 @@ def launch_multi(hosts: List[HostSlots], slots: List[SlotInfo], command: Sequenc
             failure, exit_code = driver.wait_for_workers(tasks, stop=sig.stopped)
             if sig.stopped.is_set() and failure is None:
                 exit_code = 130
-    except HvdliteError as exc:
+    except (HvdliteError, ServiceError, OSError) as exc:
         if sig.stopped.is_set():
             exit_code = 130
         else:

@@ -103,8 +103,9 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
     flavor = detect_flavor(mpiexec)
     env = dict(tunable_env)
     env[cfg.CPU_OPERATIONS] = "mpi"
-    # no PYTHONUNBUFFERED here: unbuffered print() writes text and newline separately,
+    # PYTHONUNBUFFERED off (empty): unbuffered print() writes text and newline separately,
     # and Hydra's -prepend-rank then splits the line; print(..., flush=True) is one write.
+    env["PYTHONUNBUFFERED"] = ""
     names = [n for n in env_names if n not in env]
     cmd = build_command(flavor, mpiexec, np, hosts, env, names, mpi_args, command,
                         ssh_port, identity_file)

@@ -121,3 +121,12 @@ def test_closed_ssh_port_names_host():
     r = _bad(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "-p", str(port), KV],
              f"127.0.0.2:{port}")
     assert "cannot connect" in r.stderr and "-p/--ssh-port" in r.stderr
+
+
+def test_launcher_imports_no_framework():
+    import subprocess
+    code = ("import sys, hvdlite.runner.launch, hvdlite.runner.gloo_run, hvdlite.runner.task, "
+            "hvdlite.runner.driver, hvdlite.runner.ssh, hvdlite.runner.mpi_run; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow') "
+            "or m.startswith('hvdlite.torch')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
