@@ -13,12 +13,10 @@ import logging
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from hvdlite.common.message import (OpType, ReduceOp, Request, Response, SAME_SHAPE_OPS)
+from hvdlite.common.message import (JOIN_NAME, OpType, ReduceOp, Request, Response,
+                                    SAME_SHAPE_OPS)
 
 log = logging.getLogger(__name__)
-
-_JOIN_NAME = "\0join"
-_BARRIER_NAME = "\0barrier"
 
 
 class _Pending:
@@ -62,7 +60,7 @@ class Controller:
                     ready.append(name)
         responses = [self._respond(name, self.table.pop(name)) for name in ready]
         if self.joined and len(self.joined) == self.size:
-            responses.append(Response(_JOIN_NAME, OpType.JOIN, value=self.last_joined))
+            responses.append(Response(JOIN_NAME, OpType.JOIN, value=self.last_joined))
             self.joined.clear()
         return responses
 

@@ -31,6 +31,10 @@ class ReduceOp(enum.IntEnum):
     PRODUCT = 5
 
 
+#: the names every rank uses for its join / barrier request
+JOIN_NAME = "__join__"
+BARRIER_NAME = "__barrier__"
+
 #: ops whose shapes must agree on every rank (allgather/alltoall only agree past dim 0)
 SAME_SHAPE_OPS = (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER)
 

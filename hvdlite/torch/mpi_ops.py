@@ -18,7 +18,7 @@ from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enab
                                    is_homogeneous, is_initialized, local_rank, local_size,
                                    mpi_built, mpi_enabled, rank, shutdown, size)
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.message import OpType, ReduceOp, Request
+from hvdlite.common.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
 from hvdlite.common.tensor_queue import Entry, Handle
 
 __all__ = [
@@ -460,7 +460,7 @@ def join(device=-1) -> int:
     rows), so ranks with fewer batches do not stall the rest.
     """
     handle = Handle(1)
-    _submit([Entry(Request("\0join", OpType.JOIN), None, None, handle, 0)])
+    _submit([Entry(Request(JOIN_NAME, OpType.JOIN), None, None, handle, 0)])
     return synchronize(handle)
 
 
@@ -468,5 +468,5 @@ def barrier(process_set=None) -> None:
     """Block until every rank reached the barrier."""
     _check_process_set(process_set)
     handle = Handle(1)
-    _submit([Entry(Request("\0barrier", OpType.BARRIER), None, None, handle, 0)])
+    _submit([Entry(Request(BARRIER_NAME, OpType.BARRIER), None, None, handle, 0)])
     synchronize(handle)

@@ -143,7 +143,8 @@ class GlooBackend(Backend):
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
-        self._run("broadcast", self.pg.broadcast([tensor], opts))
+        # as raw bytes: Gloo lacks some dtypes (int16), and a broadcast needs no arithmetic
+        self._run("broadcast", self.pg.broadcast([tensor.view(-1).view(torch.uint8)], opts))
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)

@@ -1,0 +1,121 @@
+"""The collective API end to end: real launcher, real processes, Gloo and MPI."""
+
+import re
+import time
+
+import pytest
+
+from tests.common.conftest import assert_ok, run_job
+from tests.common.workers.ops_worker import CHECKS
+
+ALL = list(CHECKS)
+FUSION_CHECKS = ["many_small_tensors", "submission_order", "join_uneven", "broadcast",
+                 "allgather", "allreduce_scaling_and_variants"]
+
+
+@pytest.mark.timeout(240)
+def test_every_op_gloo(tmp_path):
+    proc = run_job(2, "ops_worker.py", env={"HVD_TEST_DIR": str(tmp_path),
+                                            "HVD_EXPECT_BACKEND": "gloo"})
+    assert_ok(proc, ALL, [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_every_op_mpi(tmp_path):
+    proc = run_job(2, "ops_worker.py", launcher="mpiexec",
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVD_EXPECT_BACKEND": "mpi",
+                        "HVDLITE_CPU_OPERATIONS": "mpi"})
+    assert_ok(proc, ALL, [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_mpi_autodetected_under_mpiexec(tmp_path):
+    proc = run_job(2, "ops_worker.py", "--only", "identity,submission_order", launcher="mpiexec",
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVD_EXPECT_BACKEND": "mpi"})
+    assert_ok(proc, ["identity", "submission_order"], [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_fusion_threshold_smaller_than_one_tensor(tmp_path):
+    proc = run_job(2, "ops_worker.py", "--only", ",".join(FUSION_CHECKS),
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_FUSION_THRESHOLD": "16"})
+    assert_ok(proc, FUSION_CHECKS, [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_fusion_and_cache_off(tmp_path):
+    checks = FUSION_CHECKS + ["mismatch_errors"]
+    proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_FUSION_THRESHOLD": "0",
+                        "HVDLITE_CACHE_CAPACITY": "0"})
+    assert_ok(proc, checks, [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_tiny_cache_evicts_and_stays_consistent(tmp_path):
+    checks = ["many_small_tensors", "submission_order", "mismatch_errors"]
+    proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_CACHE_CAPACITY": "7"})
+    assert_ok(proc, checks, [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_four_ranks(tmp_path):
+    checks = ["allreduce_scaling_and_variants", "allgather", "alltoall", "reducescatter",
+              "join_uneven", "broadcast", "identity"]
+    proc = run_job(4, "ops_worker.py", "--only", ",".join(checks),
+                   env={"HVD_TEST_DIR": str(tmp_path)})
+    assert_ok(proc, checks, [0, 1, 2, 3])
+
+
+@pytest.mark.timeout(120)
+def test_single_process_without_launcher(tmp_path):
+    proc = run_job(1, "ops_worker.py", launcher="plain", env={"HVD_TEST_DIR": str(tmp_path)})
+    assert_ok(proc, ALL, [0])
+
+
+@pytest.mark.timeout(120)
+def test_rank_that_dies_makes_the_others_raise():
+    start = time.monotonic()
+    proc = run_job(2, "failure_worker.py", "kill", timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    m = re.search(r"RAISED HvdliteInternalError after ([\d.]+)s", out)
+    assert m and float(m.group(1)) < 15, out
+    assert "LATER RAISED" in out, out
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(120)
+def test_rank_that_shuts_down_makes_the_others_raise():
+    proc = run_job(2, "failure_worker.py", "shutdown", timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "RAISED HvdliteInternalError" in out and "rank 1 shut down" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_stall_warning_then_error_names_missing_rank(tmp_path):
+    proc = run_job(2, "failure_worker.py", "stall", timeout=90,
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_STALL_CHECK_TIME_SECONDS": "1",
+                        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "tensor 'stalled' was submitted by ranks [0] but not yet by ranks [1]" in out, out
+    assert "STALL ERROR" in out and "never by ranks [1]" in out, out
+    assert out.count("STALL DONE") == 2, out
+
+
+@pytest.mark.timeout(180)
+def test_shutdown_init_twenty_cycles():
+    proc = run_job(2, "failure_worker.py", "cycles", timeout=150)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.count("CYCLES DONE") == 2, out
+
+
+@pytest.mark.timeout(180)
+def test_shutdown_init_twenty_cycles_mpi():
+    proc = run_job(2, "failure_worker.py", "cycles", launcher="mpiexec", timeout=150,
+                   env={"HVDLITE_CPU_OPERATIONS": "mpi"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.count("CYCLES DONE") == 2, out

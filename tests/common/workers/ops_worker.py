@@ -1,0 +1,364 @@
+"""Runs on every rank: each check computes its expected values from rank() and size().
+
+Prints ``OK <check> rank=R`` per passing check and ``FAIL <check> rank=R`` with a
+traceback per failing one; exits 1 if anything failed.  ``--only a,b`` runs a subset.
+"""
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import hvdlite.torch as hvd
+from hvdlite.common.exceptions import (HvdliteDuplicateNameError, HvdliteInternalError,
+                                       HvdliteMismatchError)
+
+torch.set_num_threads(1)
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+
+
+def value(rank, dtype, shape=(3, 4)):
+    """A deterministic, rank-dependent input small enough for every dtype and product."""
+    n = 1
+    for s in shape:
+        n *= s
+    base = (torch.arange(n, dtype=torch.int64) % 3) + 1 + (rank % 2)
+    if dtype == torch.bool:
+        return ((torch.arange(n) + rank) % 2 == 0).reshape(shape)
+    return base.to(dtype).reshape(shape)
+
+
+def reference(dtype, op, shape=(3, 4), pre=1.0, post=1.0):
+    n = hvd.size()
+    vals = [value(r, dtype, shape).to(torch.float64) * pre for r in range(n)]
+    if not dtype.is_floating_point:      # integer buffers are scaled in place: truncated
+        vals = [v.trunc() for v in vals]
+    stack = torch.stack(vals)
+    if op == hvd.Sum:
+        out = stack.sum(0)
+    elif op == hvd.Average:
+        out = stack.sum(0) / n
+    elif op == hvd.Min:
+        out = stack.min(0).values
+    elif op == hvd.Max:
+        out = stack.max(0).values
+    else:
+        out = stack.prod(0)
+    out = out * post
+    if not dtype.is_floating_point:
+        out = out.trunc()
+    return out
+
+
+def close(a, b, dtype):
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-6)
+    return torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
+
+
+def check_allreduce_all_dtypes_ops():
+    for dtype in FLOATS + INTS:
+        for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
+            x = value(hvd.rank(), dtype)
+            got = hvd.allreduce(x, op=op, name=f"ar.{dtype}.{op}")
+            assert got.dtype == dtype, (dtype, op, got.dtype)
+            ref = reference(dtype, op)
+            assert close(got, ref, dtype), f"{dtype} {op}: {got} != {ref}"
+            assert torch.equal(x, value(hvd.rank(), dtype)), "input was modified"
+    for op in (hvd.Min, hvd.Max):
+        x = value(hvd.rank(), torch.bool)
+        got = hvd.allreduce(x, op=op, name=f"ar.bool.{op}")
+        stack = torch.stack([value(r, torch.bool) for r in range(hvd.size())])
+        ref = stack.all(0) if op == hvd.Min else stack.any(0)
+        assert torch.equal(got, ref), (op, got, ref)
+
+
+def check_allreduce_scaling_and_variants():
+    for dtype in (torch.float32, torch.float64, torch.int32):
+        x = value(hvd.rank(), dtype)
+        got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
+                            name=f"scaled.{dtype}")
+        assert close(got, reference(dtype, hvd.Sum, pre=0.5, post=3.0), dtype), (dtype, got)
+    # in place, async, async in place, deprecated average=
+    x = value(hvd.rank(), torch.float32)
+    out = hvd.allreduce_(x, op=hvd.Sum, name="inplace")
+    assert out is x and close(x, reference(torch.float32, hvd.Sum), torch.float32)
+    h = hvd.allreduce_async(value(hvd.rank(), torch.float32), name="async")
+    assert close(hvd.synchronize(h), reference(torch.float32, hvd.Average), torch.float32)
+    y = value(hvd.rank(), torch.float32)
+    h = hvd.allreduce_async_(y, op=hvd.Max, name="async_")
+    hvd.synchronize(h)
+    assert hvd.poll(h) and close(y, reference(torch.float32, hvd.Max), torch.float32)
+    got = hvd.allreduce(value(hvd.rank(), torch.float32), average=False, name="deprecated")
+    assert close(got, reference(torch.float32, hvd.Sum), torch.float32)
+    # grouped, in and out of place
+    ts = [value(hvd.rank(), torch.float32, (i + 1, 2)) for i in range(5)]
+    outs = hvd.grouped_allreduce(ts, op=hvd.Sum, name="grouped")
+    for i, o in enumerate(outs):
+        assert close(o, reference(torch.float32, hvd.Sum, (i + 1, 2)), torch.float32)
+    hvd.grouped_allreduce_(ts, op=hvd.Sum, name="grouped_")
+    for i, t in enumerate(ts):
+        assert close(t, reference(torch.float32, hvd.Sum, (i + 1, 2)), torch.float32)
+    # non-contiguous input, in and out of place
+    base = value(hvd.rank(), torch.float32, (4, 6))
+    view = base.t()
+    got = hvd.allreduce(view, op=hvd.Sum, name="noncontig")
+    assert close(got, reference(torch.float32, hvd.Sum, (4, 6)).t(), torch.float32)
+    hvd.allreduce_(view, op=hvd.Sum, name="noncontig_")
+    assert close(base, reference(torch.float32, hvd.Sum, (4, 6)), torch.float32)
+    # a scalar
+    got = hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum, name="scalar")
+    assert got.dim() == 0 and got.item() == sum(range(1, hvd.size() + 1))
+
+
+def check_allgather():
+    r, n = hvd.rank(), hvd.size()
+    for dtype in FLOATS + INTS + [torch.bool]:
+        x = value(r, dtype, (r + 1, 3))
+        got = hvd.allgather(x, name=f"ag.{dtype}")
+        ref = torch.cat([value(q, dtype, (q + 1, 3)) for q in range(n)])
+        assert got.dtype == dtype and torch.equal(got, ref), (dtype, got, ref)
+    # a rank with zero rows, and grouped allgather of different dtypes
+    x = torch.ones(0 if r == 0 else 2, 2)
+    got = hvd.allgather(x, name="ag.empty")
+    assert got.shape == (2 * (n - 1), 2)
+    outs = hvd.grouped_allgather([torch.full((r + 1,), r, dtype=torch.int64),
+                                  torch.full((1, 2), float(r))], name="ag.grouped")
+    assert outs[0].tolist() == [q for q in range(n) for _ in range(q + 1)], outs[0]
+    assert outs[1].tolist() == [[float(q)] * 2 for q in range(n)], outs[1]
+    h = hvd.allgather_async(torch.tensor([r]), name="ag.async")
+    assert hvd.synchronize(h).tolist() == list(range(n))
+
+
+def check_broadcast():
+    r, n = hvd.rank(), hvd.size()
+    for root in sorted({0, n - 1}):
+        for dtype in FLOATS + INTS + [torch.bool]:
+            x = value(r, dtype, (2, 5))
+            got = hvd.broadcast(x, root_rank=root, name=f"bc.{root}.{dtype}")
+            assert torch.equal(got, value(root, dtype, (2, 5))), (root, dtype)
+            assert torch.equal(x, value(r, dtype, (2, 5))), "broadcast modified its input"
+        y = torch.full((3,), float(r))
+        hvd.broadcast_(y, root_rank=root, name=f"bc_.{root}")
+        assert y.tolist() == [float(root)] * 3
+    # several broadcasts in flight fuse into one; each must land in its own tensor
+    ts = [torch.full((i + 1,), float(r * 10 + i)) for i in range(20)]
+    hs = [hvd.broadcast_async_(t, root_rank=0, name=f"bc.many.{i}") for i, t in enumerate(ts)]
+    for i, h in enumerate(hs):
+        hvd.synchronize(h)
+        assert ts[i].tolist() == [float(i)] * (i + 1), (i, ts[i])
+
+
+def check_alltoall():
+    r, n = hvd.rank(), hvd.size()
+    # rank r sends (q + r) % 3 rows to rank q, each row tagged with (sender, receiver)
+    splits = [(q + r) % 3 for q in range(n)]
+    rows = []
+    for q in range(n):
+        rows += [[r, q]] * splits[q]
+    x = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2)
+    out, received = hvd.alltoall(x, splits=splits, name="a2a")
+    expect_splits = [(r + s) % 3 for s in range(n)]
+    assert received.tolist() == expect_splits, (received, expect_splits)
+    expect = []
+    for s in range(n):
+        expect += [[s, r]] * expect_splits[s]
+    assert out.tolist() == expect, (out, expect)
+    # default splits: even division
+    x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    out, received = hvd.alltoall(x, name="a2a.even")
+    assert out.tolist() == [float(2 * r + k + 100 * s) for s in range(n) for k in range(2)]
+
+
+def check_reducescatter():
+    r, n = hvd.rank(), hvd.size()
+    rows = 2 * n + 1                    # uneven: the first rank gets one row more
+    x = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (r + 1)
+    total = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * sum(
+        q + 1 for q in range(n))
+    base, extra = divmod(rows, n)
+    start = r * base + min(r, extra)
+    count = base + (1 if r < extra else 0)
+    got = hvd.reducescatter(x, op=hvd.Sum, name="rs.sum")
+    assert torch.equal(got, total[start:start + count]), (got, total)
+    got = hvd.reducescatter(x, name="rs.avg")
+    assert torch.allclose(got, total[start:start + count] / n)
+    outs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum, name="rs.grouped")
+    assert torch.equal(outs[1], 2 * total[start:start + count])
+
+
+def check_submission_order():
+    r = hvd.rank()
+    names = ["order.a", "order.b", "order.c"]
+    if r % 2:
+        names = names[::-1]
+    handles = {nm: hvd.allreduce_async(torch.full((4,), float(ord(nm[-1]))), name=nm,
+                                       op=hvd.Sum) for nm in names}
+    for nm, h in handles.items():
+        assert hvd.synchronize(h).tolist() == [float(ord(nm[-1]) * hvd.size())] * 4
+
+
+def check_many_small_tensors():
+    n = hvd.size()
+    for step in range(3):
+        ts = [torch.full((i % 7 + 1,), float(i + hvd.rank())) for i in range(500)]
+        hs = [hvd.allreduce_async_(t, name=f"small.{i}", op=hvd.Sum) for i, t in enumerate(ts)]
+        for i, h in enumerate(hs):
+            hvd.synchronize(h)
+            expect = float(i * n + sum(range(n)))
+            assert ts[i].tolist() == [expect] * (i % 7 + 1), (step, i, ts[i])
+
+
+def check_mismatch_errors():
+    r = hvd.rank()
+    if hvd.size() == 1:
+        return                          # a single rank cannot disagree with itself
+    cases = [
+        ("mm.shape", lambda: hvd.allreduce(torch.ones(2 + r), name="mm.shape"), "shape"),
+        ("mm.dtype", lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if r == 0
+                                                      else torch.float64), name="mm.dtype"),
+         "dtype"),
+        ("mm.op", lambda: hvd.allreduce(torch.ones(2), name="mm.op",
+                                        op=hvd.Sum if r == 0 else hvd.Max), "reduce op"),
+        ("mm.root", lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="mm.root"),
+         "root_rank"),
+        ("mm.kind", lambda: (hvd.allreduce(torch.ones(2), name="mm.kind") if r == 0 else
+                             hvd.allgather(torch.ones(2), name="mm.kind")), "operation"),
+        ("mm.trailing", lambda: hvd.allgather(torch.ones(2, 1 + r), name="mm.trailing"),
+         "trailing shape"),
+    ]
+    for name, fn, what in cases:
+        try:
+            fn()
+        except HvdliteMismatchError as exc:
+            msg = str(exc)
+            assert name in msg and what in msg, msg
+            assert "ranks [0]" in msg and "ranks [1]" in msg, msg
+        else:
+            raise AssertionError(f"{name}: no mismatch error")
+    # the runtime keeps working afterwards, and a cached name may change shape later
+    assert hvd.allreduce(torch.ones(3), name="mm.after", op=hvd.Sum).tolist() == \
+        [float(hvd.size())] * 3
+    assert hvd.allreduce(torch.ones(5), name="mm.after", op=hvd.Sum).tolist() == \
+        [float(hvd.size())] * 5
+
+
+def check_duplicate_name():
+    if hvd.size() == 1:
+        return                          # the first op may finish before the second is pushed
+    if hvd.rank() == 1:
+        time.sleep(0.5)                 # keeps "dup" in flight on rank 0 meanwhile
+    h = hvd.allreduce_async(torch.ones(2), name="dup")
+    try:
+        if hvd.rank() == 0:
+            hvd.allreduce_async(torch.ones(2), name="dup")
+        else:
+            raise HvdliteDuplicateNameError("dup: rank 1 does not try")
+    except HvdliteDuplicateNameError as exc:
+        assert "dup" in str(exc)
+    else:
+        raise AssertionError("duplicate name in flight was accepted")
+    hvd.synchronize(h)
+
+
+def check_bad_input():
+    for fn, kind, text in [
+        (lambda: hvd.allreduce([1, 2], name="bad.list"), TypeError, "torch.Tensor"),
+        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="bad.complex"),
+         TypeError, "complex64"),
+        (lambda: hvd.broadcast(torch.ones(2), root_rank=hvd.size(), name="bad.root"),
+         ValueError, "root_rank"),
+        (lambda: hvd.alltoall(torch.ones(3), splits=[1] * (hvd.size() + 1), name="bad.splits"),
+         ValueError, "splits"),
+        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), name="bad.boolsum"),
+         TypeError, "bool"),
+        (lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="bad.adasum"),
+         NotImplementedError, "Adasum"),
+        (lambda: hvd.allgather(torch.tensor(1.0), name="bad.scalar"), ValueError, "scalar"),
+    ]:
+        try:
+            fn()
+        except kind as exc:
+            assert text in str(exc), str(exc)
+        else:
+            raise AssertionError(f"no {kind.__name__} for {text}")
+
+
+def check_join_uneven():
+    r, n = hvd.rank(), hvd.size()
+    steps = 3 * (r + 1)
+    for step in range(steps):
+        # ranks that already joined contribute zeros: count the active ranks
+        active = [q for q in range(n) if 3 * (q + 1) > step]
+        got = hvd.allreduce(torch.full((5,), float(r + 1)), op=hvd.Sum, name=f"join.{step}")
+        assert got.tolist() == [float(sum(q + 1 for q in active))] * 5, (step, got)
+        mx = hvd.allreduce(torch.full((2,), -5.0 + r), op=hvd.Max, name=f"join.max.{step}")
+        assert mx.tolist() == [max(-5.0 + q for q in active)] * 2, (step, mx)
+        ag = hvd.allgather(torch.tensor([r]), name=f"join.ag.{step}")
+        assert ag.tolist() == active, (step, ag)
+    last = hvd.join()
+    assert last == n - 1, last
+    # after everybody joined, normal operation resumes
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="join.after").item() == n
+
+
+def check_barrier():
+    r = hvd.rank()
+    path = os.path.join(os.environ["HVD_TEST_DIR"], f"barrier.{r}")
+    if r == 0:
+        time.sleep(0.5)
+    open(path, "w").close()
+    hvd.barrier()
+    for q in range(hvd.size()):
+        assert os.path.exists(os.path.join(os.environ["HVD_TEST_DIR"], f"barrier.{q}")), q
+
+
+def check_unnamed_ops():
+    a = hvd.allreduce(torch.ones(2), op=hvd.Sum)
+    b = hvd.allgather(torch.ones(1, 1))
+    c = hvd.broadcast(torch.ones(1) * hvd.rank(), 0)
+    assert a.tolist() == [float(hvd.size())] * 2 and b.shape == (hvd.size(), 1)
+    assert c.tolist() == [0.0]
+
+
+def check_identity():
+    n = hvd.size()
+    assert 0 <= hvd.rank() < n and hvd.local_size() * hvd.cross_size() == n
+    expected = os.environ.get("HVD_EXPECT_BACKEND")
+    if expected == "gloo":
+        assert hvd.gloo_enabled() and not hvd.mpi_enabled()
+    elif expected == "mpi":
+        assert hvd.mpi_enabled() and not hvd.gloo_enabled()
+    assert hvd.gloo_built() and hvd.mpi_built()
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in list(globals().items())
+          if name.startswith("check_")}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    hvd.init()
+    only = [c for c in args.only.split(",") if c]
+    failed = 0
+    for name, fn in CHECKS.items():
+        if only and name not in only:
+            continue
+        try:
+            fn()
+            print(f"OK {name} rank={hvd.rank()}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {name} rank={hvd.rank()}\n{traceback.format_exc()}", flush=True)
+    hvd.shutdown()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
