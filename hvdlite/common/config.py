@@ -96,6 +96,8 @@ class Config:
     rendezvous_port: Optional[int] = None
     secret_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
     job_id: str = "job"
+    #: network interface Gloo binds to (the launcher picks one routable between all hosts)
+    gloo_iface: str = ""
     #: "" picks automatically: MPI under mpiexec, Gloo under hvdlite-run.
     cpu_operations: str = ""
     #: largest fused allreduce buffer; 0 turns fusion off.
@@ -173,6 +175,7 @@ class Config:
             rendezvous_port=port,
             secret_key=key,
             job_id=get(JOB_ID, str, "job"),
+            gloo_iface=get(GLOO_IFACE, str, ""),
             cpu_operations=get(CPU_OPERATIONS, str, "").lower(),
             fusion_threshold_bytes=get(FUSION_THRESHOLD, int, 128 * 1024 * 1024),
             cycle_time_ms=get(CYCLE_TIME, float, 1.0),

@@ -6,7 +6,6 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 
 import datetime
 import logging
-import os
 from typing import List
 
 import numpy as np
@@ -87,9 +86,8 @@ class GlooBackend(Backend):
         store = AuthenticatedStore(client, config.start_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = datetime.timedelta(seconds=config.op_timeout_s)
-        iface = os.environ.get(cfg.GLOO_IFACE)
-        if iface:
-            opts._devices = [dist.ProcessGroupGloo.create_device(interface=iface)]
+        if config.gloo_iface:
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface=config.gloo_iface)]
         else:
             opts._devices = [dist.ProcessGroupGloo.create_default_device()]
         try:
