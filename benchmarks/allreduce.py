@@ -1,0 +1,461 @@
+#!/usr/bin/env python
+"""Allreduce benchmark: hvdlite against raw torch.distributed, in the same run.
+
+Launch with the hvdlite launcher (2 processes is the reference set-up)::
+
+    hvdlite-run -np 2 python benchmarks/allreduce.py [--workloads resnet50,tiny1000]
+        [--iters N] [--warmup N] [--json FILE]
+
+Workloads (all fp32, op = Sum):
+
+* ``resnet50``  the 161 parameter tensors of torchvision's ResNet-50 (25.56 M params, 97.5 MiB),
+  shapes generated from the architecture by :func:`resnet50_shapes`;
+* ``bert``      BERT-base gradients (embeddings, 12 encoder layers, pooler; 199 tensors, ~109.5 M
+  params, ~418 MiB); ``--bert-layers`` shrinks it;
+* ``tiny1000``  1000 tensors of 256 floats (1000 KiB in all);
+* ``big64mb``   one 64 MiB tensor.
+
+Implementations:
+
+* ``hvdlite_fusion``   every tensor ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)``, then
+  ``hvd.synchronize`` on every handle (what an optimizer does); fusion threshold from the
+  environment (default 128 MiB);
+* ``hvdlite_nofusion`` the same with ``HVDLITE_FUSION_THRESHOLD=0`` (runtime restarted);
+* ``torch_per_tensor`` raw ``torch.distributed`` (its own Gloo group on a separate TCP port),
+  ``all_reduce(t, async_op=True)`` for every tensor, then ``wait()`` on all;
+* ``torch_per_tensor_sync`` the same, one blocking ``all_reduce`` at a time;
+* ``torch_flat``       one ``all_reduce`` of a single pre-flattened tensor holding all the bytes:
+  the limit of this transport (no packing cost at all).
+
+Each (workload, impl) cell is timed step by step: all ranks meet in a barrier on the raw group
+(outside the timed region), then rank 0 times one step.  The hvdlite runtime is shut down while
+the raw torch.distributed implementations run, so its background thread (which cycles every
+``HVDLITE_CYCLE_TIME`` ms even when idle) does not steal CPU from them.
+
+Only rank 0 prints.  ``--json FILE`` writes every row plus the run's settings.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import hvdlite.torch as hvd
+
+MiB = 1024 * 1024
+
+# --------------------------------------------------------------------------------------------
+# workloads
+
+
+def resnet50_shapes():
+    """Parameter shapes of torchvision's resnet50 in ``named_parameters()`` order (161)."""
+    shapes = []
+
+    def conv(cout, cin, k):
+        shapes.append((cout, cin, k, k))
+
+    def bn(c):
+        shapes.append((c,))      # weight
+        shapes.append((c,))      # bias
+
+    conv(64, 3, 7)
+    bn(64)
+    inplanes = 64
+    expansion = 4
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            conv(planes, inplanes, 1)
+            bn(planes)
+            conv(planes, planes, 3)
+            bn(planes)
+            conv(planes * expansion, planes, 1)
+            bn(planes * expansion)
+            if b == 0:  # downsample: stride or channel change in the first block of each stage
+                conv(planes * expansion, inplanes, 1)
+                bn(planes * expansion)
+            inplanes = planes * expansion
+    shapes.append((1000, 2048))   # fc.weight
+    shapes.append((1000,))        # fc.bias
+    return shapes
+
+
+def bert_base_shapes(layers=12, hidden=768, intermediate=3072, vocab=30522, max_pos=512,
+                     type_vocab=2):
+    """Parameter shapes of BERT-base (HF ``BertModel`` with pooler) in definition order."""
+    shapes = [(vocab, hidden), (max_pos, hidden), (type_vocab, hidden), (hidden,), (hidden,)]
+    for _ in range(layers):
+        for _qkv in range(3):                              # query, key, value
+            shapes += [(hidden, hidden), (hidden,)]
+        shapes += [(hidden, hidden), (hidden,)]            # attention.output.dense
+        shapes += [(hidden,), (hidden,)]                   # attention.output.LayerNorm
+        shapes += [(intermediate, hidden), (intermediate,)]  # intermediate.dense
+        shapes += [(hidden, intermediate), (hidden,)]      # output.dense
+        shapes += [(hidden,), (hidden,)]                   # output.LayerNorm
+    shapes += [(hidden, hidden), (hidden,)]                # pooler.dense
+    return shapes
+
+
+def workload_shapes(name, args):
+    if name == "resnet50":
+        return resnet50_shapes()
+    if name == "bert":
+        return bert_base_shapes(layers=args.bert_layers)
+    if name == "tiny1000":
+        return [(256,)] * 1000
+    if name == "big64mb":
+        return [(64 * MiB // 4,)]
+    raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+
+
+WORKLOADS = ("resnet50", "bert", "tiny1000", "big64mb")
+#: default (warmup, iters) per workload, sized so a full default run at np=2 on the 2-core
+#: machine stays around three minutes; --warmup / --iters override them all.
+DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big64mb": (2, 10)}
+IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "torch_per_tensor", "torch_per_tensor_sync",
+         "torch_flat")
+RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# the raw torch.distributed group
+
+
+def init_raw_group(rank, size):
+    """A default torch.distributed Gloo group on its own TCP port (not hvdlite's rendezvous).
+
+    MASTER_ADDR / MASTER_PORT from the environment are used when both are set; otherwise rank 0
+    opens a TCPStore on a free port and tells the others the port through hvdlite (broadcast).
+    """
+    addr = os.environ.get("MASTER_ADDR")
+    port = os.environ.get("MASTER_PORT")
+    timeout = datetime.timedelta(seconds=120)
+    if addr and port:
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=size, timeout=timeout)
+        return
+    addr = "127.0.0.1"   # single-host benchmark
+    store = None
+    port_t = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        store = dist.TCPStore(addr, 0, size, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        port_t[0] = store.port
+    hvd.broadcast_(port_t, root_rank=0, name="bench.raw_port")
+    if rank != 0:
+        store = dist.TCPStore(addr, int(port_t[0]), size, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
+
+
+_FLAG = None
+
+
+def barrier_and_decide(rank, go_on):
+    """All ranks meet; returns rank 0's decision (True = run another step)."""
+    global _FLAG
+    if _FLAG is None:
+        _FLAG = torch.ones(1, dtype=torch.int32)
+    _FLAG[0] = 1 if (rank != 0 or go_on) else 0
+    dist.all_reduce(_FLAG, op=dist.ReduceOp.MIN)
+    return bool(_FLAG[0])
+
+
+# --------------------------------------------------------------------------------------------
+# one step of each implementation
+
+
+def step_hvdlite(tensors, names):
+    handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names)]
+    for h in handles:
+        hvd.synchronize(h)
+
+
+def step_torch_per_tensor(tensors, names):
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for w in works:
+        w.wait()
+
+
+def step_torch_per_tensor_sync(tensors, names):
+    for t in tensors:
+        dist.all_reduce(t)
+
+
+def step_torch_flat(tensors, names):
+    dist.all_reduce(tensors[0])
+
+
+STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
+         "torch_per_tensor": step_torch_per_tensor,
+         "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
+
+
+def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, size):
+    """Times ``warmup`` + up to ``iters`` steps (fewer, but at least ``min_steps``, if over
+    ``budget_s``); returns rank 0's step times in seconds (every rank gets its own)."""
+    if impl == "torch_flat":
+        tensors = [torch.ones(sum(numel(s) for s in shapes), dtype=torch.float32)]
+    else:
+        tensors = [torch.ones(s, dtype=torch.float32) for s in shapes]
+    names = [f"bench.{workload}.{i}" for i in range(len(tensors))]
+    step = STEPS[impl]
+    expected = 1.0
+    times = []
+    started = time.perf_counter()
+    i = 0
+    while True:
+        if i >= warmup:
+            timed = i - warmup
+            go_on = timed < iters and (timed < min_steps or time.perf_counter() - started < budget_s)
+        else:
+            go_on = True
+        if expected > 1e20:           # keep values far from overflow (Sum grows by size per step)
+            for t in tensors:
+                t.fill_(1.0)
+            expected = 1.0
+        if not barrier_and_decide(rank, go_on):
+            break
+        t0 = time.perf_counter()
+        step(tensors, names)
+        dt = time.perf_counter() - t0
+        expected *= size
+        if i == 0:
+            # one correctness check per cell: every element of the first and last tensor
+            for t in (tensors[0], tensors[-1]):
+                if not torch.all(t == expected):
+                    raise RuntimeError(
+                        f"rank {rank}: {impl} on {workload}: wrong result (expected {expected}, "
+                        f"got values in [{t.min().item()}, {t.max().item()}])")
+        if i >= warmup:
+            times.append(dt)
+        i += 1
+    del tensors
+    return times
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help=f"comma-separated subset of {','.join(IMPLS)} (default: all; "
+                        f"torch_flat is always run since ratios refer to it)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed steps per cell (default per workload: " +
+                        ", ".join(f"{k} {v[1]}" for k, v in DEFAULT_ITERS.items()) + ")")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps per cell (default per workload: " +
+                        ", ".join(f"{k} {v[0]}" for k, v in DEFAULT_ITERS.items()) + ")")
+    p.add_argument("--max-seconds", type=float, default=8.0,
+                   help="stop a cell's timed steps early after about this many seconds (split "
+                        "over the rounds; at least 3 steps are always timed; default 8)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="split each cell's steps over this many interleaved rounds of all "
+                        "implementations, so slow drifts in machine load hit all alike "
+                        "(default 3)")
+    p.add_argument("--verbose", action="store_true", help="print each cell as it finishes")
+    p.add_argument("--bert-layers", type=int, default=12,
+                   help="encoder layers of the BERT workload (default 12 = BERT-base)")
+    p.add_argument("--json", metavar="FILE", help="write all rows and settings as JSON")
+    args = p.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    impls = [i for i in args.impls.split(",") if i]
+    for i in impls:
+        if i not in IMPLS:
+            p.error(f"unknown impl {i!r}; choose from {', '.join(IMPLS)}")
+    if "torch_flat" not in impls:
+        impls.append("torch_flat")
+    args.impls = [i for i in IMPLS if i in impls]
+    for flag in ("iters", "warmup"):
+        v = getattr(args, flag)
+        if v is not None and v < (1 if flag == "iters" else 0):
+            p.error(f"--{flag} must be >= {1 if flag == 'iters' else 0}")
+    if args.bert_layers < 0:
+        p.error("--bert-layers must be >= 0")
+    return args
+
+
+def restart_hvdlite(fusion_threshold):
+    """shutdown -> set HVDLITE_FUSION_THRESHOLD -> init (None: the launcher's setting)."""
+    if hvd.is_initialized():
+        hvd.shutdown()
+    if fusion_threshold is None:
+        if _LAUNCH_FUSION is None:
+            os.environ.pop("HVDLITE_FUSION_THRESHOLD", None)
+        else:
+            os.environ["HVDLITE_FUSION_THRESHOLD"] = _LAUNCH_FUSION
+    else:
+        os.environ["HVDLITE_FUSION_THRESHOLD"] = str(fusion_threshold)
+    hvd.init()
+
+
+_LAUNCH_FUSION = os.environ.get("HVDLITE_FUSION_THRESHOLD")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    if size < 2 and rank == 0:
+        print("note: running with 1 process; launch with hvdlite-run -np 2 for real numbers",
+              file=sys.stderr)
+    init_raw_group(rank, size)
+    from hvdlite.common import basics
+    fusion_cfg = basics._STATE.config.fusion_threshold_bytes
+    cycle_ms = basics._STATE.config.cycle_time_ms
+
+    shapes = {w: workload_shapes(w, args) for w in args.workloads}
+    iters = {w: (DEFAULT_ITERS[w][0] if args.warmup is None else args.warmup,
+                 DEFAULT_ITERS[w][1] if args.iters is None else args.iters)
+             for w in args.workloads}
+
+    # phases: raw torch.distributed with hvdlite shut down, then hvdlite with each fusion setting
+    phases = [("raw", [i for i in args.impls if i in RAW_IMPLS], False)]
+    if "hvdlite_fusion" in args.impls:
+        phases.append(("hvdlite_fusion", ["hvdlite_fusion"], None))
+    if "hvdlite_nofusion" in args.impls:
+        phases.append(("hvdlite_nofusion", ["hvdlite_nofusion"], 0))
+
+    # Load on this machine changes over seconds (other jobs share its 2 cores), so every phase is
+    # run in ``--rounds`` rounds, interleaved, and the steps of all rounds are pooled.  Restarting
+    # hvdlite costs ~30 ms.  The first round runs the full warm-up, later ones one step (the
+    # restarted runtime has an empty response cache).
+    results = {}
+    round_medians = {}
+    t_start = time.perf_counter()
+    rounds = max(1, args.rounds)
+    for rnd in range(rounds):
+        for phase, impls, fusion in phases:
+            if fusion is False:
+                if hvd.is_initialized():
+                    hvd.shutdown()
+            else:
+                restart_hvdlite(fusion)
+            for w in args.workloads:
+                warmup, n = iters[w]
+                share = -(-n // rounds) if rnd < n % rounds or n % rounds == 0 else n // rounds
+                if share == 0:
+                    continue
+                for impl in impls:
+                    times = run_cell(impl, w, shapes[w], warmup if rnd == 0 else min(1, warmup),
+                                     share, args.max_seconds / rounds, -(-3 // rounds), rank,
+                                     size)
+                    results.setdefault((w, impl), []).extend(times)
+                    round_medians.setdefault((w, impl), []).append(
+                        1e3 * statistics.median(times))
+                    if rank == 0 and args.verbose:
+                        print(f"  round {rnd + 1}/{rounds} {w:>9s} {impl:<22s} "
+                              f"{1e3 * statistics.median(times):9.2f} ms (n={len(times)})",
+                              flush=True)
+        if rank == 0:
+            print(f"round {rnd + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)",
+                  flush=True)
+    elapsed = time.perf_counter() - t_start
+    if hvd.is_initialized():
+        hvd.shutdown()
+
+    rows = []
+    for w in args.workloads:
+        nbytes = 4 * sum(numel(s) for s in shapes[w])
+        flat = statistics.median(results[(w, "torch_flat")])
+        per_tensor = results.get((w, "torch_per_tensor"))
+        per_tensor = statistics.median(per_tensor) if per_tensor else None
+        for impl in args.impls:
+            times = results[(w, impl)]
+            med = statistics.median(times)
+            rows.append({
+                "workload": w, "impl": impl, "tensors": len(shapes[w]), "bytes": nbytes,
+                "iters": len(times), "warmup": iters[w][0],
+                "ms_median": 1e3 * med, "ms_mean": 1e3 * statistics.mean(times),
+                "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times),
+                "round_medians_ms": round_medians[(w, impl)],
+                "gb_per_s": nbytes / med / 1e9,
+                "ratio_to_flat": med / flat,
+                "speedup_vs_per_tensor": (per_tensor / med) if per_tensor else None,
+            })
+
+    if rank == 0:
+        print_table(rows, size, fusion_cfg, cycle_ms, elapsed)
+        if args.json:
+            meta = {"size": size, "torch": torch.__version__, "python": platform.python_version(),
+                    "host": platform.node(), "cpus": os.cpu_count(),
+                    "fusion_threshold_bytes": fusion_cfg, "cycle_time_ms": cycle_ms,
+                    "bert_layers": args.bert_layers, "rounds": args.rounds, "max_seconds": args.max_seconds,
+                    "elapsed_s": elapsed, "argv": sys.argv[1:]}
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows, "targets": targets(rows)}, f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def targets(rows):
+    """The issue's two targets, where the run has the rows to check them."""
+    by = {(r["workload"], r["impl"]): r for r in rows}
+    out = {}
+    r = by.get(("resnet50", "hvdlite_fusion"))
+    if r:
+        out["resnet50_fusion_ratio_to_flat"] = {"value": r["ratio_to_flat"], "target": "<= 1.25",
+                                                "met": r["ratio_to_flat"] <= 1.25}
+    r, raw = by.get(("tiny1000", "hvdlite_fusion")), by.get(("tiny1000", "torch_per_tensor"))
+    raw_sync = by.get(("tiny1000", "torch_per_tensor_sync"))
+    if r and (raw or raw_sync):
+        for key, base in (("vs_async", raw), ("vs_sync", raw_sync)):
+            if base:
+                v = base["ms_median"] / r["ms_median"]
+                out[f"tiny1000_fusion_speedup_{key}"] = {"value": v, "target": ">= 30",
+                                                         "met": v >= 30}
+    return out
+
+
+def print_table(rows, size, fusion_cfg, cycle_ms, elapsed):
+    print()
+    print(f"allreduce benchmark: np={size}, fp32 Sum, fusion threshold {fusion_cfg / MiB:g} MiB, "
+          f"cycle {cycle_ms:g} ms, {elapsed:.0f} s")
+    head = (f"{'workload':<10s} {'impl':<22s} {'tensors':>7s} {'MiB':>7s} {'n':>3s} "
+            f"{'ms/step':>9s} {'mean':>9s} {'min':>9s} {'GB/s':>7s} {'x flat':>7s} {'vs per-t':>8s}")
+    print(head)
+    print("-" * len(head))
+    last = None
+    for r in rows:
+        if last is not None and r["workload"] != last:
+            print()
+        last = r["workload"]
+        sp = r["speedup_vs_per_tensor"]
+        print(f"{r['workload']:<10s} {r['impl']:<22s} {r['tensors']:>7d} "
+              f"{r['bytes'] / MiB:>7.1f} {r['iters']:>3d} {r['ms_median']:>9.2f} "
+              f"{r['ms_mean']:>9.2f} {r['ms_min']:>9.2f} {r['gb_per_s']:>7.3f} {r['ratio_to_flat']:>7.2f} "
+              f"{(f'{sp:.1f}x' if sp else '-'):>8s}")
+    print()
+    print("ms/step = median per step (rank 0), n steps pooled over the rounds; GB/s = algorithmic "
+          "bytes / median;\nx flat = median / torch_flat median; vs per-t = torch_per_tensor "
+          "median / median")
+    for k, v in targets(rows).items():
+        print(f"target {k}: {v['value']:.2f} (want {v['target']}) -> "
+              f"{'MET' if v['met'] else 'MISSED'}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

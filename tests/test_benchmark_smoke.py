@@ -1,0 +1,45 @@
+"""benchmarks/allreduce.py runs end to end at np=2 and writes every row (so it cannot rot)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IMPLS = {"hvdlite_fusion", "hvdlite_nofusion", "torch_per_tensor", "torch_per_tensor_sync",
+         "torch_flat"}
+WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_benchmark_smoke(tmp_path):
+    out_json = tmp_path / "allreduce.json"
+    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable,
+           str(REPO / "benchmarks" / "allreduce.py"), "--iters", "1", "--warmup", "1",
+           "--rounds", "1", "--bert-layers", "1", "--json", str(out_json)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
+                          timeout=110)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "x flat" in out, out[-4000:]          # rank 0 printed the table
+
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["size"] == 2
+    rows = {(r["workload"], r["impl"]): r for r in data["rows"]}
+    assert set(rows) == {(w, i) for w in WORKLOADS for i in IMPLS}, sorted(rows)
+    for key, r in rows.items():
+        assert r["iters"] >= 1, key
+        for field in ("ms_median", "ms_mean", "ms_min", "gb_per_s", "ratio_to_flat"):
+            assert r[field] > 0, (key, field, r[field])
+        assert r["bytes"] > 0 and r["tensors"] >= 1, key
+    assert rows[("resnet50", "torch_flat")]["tensors"] == 161
+    assert rows[("resnet50", "torch_flat")]["bytes"] == 4 * 25_557_032
+    assert rows[("tiny1000", "torch_flat")]["bytes"] == 1000 * 256 * 4
+    assert rows[("big64mb", "torch_flat")]["bytes"] == 64 * 1024 * 1024
+    assert abs(rows[("resnet50", "torch_flat")]["ratio_to_flat"] - 1.0) < 1e-9
+    assert "resnet50_fusion_ratio_to_flat" in data["targets"]
