@@ -59,6 +59,10 @@ def init(config: Optional[Config] = None) -> None:
         from hvdlite.common.runtime import Runtime
         config = config or Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
+        for on, what in ((config.timeline_filename, "the timeline (--timeline-filename)"),
+                         (config.autotune, "autotuning (--autotune)")):
+            if on:
+                log.warning("%s is not implemented in this version of hvdlite; ignored", what)
         backend = _make_backend(config)
         config = config.replace(rank=backend.rank, size=backend.size,
                                 local_rank=backend.local_rank, local_size=backend.local_size,

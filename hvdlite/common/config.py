@@ -35,6 +35,7 @@ GLOO_IFACE = "HVDLITE_GLOO_IFACE"
 # --- tunables (each has a launcher flag) ---
 CPU_OPERATIONS = "HVDLITE_CPU_OPERATIONS"
 FUSION_THRESHOLD = "HVDLITE_FUSION_THRESHOLD"
+FUSION_CHUNK = "HVDLITE_FUSION_CHUNK_BYTES"
 CYCLE_TIME = "HVDLITE_CYCLE_TIME"
 CACHE_CAPACITY = "HVDLITE_CACHE_CAPACITY"
 OP_TIMEOUT = "HVDLITE_OP_TIMEOUT_SECONDS"
@@ -102,6 +103,8 @@ class Config:
     cpu_operations: str = ""
     #: largest fused allreduce buffer; 0 turns fusion off.
     fusion_threshold_bytes: int = 128 * 1024 * 1024
+    #: fused allreduces are pipelined (pack / reduce / unpack overlapped) in chunks this big.
+    fusion_chunk_bytes: int = 16 * 1024 * 1024
     #: period of the background loop.
     cycle_time_ms: float = 1.0
     #: response cache entries; 0 turns the cache off.
@@ -128,6 +131,8 @@ class Config:
                 f"{RANK}={self.rank} is outside 0..{self.size - 1} ({SIZE}={self.size})")
         if self.fusion_threshold_bytes < 0:
             raise HvdliteConfigError(f"{FUSION_THRESHOLD} must be >= 0 bytes")
+        if self.fusion_chunk_bytes < 1:
+            raise HvdliteConfigError(f"{FUSION_CHUNK} must be >= 1 byte")
         if self.cycle_time_ms < 0:
             raise HvdliteConfigError(f"{CYCLE_TIME} must be >= 0 ms")
         if self.cache_capacity < 0:
@@ -178,6 +183,7 @@ class Config:
             gloo_iface=get(GLOO_IFACE, str, ""),
             cpu_operations=get(CPU_OPERATIONS, str, "").lower(),
             fusion_threshold_bytes=get(FUSION_THRESHOLD, int, 128 * 1024 * 1024),
+            fusion_chunk_bytes=get(FUSION_CHUNK, int, 16 * 1024 * 1024),
             cycle_time_ms=get(CYCLE_TIME, float, 1.0),
             cache_capacity=get(CACHE_CAPACITY, int, 1024),
             op_timeout_s=get(OP_TIMEOUT, float, 60.0),

@@ -23,8 +23,20 @@ def _t():
     return _torch
 
 
+def _chunks(flats, chunk_elems: int):
+    """(first, end, offset, count) runs of whole tensors of about ``chunk_elems`` elements."""
+    lo, off, count = 0, 0, 0
+    for i, flat in enumerate(flats):
+        count += flat.numel()
+        if count >= chunk_elems and i + 1 < len(flats):
+            yield lo, i + 1, off, count
+            lo, off, count = i + 1, off + count, 0
+    yield lo, len(flats), off, count
+
+
 class Executor:
-    def __init__(self, backend, buffers: fusion.FusionBuffers):
+    def __init__(self, backend, buffers: fusion.FusionBuffers, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
         self.backend = backend
         self.buffers = buffers
         self.rank = backend.rank
@@ -88,31 +100,50 @@ class Executor:
             return
         total = sum(numel(r.shape) for r in group)
         buf = self.buffers.get(first.dtype, total)
-        flats, outs, done = [], [], []
+        flats, outs = [], []
         for resp in group:
             entry = entries.get(resp.name)
             if entry is None:
                 fill = fusion.neutral(resp.dtype, resp.reduce_op)
                 flats.append(torch.full((numel(resp.shape),), fill,
                                         dtype=fusion.dtype_of(resp.dtype)))
+                outs.append(None)
             else:
                 flats.append(entry.tensor.view(-1))
-                outs.append(entry.output)
-                done.append(entry)
-        fusion.pack(flats, buf)
-        self._reduce(buf, first)
-        if len(outs) == len(group):
-            fusion.unpack(buf, outs)
-        else:
+                outs.append(entry)
+        # Pipeline: pack chunk k+1 while chunk k is on the wire, unpack chunk k while
+        # chunk k+1 is; each chunk's handles complete as soon as its data is back.
+        op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else ReduceOp(first.reduce_op)
+        post = self._post_factor(first)
+        in_flight = []
+        for lo, hi, off, count in _chunks(flats, self.chunk_bytes // itemsize(first.dtype)):
+            region = buf[off:off + count]
+            fusion.pack(flats[lo:hi], region)
+            fusion.scale_(region, first.prescale)
+            in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi))
+            if len(in_flight) > 1:
+                self._finish_chunk(in_flight.pop(0), post, flats, outs, complete)
+        for item in in_flight:
+            self._finish_chunk(item, post, flats, outs, complete)
+
+    @staticmethod
+    def _finish_chunk(item, post: float, flats, outs, complete) -> None:
+        work, region, lo, hi = item
+        work.wait()
+        fusion.scale_(region, post)
+        mine = outs[lo:hi]
+        if None not in mine:
+            fusion.unpack(region, [e.output for e in mine])
+        else:                       # this rank joined: it has no outputs for some tensors
             offset = 0
-            for resp, flat in zip(group, flats):
+            for e, flat in zip(mine, flats[lo:hi]):
                 n = flat.numel()
-                entry = entries.get(resp.name)
-                if entry is not None:
-                    entry.output.view(-1).copy_(buf[offset:offset + n])
+                if e is not None:
+                    e.output.view(-1).copy_(region[offset:offset + n])
                 offset += n
-        for entry in done:
-            complete(entry, entry.output)
+        for e in mine:
+            if e is not None:
+                complete(e, e.output)
 
     # -- allgather ------------------------------------------------------------------------
     def _allgather(self, group, entries, complete) -> None:

@@ -53,7 +53,7 @@ class Runtime:
         self.queue = TensorQueue()
         self.controller = Controller(self.size)
         self.cache = ResponseCache(config.cache_capacity)
-        self.executor = Executor(backend, fusion.FusionBuffers())
+        self.executor = Executor(backend, fusion.FusionBuffers(), config.fusion_chunk_bytes)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()

@@ -66,6 +66,7 @@ class Settings:
 # flag dest -> (HVDLITE_* variable, converter to the variable's text)
 TUNABLE_FLAGS = {
     "fusion_threshold_mb": (cfg.FUSION_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
+    "fusion_chunk_mb": (cfg.FUSION_CHUNK, lambda v: str(max(1, int(float(v) * 1024 * 1024)))),
     "cycle_time_ms": (cfg.CYCLE_TIME, str),
     "cache_capacity": (cfg.CACHE_CAPACITY, str),
     "timeline_filename": (cfg.TIMELINE, str),
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("tunable parameters")
     t.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
                    help="fusion buffer size in MiB (0: off; default 128)")
+    t.add_argument("--fusion-chunk-mb", type=float, metavar="MB",
+                   help="pipeline fused allreduces in chunks of this many MiB (default 16)")
     t.add_argument("--cycle-time-ms", type=float, metavar="MS",
                    help="background loop period in ms")
     t.add_argument("--cache-capacity", type=int, metavar="N",

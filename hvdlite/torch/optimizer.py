@@ -8,7 +8,7 @@ behaviour; only ``step``, ``zero_grad`` and ``synchronize`` change.
 How gradients travel (three strategies, chosen at construction):
 
 * **buckets** (the default): like ``DistributedDataParallel``, the gradients
-  of all parameters are made views of a few flat buffers (one per ~25 MiB of
+  of all parameters are made views of a few flat buffers (about eight per model, each 1–25 MiB, of
   parameters, filled in reverse parameter order, the first one small so
   communication starts early).  A ``post_accumulate_grad`` hook counts the
   parameters of a bucket whose gradient is final; when the last one arrives,
@@ -50,6 +50,10 @@ _OWNER_ATTR = "_hvdlite_grad_owner"
 _MIB = 1024 * 1024
 #: like DDP: a small first bucket so the first reduction starts early.
 _FIRST_BUCKET_BYTES = 1 * _MIB
+#: automatic bucket size: about this many buckets per model (so reductions overlap
+#: backward finely) but never above DDP's default of 25 MiB.
+_AUTO_BUCKETS = 8
+_MAX_AUTO_BUCKET_BYTES = 25 * _MIB
 
 
 class _Bucket:
@@ -143,7 +147,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"DistributedOptimizer: op={op!r} is not supported for gradients; "
                 "use hvd.Average or hvd.Sum")
-        if bucket_cap_mb < 0:
+        if bucket_cap_mb is not None and bucket_cap_mb < 0:
             raise ValueError(f"DistributedOptimizer: bucket_cap_mb={bucket_cap_mb} must be >= 0")
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
             raise TypeError(
@@ -188,9 +192,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             k = min(num_groups, max(n, 1))
             chunks = [self._hvd_params[i * n // k:(i + 1) * n // k] for i in range(k)]
             self._hvd_build_groups([c for c in chunks if c])
-        elif bucket_cap_mb > 0:
+        elif bucket_cap_mb is None or bucket_cap_mb > 0:
             self._hvd_mode = "buckets"
-            self._hvd_build_buckets(int(bucket_cap_mb * _MIB))
+            if bucket_cap_mb is None:
+                total = sum(p.numel() * p.element_size() for p in self._hvd_params)
+                cap = min(_MAX_AUTO_BUCKET_BYTES,
+                          max(_FIRST_BUCKET_BYTES, total // _AUTO_BUCKETS))
+            else:
+                cap = int(bucket_cap_mb * _MIB)
+            self._hvd_build_buckets(max(cap, 1))
         else:
             self._hvd_mode = "params"
 
@@ -507,7 +517,7 @@ def _make_hook(opt_ref, token):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
-                         *, bucket_cap_mb: float = 25.0):
+                         *, bucket_cap_mb: Optional[float] = None):
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
     Args:
@@ -530,8 +540,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         sparse_as_dense: densify sparse gradients (per-parameter path; the default bucketed
             path always densifies them).
         process_set: reduce among this process set only (default: all ranks).
-        bucket_cap_mb: hvdlite extension: size of the flat gradient buckets.  ``0`` selects
-            Horovod's per-parameter path.  Ignored when ``groups``/``num_groups`` is given.
+        bucket_cap_mb: hvdlite extension: size of the flat gradient buckets in MiB.  ``None``
+            (default) picks about 1/8 of the model's gradient bytes, between 1 and 25 MiB.
+            ``0`` selects Horovod's per-parameter path.  Ignored when ``groups``/``num_groups``
+            is given.
 
     Raises:
         ValueError: bad or duplicate names, a parameter not named, bad factors or groups.

@@ -43,6 +43,13 @@ def test_fusion_threshold_smaller_than_one_tensor(tmp_path):
 
 
 @pytest.mark.timeout(240)
+def test_pipelined_chunks_of_a_fused_buffer(tmp_path):
+    proc = run_job(2, "ops_worker.py", "--only", ",".join(FUSION_CHECKS),
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_FUSION_CHUNK_BYTES": "64"})
+    assert_ok(proc, FUSION_CHECKS, [0, 1])
+
+
+@pytest.mark.timeout(240)
 def test_fusion_and_cache_off(tmp_path):
     checks = FUSION_CHECKS + ["mismatch_errors"]
     proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),

@@ -17,6 +17,16 @@ from hvdlite.common.message import ReduceOp
 _LEN = struct.Struct("!I")
 
 
+class Waitable:
+    """What an async collective returns."""
+
+    def wait(self) -> None:
+        """Block until done; raise HvdliteInternalError on failure."""
+
+
+_DONE = Waitable()
+
+
 class Backend(abc.ABC):
     """Collectives over all ranks of the job.
 
@@ -60,6 +70,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def allreduce_(self, tensor, op: ReduceOp) -> None:
         """Reduce ``tensor`` in place with SUM, MIN, MAX or PRODUCT."""
+
+    def allreduce_async_(self, tensor, op: ReduceOp) -> "Waitable":
+        """Start :meth:`allreduce_`; the result is valid after ``.wait()``.
+
+        Several may be in flight; they complete in the order started.  The
+        default runs synchronously."""
+        self.allreduce_(tensor, op)
+        return _DONE
 
     @abc.abstractmethod
     def allgather_bytes(self, send, counts: List[int]) -> list:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.common import config as cfg
-from hvdlite.common.backend.base import Backend
+from hvdlite.common.backend.base import Backend, Waitable
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteInternalError
 from hvdlite.common.message import ReduceOp
 
@@ -124,6 +124,13 @@ class GlooBackend(Backend):
         if wide is not None:
             tensor.copy_(target)
 
+    def allreduce_async_(self, tensor, op):
+        if tensor.dtype in _WIDEN:
+            return super().allreduce_async_(tensor, op)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE[op]
+        return _Pending(self, self.pg.allreduce([tensor], opts))
+
     def allgather_bytes(self, send, counts):
         width = max(counts) if counts else 0
         if width == 0:
@@ -158,6 +165,15 @@ class GlooBackend(Backend):
             except Exception as exc:  # already broken by a dead peer: nothing left to release
                 log.debug("rank %d: Gloo shutdown: %s", self.rank, exc)
         self._client.close()
+
+
+class _Pending(Waitable):
+    def __init__(self, backend, work):
+        self._backend = backend
+        self._work = work
+
+    def wait(self):
+        self._backend._run("allreduce", self._work)
 
 
 def _min_opts():
