@@ -23,15 +23,15 @@ def _t():
     return _torch
 
 
-def _chunks(flats, chunk_elems: int):
+def _chunks(sizes, chunk_elems: int):
     """(first, end, offset, count) runs of whole tensors of about ``chunk_elems`` elements."""
     lo, off, count = 0, 0, 0
-    for i, flat in enumerate(flats):
-        count += flat.numel()
-        if count >= chunk_elems and i + 1 < len(flats):
+    for i, n in enumerate(sizes):
+        count += n
+        if count >= chunk_elems and i + 1 < len(sizes):
             yield lo, i + 1, off, count
             lo, off, count = i + 1, off + count, 0
-    yield lo, len(flats), off, count
+    yield lo, len(sizes), off, count
 
 
 class Executor:
@@ -98,50 +98,44 @@ class Executor:
             self._reduce(out.view(-1), first)
             complete(entry, out)
             return
-        total = sum(numel(r.shape) for r in group)
-        buf = self.buffers.get(first.dtype, total)
-        flats, outs = [], []
+        sizes = [r.numel for r in group]
+        buf = self.buffers.get(first.dtype, sum(sizes))
+        flats, out_flats, done = [], [], []
         for resp in group:
             entry = entries.get(resp.name)
-            if entry is None:
-                fill = fusion.neutral(resp.dtype, resp.reduce_op)
-                flats.append(torch.full((numel(resp.shape),), fill,
-                                        dtype=fusion.dtype_of(resp.dtype)))
-                outs.append(None)
+            if entry is None:           # joined: contribute a neutral value, discard the result
+                flat = torch.full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
+                                  dtype=fusion.dtype_of(resp.dtype))
+                flats.append(flat)
+                out_flats.append(flat)
+                done.append(None)
             else:
-                flats.append(entry.tensor.view(-1))
-                outs.append(entry)
+                flat = entry.tensor.view(-1)
+                flats.append(flat)
+                out_flats.append(flat if entry.output is entry.tensor else entry.output.view(-1))
+                done.append(entry)
         # Pipeline: pack chunk k+1 while chunk k is on the wire, unpack chunk k while
         # chunk k+1 is; each chunk's handles complete as soon as its data is back.
         op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else ReduceOp(first.reduce_op)
         post = self._post_factor(first)
         in_flight = []
-        for lo, hi, off, count in _chunks(flats, self.chunk_bytes // itemsize(first.dtype)):
+        for lo, hi, off, count in _chunks(sizes, self.chunk_bytes // itemsize(first.dtype)):
             region = buf[off:off + count]
             fusion.pack(flats[lo:hi], region)
             fusion.scale_(region, first.prescale)
             in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi))
             if len(in_flight) > 1:
-                self._finish_chunk(in_flight.pop(0), post, flats, outs, complete)
+                self._finish_chunk(in_flight.pop(0), post, sizes, out_flats, done, complete)
         for item in in_flight:
-            self._finish_chunk(item, post, flats, outs, complete)
+            self._finish_chunk(item, post, sizes, out_flats, done, complete)
 
     @staticmethod
-    def _finish_chunk(item, post: float, flats, outs, complete) -> None:
+    def _finish_chunk(item, post: float, sizes, out_flats, done, complete) -> None:
         work, region, lo, hi = item
         work.wait()
         fusion.scale_(region, post)
-        mine = outs[lo:hi]
-        if None not in mine:
-            fusion.unpack(region, [e.output for e in mine])
-        else:                       # this rank joined: it has no outputs for some tensors
-            offset = 0
-            for e, flat in zip(mine, flats[lo:hi]):
-                n = flat.numel()
-                if e is not None:
-                    e.output.view(-1).copy_(region[offset:offset + n])
-                offset += n
-        for e in mine:
+        fusion.unpack(region, out_flats[lo:hi], sizes[lo:hi])
+        for e in done[lo:hi]:
             if e is not None:
                 complete(e, e.output)
 

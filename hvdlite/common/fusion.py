@@ -67,10 +67,9 @@ def pack(flats: List, out) -> None:
     _t().cat(flats, out=out)
 
 
-def unpack(buffer, outputs: List) -> None:
-    torch = _t()
-    pieces = torch.split(buffer, [o.numel() for o in outputs])
-    torch._foreach_copy_([o.view(-1) for o in outputs], list(pieces))
+def unpack(buffer, flat_outputs: List, sizes: List[int]) -> None:
+    """Copy consecutive pieces of ``buffer`` (``sizes`` elements each) into flat outputs."""
+    _t()._foreach_copy_(flat_outputs, list(buffer.split(sizes)))
 
 
 def scale_(tensor, factor: float) -> None:

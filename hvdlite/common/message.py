@@ -105,7 +105,7 @@ class Response:
     """
 
     __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale", "postscale",
-                 "first_dims", "splits", "error", "error_kind", "value", "nbytes")
+                 "first_dims", "splits", "error", "error_kind", "value", "nbytes", "numel")
 
     def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
                  root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
@@ -126,6 +126,10 @@ class Response:
         self.error_kind = error_kind   # "mismatch" or "stall"
         self.value = value
         self.nbytes = 0                # payload size, for fusion planning (set by the runtime)
+        n = 1
+        for d in shape:
+            n *= d
+        self.numel = n
 
     @property
     def cacheable(self) -> bool:

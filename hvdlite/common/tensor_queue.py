@@ -88,6 +88,17 @@ class TensorQueue:
         with self._lock:
             if self._closed_error is not None:
                 raise self._closed_error
+            if len(entries) == 1:
+                e = entries[0]
+                name = e.request.name
+                if name in self._in_flight:
+                    raise HvdliteDuplicateNameError(
+                        f"tensor name {name!r} is already in flight; wait for its handle or "
+                        f"give each concurrent operation a distinct name")
+                e.enqueued_at = now
+                self._in_flight[name] = e
+                self._incoming.append(e)
+                return
             for i, e in enumerate(entries):
                 name = e.request.name
                 if name in self._in_flight or any(o.request.name == name for o in entries[:i]):

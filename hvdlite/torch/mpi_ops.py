@@ -206,18 +206,45 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
     return _make(OpType.ALLREDUCE, work, names, outputs, finish, **fields)
 
 
+_FAST_OPS = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
+
+
+def _allreduce_one(tensor, inplace: bool, average, name, op, prescale_factor, postscale_factor,
+                   process_set) -> Handle:
+    """The common case (one plain CPU tensor) without the general path's bookkeeping:
+    an optimizer issues thousands of these per step."""
+    rop = _FAST_OPS.get(op) if average is None and process_set is None else None
+    dt = _DTYPES.get(tensor.dtype) if type(tensor) is torch.Tensor else None
+    if rop is None or dt is None or dt == "bool" or not tensor.is_cpu or tensor.is_sparse or \
+            not tensor.is_contiguous():
+        return _allreduce_async([tensor], inplace, False, average, name, op, prescale_factor,
+                                postscale_factor, process_set)
+    rt = basics._STATE.runtime
+    if rt is None:
+        basics.runtime()                  # raises the not-initialized error
+    if name is None:
+        name = _auto_name(OpType.ALLREDUCE)
+    handle = Handle(1)
+    handle.names = [name]
+    req = Request(name, OpType.ALLREDUCE, dt, tuple(tensor.shape), -1, rop,
+                  prescale_factor if type(prescale_factor) is float else float(prescale_factor),
+                  postscale_factor if type(postscale_factor) is float else float(postscale_factor))
+    rt.enqueue([Entry(req, tensor, tensor if inplace else torch.empty_like(tensor), handle, 0)])
+    return handle
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None) -> Handle:
     """Start averaging (or summing, ...) ``tensor`` over all ranks; returns a handle."""
-    return _allreduce_async([tensor], False, False, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_one(tensor, False, average, name, op, prescale_factor, postscale_factor,
+                          process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place :func:`allreduce_async`: the result lands in ``tensor``."""
-    return _allreduce_async([tensor], True, False, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
+                          process_set)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
