@@ -12,6 +12,7 @@ averaged over ranks, and rank 0 writes a checkpoint after every epoch.
 import argparse
 import os
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,8 @@ def main():
     p.add_argument("--test-size", type=int, default=1000)
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--fp16-allreduce", action="store_true")
-    p.add_argument("--checkpoint", default="mnist_checkpoint.pt",
+    p.add_argument("--checkpoint",
+                   default=os.path.join(tempfile.gettempdir(), "hvdlite_mnist_checkpoint.pt"),
                    help="written by rank 0 after every epoch ('' disables)")
     args = p.parse_args()
 
