@@ -107,9 +107,13 @@ def runtime():
     return rt
 
 
-def _cfg() -> Config:
+def config() -> Config:
+    """The configuration this rank's runtime was started with."""
     runtime()
     return _STATE.config
+
+
+_cfg = config
 
 
 def rank() -> int:

@@ -41,6 +41,8 @@ _NEED, _LEN, _STALL, _ALIVE = 0, 1, 2, 3
 #: a cache hit not executed after this long is sent through full negotiation instead,
 #: so the stall inspector sees it
 _CACHE_PATIENCE_S = 1.0
+#: how long the loop sleeps when this rank has nothing pending (a submission wakes it at once)
+_IDLE_WAIT_S = 0.05
 
 
 class Runtime:
@@ -105,9 +107,15 @@ class Runtime:
                 start = time.monotonic()
                 if not self._cycle_once():
                     break
-                left = period - (time.monotonic() - start)
-                if not self._unsent or left > 0:
-                    self._wake.wait(max(left, 0.0))
+                if self._unsent or self._sent or self.queue.has_incoming():
+                    left = period - (time.monotonic() - start)
+                    if left > 0:
+                        self._wake.wait(left)
+                else:
+                    # Nothing of ours is pending, so no collective can complete before this
+                    # rank submits something, and submitting wakes us: sleep long and spare
+                    # the CPU for training.  Peers' shutdowns are still seen within the bound.
+                    self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
         except BaseException as exc:  # delivered to every handle, never swallowed
             if isinstance(exc, HvdliteError):

@@ -131,6 +131,9 @@ class TensorQueue:
             self._incoming = []
         return left
 
+    def has_incoming(self) -> bool:
+        return bool(self._incoming)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._in_flight)

@@ -27,6 +27,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from hvdlite.common import basics
+
 from hvdlite.torch import mpi_ops
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,6 @@ __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_objec
            "allgather_object"]
 
 _MAC_BYTES = 32
-_secret_cache: Dict[str, Optional[bytes]] = {}
 
 
 def _ps_kw(process_set) -> dict:
@@ -105,10 +106,7 @@ def broadcast_parameters(params, root_rank: int, process_set=None) -> None:
 # --- bytes and objects -------------------------------------------------------------------
 
 def _job_secret() -> Optional[bytes]:
-    if "key" not in _secret_cache:
-        from hvdlite.common.config import Config
-        _secret_cache["key"] = Config.from_env().secret_key
-    return _secret_cache["key"]
+    return basics.config().secret_key
 
 
 def _sign(payload: bytes) -> bytes:

@@ -54,6 +54,15 @@ class _GlobalProcessSet:
 
     process_set_id = 0
 
+    def size(self) -> int:
+        return size()
+
+    def rank(self) -> int:
+        return rank()
+
+    def included(self) -> bool:
+        return True
+
     def __repr__(self):
         return "global_process_set"
 
