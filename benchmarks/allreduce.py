@@ -29,8 +29,9 @@ Implementations:
 
 Each (workload, impl) cell is timed step by step: all ranks meet in a barrier on the raw group
 (outside the timed region), then rank 0 times one step.  The hvdlite runtime is shut down while
-the raw torch.distributed implementations run, so its background thread (which cycles every
-``HVDLITE_CYCLE_TIME`` ms even when idle) does not steal CPU from them.
+the raw torch.distributed implementations run, so its background thread cannot take CPU from
+them.  Each hvdlite step is followed by a timed ``torch_flat`` step (``paired`` column: the median
+of the per-step ratios, robust to the load swings of a shared 2-core machine).
 
 Only rank 0 prints.  ``--json FILE`` writes every row plus the run's settings.
 """
@@ -179,9 +180,13 @@ def barrier_and_decide(rank, go_on):
 
 
 def step_hvdlite(tensors, names):
+    """Returns the seconds spent enqueueing (the rest of the step is waiting on handles)."""
+    t0 = time.perf_counter()
     handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names)]
+    enqueued = time.perf_counter() - t0
     for h in handles:
         hvd.synchronize(h)
+    return enqueued
 
 
 def step_torch_per_tensor(tensors, names):
@@ -204,47 +209,62 @@ STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
          "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
 
 
-def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, size):
+def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, size,
+             paired=False):
     """Times ``warmup`` + up to ``iters`` steps (fewer, but at least ``min_steps``, if over
-    ``budget_s``); returns rank 0's step times in seconds (every rank gets its own)."""
+    ``budget_s``).  Returns this rank's step times in seconds (rank 0's are reported), the
+    enqueue part of each step (hvdlite only) and, with ``paired``, a ``torch_flat`` step timed
+    right after each step (so the two see the same machine load)."""
+    total = sum(numel(s) for s in shapes)
     if impl == "torch_flat":
-        tensors = [torch.ones(sum(numel(s) for s in shapes), dtype=torch.float32)]
+        tensors = [torch.ones(total, dtype=torch.float32)]
     else:
         tensors = [torch.ones(s, dtype=torch.float32) for s in shapes]
+    flat = [torch.ones(total, dtype=torch.float32)] if paired else None
     names = [f"bench.{workload}.{i}" for i in range(len(tensors))]
     step = STEPS[impl]
     expected = 1.0
-    times = []
+    out = {"times": [], "enqueue": [], "paired_flat": []}
     started = time.perf_counter()
     i = 0
     while True:
         if i >= warmup:
             timed = i - warmup
-            go_on = timed < iters and (timed < min_steps or time.perf_counter() - started < budget_s)
+            go_on = timed < iters and (timed < min_steps or
+                                       time.perf_counter() - started < budget_s)
         else:
             go_on = True
         if expected > 1e20:           # keep values far from overflow (Sum grows by size per step)
-            for t in tensors:
+            for t in tensors + (flat or []):
                 t.fill_(1.0)
             expected = 1.0
         if not barrier_and_decide(rank, go_on):
             break
         t0 = time.perf_counter()
-        step(tensors, names)
+        enq = step(tensors, names)
         dt = time.perf_counter() - t0
+        if paired:
+            barrier_and_decide(rank, True)
+            t1 = time.perf_counter()
+            step_torch_flat(flat, None)
+            dt_flat = time.perf_counter() - t1
         expected *= size
         if i == 0:
             # one correctness check per cell: every element of the first and last tensor
-            for t in (tensors[0], tensors[-1]):
+            for t in (tensors[0], tensors[-1]) + ((flat[0],) if paired else ()):
                 if not torch.all(t == expected):
                     raise RuntimeError(
                         f"rank {rank}: {impl} on {workload}: wrong result (expected {expected}, "
                         f"got values in [{t.min().item()}, {t.max().item()}])")
         if i >= warmup:
-            times.append(dt)
+            out["times"].append(dt)
+            if enq is not None:
+                out["enqueue"].append(enq)
+            if paired:
+                out["paired_flat"].append(dt_flat)
         i += 1
-    del tensors
-    return times
+    del tensors, flat
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,6 +292,10 @@ def parse_args(argv=None):
                    help="split each cell's steps over this many interleaved rounds of all "
                         "implementations, so slow drifts in machine load hit all alike "
                         "(default 3)")
+    p.add_argument("--no-paired", dest="paired", action="store_false",
+                   help="do not time a torch_flat step next to each hvdlite step (those pairs "
+                        "give a ratio to the flat limit that machine-load swings mostly cancel "
+                        "out of; that flat step runs while hvdlite's idle loop is alive)")
     p.add_argument("--verbose", action="store_true", help="print each cell as it finishes")
     p.add_argument("--bert-layers", type=int, default=12,
                    help="encoder layers of the BERT workload (default 12 = BERT-base)")
@@ -343,6 +367,8 @@ def main(argv=None):
     # hvdlite costs ~30 ms.  The first round runs the full warm-up, later ones one step (the
     # restarted runtime has an empty response cache).
     results = {}
+    enqueue = {}      # hvdlite: seconds of each step spent in the allreduce_async_ calls
+    paired = {}       # hvdlite: (step, adjacent torch_flat step) pairs
     round_medians = {}
     t_start = time.perf_counter()
     rounds = max(1, args.rounds)
@@ -359,10 +385,14 @@ def main(argv=None):
                 if share == 0:
                     continue
                 for impl in impls:
-                    times = run_cell(impl, w, shapes[w], warmup if rnd == 0 else min(1, warmup),
-                                     share, args.max_seconds / rounds, -(-3 // rounds), rank,
-                                     size)
+                    cell = run_cell(impl, w, shapes[w], warmup if rnd == 0 else min(1, warmup),
+                                    share, args.max_seconds / rounds, -(-3 // rounds), rank,
+                                    size, paired=impl.startswith("hvdlite") and args.paired)
+                    times = cell["times"]
                     results.setdefault((w, impl), []).extend(times)
+                    enqueue.setdefault((w, impl), []).extend(cell["enqueue"])
+                    paired.setdefault((w, impl), []).extend(
+                        zip(times, cell["paired_flat"]))
                     round_medians.setdefault((w, impl), []).append(
                         1e3 * statistics.median(times))
                     if rank == 0 and args.verbose:
@@ -395,6 +425,12 @@ def main(argv=None):
                 "ratio_to_flat": med / flat,
                 "speedup_vs_per_tensor": (per_tensor / med) if per_tensor else None,
             })
+            enq, pairs = enqueue.get((w, impl)), paired.get((w, impl))
+            if enq:
+                rows[-1]["ms_enqueue_median"] = 1e3 * statistics.median(enq)
+            if pairs:
+                rows[-1]["paired_flat_ms_median"] = 1e3 * statistics.median(f for _, f in pairs)
+                rows[-1]["paired_ratio_to_flat"] = statistics.median(h / f for h, f in pairs)
 
     if rank == 0:
         print_table(rows, size, fusion_cfg, cycle_ms, elapsed)
@@ -418,6 +454,10 @@ def targets(rows):
     if r:
         out["resnet50_fusion_ratio_to_flat"] = {"value": r["ratio_to_flat"], "target": "<= 1.25",
                                                 "met": r["ratio_to_flat"] <= 1.25}
+        if r.get("paired_ratio_to_flat"):
+            v = r["paired_ratio_to_flat"]
+            out["resnet50_fusion_paired_ratio_to_flat"] = {"value": v, "target": "<= 1.25",
+                                                       "met": v <= 1.25}
     r, raw = by.get(("tiny1000", "hvdlite_fusion")), by.get(("tiny1000", "torch_per_tensor"))
     raw_sync = by.get(("tiny1000", "torch_per_tensor_sync"))
     if r and (raw or raw_sync):
@@ -434,7 +474,8 @@ def print_table(rows, size, fusion_cfg, cycle_ms, elapsed):
     print(f"allreduce benchmark: np={size}, fp32 Sum, fusion threshold {fusion_cfg / MiB:g} MiB, "
           f"cycle {cycle_ms:g} ms, {elapsed:.0f} s")
     head = (f"{'workload':<10s} {'impl':<22s} {'tensors':>7s} {'MiB':>7s} {'n':>3s} "
-            f"{'ms/step':>9s} {'mean':>9s} {'min':>9s} {'GB/s':>7s} {'x flat':>7s} {'vs per-t':>8s}")
+            f"{'ms/step':>9s} {'mean':>9s} {'min':>9s} {'GB/s':>7s} {'x flat':>7s} "
+            f"{'paired':>7s} {'vs per-t':>8s} {'enqueue':>8s}")
     print(head)
     print("-" * len(head))
     last = None
@@ -443,14 +484,18 @@ def print_table(rows, size, fusion_cfg, cycle_ms, elapsed):
             print()
         last = r["workload"]
         sp = r["speedup_vs_per_tensor"]
+        pr = r.get("paired_ratio_to_flat")
+        enq = r.get("ms_enqueue_median")
         print(f"{r['workload']:<10s} {r['impl']:<22s} {r['tensors']:>7d} "
               f"{r['bytes'] / MiB:>7.1f} {r['iters']:>3d} {r['ms_median']:>9.2f} "
-              f"{r['ms_mean']:>9.2f} {r['ms_min']:>9.2f} {r['gb_per_s']:>7.3f} {r['ratio_to_flat']:>7.2f} "
-              f"{(f'{sp:.1f}x' if sp else '-'):>8s}")
+              f"{r['ms_mean']:>9.2f} {r['ms_min']:>9.2f} {r['gb_per_s']:>7.3f} "
+              f"{r['ratio_to_flat']:>7.2f} {(f'{pr:.2f}' if pr else '-'):>7s} "
+              f"{(f'{sp:.1f}x' if sp else '-'):>8s} {(f'{enq:.2f}' if enq else '-'):>8s}")
     print()
     print("ms/step = median per step (rank 0), n steps pooled over the rounds; GB/s = algorithmic "
-          "bytes / median;\nx flat = median / torch_flat median; vs per-t = torch_per_tensor "
-          "median / median")
+          "bytes / median;\nx flat = median / torch_flat median; paired = median over steps of "
+          "(hvdlite step / torch_flat step timed right after it);\nvs per-t = torch_per_tensor "
+          "median / median; enqueue = median ms of a step spent in the allreduce_async_ calls")
     for k, v in targets(rows).items():
         print(f"target {k}: {v['value']:.2f} (want {v['target']}) -> "
               f"{'MET' if v['met'] else 'MISSED'}")
