@@ -9,18 +9,8 @@ from typing import Callable, Dict, List
 
 from hvdlite.common import fusion
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
-from hvdlite.common.fusion import itemsize, numel
+from hvdlite.common.fusion import _t, itemsize, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
-
-_torch = None
-
-
-def _t():
-    global _torch
-    if _torch is None:
-        import torch
-        _torch = torch
-    return _torch
 
 
 def _chunks(sizes, chunk_elems: int):
