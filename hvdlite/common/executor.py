@@ -32,6 +32,10 @@ class Executor:
         self.rank = backend.rank
         self.size = backend.size
 
+    def enter_thread(self) -> None:
+        """Set up the background thread: its copies and reductions are never autograd ops."""
+        _t().set_grad_enabled(False)
+
     def run(self, group: List[Response], entries: Dict[str, object],
             complete: Callable, fail: Callable) -> None:
         first = group[0]

@@ -103,6 +103,7 @@ class Runtime:
     def _main(self) -> None:
         period = self.config.cycle_time_ms / 1000.0
         try:
+            self.executor.enter_thread()
             while True:
                 start = time.monotonic()
                 if not self._cycle_once():

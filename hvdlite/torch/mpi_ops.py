@@ -266,8 +266,12 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     ctx = None
     if compression is not None:
         tensor, ctx = compression.compress(tensor)
-    out = synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                      postscale_factor, process_set))
+    if _tracks_grad(tensor):
+        out = _AllreduceGrad.apply(tensor, average, name, op, prescale_factor, postscale_factor,
+                                   process_set)
+    else:
+        out = synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                          postscale_factor, process_set))
     if compression is not None:
         out = compression.decompress(out, ctx)
     return out
@@ -333,6 +337,9 @@ def allgather_async(tensor, name=None, process_set=None) -> Handle:
 
 
 def allgather(tensor, name=None, process_set=None):
+    """Concatenate every rank's ``tensor`` along dim 0 (differentiable)."""
+    if _tracks_grad(tensor):
+        return _AllgatherGrad.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
@@ -380,6 +387,9 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
+    """The root's ``tensor`` on every rank, in a new tensor (differentiable)."""
+    if _tracks_grad(tensor):
+        return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
@@ -460,6 +470,73 @@ def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0,
                           postscale_factor=1.0, process_set=None):
     return synchronize(grouped_reducescatter_async(tensors, op, name, prescale_factor,
                                                    postscale_factor, process_set))
+
+
+# -- autograd ---------------------------------------------------------------------------------
+def _tracks_grad(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+def _grad_name(name, what: str):
+    return None if name is None else f"{name}.{what}"
+
+
+class _AllreduceGrad(torch.autograd.Function):
+    """allreduce whose gradient is the allreduce (same op and scaling) of the output gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale, postscale, process_set):
+        ctx.args = (average, name, op, prescale, postscale, process_set)
+        if _reduce_op(average, op, name or "allreduce") not in (Average, Sum):
+            ctx.args = None
+        return synchronize(allreduce_async(tensor.detach(), average, name, op, prescale,
+                                           postscale, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.args is None:
+            raise NotImplementedError("the gradient of allreduce is defined for hvd.Average "
+                                      "and hvd.Sum only")
+        average, name, op, pre, post, ps = ctx.args
+        out = synchronize(allreduce_async(grad.contiguous(), average, _grad_name(name, "grad"),
+                                          op, pre, post, ps))
+        return out, None, None, None, None, None, None
+
+
+class _AllgatherGrad(torch.autograd.Function):
+    """allgather whose gradient is this rank's slice of the averaged output gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows, ctx.name, ctx.process_set = tensor.shape[0], name, process_set
+        return synchronize(allgather_async(tensor.detach(), name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(ctx.name, "grad"),
+                                              op=Average, process_set=ctx.process_set))
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows]),
+                                           name=_grad_name(ctx.name, "grad.rows"),
+                                           process_set=ctx.process_set))
+        offset = int(rows[:rank()].sum())
+        return reduced.narrow(0, offset, ctx.rows), None, None
+
+
+class _BroadcastGrad(torch.autograd.Function):
+    """broadcast whose gradient flows (averaged over ranks) to the root only."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.name, ctx.process_set = root_rank, name, process_set
+        return synchronize(broadcast_async(tensor.detach(), root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(ctx.name, "grad"),
+                                              op=Average, process_set=ctx.process_set))
+        if rank() != ctx.root:
+            reduced.zero_()
+        return reduced, None, None, None
 
 
 # -- handles, join, barrier ------------------------------------------------------------------

@@ -325,6 +325,46 @@ def check_unnamed_ops():
     assert c.tolist() == [0.0]
 
 
+def check_autograd():
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    y = hvd.allreduce(x, op=hvd.Sum, name="grad.ar")
+    (y * torch.arange(3.0)).sum().backward()
+    # d/dx_r of sum_q (sum_p x_p) . w, every rank with the same w: the summed gradient
+    assert x.grad.tolist() == [0.0 * n, 1.0 * n, 2.0 * n], x.grad
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    g = hvd.allgather(x, name="grad.ag")
+    assert g.shape == (sum(q + 1 for q in range(n)), 2) and g.requires_grad
+    (g * 2).sum().backward()
+    assert x.grad.tolist() == [[2.0, 2.0]] * (r + 1), x.grad
+    x = torch.ones(2, requires_grad=True)
+    b = hvd.broadcast(x, root_rank=0, name="grad.bc")
+    b.sum().backward()
+    assert x.grad.tolist() == ([1.0, 1.0] if r == 0 else [0.0, 0.0]), x.grad
+
+
+def check_torch_distributed_coexists():
+    """The runtime leaves torch.distributed's default group to the user (e.g. for DDP)."""
+    import socket
+    import torch.distributed as dist
+    if hvd.size() == 1 or hvd.mpi_enabled():
+        return
+    port = torch.tensor([0])
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    hvd.broadcast_(port, 0, name="coexist.port")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port)}",
+                            rank=hvd.rank(), world_size=hvd.size())
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    h = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="coexist")
+    assert t.tolist() == [float(hvd.size())] * 2
+    assert hvd.synchronize(h).tolist() == [float(hvd.size())] * 2
+    dist.destroy_process_group()
+
+
 def check_identity():
     n = hvd.size()
     assert 0 <= hvd.rank() < n and hvd.local_size() * hvd.cross_size() == n
