@@ -36,6 +36,7 @@ GLOO_IFACE = "HVDLITE_GLOO_IFACE"
 CPU_OPERATIONS = "HVDLITE_CPU_OPERATIONS"
 FUSION_THRESHOLD = "HVDLITE_FUSION_THRESHOLD"
 FUSION_CHUNK = "HVDLITE_FUSION_CHUNK_BYTES"
+INPLACE_THRESHOLD = "HVDLITE_INPLACE_THRESHOLD"
 CYCLE_TIME = "HVDLITE_CYCLE_TIME"
 CACHE_CAPACITY = "HVDLITE_CACHE_CAPACITY"
 OP_TIMEOUT = "HVDLITE_OP_TIMEOUT_SECONDS"
@@ -105,6 +106,10 @@ class Config:
     fusion_threshold_bytes: int = 128 * 1024 * 1024
     #: fused allreduces are pipelined (pack / reduce / unpack overlapped) in chunks this big.
     fusion_chunk_bytes: int = 16 * 1024 * 1024
+    #: within a fused group, tensors at least this big are reduced where they lie instead of
+    #: being copied through the fusion buffer (a copy costs more than their own collective);
+    #: 0 packs everything, as Horovod does.
+    inplace_threshold_bytes: int = 2 * 1024 * 1024
     #: period of the background loop.
     cycle_time_ms: float = 1.0
     #: response cache entries; 0 turns the cache off.
@@ -133,6 +138,8 @@ class Config:
             raise HvdliteConfigError(f"{FUSION_THRESHOLD} must be >= 0 bytes")
         if self.fusion_chunk_bytes < 1:
             raise HvdliteConfigError(f"{FUSION_CHUNK} must be >= 1 byte")
+        if self.inplace_threshold_bytes < 0:
+            raise HvdliteConfigError(f"{INPLACE_THRESHOLD} must be >= 0 bytes")
         if self.cycle_time_ms < 0:
             raise HvdliteConfigError(f"{CYCLE_TIME} must be >= 0 ms")
         if self.cache_capacity < 0:
@@ -184,6 +191,7 @@ class Config:
             cpu_operations=get(CPU_OPERATIONS, str, "").lower(),
             fusion_threshold_bytes=get(FUSION_THRESHOLD, int, 128 * 1024 * 1024),
             fusion_chunk_bytes=get(FUSION_CHUNK, int, 16 * 1024 * 1024),
+            inplace_threshold_bytes=get(INPLACE_THRESHOLD, int, 2 * 1024 * 1024),
             cycle_time_ms=get(CYCLE_TIME, float, 1.0),
             cache_capacity=get(CACHE_CAPACITY, int, 1024),
             op_timeout_s=get(OP_TIMEOUT, float, 60.0),

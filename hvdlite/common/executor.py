@@ -25,7 +25,9 @@ def _chunks(sizes, chunk_elems: int):
 
 
 class Executor:
-    def __init__(self, backend, buffers: fusion.FusionBuffers, chunk_bytes: int):
+    def __init__(self, backend, buffers: fusion.FusionBuffers, chunk_bytes: int,
+                 direct_bytes: int):
+        self.direct_bytes = direct_bytes
         self.chunk_bytes = chunk_bytes
         self.backend = backend
         self.buffers = buffers
@@ -76,22 +78,53 @@ class Executor:
         self.backend.allreduce_(buf, ReduceOp.SUM if op == ReduceOp.AVERAGE else ReduceOp(op))
         fusion.scale_(buf, self._post_factor(resp))
 
+    @staticmethod
+    def _target(resp: Response, entry):
+        """The flat tensor this rank reduces for ``resp``: its output holding its input, or
+        a neutral stand-in (result discarded) when this rank has joined."""
+        if entry is None:
+            return _t().full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
+                             dtype=fusion.dtype_of(resp.dtype))
+        if entry.output is not entry.tensor:
+            entry.output.copy_(entry.tensor)
+        return entry.output.view(-1)
+
     def _allreduce(self, group, entries, complete) -> None:
-        torch = _t()
         first = group[0]
         if len(group) == 1:
             entry = entries.get(first.name)
-            if entry is None:
-                scratch = torch.full(first.shape, fusion.neutral(first.dtype, first.reduce_op),
-                                     dtype=fusion.dtype_of(first.dtype))
-                self._reduce(scratch, first)
-                return
-            out = entry.output
-            if out is not entry.tensor:
-                out.copy_(entry.tensor)
-            self._reduce(out.view(-1), first)
-            complete(entry, out)
+            self._reduce(self._target(first, entry), first)
+            if entry is not None:
+                complete(entry, entry.output)
             return
+        op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else ReduceOp(first.reduce_op)
+        post = self._post_factor(first)
+        # Tensors big enough that a copy costs more than a collective of their own are
+        # reduced where they lie; the rest are packed.  The split depends on sizes only, so
+        # every rank (a joined one too) issues the same collectives in the same order.
+        in_flight_direct = []
+        if self.direct_bytes:
+            packed = []
+            for resp in group:
+                if resp.nbytes < self.direct_bytes:
+                    packed.append(resp)
+                    continue
+                entry = entries.get(resp.name)
+                flat = self._target(resp, entry)
+                fusion.scale_(flat, first.prescale)
+                in_flight_direct.append((self.backend.allreduce_async_(flat, op), flat, entry))
+            group = packed
+        if group:
+            self._allreduce_packed(group, entries, complete, op, post)
+        for work, flat, entry in in_flight_direct:
+            work.wait()
+            fusion.scale_(flat, post)
+            if entry is not None:
+                complete(entry, entry.output)
+
+    def _allreduce_packed(self, group, entries, complete, op, post) -> None:
+        torch = _t()
+        first = group[0]
         sizes = [r.numel for r in group]
         buf = self.buffers.get(first.dtype, sum(sizes))
         flats, out_flats, done = [], [], []
@@ -110,8 +143,6 @@ class Executor:
                 done.append(entry)
         # Pipeline: pack chunk k+1 while chunk k is on the wire, unpack chunk k while
         # chunk k+1 is; each chunk's handles complete as soon as its data is back.
-        op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else ReduceOp(first.reduce_op)
-        post = self._post_factor(first)
         in_flight = []
         for lo, hi, off, count in _chunks(sizes, self.chunk_bytes // itemsize(first.dtype)):
             region = buf[off:off + count]

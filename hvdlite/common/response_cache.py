@@ -8,7 +8,7 @@ vector), every rank can execute the stored response without negotiating.
 """
 
 import collections
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from hvdlite.common.message import Request, Response
 

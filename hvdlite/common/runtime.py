@@ -27,9 +27,9 @@ import numpy as np
 from hvdlite.common import fusion
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
-from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError, HvdliteStallError)
+from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
 from hvdlite.common.executor import Executor
-from hvdlite.common.message import OpType, Request, Response, decode_requests, encode_requests
+from hvdlite.common.message import Response, decode_requests, encode_requests
 from hvdlite.common.response_cache import ResponseCache
 from hvdlite.common.tensor_queue import Entry, TensorQueue
 
@@ -55,7 +55,8 @@ class Runtime:
         self.queue = TensorQueue()
         self.controller = Controller(self.size)
         self.cache = ResponseCache(config.cache_capacity)
-        self.executor = Executor(backend, fusion.FusionBuffers(), config.fusion_chunk_bytes)
+        self.executor = Executor(backend, fusion.FusionBuffers(), config.fusion_chunk_bytes,
+                                 config.inplace_threshold_bytes)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()

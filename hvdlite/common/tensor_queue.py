@@ -8,7 +8,7 @@ flight once: pushing it again before it completes is refused at once.
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from hvdlite.common.exceptions import HvdliteDuplicateNameError, HvdliteInternalError
+from hvdlite.common.exceptions import HvdliteDuplicateNameError
 from hvdlite.common.message import Request
 
 

@@ -66,6 +66,7 @@ class Settings:
 # flag dest -> (HVDLITE_* variable, converter to the variable's text)
 TUNABLE_FLAGS = {
     "fusion_threshold_mb": (cfg.FUSION_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
+    "inplace_threshold_mb": (cfg.INPLACE_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
     "fusion_chunk_mb": (cfg.FUSION_CHUNK, lambda v: str(max(1, int(float(v) * 1024 * 1024)))),
     "cycle_time_ms": (cfg.CYCLE_TIME, str),
     "cache_capacity": (cfg.CACHE_CAPACITY, str),
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("tunable parameters")
     t.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
                    help="fusion buffer size in MiB (0: off; default 128)")
+    t.add_argument("--inplace-threshold-mb", type=float, metavar="MB",
+                   help="reduce fused tensors at least this big in place instead of copying "
+                        "them through the fusion buffer (0: always copy; default 2)")
     t.add_argument("--fusion-chunk-mb", type=float, metavar="MB",
                    help="pipeline fused allreduces in chunks of this many MiB (default 16)")
     t.add_argument("--cycle-time-ms", type=float, metavar="MS",

@@ -22,8 +22,7 @@ import hmac
 import io
 import json
 import logging
-import pickle
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import torch
 

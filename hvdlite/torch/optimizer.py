@@ -31,7 +31,7 @@ import contextlib
 import logging
 import warnings
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 

@@ -12,7 +12,6 @@ In eval mode, or when ``size() == 1``, it behaves exactly like
 """
 
 import torch
-import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hvdlite.torch import mpi_ops

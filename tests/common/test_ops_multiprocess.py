@@ -50,6 +50,14 @@ def test_pipelined_chunks_of_a_fused_buffer(tmp_path):
 
 
 @pytest.mark.timeout(240)
+def test_big_tensors_of_a_fused_group_reduced_in_place(tmp_path):
+    # 16 bytes: most test tensors take the in-place path, the smaller ones stay packed
+    proc = run_job(2, "ops_worker.py", "--only", ",".join(FUSION_CHECKS),
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_INPLACE_THRESHOLD": "16"})
+    assert_ok(proc, FUSION_CHECKS, [0, 1])
+
+
+@pytest.mark.timeout(240)
 def test_fusion_and_cache_off(tmp_path):
     checks = FUSION_CHECKS + ["mismatch_errors"]
     proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),

@@ -1,6 +1,5 @@
 """The command line: flags, --config-file, -x, --check-build, and quick clear errors."""
 
-import os
 import sys
 import time
 

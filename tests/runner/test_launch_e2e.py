@@ -1,6 +1,5 @@
 """End-to-end launches through the real hvdlite-run: local and over a real sshd."""
 
-import os
 import re
 import signal
 import subprocess

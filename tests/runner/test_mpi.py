@@ -1,7 +1,6 @@
 """MPI mode: the mpiexec command per flavour, and a real run under MPICH's Hydra."""
 
 import re
-import shutil
 
 import pytest
 

@@ -3,7 +3,6 @@ replayed and malformed frames: each is rejected, nothing changes, the service st
 
 import hashlib
 import hmac
-import json
 import os
 import random
 import socket

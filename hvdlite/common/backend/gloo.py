@@ -6,9 +6,7 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 
 import datetime
 import logging
-from typing import List
 
-import numpy as np
 import torch
 import torch.distributed as dist
 

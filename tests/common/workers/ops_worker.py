@@ -13,8 +13,7 @@ import traceback
 import torch
 
 import hvdlite.torch as hvd
-from hvdlite.common.exceptions import (HvdliteDuplicateNameError, HvdliteInternalError,
-                                       HvdliteMismatchError)
+from hvdlite.common.exceptions import (HvdliteDuplicateNameError, HvdliteMismatchError)
 
 torch.set_num_threads(1)
 
