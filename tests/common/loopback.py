@@ -1,0 +1,81 @@
+"""A Backend for N ranks that are threads of one process (tests only).
+
+Each collective: every rank deposits its contribution, waits at a barrier,
+computes its result from all deposits, and waits again before the slots are
+reused.  A barrier that times out (a rank never arrived) raises
+HvdliteInternalError, like a dead peer does on a real transport.
+"""
+
+import collections
+import threading
+
+import numpy as np
+import torch
+
+from hvdlite.common.backend.base import Backend
+from hvdlite.common.exceptions import HvdliteInternalError
+from hvdlite.common.message import ReduceOp
+
+_REDUCE = {ReduceOp.SUM: lambda s: torch.stack(s).sum(0),
+           ReduceOp.MIN: lambda s: torch.stack(s).min(0).values,
+           ReduceOp.MAX: lambda s: torch.stack(s).max(0).values,
+           ReduceOp.PRODUCT: lambda s: torch.stack(s).prod(0)}
+
+
+class Hub:
+    def __init__(self, size: int, timeout_s: float = 10.0):
+        self.size = size
+        self.slots = [None] * size
+        self.barrier = threading.Barrier(size, timeout=timeout_s)
+        self.calls = collections.Counter()   # by kind, counted by rank 0, for traffic checks
+
+
+class LoopbackBackend(Backend):
+    name = "loopback"
+
+    def __init__(self, hub: Hub, rank: int):
+        self.hub = hub
+        self.rank, self.size = rank, hub.size
+        self.local_rank, self.local_size = rank, hub.size
+        self.cross_rank, self.cross_size = 0, 1
+
+    def _exchange(self, contribution, kind: str):
+        hub = self.hub
+        hub.slots[self.rank] = contribution
+        try:
+            hub.barrier.wait()
+            slots = list(hub.slots)
+            hub.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise HvdliteInternalError(f"rank {self.rank}: a peer thread never arrived") from None
+        if self.rank == 0:
+            hub.calls[kind] += 1
+        return slots
+
+    def control_allreduce_min(self, vec):
+        return np.minimum.reduce(self._exchange(vec.copy(), 'control_allreduce'))
+
+    def _allgather_fixed(self, buf):
+        return np.concatenate(self._exchange(buf.copy(), 'control_allgather'))
+
+    def allreduce_(self, tensor, op):
+        slots = self._exchange(tensor.clone(), 'allreduce')
+        tensor.copy_(_REDUCE[ReduceOp(op)](slots))
+
+    def allgather_bytes(self, send, counts):
+        return self._exchange(send.clone(), 'allgather')
+
+    def broadcast_(self, tensor, root):
+        tensor.copy_(self._exchange(tensor.clone(), 'broadcast')[root])
+
+    def alltoall_bytes(self, send, send_counts, recv_counts):
+        slots = self._exchange((send.clone(), list(send_counts)), 'alltoall')
+        parts = []
+        for data, counts in slots:
+            start = sum(counts[:self.rank])
+            parts.append(data[start:start + counts[self.rank]])
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    def crash(self):
+        """Simulate this rank dying: every peer's pending collective fails."""
+        self.hub.barrier.abort()
