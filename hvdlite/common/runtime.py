@@ -117,7 +117,10 @@ class Runtime:
                     # Nothing of ours is pending, so no collective can complete before this
                     # rank submits something, and submitting wakes us: sleep long and spare
                     # the CPU for training.  Peers' shutdowns are still seen within the bound.
-                    self._wake.wait(_IDLE_WAIT_S)
+                    if self._wake.wait(_IDLE_WAIT_S) and period > 0 and not self._stop.is_set():
+                        # woken by a submission: give the rest of the burst one cycle
+                        # time to arrive so it negotiates and fuses together
+                        time.sleep(period)
                 self._wake.clear()
         except BaseException as exc:  # delivered to every handle, never swallowed
             if isinstance(exc, HvdliteError):
