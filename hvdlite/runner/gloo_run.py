@@ -14,7 +14,6 @@ Either way, when any rank fails every other rank's process tree is ended on
 every host and the launcher names the rank, its host and its exit code or signal.
 """
 
-import datetime
 import logging
 import os
 import signal
@@ -31,6 +30,9 @@ import psutil
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
+# the output and exit helpers are shared with MPI mode's per-rank wrapper
+from hvdlite.runner.rank_output import (OutputSink, describe_exit, exit_status,  # noqa: F401
+                                        pump_lines)
 from hvdlite.runner.rendezvous import KVStoreService
 from hvdlite.runner.secure import new_key
 from hvdlite.runner.service import ServiceError
@@ -50,85 +52,6 @@ def slot_env(slot: SlotInfo, base_env: Dict[str, str], job_env: Dict[str, str]) 
                             slot.cross_rank, slot.cross_size, slot.hostname))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def exit_status(code: int) -> int:
-    """Our own exit status for a failed rank's code (signals map to 128+N)."""
-    return code if code > 0 else 128 - code
-
-
-class OutputSink:
-    """Where rank output lines go: prefixed to our stdout/stderr, optionally to files.
-
-    ``write`` takes one whole line; a lock keeps lines from interleaving.
-    """
-
-    def __init__(self, out=None, err=None, output_dir: Optional[str] = None,
-                 timestamp: bool = False):
-        self._out = out if out is not None else sys.stdout.buffer
-        self._err = err if err is not None else sys.stderr.buffer
-        self._output_dir = output_dir
-        self._timestamp = timestamp
-        self._files: Dict[Tuple[int, str], object] = {}
-        self._lock = threading.Lock()
-        self.broken = threading.Event()
-
-    def write(self, rank: int, stream: str, line: bytes) -> None:
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        prefix = f"[{rank}]<{stream}>:".encode()
-        if self._timestamp:
-            prefix = datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y").encode() + prefix
-        sink = self._out if stream == "stdout" else self._err
-        with self._lock:
-            try:
-                sink.write(prefix + line)
-                sink.flush()
-            except (OSError, ValueError):
-                self.broken.set()
-            if self._output_dir:
-                f = self._files.get((rank, stream))
-                if f is None:
-                    rank_dir = os.path.join(self._output_dir, f"rank.{rank}")
-                    os.makedirs(rank_dir, exist_ok=True)
-                    f = self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
-                f.write(line)
-                f.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
-
-
-def pump_lines(stream, on_line: Callable[[bytes], None], name: str) -> threading.Thread:
-    """Start a thread that hands each line of ``stream`` to ``on_line`` until EOF."""
-
-    def run():
-        try:
-            for line in iter(stream.readline, b""):
-                on_line(line)
-        except (OSError, ValueError):
-            pass
-        finally:
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
-    return t
 
 
 def kill_tree(proc: psutil.Process, grace_s: float = TERMINATE_GRACE_S) -> None:

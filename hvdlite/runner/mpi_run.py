@@ -2,11 +2,17 @@
 
 The flavour is detected from ``mpiexec --version``: MPICH's Hydra, Open MPI,
 or Intel MPI (Hydra-based, ``-genv`` too).  Each gets its own flags for
-hosts/slots, environment and output tagging.  Rank identity comes from MPI
-itself; the launcher only passes the tunables and ``HVDLITE_CPU_OPERATIONS=mpi``.
+hosts/slots and environment.  Rank identity comes from MPI itself; the launcher
+only passes the tunables and ``HVDLITE_CPU_OPERATIONS=mpi``.
+
+Output is tagged as in Gloo mode, ``[rank]<stdout>:`` / ``[rank]<stderr>:`` with
+whole lines, not by mpiexec: every rank runs under the small wrapper of
+:mod:`hvdlite.runner.rank_output`, which also writes ``--output-filename``'s
+``DIR/rank.N/stdout|stderr`` files (on the rank's host).
 """
 
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -20,6 +26,7 @@ import psutil
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.rank_output import describe_exit, exit_status, wrapper_command
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +63,14 @@ def detect_flavor(mpiexec: str, timeout_s: float = 10.0) -> str:
 def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
                   env: Dict[str, str], env_names: Sequence[str], mpi_args: Sequence[str],
                   command: Sequence[str], ssh_port: Optional[int] = None,
-                  identity_file: Optional[str] = None) -> List[str]:
+                  identity_file: Optional[str] = None, output_dir: Optional[str] = None,
+                  timestamp: bool = False, python: str = sys.executable) -> List[str]:
     """The full mpiexec command line (pure function, for tests and --verbose).
 
     ``env`` values are set for every rank; ``env_names`` are passed through
-    from the launcher's environment by name.
+    from the launcher's environment by name.  ``command`` runs under the
+    output wrapper (started with ``python``), so mpiexec's own output tagging
+    stays off.
     """
     host_list = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
     ssh = None
@@ -69,7 +79,7 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
               (f" -i {shlex.quote(identity_file)}" if identity_file else "")
     if flavor == OPENMPI:
         cmd = [mpiexec, "--allow-run-as-root", "-np", str(np), "-H", host_list,
-               "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+               "--bind-to", "none", "--map-by", "slot"]
         if ssh:
             cmd += ["-mca", "plm_rsh_args", ssh[len("ssh "):]]
         for k, v in env.items():
@@ -77,21 +87,26 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
         for name in env_names:
             cmd += ["-x", name]
     else:  # Hydra and Intel MPI share the Hydra flags
-        cmd = [mpiexec, "-n", str(np), "-hosts", host_list, "-prepend-rank"]
+        cmd = [mpiexec, "-n", str(np), "-hosts", host_list]
         if ssh:
             cmd += ["-launcher", "ssh", "-launcher-exec", ssh]
         for k, v in env.items():
             cmd += ["-genv", k, v]
         if env_names:
             cmd += ["-genvlist" if flavor == INTEL else "-envlist", ",".join(env_names)]
-    return cmd + list(mpi_args) + list(command)
+    return cmd + list(mpi_args) + wrapper_command(command, output_dir, timestamp, python)
 
 
 def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
                tunable_env: Dict[str, str], env_names: Sequence[str],
                mpi_args: Sequence[str], ssh_port: Optional[int] = None,
-               identity_file: Optional[str] = None, verbose: bool = False) -> int:
+               identity_file: Optional[str] = None, verbose: bool = False,
+               output_dir: Optional[str] = None, timestamp: bool = False) -> int:
     """Run the job under mpiexec; returns its exit code.
+
+    ``output_dir`` (``--output-filename``) is made absolute here: each rank's
+    wrapper writes ``output_dir/rank.N/`` on its own host, so for remote hosts
+    it must be a shared path.
 
     Raises:
         HvdliteConfigError: no mpiexec on PATH, or an unknown flavour.
@@ -103,12 +118,11 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
     flavor = detect_flavor(mpiexec)
     env = dict(tunable_env)
     env[cfg.CPU_OPERATIONS] = "mpi"
-    # PYTHONUNBUFFERED off (empty): unbuffered print() writes text and newline separately,
-    # and Hydra's -prepend-rank then splits the line; print(..., flush=True) is one write.
-    env["PYTHONUNBUFFERED"] = ""
     names = [n for n in env_names if n not in env]
     cmd = build_command(flavor, mpiexec, np, hosts, env, names, mpi_args, command,
-                        ssh_port, identity_file)
+                        ssh_port, identity_file,
+                        output_dir=os.path.abspath(output_dir) if output_dir else None,
+                        timestamp=timestamp)
     if verbose:
         sys.stderr.write(f"hvdlite-run: {flavor}: {' '.join(shlex.quote(c) for c in cmd)}\n")
     proc = subprocess.Popen(cmd, start_new_session=True)
@@ -144,8 +158,7 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
     if stopped.is_set():
         return 130
     if code != 0:
-        from hvdlite.runner.gloo_run import describe_exit
         sys.stderr.write(f"hvdlite-run: mpiexec ({flavor}) {describe_exit(code)}; see the "
                          f"rank-tagged output above for the failing rank.\n")
-        return code if code > 0 else 128 - code
+        return exit_status(code)
     return 0
