@@ -359,7 +359,8 @@ def run(settings: Settings) -> int:
         return launch_mpi(settings.np, used, settings.command, env, names,
                           settings.mpi_args, ssh_port=settings.ssh_port
                           if settings.ssh_port != 22 else None,
-                          identity_file=settings.ssh_identity_file, verbose=settings.verbose)
+                          identity_file=settings.ssh_identity_file, verbose=settings.verbose,
+                          output_dir=settings.output_dir, timestamp=settings.timestamp_output)
     from hvdlite.runner import gloo_run
     if all(is_local(h.hostname) for h in used):
         if settings.verbose:

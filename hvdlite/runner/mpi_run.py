@@ -34,7 +34,14 @@ HYDRA, OPENMPI, INTEL = "mpich-hydra", "openmpi", "intel-mpi"
 
 
 def find_mpiexec() -> Optional[str]:
-    return shutil.which("mpiexec") or shutil.which("mpirun")
+    """mpiexec on PATH, else the one beside this interpreter (the ``mpich`` wheel puts it in
+    the virtual environment's bin/, which need not be on PATH)."""
+    here = os.path.dirname(sys.executable)
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name) or shutil.which(name, path=here)
+        if found:
+            return found
+    return None
 
 
 def detect_flavor(mpiexec: str, timeout_s: float = 10.0) -> str:
