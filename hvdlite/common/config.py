@@ -31,6 +31,7 @@ RENDEZVOUS_PORT = "HVDLITE_RENDEZVOUS_PORT"
 SECRET_KEY = "HVDLITE_SECRET_KEY"          # hex; never on a command line
 JOB_ID = "HVDLITE_JOB_ID"
 GLOO_IFACE = "HVDLITE_GLOO_IFACE"
+GLOO_THREADS = "HVDLITE_GLOO_THREADS"
 
 # --- tunables (each has a launcher flag) ---
 CPU_OPERATIONS = "HVDLITE_CPU_OPERATIONS"
@@ -100,6 +101,9 @@ class Config:
     job_id: str = "job"
     #: network interface Gloo binds to (the launcher picks one routable between all hosts)
     gloo_iface: str = ""
+    #: Gloo worker threads: collectives in flight at once (more hides per-op latency when a
+    #: fused group is sent as several pieces)
+    gloo_threads: int = 4
     #: "" picks automatically: MPI under mpiexec, Gloo under hvdlite-run.
     cpu_operations: str = ""
     #: largest fused allreduce buffer; 0 turns fusion off.
@@ -144,6 +148,8 @@ class Config:
             raise HvdliteConfigError(f"{CYCLE_TIME} must be >= 0 ms")
         if self.cache_capacity < 0:
             raise HvdliteConfigError(f"{CACHE_CAPACITY} must be >= 0")
+        if self.gloo_threads < 1:
+            raise HvdliteConfigError(f"{GLOO_THREADS} must be at least 1")
         if self.op_timeout_s <= 0:
             raise HvdliteConfigError(f"{OP_TIMEOUT} must be > 0 seconds")
         if self.cpu_operations not in ("", "gloo", "mpi", "local"):
@@ -188,6 +194,7 @@ class Config:
             secret_key=key,
             job_id=get(JOB_ID, str, "job"),
             gloo_iface=get(GLOO_IFACE, str, ""),
+            gloo_threads=get(GLOO_THREADS, int, 4),
             cpu_operations=get(CPU_OPERATIONS, str, "").lower(),
             fusion_threshold_bytes=get(FUSION_THRESHOLD, int, 128 * 1024 * 1024),
             fusion_chunk_bytes=get(FUSION_CHUNK, int, 16 * 1024 * 1024),

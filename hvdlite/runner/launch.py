@@ -67,6 +67,7 @@ class Settings:
 TUNABLE_FLAGS = {
     "fusion_threshold_mb": (cfg.FUSION_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
     "inplace_threshold_mb": (cfg.INPLACE_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
+    "gloo_threads": (cfg.GLOO_THREADS, str),
     "fusion_chunk_mb": (cfg.FUSION_CHUNK, lambda v: str(max(1, int(float(v) * 1024 * 1024)))),
     "cycle_time_ms": (cfg.CYCLE_TIME, str),
     "cache_capacity": (cfg.CACHE_CAPACITY, str),
@@ -153,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--inplace-threshold-mb", type=float, metavar="MB",
                    help="reduce fused tensors at least this big in place instead of copying "
                         "them through the fusion buffer (0: always copy; default 2)")
+    t.add_argument("--gloo-threads", type=int, metavar="N",
+                   help="Gloo worker threads: collectives in flight at once (default 4)")
     t.add_argument("--fusion-chunk-mb", type=float, metavar="MB",
                    help="pipeline fused allreduces in chunks of this many MiB (default 16)")
     t.add_argument("--cycle-time-ms", type=float, metavar="MS",

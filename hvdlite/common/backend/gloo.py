@@ -84,6 +84,7 @@ class GlooBackend(Backend):
         store = AuthenticatedStore(client, config.start_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = datetime.timedelta(seconds=config.op_timeout_s)
+        opts._threads = config.gloo_threads
         if config.gloo_iface:
             opts._devices = [dist.ProcessGroupGloo.create_device(interface=config.gloo_iface)]
         else:
