@@ -35,42 +35,28 @@ def test_mpi_autodetected_under_mpiexec(tmp_path):
     assert_ok(proc, ["identity", "submission_order"], [0, 1])
 
 
-@pytest.mark.timeout(240)
-def test_fusion_threshold_smaller_than_one_tensor(tmp_path):
-    proc = run_job(2, "ops_worker.py", "--only", ",".join(FUSION_CHECKS),
-                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_FUSION_THRESHOLD": "16"})
-    assert_ok(proc, FUSION_CHECKS, [0, 1])
+RUNTIME_VARIANTS = {
+    # a fusion threshold smaller than one tensor: nothing fuses
+    "threshold_below_one_tensor": ({"HVDLITE_FUSION_THRESHOLD": "16"}, FUSION_CHECKS),
+    # fused buffers pipelined in 64-byte chunks
+    "pipelined_chunks": ({"HVDLITE_FUSION_CHUNK_BYTES": "64"}, FUSION_CHECKS),
+    # most test tensors take the in-place path of a fused group, the smaller ones stay packed
+    "big_tensors_in_place": ({"HVDLITE_INPLACE_THRESHOLD": "16"}, FUSION_CHECKS),
+    "fusion_and_cache_off": ({"HVDLITE_FUSION_THRESHOLD": "0", "HVDLITE_CACHE_CAPACITY": "0"},
+                             FUSION_CHECKS + ["mismatch_errors"]),
+    # a cache smaller than a step's tensors keeps evicting; ranks must stay consistent
+    "tiny_cache": ({"HVDLITE_CACHE_CAPACITY": "7"},
+                   ["many_small_tensors", "submission_order", "mismatch_errors"]),
+    "one_gloo_thread": ({"HVDLITE_GLOO_THREADS": "1"}, FUSION_CHECKS),
+}
 
 
 @pytest.mark.timeout(240)
-def test_pipelined_chunks_of_a_fused_buffer(tmp_path):
-    proc = run_job(2, "ops_worker.py", "--only", ",".join(FUSION_CHECKS),
-                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_FUSION_CHUNK_BYTES": "64"})
-    assert_ok(proc, FUSION_CHECKS, [0, 1])
-
-
-@pytest.mark.timeout(240)
-def test_big_tensors_of_a_fused_group_reduced_in_place(tmp_path):
-    # 16 bytes: most test tensors take the in-place path, the smaller ones stay packed
-    proc = run_job(2, "ops_worker.py", "--only", ",".join(FUSION_CHECKS),
-                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_INPLACE_THRESHOLD": "16"})
-    assert_ok(proc, FUSION_CHECKS, [0, 1])
-
-
-@pytest.mark.timeout(240)
-def test_fusion_and_cache_off(tmp_path):
-    checks = FUSION_CHECKS + ["mismatch_errors"]
+@pytest.mark.parametrize("variant", list(RUNTIME_VARIANTS))
+def test_runtime_variants(variant, tmp_path):
+    env, checks = RUNTIME_VARIANTS[variant]
     proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),
-                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_FUSION_THRESHOLD": "0",
-                        "HVDLITE_CACHE_CAPACITY": "0"})
-    assert_ok(proc, checks, [0, 1])
-
-
-@pytest.mark.timeout(240)
-def test_tiny_cache_evicts_and_stays_consistent(tmp_path):
-    checks = ["many_small_tensors", "submission_order", "mismatch_errors"]
-    proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),
-                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_CACHE_CAPACITY": "7"})
+                   env=dict(env, HVD_TEST_DIR=str(tmp_path)))
     assert_ok(proc, checks, [0, 1])
 
 
