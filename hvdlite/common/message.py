@@ -63,6 +63,12 @@ class Request:
     def signature(self) -> tuple:
         return self.sig
 
+    def wire_bound(self) -> int:
+        """An upper bound of this request's share of :func:`encode_requests` in bytes,
+        computable without encoding (a name character escapes to at most 12 bytes; every
+        number fits in 24)."""
+        return 12 * len(self.name) + 24 * (len(self.shape) + len(self.splits or ())) + 200
+
     def to_list(self) -> list:
         return [self.name, int(self.op), self.dtype, list(self.shape), self.root,
                 self.reduce_op, self.prescale, self.postscale,

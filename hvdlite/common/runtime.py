@@ -156,6 +156,7 @@ class Runtime:
         need_full = bool(self.controller.joined) and self.rank in self.controller.joined
         table = self.controller.table
         bits = []
+        bound = 0               # what our payload could be if a peer forces a negotiation
         for name, entry in self._unsent.items():
             slot = -1
             if name not in table and now - entry.enqueued_at < _CACHE_PATIENCE_S:
@@ -164,6 +165,8 @@ class Runtime:
                 need_full = True
             else:
                 bits.append(slot)
+                bound += entry.request.wire_bound()
+        vec[_LEN] = 0
         vec[self._bits_base:] = 0
         if bits:
             vec[[self._bits_base + s for s in bits]] = 1
@@ -176,6 +179,10 @@ class Runtime:
         if need_full:
             payload = encode_requests([e.request for e in self._unsent.values()])
             vec[_LEN] = -len(payload)
+        elif bound:
+            # every rank reports at least what it would send, so the allgather buffer fits
+            # the payload we only encode if some other rank forces a negotiation
+            vec[_LEN] = -(bound + 2)
 
         # 2. agree
         agreed = self.backend.control_allreduce_min(vec)

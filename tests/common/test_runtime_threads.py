@@ -149,3 +149,29 @@ def test_shutdown_of_one_rank_stops_the_others():
     with pytest.raises(HvdliteInternalError, match="rank 0 shut down"):
         wait(h)
     assert rts[1].stop(10) and not rts[1].running()
+
+
+def test_full_negotiation_when_only_a_peer_missed_the_cache():
+    """A rank holding many cache hits must be able to send them all when a peer's miss
+    forces a full negotiation (its payload is longer than the peer's)."""
+    _, rts = start(2)
+    tensors = [[torch.ones(4) for _ in range(40)] for _ in range(2)]
+    names = [f"long.tensor.name.{i:04d}" for i in range(40)]
+
+    def step(r, rt):
+        for h in [allreduce(rt, n, t) for n, t in zip(names, tensors[r])]:
+            wait(h)
+
+    on_every_rank(rts, step)                       # cache now holds all 40
+    hits = [allreduce(rts[0], n, t) for n, t in zip(names, tensors[0])]
+    miss = allreduce(rts[1], "x", torch.ones(1))   # rank 1: a new name first...
+    for _ in range(50):                            # ...while rank 0 keeps cycling its hits
+        if rts[0]._cycle > 5 + rts[1]._cycle // 2:
+            break
+        threading.Event().wait(0.01)
+    late = [allreduce(rts[1], n, t) for n, t in zip(names, tensors[1])]
+    x0 = allreduce(rts[0], "x", torch.ones(1))
+    for h in hits + late:
+        wait(h)
+    assert wait(miss).tolist() == [2.0] and wait(x0).tolist() == [2.0]
+    stop(rts)

@@ -24,6 +24,17 @@ def test_requests_round_trip_through_the_wire_encoding():
     assert [r.name for r in back] == ["a", "b"]
 
 
+def test_wire_bound_covers_the_encoding():
+    reqs = [ar("w" * 300),
+            ar("\u00e9\U0001f600" * 50, shape=(2 ** 62, 3, 1),
+               prescale=-1.2345678901234567e-300, postscale=float("inf")),
+            Request("s", OpType.ALLTOALL, "bfloat16", (10 ** 18,), splits=(10 ** 18,) * 7),
+            Request("j", OpType.JOIN)]
+    for r in reqs:
+        assert len(encode_requests([r])) <= r.wire_bound() + 2
+    assert len(encode_requests(reqs)) <= sum(r.wire_bound() for r in reqs) + 2
+
+
 def test_ready_only_when_every_rank_submitted_and_same_order_everywhere():
     c = Controller(2)
     assert c.ingest([[ar("a"), ar("b")], []], cycle=1) == []
