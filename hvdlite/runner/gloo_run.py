@@ -45,12 +45,18 @@ TASK_SHUTDOWN_GRACE_S = 10.0
 
 
 def slot_env(slot: SlotInfo, base_env: Dict[str, str], job_env: Dict[str, str]) -> Dict[str, str]:
-    """The one place that builds a rank's environment."""
+    """The one place that builds a rank's environment.
+
+    Unless the user set ``OMP_NUM_THREADS``, each rank gets this host's cores divided by
+    its ranks on the host, as torchrun does: N ranks each running as many math threads as
+    there are cores oversubscribe the machine and slow every rank down.
+    """
     env = dict(base_env)
     env.update(job_env)
     env.update(cfg.rank_env(slot.rank, slot.size, slot.local_rank, slot.local_size,
                             slot.cross_rank, slot.cross_size, slot.hostname))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slot.local_size)))
     return env
 
 

@@ -210,3 +210,18 @@ def test_ssh_trains_with_the_runtime(sshd):
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(re.findall(r"^\[(\d)\]<stdout>:TRAINOK rank=(\d) size=2", r.stdout, re.M)) \
         == [("0", "0"), ("1", "1")]
+
+
+@pytest.mark.timeout(60)
+def test_math_threads_split_between_local_ranks_unless_set():
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", KV,
+                        "--print-env", "OMP_NUM_THREADS"], capture_output=True, text=True,
+                       timeout=50, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    expect = max(1, (os.cpu_count() or 1) // 2)
+    assert r.stdout.count(f"ENV OMP_NUM_THREADS={expect}") == 2, r.stdout
+    r = run_launcher(["-np", "2", KV, "--print-env", "OMP_NUM_THREADS"],
+                     env={"OMP_NUM_THREADS": "7"})
+    assert r.stdout.count("ENV OMP_NUM_THREADS=7") == 2, r.stdout
