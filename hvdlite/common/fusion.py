@@ -73,13 +73,13 @@ def unpack(buffer, flat_outputs: List, sizes: List[int]) -> None:
 
 
 def scale_(tensor, factor: float) -> None:
-    """Multiply in place; integer tensors truncate toward zero as Horovod's do."""
+    """Multiply in place; integer results are floored, as Horovod's integer average is."""
     if factor == 1.0:
         return
     if tensor.is_floating_point():
         tensor.mul_(factor)
     else:
-        tensor.copy_(tensor.double().mul_(factor).trunc_())
+        tensor.copy_(tensor.double().mul_(factor).floor_())
 
 
 def neutral(dtype: str, reduce_op: int):

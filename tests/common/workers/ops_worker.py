@@ -35,8 +35,8 @@ def value(rank, dtype, shape=(3, 4)):
 def reference(dtype, op, shape=(3, 4), pre=1.0, post=1.0):
     n = hvd.size()
     vals = [value(r, dtype, shape).to(torch.float64) * pre for r in range(n)]
-    if not dtype.is_floating_point:      # integer buffers are scaled in place: truncated
-        vals = [v.trunc() for v in vals]
+    if not dtype.is_floating_point:      # integer buffers are scaled in place: floored
+        vals = [v.floor() for v in vals]
     stack = torch.stack(vals)
     if op == hvd.Sum:
         out = stack.sum(0)
@@ -50,7 +50,7 @@ def reference(dtype, op, shape=(3, 4), pre=1.0, post=1.0):
         out = stack.prod(0)
     out = out * post
     if not dtype.is_floating_point:
-        out = out.trunc()
+        out = out.floor()
     return out
 
 
@@ -82,6 +82,11 @@ def check_allreduce_scaling_and_variants():
         got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
                             name=f"scaled.{dtype}")
         assert close(got, reference(dtype, hvd.Sum, pre=0.5, post=3.0), dtype), (dtype, got)
+    # integer average floors, as Horovod's does (also for negative sums)
+    n = hvd.size()
+    total = sum(q + 1 for q in range(n))
+    got = hvd.allreduce(torch.tensor([-(hvd.rank() + 1), hvd.rank() + 1]), name="int.avg")
+    assert got.tolist() == [-total // n, total // n], got
     # in place, async, async in place, deprecated average=
     x = value(hvd.rank(), torch.float32)
     out = hvd.allreduce_(x, op=hvd.Sum, name="inplace")
