@@ -9,7 +9,7 @@ from typing import Callable, Dict, List
 
 from hvdlite.common import fusion
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
-from hvdlite.common.fusion import _t, itemsize, numel
+from hvdlite.common.fusion import itemsize, lazy_torch, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
 
 
@@ -25,6 +25,12 @@ def _chunks(sizes, chunk_elems: int):
 
 
 class Executor:
+    """Executes response groups with one backend; owned by the runtime's background thread.
+
+    ``chunk_bytes`` is the pipelining granularity of packed allreduces and ``direct_bytes``
+    the size from which a fused tensor is reduced where it lies (0: always packed).
+    """
+
     def __init__(self, backend, buffers: fusion.FusionBuffers, chunk_bytes: int,
                  direct_bytes: int):
         self.direct_bytes = direct_bytes
@@ -36,7 +42,7 @@ class Executor:
 
     def enter_thread(self) -> None:
         """Set up the background thread: its copies and reductions are never autograd ops."""
-        _t().set_grad_enabled(False)
+        lazy_torch().set_grad_enabled(False)
 
     def run(self, group: List[Response], entries: Dict[str, object],
             complete: Callable, fail: Callable) -> None:
@@ -83,7 +89,7 @@ class Executor:
         """The flat tensor this rank reduces for ``resp``: its output holding its input, or
         a neutral stand-in (result discarded) when this rank has joined."""
         if entry is None:
-            return _t().full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
+            return lazy_torch().full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
                              dtype=fusion.dtype_of(resp.dtype))
         if entry.output is not entry.tensor:
             entry.output.copy_(entry.tensor)
@@ -123,7 +129,7 @@ class Executor:
                 complete(entry, entry.output)
 
     def _allreduce_packed(self, group, entries, complete, op, post) -> None:
-        torch = _t()
+        torch = lazy_torch()
         first = group[0]
         sizes = [r.numel for r in group]
         buf = self.buffers.get(first.dtype, sum(sizes))
@@ -166,7 +172,7 @@ class Executor:
 
     # -- allgather ------------------------------------------------------------------------
     def _allgather(self, group, entries, complete) -> None:
-        torch = _t()
+        torch = lazy_torch()
         row_bytes = [numel(r.shape[1:]) * itemsize(r.dtype) for r in group]
         counts = [sum(r.first_dims[rank] * rb for r, rb in zip(group, row_bytes))
                   for rank in range(self.size)]
@@ -200,7 +206,7 @@ class Executor:
 
     # -- broadcast ------------------------------------------------------------------------
     def _broadcast(self, group, entries, complete) -> None:
-        torch = _t()
+        torch = lazy_torch()
         root = group[0].root
         if len(group) == 1:
             resp = group[0]
@@ -231,7 +237,7 @@ class Executor:
 
     # -- alltoall / reducescatter -----------------------------------------------------------
     def _alltoall(self, resp, entry, complete) -> None:
-        torch = _t()
+        torch = lazy_torch()
         rb = numel(resp.shape[1:]) * itemsize(resp.dtype)
         send_rows = resp.splits[self.rank]
         recv_rows = [resp.splits[r][self.rank] for r in range(self.size)]

@@ -11,7 +11,8 @@ from typing import Dict, List, Sequence
 _torch = None
 
 
-def _t():
+def lazy_torch():
+    """torch, imported on first use so that ``common`` imports without it."""
     global _torch
     if _torch is None:
         import torch
@@ -28,7 +29,7 @@ def dtype_name(dtype) -> str:
 
 
 def dtype_of(name: str):
-    return getattr(_t(), name)
+    return getattr(lazy_torch(), name)
 
 
 def itemsize(name: str) -> int:
@@ -55,7 +56,7 @@ class FusionBuffers:
     def get(self, dtype: str, count: int):
         buf = self._buffers.get(dtype)
         if buf is None or buf.numel() < count:
-            buf = _t().empty(count, dtype=dtype_of(dtype))
+            buf = lazy_torch().empty(count, dtype=dtype_of(dtype))
             self._buffers[dtype] = buf
         return buf[:count]
 
@@ -64,12 +65,12 @@ class FusionBuffers:
 
 
 def pack(flats: List, out) -> None:
-    _t().cat(flats, out=out)
+    lazy_torch().cat(flats, out=out)
 
 
 def unpack(buffer, flat_outputs: List, sizes: List[int]) -> None:
     """Copy consecutive pieces of ``buffer`` (``sizes`` elements each) into flat outputs."""
-    _t()._foreach_copy_(flat_outputs, list(buffer.split(sizes)))
+    lazy_torch()._foreach_copy_(flat_outputs, list(buffer.split(sizes)))
 
 
 def scale_(tensor, factor: float) -> None:
@@ -85,7 +86,7 @@ def scale_(tensor, factor: float) -> None:
 def neutral(dtype: str, reduce_op: int):
     """The value a joined rank contributes so it does not change the reduction."""
     from hvdlite.common.message import ReduceOp
-    torch = _t()
+    torch = lazy_torch()
     dt = dtype_of(dtype)
     if reduce_op == ReduceOp.PRODUCT:
         return 1
