@@ -90,7 +90,7 @@ class Executor:
         a neutral stand-in (result discarded) when this rank has joined."""
         if entry is None:
             return lazy_torch().full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
-                             dtype=fusion.dtype_of(resp.dtype))
+                                     dtype=fusion.dtype_of(resp.dtype))
         if entry.output is not entry.tensor:
             entry.output.copy_(entry.tensor)
         return entry.output.view(-1)
