@@ -64,7 +64,7 @@ class Runtime:
         self._stopped = threading.Event()
         self._error: Optional[BaseException] = None
         self._cycle = 0
-        self._stall_warned: set = set()
+        self._stall_warned: Dict[str, float] = {}   # name -> when last reported
         self._last_stall_check = time.monotonic()
         self.peer_shutdown: Optional[int] = None
         self._plan_memo: Dict[tuple, list] = {}  # fusion plans of cache-hit cycles
@@ -273,14 +273,19 @@ class Runtime:
     def _check_stalls(self) -> None:
         if self.rank != 0:
             return
-        for name, have, missing, waited in self.controller.stalled(
-                self.config.stall_check_warning_time_s):
-            if name in self._stall_warned:
-                continue
-            self._stall_warned.add(name)
+        every = self.config.stall_check_warning_time_s
+        now = time.monotonic()
+        stalled = self.controller.stalled(every)
+        for name in set(self._stall_warned) - {s[0] for s in stalled}:
+            del self._stall_warned[name]
+        for name, have, missing, waited in stalled:
+            if now - self._stall_warned.get(name, -every) < every:
+                continue                    # reported recently: repeat once per period
+            self._stall_warned[name] = now
             log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
                         "(waiting %.0fs); one rank may be skipping a collective or running "
-                        "different code", name, have, missing, waited)
+                        "different code (--stall-check-shutdown-time-seconds turns this into "
+                        "an error)", name, have, missing, waited)
 
     def _stall_cutoff(self) -> int:
         """Rank 0's verdict: the last cycle whose tensors have waited too long, or INT_MAX."""
