@@ -18,6 +18,7 @@ def _env(extra):
     env.pop("HVDLITE_SIZE", None)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
     return env
 

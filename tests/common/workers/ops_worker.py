@@ -6,13 +6,12 @@ traceback per failing one; exits 1 if anything failed.  ``--only a,b`` runs a su
 
 import argparse
 import os
-import sys
 import time
-import traceback
 
 import torch
 
 import hvdlite.torch as hvd
+from tests.worker_cases import run_cases
 from hvdlite.common.exceptions import (HvdliteDuplicateNameError, HvdliteMismatchError)
 
 torch.set_num_threads(1)
@@ -388,20 +387,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
     args = parser.parse_args()
-    hvd.init()
-    only = [c for c in args.only.split(",") if c]
-    failed = 0
-    for name, fn in CHECKS.items():
-        if only and name not in only:
-            continue
-        try:
-            fn()
-            print(f"OK {name} rank={hvd.rank()}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {name} rank={hvd.rank()}\n{traceback.format_exc()}", flush=True)
-    hvd.shutdown()
-    sys.exit(1 if failed else 0)
+    run_cases(hvd, CHECKS, only=[c for c in args.only.split(",") if c])
 
 
 if __name__ == "__main__":
