@@ -88,6 +88,19 @@ def test_rank_that_dies_makes_the_others_raise():
 
 
 @pytest.mark.timeout(120)
+def test_frozen_rank_ends_in_an_error_after_the_op_timeout():
+    start = time.monotonic()
+    proc = run_job(2, "failure_worker.py", "hang", timeout=90,
+                   env={"HVDLITE_OP_TIMEOUT_SECONDS": "3"})
+    out = proc.stdout + proc.stderr
+    m = re.search(r"RAISED HvdliteInternalError after ([\d.]+)s", out)
+    assert m and 2 < float(m.group(1)) < 15, out
+    # rank 0 exits 3; the launcher then ends the frozen rank 1 and reports rank 0
+    assert proc.returncode == 3 and "rank 0" in out, out
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(120)
 def test_rank_that_shuts_down_makes_the_others_raise():
     proc = run_job(2, "failure_worker.py", "shutdown", timeout=90)
     out = proc.stdout + proc.stderr

@@ -101,7 +101,8 @@ class GlooBackend(Backend):
         except Exception as exc:
             raise HvdliteInternalError(
                 f"rank {self.rank}: Gloo {what} failed ({exc}); a peer rank has probably "
-                f"exited or stopped responding") from exc
+                f"exited, or stopped responding for longer than --op-timeout-seconds "
+                f"({self._timeout_s:g}s)") from exc
 
     def control_allreduce_min(self, vec):
         t = torch.from_numpy(vec)

@@ -5,10 +5,13 @@ kill       rank 1 dies abruptly (os._exit) after one allreduce; rank 0's next
 shutdown   rank 1 calls hvd.shutdown() and lingers; rank 0 must raise, naming rank 1.
 stall      rank 1 never submits 'stalled'; rank 0 gets a stall warning and, past the
            stall shutdown time, an HvdliteStallError naming the missing rank.
+hang       rank 1 freezes (SIGSTOP) after one allreduce; rank 0 must raise once the op
+           timeout passes, then exits 3 so the launcher tears the frozen rank down.
 cycles     20 rounds of init -> allreduce -> shutdown.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -59,6 +62,11 @@ def main():
         if r == 1:
             os._exit(0)
         expect_internal_error("after_kill")
+    elif mode == "hang":
+        if r == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        expect_internal_error("after_hang")
+        sys.exit(3)
     elif mode == "shutdown":
         if r == 1:
             hvd.shutdown()
