@@ -110,8 +110,9 @@ class KVClient:
         return self.prefix + key
 
     def _blocking(self, header, what: str) -> bytes:
+        # the store answers (with an error) once the wait's own timeout passes; allow for that
         try:
-            _, out = self._client.request(header, timeout_s=self.timeout_s + 5)
+            _, out = self._client.request(header, timeout_s=float(header["timeout_s"]) + 5)
         except ServiceError as exc:
             raise HvdliteTimeoutError(f"rendezvous: {what}: {exc}") from None
         return out

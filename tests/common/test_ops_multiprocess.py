@@ -101,6 +101,16 @@ def test_frozen_rank_ends_in_an_error_after_the_op_timeout():
 
 
 @pytest.mark.timeout(120)
+def test_rank_that_never_calls_init_is_named_within_the_start_timeout():
+    proc = run_job(2, "failure_worker.py", "noinit", timeout=90,
+                   env={"HVDLITE_START_TIMEOUT": "3"})
+    out = proc.stdout + proc.stderr
+    m = re.search(r"INIT FAILED after ([\d.]+)s: .*ranks \[1\] did not reach hvd.init\(\)", out)
+    assert m and float(m.group(1)) < 10, out
+    assert proc.returncode == 4 and "rank 0" in out, out
+
+
+@pytest.mark.timeout(120)
 def test_rank_that_shuts_down_makes_the_others_raise():
     proc = run_job(2, "failure_worker.py", "shutdown", timeout=90)
     out = proc.stdout + proc.stderr

@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from hvdlite.common import config as cfg
 from hvdlite.common.backend.base import Backend, Waitable
-from hvdlite.common.exceptions import HvdliteConfigError, HvdliteInternalError
+from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
+                                       HvdliteTimeoutError)
 from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,10 @@ class AuthenticatedStore(dist.Store):
         return self._client.check(list(keys))
 
     def wait(self, keys, timeout=None):
+        # The store serves only the rendezvous at init, so --start-timeout bounds every wait.
         t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
-        self._client.wait(list(keys), t if t and t > 0 else None)
+        t = min(t, self._timeout_s) if t and t > 0 else self._timeout_s
+        self._client.wait(list(keys), t)
 
     def compare_set(self, key, expected, desired):
         return self._client.compare_set(key, expected, desired)
@@ -81,6 +84,7 @@ class GlooBackend(Backend):
                           timeout_s=config.start_timeout_s,
                           prefix=f"{config.job_id}/init{generation}/")
         self._client = client
+        self._await_peers(client, config)
         store = AuthenticatedStore(client, config.start_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = datetime.timedelta(seconds=config.op_timeout_s)
@@ -94,6 +98,18 @@ class GlooBackend(Backend):
         except Exception as exc:
             raise HvdliteInternalError(
                 f"rank {self.rank} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
+
+    def _await_peers(self, client, config: cfg.Config) -> None:
+        """Meet every rank at the store first, so a rank that never calls init() is named."""
+        client.set(f"arrived/{self.rank}", config.hostname.encode())
+        try:
+            client.wait([f"arrived/{r}" for r in range(self.size)], config.start_timeout_s)
+        except HvdliteTimeoutError:
+            missing = [r for r in range(self.size) if not client.check([f"arrived/{r}"])]
+            raise HvdliteTimeoutError(
+                f"rank {self.rank} ({config.hostname}): ranks {missing} did not reach "
+                f"hvd.init() within {config.start_timeout_s:g}s (--start-timeout); they may "
+                f"have failed before init() or be running different code") from None
 
     def _run(self, what: str, work) -> None:
         try:

@@ -7,6 +7,8 @@ stall      rank 1 never submits 'stalled'; rank 0 gets a stall warning and, past
            stall shutdown time, an HvdliteStallError naming the missing rank.
 hang       rank 1 freezes (SIGSTOP) after one allreduce; rank 0 must raise once the op
            timeout passes, then exits 3 so the launcher tears the frozen rank down.
+noinit     rank 1 never calls init(); rank 0's init must fail within the start timeout,
+           naming rank 1.
 cycles     20 rounds of init -> allreduce -> shutdown.
 """
 
@@ -55,6 +57,17 @@ def main():
             hvd.shutdown()            # idempotent
         print("CYCLES DONE", flush=True)
         return
+    if mode == "noinit":
+        if os.environ["HVDLITE_RANK"] == "1":
+            time.sleep(20)
+            return
+        start = time.monotonic()
+        try:
+            hvd.init()
+        except HvdliteInternalError as exc:
+            print(f"INIT FAILED after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+            sys.exit(4)
+        raise AssertionError("init() succeeded without rank 1")
     hvd.init()
     r = hvd.rank()
     hvd.allreduce(torch.ones(4), name="first")
