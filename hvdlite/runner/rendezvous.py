@@ -56,7 +56,8 @@ class KVStoreService(Service):
         if op in ("get", "wait"):
             t = header.get("timeout_s")
             if not isinstance(t, (int, float)) or not 0 <= t <= self._MAX_WAIT_S:
-                raise ServiceError(f"store operation {op!r}: timeout_s must be 0..{self._MAX_WAIT_S:.0f}")
+                raise ServiceError(f"store operation {op!r}: timeout_s must be "
+                                   f"0..{self._MAX_WAIT_S:.0f}")
         if op == "add" and (not isinstance(header.get("amount"), int)
                             or isinstance(header.get("amount"), bool)):
             raise ServiceError("store operation 'add': amount must be an integer")

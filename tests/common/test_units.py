@@ -116,3 +116,18 @@ def test_config_reads_env_and_rejects_bad_values(caplog):
         Config.from_env({"HVDLITE_RANK": "2", "HVDLITE_SIZE": "2"})
     env = rank_env(1, 2, 1, 2, 0, 1, "h")
     assert env["HOROVOD_RANK"] == env["HVDLITE_RANK"] == "1"
+
+
+def test_common_imports_no_framework_at_module_level():
+    """DESIGN.md: common/ stays framework-neutral (only backend/gloo may import torch)."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "import hvdlite.common.basics, hvdlite.common.runtime, hvdlite.common.executor\n"
+            "import hvdlite.common.controller, hvdlite.common.fusion\n"
+            "import hvdlite.common.backend.local, hvdlite.common.backend.mpi\n"
+            "bad = [m for m in ('torch', 'tensorflow') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr

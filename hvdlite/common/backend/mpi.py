@@ -8,16 +8,14 @@ the duplicate; the next ``init()`` duplicates the world again.  Rank identity
 import logging
 
 import numpy as np
-import torch
 
 from hvdlite.common.backend.base import Backend
 from hvdlite.common.exceptions import HvdliteInternalError
+from hvdlite.common.fusion import lazy_torch
 from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
 
-# dtypes MPI has no reduction for travel as float32 (a numpy view is impossible for bfloat16)
-_WIDEN = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def mpi_available() -> bool:
@@ -42,6 +40,9 @@ class MPIBackend(Backend):
     def __init__(self, config):
         from mpi4py import MPI
         self._MPI = MPI
+        torch = lazy_torch()
+        # dtypes MPI has no reduction for travel as float32 (numpy cannot even view bfloat16)
+        self._widen = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
                      ReduceOp.PRODUCT: MPI.PROD}
         world = MPI.COMM_WORLD
@@ -71,7 +72,8 @@ class MPIBackend(Backend):
         return out
 
     def allreduce_(self, tensor, op):
-        wide = _WIDEN.get(tensor.dtype)
+        torch = lazy_torch()
+        wide = self._widen.get(tensor.dtype)
         target = tensor.to(wide) if wide is not None else tensor
         if target.dtype == torch.bool:
             target = target.view(torch.uint8)
@@ -81,6 +83,7 @@ class MPIBackend(Backend):
             tensor.copy_(target)
 
     def allgather_bytes(self, send, counts):
+        torch = lazy_torch()
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
         out = torch.empty(sum(counts), dtype=torch.uint8)
         self._call("allgather", self.comm.Allgatherv, send.numpy(),
@@ -88,9 +91,11 @@ class MPIBackend(Backend):
         return [out[d:d + c] for d, c in zip(displs, counts)]
 
     def broadcast_(self, tensor, root):
-        self._call("broadcast", self.comm.Bcast, tensor.view(-1).view(torch.uint8).numpy(), root)
+        flat = tensor.view(-1).view(lazy_torch().uint8)
+        self._call("broadcast", self.comm.Bcast, flat.numpy(), root)
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
+        torch = lazy_torch()
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)
         sd = np.concatenate(([0], np.cumsum(send_counts)[:-1])).astype(np.int64).tolist()
         rd = np.concatenate(([0], np.cumsum(recv_counts)[:-1])).astype(np.int64).tolist()
