@@ -135,52 +135,57 @@ def errors():
     opt.zero_grad()
 
 
-def sync_then_step():
-    """The gradient-clipping pattern: synchronize(), clip, step() under skip_synchronize()."""
+def _match_full_batch(steps, momentum, ref_update, dist_update):
+    """Train a reference on each full batch and a DistributedOptimizer copy on this rank's
+    shard (both SGD, lr 0.1); the parameters must agree afterwards."""
     torch.manual_seed(0)
     ref = Net()
     model = copy.deepcopy(ref)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                   momentum=momentum),
                                    named_parameters=model.named_parameters())
-    n, r = hvd.size(), hvd.rank()
-    for step in range(2):
+    s, r = BATCH // hvd.size(), hvd.rank()
+    for step in range(steps):
         x, y = data(step)
+        ref_update(ref, ref_opt, x, y)
+        dist_update(model, opt, x[r * s:(r + 1) * s], y[r * s:(r + 1) * s])
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert_close(name, p.detach(), q.detach(), 1e-5, 1e-6)
+
+
+def sync_then_step():
+    """The gradient-clipping pattern: synchronize(), clip, step() under skip_synchronize()."""
+    def ref_update(ref, ref_opt, x, y):
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
         ref_opt.step()
+
+    def dist_update(model, opt, x, y):
         opt.zero_grad()
-        s = BATCH // n
-        F.cross_entropy(model(x[r * s:(r + 1) * s]), y[r * s:(r + 1) * s]).backward()
+        F.cross_entropy(model(x), y).backward()
         opt.synchronize()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         with opt.skip_synchronize():
             opt.step()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert_close(name, p.detach(), q.detach(), 1e-5, 1e-6)
+
+    _match_full_batch(2, 0.0, ref_update, dist_update)
 
 
 def set_to_none_by_module():
     """model.zero_grad() (set_to_none) instead of opt.zero_grad(): grads re-adopt buckets."""
-    torch.manual_seed(0)
-    ref = Net()
-    model = copy.deepcopy(ref)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters())
-    n, r = hvd.size(), hvd.rank()
-    for step in range(3):
-        x, y = data(step)
+    def ref_update(ref, ref_opt, x, y):
         ref.zero_grad()
         F.cross_entropy(ref(x), y).backward()
         ref_opt.step()
+
+    def dist_update(model, opt, x, y):
         model.zero_grad()
-        s = BATCH // n
-        F.cross_entropy(model(x[r * s:(r + 1) * s]), y[r * s:(r + 1) * s]).backward()
+        F.cross_entropy(model(x), y).backward()
         opt.step()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert_close(name, p.detach(), q.detach(), 1e-5, 1e-6)
+
+    _match_full_batch(3, 0.9, ref_update, dist_update)
 
 
 def lr_scheduler():
