@@ -347,8 +347,8 @@ def main(argv=None):
               file=sys.stderr)
     init_raw_group(rank, size)
     from hvdlite.common import basics
-    fusion_cfg = basics._STATE.config.fusion_threshold_bytes
-    cycle_ms = basics._STATE.config.cycle_time_ms
+    fusion_cfg = basics.config().fusion_threshold_bytes
+    cycle_ms = basics.config().cycle_time_ms
 
     shapes = {w: workload_shapes(w, args) for w in args.workloads}
     iters = {w: (DEFAULT_ITERS[w][0] if args.warmup is None else args.warmup,

@@ -1,18 +1,27 @@
 """init / shutdown and the rank vocabulary, delegating to one Runtime object.
 
-The module keeps exactly one piece of state, ``_STATE.runtime``; frameworks
-(hvdlite.torch, later hvdlite.tensorflow) share it.  ``shutdown()`` followed by
-``init()`` builds a fresh runtime and transport each time (elastic training
-relies on that).
+The module keeps one piece of state, ``_STATE``: the live runtime, its config
+and the rendezvous round this process last joined; frameworks (hvdlite.torch,
+later hvdlite.tensorflow) share it.  ``shutdown()`` followed by ``init()``
+builds a fresh runtime and transport each time, in the next rendezvous round
+(elastic training relies on that).  Under Gloo a rank learns its place (rank,
+size, local and cross ranks) from the round's plan, keyed by its host and
+local slot, so a fresh process can join survivors that are at their N-th
+init.  Layers above register reset hooks (names, counters, caches) that run
+at every ``init()`` and ``shutdown()``.
 """
 
 import atexit
 import logging
 import threading
-from typing import Optional
+from typing import Callable, List, Optional
 
+from hvdlite.common.backend.local import LocalBackend
+from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError, HvdliteNotInitializedError
+from hvdlite.common.recorder import NULL, Recorder
+from hvdlite.common.runtime import Runtime
 
 log = logging.getLogger("hvdlite")
 
@@ -22,15 +31,28 @@ class _State:
         self.lock = threading.RLock()
         self.runtime = None
         self.config: Optional[Config] = None
-        self.generation = 0
+        #: the rendezvous round this process last joined (-1: none yet)
+        self.last_round = -1
         self.atexit_registered = False
+        self.reset_hooks: List[Callable[[], None]] = []
 
 
 _STATE = _State()
 
 
+def register_reset_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook()`` at every ``init()`` and ``shutdown()`` (resets names, counters, caches)."""
+    with _STATE.lock:
+        if hook not in _STATE.reset_hooks:
+            _STATE.reset_hooks.append(hook)
+
+
+def _run_reset_hooks() -> None:
+    for hook in list(_STATE.reset_hooks):
+        hook()
+
+
 def _make_backend(config: Config):
-    from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
     choice = config.cpu_operations
     if not choice:
         if launched_by_mpi() and mpi_available():
@@ -42,33 +64,31 @@ def _make_backend(config: Config):
     if choice == "mpi":
         from hvdlite.common.backend.mpi import MPIBackend
         return MPIBackend(config)
-    if choice == "gloo" and config.size > 1:
+    if choice == "gloo" and (config.size > 1 or config.rendezvous_addr is not None):
         from hvdlite.common.backend.gloo import GlooBackend
-        return GlooBackend(config, _STATE.generation)
-    from hvdlite.common.backend.local import LocalBackend
+        return GlooBackend(config, _STATE.last_round)
     return LocalBackend(config)
 
 
-def init(config: Optional[Config] = None) -> None:
-    """Start the runtime (idempotent while initialized)."""
+def init(config: Optional[Config] = None, recorder: Recorder = NULL) -> None:
+    """Start the runtime (idempotent while initialized).
+
+    ``recorder`` receives the background thread's phase boundaries (default: none).
+    """
     with _STATE.lock:
         if _STATE.runtime is not None and _STATE.runtime.running():
             return
         if _STATE.runtime is not None:      # stopped by a peer or a failure: start over
             _shutdown_locked()
-        from hvdlite.common.runtime import Runtime
         config = config or Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
-        for on, what in ((config.timeline_filename, "the timeline (--timeline-filename)"),
-                         (config.autotune, "autotuning (--autotune)")):
-            if on:
-                log.warning("%s is not implemented in this version of hvdlite; ignored", what)
+        _run_reset_hooks()
         backend = _make_backend(config)
         config = config.replace(rank=backend.rank, size=backend.size,
                                 local_rank=backend.local_rank, local_size=backend.local_size,
                                 cross_rank=backend.cross_rank, cross_size=backend.cross_size)
-        _STATE.generation += 1
-        runtime = Runtime(config, backend)
+        _STATE.last_round = getattr(backend, "round", _STATE.last_round)
+        runtime = Runtime(config, backend, recorder)
         runtime.start()
         _STATE.runtime = runtime
         _STATE.config = config
@@ -81,6 +101,7 @@ def _shutdown_locked() -> None:
     runtime, _STATE.runtime = _STATE.runtime, None
     if runtime is None:
         return
+    _run_reset_hooks()
     wait_s = runtime.config.op_timeout_s + 5.0
     if not runtime.stop(wait_s):
         raise HvdliteInternalError(
@@ -96,6 +117,16 @@ def shutdown() -> None:
 
 def is_initialized() -> bool:
     return _STATE.runtime is not None
+
+
+def current_runtime():
+    """The live runtime, or None (for waits that must notice a shutdown)."""
+    return _STATE.runtime
+
+
+def rendezvous_round() -> int:
+    """The rendezvous round this process last joined (-1: none, e.g. MPI or one rank)."""
+    return _STATE.last_round
 
 
 def runtime():
@@ -166,5 +197,4 @@ def gloo_built() -> bool:
 
 
 def mpi_built() -> bool:
-    from hvdlite.common.backend.mpi import mpi_available
     return mpi_available()

@@ -42,13 +42,9 @@ CYCLE_TIME = "HVDLITE_CYCLE_TIME"
 CACHE_CAPACITY = "HVDLITE_CACHE_CAPACITY"
 OP_TIMEOUT = "HVDLITE_OP_TIMEOUT_SECONDS"
 START_TIMEOUT = "HVDLITE_START_TIMEOUT"
-TIMELINE = "HVDLITE_TIMELINE"
-TIMELINE_MARK_CYCLES = "HVDLITE_TIMELINE_MARK_CYCLES"
 STALL_CHECK_DISABLE = "HVDLITE_STALL_CHECK_DISABLE"
 STALL_CHECK_WARNING_TIME = "HVDLITE_STALL_CHECK_TIME_SECONDS"
 STALL_CHECK_SHUTDOWN_TIME = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
-AUTOTUNE = "HVDLITE_AUTOTUNE"
-AUTOTUNE_LOG = "HVDLITE_AUTOTUNE_LOG"
 LOG_LEVEL = "HVDLITE_LOG_LEVEL"
 
 # The variables horovodrun exports, which user scripts read; the launcher sets
@@ -120,16 +116,12 @@ class Config:
     cache_capacity: int = 1024
     #: bound on any single collective / control exchange before peers count as failed.
     op_timeout_s: float = 60.0
-    #: bound on rendezvous at init.
-    start_timeout_s: float = 60.0
-    timeline_filename: str = ""
-    timeline_mark_cycles: bool = False
+    #: bound on reaching the other ranks at init (and on the launcher's start-up steps).
+    start_timeout_s: float = 30.0
     stall_check: bool = True
     stall_check_warning_time_s: float = 60.0
     #: 0 means never fail on a stall, only warn.
     stall_check_shutdown_time_s: float = 0.0
-    autotune: bool = False
-    autotune_log_file: str = ""
     log_level: str = "WARNING"
 
     def __post_init__(self):
@@ -158,63 +150,58 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
-        """Build the config from ``HVDLITE_*`` variables, warning about unknown ones."""
+        """Build the config from ``HVDLITE_*`` variables, warning about unknown ones.
+
+        A variable that is unset or empty leaves the field at its default above.
+        """
         env = os.environ if environ is None else environ
         for name in env:
             if name.startswith(PREFIX) and name not in _KNOWN:
                 log.warning("unknown variable %s is ignored (known: %s)",
                             name, ", ".join(sorted(_KNOWN)))
-
-        def get(name, kind, default):
+        values = {}
+        for field, (name, kind) in _FROM_ENV.items():
             raw = env.get(name)
             if raw is None or raw == "":
-                return default
+                continue
             if kind is bool:
-                return _parse_bool(name, raw)
-            if kind in (int, float):
-                return _parse_number(name, raw, kind)
-            return raw
-
-        key_hex = env.get(SECRET_KEY)
-        try:
-            key = bytes.fromhex(key_hex) if key_hex else None
-        except ValueError:
-            raise HvdliteConfigError(f"{SECRET_KEY} is not hex") from None
-        port = get(RENDEZVOUS_PORT, int, None)
-        return cls(
-            rank=get(RANK, int, 0),
-            size=get(SIZE, int, 1),
-            local_rank=get(LOCAL_RANK, int, 0),
-            local_size=get(LOCAL_SIZE, int, 1),
-            cross_rank=get(CROSS_RANK, int, 0),
-            cross_size=get(CROSS_SIZE, int, 1),
-            hostname=get(HOSTNAME, str, None) or _this_host(),
-            rendezvous_addr=get(RENDEZVOUS_ADDR, str, None),
-            rendezvous_port=port,
-            secret_key=key,
-            job_id=get(JOB_ID, str, "job"),
-            gloo_iface=get(GLOO_IFACE, str, ""),
-            gloo_threads=get(GLOO_THREADS, int, 4),
-            cpu_operations=get(CPU_OPERATIONS, str, "").lower(),
-            fusion_threshold_bytes=get(FUSION_THRESHOLD, int, 128 * 1024 * 1024),
-            fusion_chunk_bytes=get(FUSION_CHUNK, int, 16 * 1024 * 1024),
-            inplace_threshold_bytes=get(INPLACE_THRESHOLD, int, 2 * 1024 * 1024),
-            cycle_time_ms=get(CYCLE_TIME, float, 1.0),
-            cache_capacity=get(CACHE_CAPACITY, int, 1024),
-            op_timeout_s=get(OP_TIMEOUT, float, 60.0),
-            start_timeout_s=get(START_TIMEOUT, float, 60.0),
-            timeline_filename=get(TIMELINE, str, ""),
-            timeline_mark_cycles=get(TIMELINE_MARK_CYCLES, bool, False),
-            stall_check=not get(STALL_CHECK_DISABLE, bool, False),
-            stall_check_warning_time_s=get(STALL_CHECK_WARNING_TIME, float, 60.0),
-            stall_check_shutdown_time_s=get(STALL_CHECK_SHUTDOWN_TIME, float, 0.0),
-            autotune=get(AUTOTUNE, bool, False),
-            autotune_log_file=get(AUTOTUNE_LOG, str, ""),
-            log_level=get(LOG_LEVEL, str, "WARNING").upper(),
-        )
+                values[field] = _parse_bool(name, raw)
+            elif kind in (int, float):
+                values[field] = _parse_number(name, raw, kind)
+            else:
+                values[field] = raw
+        if "secret_key" in values:
+            try:
+                values["secret_key"] = bytes.fromhex(values["secret_key"])
+            except ValueError:
+                raise HvdliteConfigError(f"{SECRET_KEY} is not hex") from None
+        if "stall_check" in values:           # the variable says "disable"
+            values["stall_check"] = not values["stall_check"]
+        values["cpu_operations"] = values.get("cpu_operations", "").lower()
+        values["log_level"] = values.get("log_level", cls.log_level).upper()
+        values.setdefault("hostname", _this_host())
+        return cls(**values)
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
+
+
+#: field -> (variable, type) for every field read by :meth:`Config.from_env`
+_FROM_ENV = {
+    "rank": (RANK, int), "size": (SIZE, int), "local_rank": (LOCAL_RANK, int),
+    "local_size": (LOCAL_SIZE, int), "cross_rank": (CROSS_RANK, int),
+    "cross_size": (CROSS_SIZE, int), "hostname": (HOSTNAME, str),
+    "rendezvous_addr": (RENDEZVOUS_ADDR, str), "rendezvous_port": (RENDEZVOUS_PORT, int),
+    "secret_key": (SECRET_KEY, str), "job_id": (JOB_ID, str), "gloo_iface": (GLOO_IFACE, str),
+    "gloo_threads": (GLOO_THREADS, int), "cpu_operations": (CPU_OPERATIONS, str),
+    "fusion_threshold_bytes": (FUSION_THRESHOLD, int), "fusion_chunk_bytes": (FUSION_CHUNK, int),
+    "inplace_threshold_bytes": (INPLACE_THRESHOLD, int), "cycle_time_ms": (CYCLE_TIME, float),
+    "cache_capacity": (CACHE_CAPACITY, int), "op_timeout_s": (OP_TIMEOUT, float),
+    "start_timeout_s": (START_TIMEOUT, float), "stall_check": (STALL_CHECK_DISABLE, bool),
+    "stall_check_warning_time_s": (STALL_CHECK_WARNING_TIME, float),
+    "stall_check_shutdown_time_s": (STALL_CHECK_SHUTDOWN_TIME, float),
+    "log_level": (LOG_LEVEL, str),
+}
 
 
 def _this_host() -> str:

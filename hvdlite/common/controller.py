@@ -20,12 +20,20 @@ log = logging.getLogger(__name__)
 
 
 class _Pending:
-    __slots__ = ("requests", "first_cycle", "first_time")
+    __slots__ = ("requests", "first_cycle", "first_time", "last_cycle", "last_ranks")
 
     def __init__(self, cycle: int):
         self.requests: Dict[int, Request] = {}
         self.first_cycle = cycle
         self.first_time = time.monotonic()
+        self.last_cycle = cycle          # when the latest request arrived, and from whom
+        self.last_ranks: List[int] = []
+
+    def add(self, rank: int, req: Request, cycle: int) -> None:
+        self.requests[rank] = req
+        if cycle != self.last_cycle:
+            self.last_cycle, self.last_ranks = cycle, []
+        self.last_ranks.append(rank)
 
 
 class Controller:
@@ -50,7 +58,7 @@ class Controller:
                 entry = self.table.get(req.name)
                 if entry is None:
                     entry = self.table[req.name] = _Pending(cycle)
-                entry.requests[rank] = req
+                entry.add(rank, req, cycle)
                 if self._complete(entry) and req.name not in ready:
                     ready.append(req.name)
         # Joining can complete tensors submitted earlier by the other ranks.
@@ -84,6 +92,8 @@ class Controller:
             return Response(name, first.op, first.dtype, first.shape, error=error)
         resp = Response(name, first.op, first.dtype, first.shape, first.root, first.reduce_op,
                         first.prescale, first.postscale)
+        if entry.last_cycle != entry.first_cycle:
+            resp.waited_for = tuple(entry.last_ranks)
         if first.op == OpType.ALLGATHER:
             resp.first_dims = [reqs[r].shape[0] if r in reqs else 0 for r in range(self.size)]
         elif first.op == OpType.ALLTOALL:

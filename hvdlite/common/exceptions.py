@@ -47,9 +47,6 @@ class HvdliteAuthError(HvdliteError):
     """A control-plane message failed authentication (bad or missing HMAC, replay)."""
 
 
-class HostsUpdatedInterrupt(HvdliteError):
-    """Elastic mode: the set of hosts changed; training should reset (not an error)."""
-
-    def __init__(self, skip_sync: bool = False):
-        super().__init__("hosts updated")
-        self.skip_sync = skip_sync
+class HvdliteLaunchError(HvdliteError):
+    """The launcher could not start or keep running the job: a host, task or worker
+    failed; the message names the host or rank."""

@@ -5,12 +5,15 @@ entry; a name without an entry is one this rank contributes a neutral value to
 (it has joined).
 """
 
-from typing import Callable, Dict, List
+import time
+from typing import Callable, Dict, List, Optional
 
 from hvdlite.common import fusion
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
 from hvdlite.common.fusion import itemsize, lazy_torch, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
+from hvdlite.common.parameters import Parameters
+from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
 
 
 def _chunks(sizes, chunk_elems: int):
@@ -27,18 +30,26 @@ def _chunks(sizes, chunk_elems: int):
 class Executor:
     """Executes response groups with one backend; owned by the runtime's background thread.
 
-    ``chunk_bytes`` is the pipelining granularity of packed allreduces and ``direct_bytes``
-    the size from which a fused tensor is reduced where it lies (0: always packed).
+    ``params`` (replaced by the runtime when the live parameters change) gives the
+    pipelining granularity of packed allreduces (``fusion_chunk_bytes``) and the size from
+    which a fused tensor is reduced where it lies (``inplace_threshold_bytes``; 0: always
+    packed).  ``recorder`` (None: off) receives the copy and collective spans.
     """
 
-    def __init__(self, backend, buffers: fusion.FusionBuffers, chunk_bytes: int,
-                 direct_bytes: int):
-        self.direct_bytes = direct_bytes
-        self.chunk_bytes = chunk_bytes
+    def __init__(self, backend, buffers: fusion.FusionBuffers, params: Parameters,
+                 recorder: Optional[Recorder] = None):
+        self.params = params
         self.backend = backend
         self.buffers = buffers
         self.rank = backend.rank
         self.size = backend.size
+        self._rec = recorder
+
+    def _span(self, phase: str, group, start: float, chunk: int = 0) -> float:
+        """Report ``group``'s names in ``phase`` from ``start`` until now; returns now."""
+        end = time.monotonic()
+        self._rec.span(phase, [r.name for r in group], start, end, chunk)
+        return end
 
     def enter_thread(self) -> None:
         """Set up the background thread: its copies and reductions are never autograd ops."""
@@ -58,7 +69,9 @@ class Executor:
         op = first.op
         if op == OpType.ALLREDUCE:
             self._allreduce(group, entries, complete)
-        elif op == OpType.ALLGATHER:
+            return
+        start = time.monotonic() if self._rec is not None else 0.0
+        if op == OpType.ALLGATHER:
             self._allgather(group, entries, complete)
         elif op == OpType.BROADCAST:
             self._broadcast(group, entries, complete)
@@ -70,6 +83,9 @@ class Executor:
             entry = entries.get(first.name)
             if entry is not None:
                 complete(entry, first.value if op == OpType.JOIN else None)
+            return
+        if self._rec is not None:      # these ops copy little; one span covers them
+            self._span(COLLECTIVE, group, start)
 
     # -- allreduce ------------------------------------------------------------------------
     def _post_factor(self, resp: Response) -> float:
@@ -97,9 +113,13 @@ class Executor:
 
     def _allreduce(self, group, entries, complete) -> None:
         first = group[0]
+        rec = self._rec
         if len(group) == 1:
             entry = entries.get(first.name)
+            start = time.monotonic() if rec is not None else 0.0
             self._reduce(self._target(first, entry), first)
+            if rec is not None:
+                self._span(COLLECTIVE, group, start)
             if entry is not None:
                 complete(entry, entry.output)
             return
@@ -109,21 +129,26 @@ class Executor:
         # reduced where they lie; the rest are packed.  The split depends on sizes only, so
         # every rank (a joined one too) issues the same collectives in the same order.
         in_flight_direct = []
-        if self.direct_bytes:
+        direct_bytes = self.params.inplace_threshold_bytes
+        if direct_bytes:
             packed = []
+            start = time.monotonic() if rec is not None else 0.0
             for resp in group:
-                if resp.nbytes < self.direct_bytes:
+                if resp.nbytes < direct_bytes:
                     packed.append(resp)
                     continue
                 entry = entries.get(resp.name)
                 flat = self._target(resp, entry)
                 fusion.scale_(flat, first.prescale)
-                in_flight_direct.append((self.backend.allreduce_async_(flat, op), flat, entry))
+                in_flight_direct.append((self.backend.allreduce_async_(flat, op), flat, entry,
+                                         resp))
             group = packed
         if group:
             self._allreduce_packed(group, entries, complete, op, post)
-        for work, flat, entry in in_flight_direct:
+        for work, flat, entry, resp in in_flight_direct:
             work.wait()
+            if rec is not None:
+                self._span(COLLECTIVE, [resp], start)
             fusion.scale_(flat, post)
             if entry is not None:
                 complete(entry, entry.output)
@@ -150,22 +175,32 @@ class Executor:
         # Pipeline: pack chunk k+1 while chunk k is on the wire, unpack chunk k while
         # chunk k+1 is; each chunk's handles complete as soon as its data is back.
         in_flight = []
-        for lo, hi, off, count in _chunks(sizes, self.chunk_bytes // itemsize(first.dtype)):
+        rec = self._rec
+        chunk_elems = self.params.fusion_chunk_bytes // itemsize(first.dtype)
+        for chunk, (lo, hi, off, count) in enumerate(_chunks(sizes, chunk_elems)):
             region = buf[off:off + count]
+            start = time.monotonic() if rec is not None else 0.0
             fusion.pack(flats[lo:hi], region)
             fusion.scale_(region, first.prescale)
-            in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi))
+            if rec is not None:
+                start = self._span(COPY_IN, group[lo:hi], start, chunk)
+            in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi, chunk,
+                              start))
             if len(in_flight) > 1:
-                self._finish_chunk(in_flight.pop(0), post, sizes, out_flats, done, complete)
+                self._finish_chunk(in_flight.pop(0), post, group, sizes, out_flats, done,
+                                   complete)
         for item in in_flight:
-            self._finish_chunk(item, post, sizes, out_flats, done, complete)
+            self._finish_chunk(item, post, group, sizes, out_flats, done, complete)
 
-    @staticmethod
-    def _finish_chunk(item, post: float, sizes, out_flats, done, complete) -> None:
-        work, region, lo, hi = item
+    def _finish_chunk(self, item, post: float, group, sizes, out_flats, done, complete) -> None:
+        work, region, lo, hi, chunk, start = item
         work.wait()
+        if self._rec is not None:
+            start = self._span(COLLECTIVE, group[lo:hi], start, chunk)
         fusion.scale_(region, post)
         fusion.unpack(region, out_flats[lo:hi], sizes[lo:hi])
+        if self._rec is not None:
+            self._span(COPY_OUT, group[lo:hi], start, chunk)
         for e in done[lo:hi]:
             if e is not None:
                 complete(e, e.output)

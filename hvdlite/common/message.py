@@ -107,11 +107,13 @@ class Response:
 
     ``first_dims`` holds each rank's first dimension (allgather); ``splits``
     each rank's send splits (alltoall); ``error`` makes every rank's handle
-    for ``name`` fail with that message.
+    for ``name`` fail with that message; ``waited_for`` names the ranks whose
+    late request the others waited for (instrumentation only).
     """
 
     __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale", "postscale",
-                 "first_dims", "splits", "error", "error_kind", "value", "nbytes", "numel")
+                 "first_dims", "splits", "error", "error_kind", "value", "nbytes", "numel",
+                 "waited_for")
 
     def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
                  root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
@@ -132,6 +134,7 @@ class Response:
         self.error_kind = error_kind   # "mismatch" or "stall"
         self.value = value
         self.nbytes = 0                # payload size, for fusion planning (set by the runtime)
+        self.waited_for: Tuple[int, ...] = ()   # ranks that asked last, when others waited
         n = 1
         for d in shape:
             n *= d

@@ -7,11 +7,16 @@ handles; only the background thread touches the backend.  Each cycle:
 2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
    once: whether anybody needs a full negotiation, the longest request payload,
    who is shutting down, rank 0's stall verdict, and the response-cache bits;
+   The same vector carries rank 0's live :class:`Parameters`, so a change
+   (fusion threshold, cycle time, ...) takes effect on every rank in the same
+   cycle;
 3. if anybody has a request the cache cannot answer, every rank's unsent
    requests are allgathered and each rank runs the same :class:`Controller`
    on them; otherwise the slots whose bit survived are ready;
 4. responses are fused (:func:`plan_fusion`) and executed in the same order
    everywhere; handles complete with values or errors.
+
+Phase boundaries go to a :class:`Recorder` (a no-op unless one is given).
 
 Any exception in the loop is delivered to every pending handle, and later
 calls raise it too: a failure never becomes a hang.
@@ -30,14 +35,18 @@ from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
 from hvdlite.common.executor import Executor
 from hvdlite.common.message import Response, decode_requests, encode_requests
+from hvdlite.common.parameters import Parameters
+from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.response_cache import ResponseCache
 from hvdlite.common.tensor_queue import Entry, TensorQueue
 
 log = logging.getLogger(__name__)
 
 _INT_MAX = np.iinfo(np.int32).max
-# control vector layout: [need_nothing_new, -payload_len, stall_cutoff, alive[size], bits[cap]]
-_NEED, _LEN, _STALL, _ALIVE = 0, 1, 2, 3
+# control vector layout:
+# [need_nothing_new, -payload_len, stall_cutoff, params_version, params[W], alive[size], bits[cap]]
+_NEED, _LEN, _STALL, _PVER, _PARAMS = 0, 1, 2, 3, 4
+_ALIVE = _PARAMS + Parameters.WIDTH
 #: a cache hit not executed after this long is sent through full negotiation instead,
 #: so the stall inspector sees it
 _CACHE_PATIENCE_S = 1.0
@@ -48,15 +57,19 @@ _IDLE_WAIT_S = 0.05
 class Runtime:
     """Owns the queue, the controller, the cache and the backend of one init()."""
 
-    def __init__(self, config: Config, backend):
+    def __init__(self, config: Config, backend, recorder: Recorder = NULL):
         self.config = config
         self.backend = backend
         self.rank, self.size = backend.rank, backend.size
         self.queue = TensorQueue()
         self.controller = Controller(self.size)
         self.cache = ResponseCache(config.cache_capacity)
-        self.executor = Executor(backend, fusion.FusionBuffers(), config.fusion_chunk_bytes,
-                                 config.inplace_threshold_bytes)
+        #: the live parameters every rank applies (changed only through the control vector)
+        self.params = Parameters.from_config(config)
+        self._params_version = 0
+        self._proposed = (0, self.params)         # rank 0: (version, parameters) it offers
+        self._rec = recorder if recorder.active else None
+        self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()
@@ -67,7 +80,8 @@ class Runtime:
         self._stall_warned: Dict[str, float] = {}   # name -> when last reported
         self._last_stall_check = time.monotonic()
         self.peer_shutdown: Optional[int] = None
-        self._plan_memo: Dict[tuple, list] = {}  # fusion plans of cache-hit cycles
+        # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
+        self._plan_memo: Dict[tuple, list] = {}
         self._done: list = []                    # (entry, result, error) of the running group
         base = _ALIVE + self.size
         self._vec_len = base + config.cache_capacity
@@ -86,6 +100,24 @@ class Runtime:
         if not self._wake.is_set():
             self._wake.set()
 
+    def propose_parameters(self, **changes) -> Parameters:
+        """Rank 0 only: change live parameters; every rank applies them in one later cycle.
+
+        Returns the proposed set.  Safe to call from any thread.
+
+        Raises:
+            HvdliteConfigError: an unknown name or a bad value.
+            ValueError: called on a rank other than 0 (only rank 0's proposal travels).
+        """
+        if self.rank != 0:
+            raise ValueError(f"rank {self.rank}: only rank 0 may change live parameters "
+                             f"(every rank applies rank 0's values in the same cycle)")
+        version, current = self._proposed
+        params = current.replace(**changes)
+        self._proposed = (version + 1, params)
+        self._wake.set()
+        return params
+
     def running(self) -> bool:
         return self._thread.is_alive()
 
@@ -102,13 +134,13 @@ class Runtime:
 
     # -- background thread ----------------------------------------------------------------
     def _main(self) -> None:
-        period = self.config.cycle_time_ms / 1000.0
         try:
             self.executor.enter_thread()
             while True:
                 start = time.monotonic()
                 if not self._cycle_once():
                     break
+                period = self.params.cycle_time_ms / 1000.0
                 if self._unsent or self._sent or self.queue.has_incoming():
                     left = period - (time.monotonic() - start)
                     if left > 0:
@@ -148,8 +180,15 @@ class Runtime:
     def _cycle_once(self) -> bool:
         self._cycle += 1
         now = time.monotonic()
-        for entry in self.queue.drain():
-            self._unsent[entry.request.name] = entry
+        rec = self._rec
+        if rec is not None:
+            rec.cycle(self._cycle, now)
+            for entry in self.queue.drain():
+                self._unsent[entry.request.name] = entry
+                rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at)
+        else:
+            for entry in self.queue.drain():
+                self._unsent[entry.request.name] = entry
 
         # 1. what this rank brings to the agreement
         vec = np.ones(self._vec_len, dtype=np.int32)
@@ -157,9 +196,10 @@ class Runtime:
         table = self.controller.table
         bits = []
         bound = 0               # what our payload could be if a peer forces a negotiation
+        use_cache = self.params.cache_enabled
         for name, entry in self._unsent.items():
             slot = -1
-            if name not in table and now - entry.enqueued_at < _CACHE_PATIENCE_S:
+            if use_cache and name not in table and now - entry.enqueued_at < _CACHE_PATIENCE_S:
                 slot = self.cache.lookup(entry.request)
             if slot < 0:
                 need_full = True
@@ -173,7 +213,14 @@ class Runtime:
         payload = b""
         if need_full:
             vec[_NEED] = 0
-        vec[_STALL] = self._stall_cutoff() if self.rank == 0 else _INT_MAX
+        if self.rank == 0:
+            vec[_STALL] = self._stall_cutoff()
+            version, proposed = self._proposed
+            vec[_PVER] = version
+            vec[_PARAMS:_ALIVE] = proposed.encode()
+        else:
+            vec[_STALL] = _INT_MAX
+            vec[_PVER:_ALIVE] = _INT_MAX
         if self._stop.is_set():
             vec[_ALIVE + self.rank] = 0
         if need_full:
@@ -186,6 +233,9 @@ class Runtime:
 
         # 2. agree
         agreed = self.backend.control_allreduce_min(vec)
+
+        if agreed[_PVER] != self._params_version:
+            self._apply_parameters(int(agreed[_PVER]), Parameters.decode(agreed[_PARAMS:_ALIVE]))
 
         # 3. shutdown of any rank ends the job's runtime everywhere
         leaving = [r for r in range(self.size) if agreed[_ALIVE + r] == 0]
@@ -212,11 +262,20 @@ class Runtime:
             self._unsent = {}
             requests = [decode_requests(p) for p in gathered]
             responses.extend(self.controller.ingest(requests, self._cycle))
+            if rec is not None:
+                end = time.monotonic()
+                for resp in responses:
+                    rec.negotiated(resp.name, end, resp.waited_for)
         elif bits:
             # 4b. fast path: slots every rank hit
             ready = np.flatnonzero(agreed[self._bits_base:]).tolist()
             self._execute(responses)   # stall errors, if any, first
-            self._execute([self.cache.response(s) for s in ready], tuple(ready))
+            cached = [self.cache.response(s) for s in ready]
+            if rec is not None:
+                end = time.monotonic()
+                for resp in cached:
+                    rec.negotiated(resp.name, end, ())
+            self._execute(cached, tuple(ready))
             responses = []
         self._execute(responses)
         if self.config.stall_check and now - self._last_stall_check > 1.0:
@@ -224,11 +283,21 @@ class Runtime:
             self._check_stalls()
         return True
 
+    def _apply_parameters(self, version: int, params: Parameters) -> None:
+        """Switch to rank 0's parameters; runs in the same cycle on every rank."""
+        self._params_version = version
+        self.params = params
+        self.executor.params = params
+        if self._rec is not None:
+            self._rec.parameters(self._cycle, params)
+        log.debug("rank %d: cycle %d: live parameters now %s", self.rank, self._cycle, params)
+
     def _execute(self, responses: List[Response], cached_slots=None) -> None:
         if not responses:
             return
         entries: Dict[str, Entry] = {}
         cache = self.cache
+        store = self.params.cache_enabled
         for resp in responses:
             name = resp.name
             entry = self._sent.pop(name, None) or self._unsent.pop(name, None)
@@ -238,20 +307,22 @@ class Runtime:
                 cache.touch(name)
             elif resp.cacheable:
                 resp.nbytes = _nbytes(resp)
-                cache.put(resp, entry.request if entry is not None else None)
+                if store:
+                    cache.put(resp, entry.request if entry is not None else None)
             elif resp.error is not None:
                 cache.erase(name)
         groups = None
         if cached_slots is not None:
-            key = (cache.version, cached_slots)
+            key = (cache.version, self._params_version, cached_slots)
             groups = self._plan_memo.get(key)
         if groups is None:
-            groups = plan_fusion(responses, self.config.fusion_threshold_bytes)
+            groups = plan_fusion(responses, self.params.fusion_threshold_bytes)
             if cached_slots is not None:
                 if len(self._plan_memo) > 64:
                     self._plan_memo.clear()
                 self._plan_memo[key] = groups
         done = self._done
+        rec = self._rec
         for group in groups:
             self.executor.run(group, entries, self._collect, self._collect_error)
             # forget the names before waking their owners, who may reuse them at once
@@ -261,6 +332,10 @@ class Runtime:
                     entry.handle._complete_one(entry.index, result)
                 else:
                     entry.handle._fail(err)
+            if rec is not None:
+                end = time.monotonic()
+                for entry, _, err in done:
+                    rec.done(entry.request.name, end, err)
             done.clear()
 
     def _collect(self, entry: Entry, result) -> None:

@@ -15,36 +15,18 @@ Requests (all authenticated with the job key; each is idempotent):
 
 import dataclasses
 import logging
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
-import psutil
-
-from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteTimeoutError
+from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError, HvdliteTimeoutError
+from hvdlite.common.net.service import Client, Service, ServiceError
 from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.service import Client, Service, ServiceError
+from hvdlite.runner.nics import discover_nics, is_loopback
+from hvdlite.runner.procs import exit_status, failure_message
 
 log = logging.getLogger(__name__)
-
-
-def discover_nics() -> Dict[str, List[str]]:
-    """This host's interfaces that are up, with their IPv4 addresses."""
-    stats = psutil.net_if_stats()
-    nics = {}
-    for name, addrs in psutil.net_if_addrs().items():
-        if name in stats and not stats[name].isup:
-            continue
-        v4 = [a.address for a in addrs if a.family == socket.AF_INET]
-        if v4:
-            nics[name] = v4
-    return nics
-
-
-def is_loopback(iface: str, addrs: List[str]) -> bool:
-    return iface == "lo" or all(a.startswith("127.") for a in addrs)
 
 
 def _check(cond: bool, what: str) -> None:
@@ -120,7 +102,6 @@ class Driver:
     def __init__(self, key: bytes, job_id: str, hostnames: List[str],
                  slots_by_host: List[List[SlotInfo]]):
         self.key = key
-        self.job_id = job_id
         self.hostnames = hostnames
         self.slots_by_host = slots_by_host
         self.service = DriverService(key, job_id, hostnames,
@@ -149,7 +130,7 @@ class Driver:
 
         Raises:
             HvdliteTimeoutError: some did not within --start-timeout (names them).
-            HvdliteConfigError: a task exited before registering (names the host).
+            HvdliteLaunchError: a task exited before registering (names the host).
         """
         svc = self.service
         with svc.cond:
@@ -157,7 +138,7 @@ class Driver:
                 for i, t in enumerate(tasks):
                     code = t.poll()
                     if i not in svc.registrations and code is not None:
-                        raise HvdliteConfigError(
+                        raise HvdliteLaunchError(
                             f"the task on host {self.hostnames[i]} exited with code {code} "
                             f"before registering with the driver (see its messages above)")
                 left = deadline - time.monotonic()
@@ -178,7 +159,7 @@ class Driver:
         """Probe the ring of tasks; return ``(interface, rendezvous address)``.
 
         Raises:
-            HvdliteConfigError: no interface (or none of ``wanted``) is routable
+            HvdliteLaunchError: no interface (or none of ``wanted``) is routable
                 between all hosts, or no driver address is reachable from all.
         """
         regs = self.service.registrations
@@ -207,12 +188,12 @@ class Driver:
         if wanted:
             candidates = [w for w in wanted if w in common]
             if not candidates:
-                raise HvdliteConfigError(
+                raise HvdliteLaunchError(
                     f"--network-interfaces {','.join(wanted)}: none of them is routable between "
                     f"all hosts; routable: {sorted(common) or 'none'}; interfaces per host: "
                     + "; ".join(f"{r.hostname}: {sorted(r.nics)}" for r in regs.values()))
         if not candidates:
-            raise HvdliteConfigError(
+            raise HvdliteLaunchError(
                 "no network interface is routable between all hosts ("
                 + "; ".join(f"{self.hostnames[i]} -> {self.hostnames[(i + 1) % n]}: "
                             f"{sorted(r) or 'none'}" for i, r in enumerate(results))
@@ -230,7 +211,7 @@ class Driver:
             usable = sorted(driver_ok & set(self.nics),
                             key=lambda x: (is_loopback(x, self.nics[x]), x))
             if not usable:
-                raise HvdliteConfigError(
+                raise HvdliteLaunchError(
                     "no address of this host is reachable from all hosts for the rendezvous "
                     "store (check firewalls)")
             rdv = self.nics[usable[0]][0]
@@ -240,7 +221,7 @@ class Driver:
         """Have every task start its workers.
 
         Raises:
-            HvdliteConfigError: a task could not start them (names the host and reason).
+            HvdliteLaunchError: a task could not start them (names the host and reason).
         """
 
         def run(i):
@@ -250,7 +231,7 @@ class Driver:
                                          "env": job_env},
                                         timeout_s=max(5.0, deadline - time.monotonic()))
             except (ServiceError, ConnectionError, HvdliteTimeoutError) as exc:
-                raise HvdliteConfigError(
+                raise HvdliteLaunchError(
                     f"starting workers on host {self.hostnames[i]} failed: {exc}") from None
 
         with ThreadPoolExecutor(max_workers=len(self.hostnames)) as pool:
@@ -261,7 +242,6 @@ class Driver:
 
         Returns ``(failure message or None, exit code)``.
         """
-        from hvdlite.runner.gloo_run import exit_status, failure_message
         svc = self.service
         size = sum(len(s) for s in self.slots_by_host)
         host_of = {s.rank: s.hostname for ss in self.slots_by_host for s in ss}
@@ -296,7 +276,7 @@ class Driver:
         def term(i):
             try:
                 self._client(i, timeout_s).request({"op": "terminate"}, timeout_s=timeout_s)
-            except (ServiceError, ConnectionError, HvdliteError, OSError) as exc:
+            except (HvdliteError, OSError) as exc:
                 log.info("terminate on %s: %s", self.hostnames[i], exc)
 
         with ThreadPoolExecutor(max_workers=len(indices)) as pool:

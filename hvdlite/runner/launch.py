@@ -14,10 +14,14 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional
 
+from hvdlite import __version__
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
+from hvdlite.runner import gloo_run
 from hvdlite.runner.hosts import (HostSlots, assign_slots, is_local, parse_hostfile,
                                   parse_hosts, resolve)
+from hvdlite.runner.mpi_run import find_mpiexec, launch_mpi
+from hvdlite.runner.ssh import SSHOptions
 
 log = logging.getLogger("hvdlite.runner")
 
@@ -27,8 +31,6 @@ FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 _JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
               cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
               cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE}
-
-DEFAULT_START_TIMEOUT_S = 30.0
 
 
 @dataclasses.dataclass
@@ -42,7 +44,7 @@ class Settings:
     verbose: bool = False
     output_dir: Optional[str] = None
     timestamp_output: bool = False
-    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    start_timeout_s: float = cfg.Config.start_timeout_s
     ssh_port: int = 22
     ssh_identity_file: Optional[str] = None
     ssh_known_hosts_file: Optional[str] = None
@@ -71,22 +73,23 @@ TUNABLE_FLAGS = {
     "fusion_chunk_mb": (cfg.FUSION_CHUNK, lambda v: str(max(1, int(float(v) * 1024 * 1024)))),
     "cycle_time_ms": (cfg.CYCLE_TIME, str),
     "cache_capacity": (cfg.CACHE_CAPACITY, str),
-    "timeline_filename": (cfg.TIMELINE, str),
-    "timeline_mark_cycles": (cfg.TIMELINE_MARK_CYCLES, lambda v: "1" if v else ""),
     "no_stall_check": (cfg.STALL_CHECK_DISABLE, lambda v: "1" if v else ""),
     "stall_check_warning_time_seconds": (cfg.STALL_CHECK_WARNING_TIME, str),
     "stall_check_shutdown_time_seconds": (cfg.STALL_CHECK_SHUTDOWN_TIME, str),
-    "autotune": (cfg.AUTOTUNE, lambda v: "1" if v else ""),
-    "autotune_log_file": (cfg.AUTOTUNE_LOG, str),
     "log_level": (cfg.LOG_LEVEL, str),
     "start_timeout": (cfg.START_TIMEOUT, str),
     "op_timeout_seconds": (cfg.OP_TIMEOUT, str),
 }
 
-
-def _version() -> str:
-    import hvdlite
-    return getattr(hvdlite, "__version__", "unknown")
+#: horovodrun flags for features hvdlite does not offer: parsed, so that Horovod users get a
+#: clear answer instead of argparse's "unrecognized arguments", then refused.
+#: flag dest -> (flag, the missing feature)
+REFUSED_FLAGS = {
+    "timeline_filename": ("--timeline-filename", "a timeline"),
+    "timeline_mark_cycles": ("--timeline-mark-cycles", "a timeline"),
+    "autotune": ("--autotune", "autotuning"),
+    "autotune_log_file": ("--autotune-log-file", "autotuning"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="file with one 'host slots=N' per line (# comments allowed)")
     h.add_argument("--start-timeout", type=float, metavar="SECONDS",
                    help=f"bound on connecting to hosts, task registration and worker rendezvous "
-                        f"(default {DEFAULT_START_TIMEOUT_S:.0f})")
+                        f"(default {cfg.Config.start_timeout_s:.0f})")
     h.add_argument("--network-interfaces", metavar="NICS",
                    help="comma-separated interfaces to use between hosts (default: probe and "
                         "pick one routable between all hosts)")
@@ -165,20 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--op-timeout-seconds", type=float, metavar="SECONDS",
                    help="how long a collective may wait on a silent peer before failing")
 
-    tl = p.add_argument_group("timeline parameters")
-    tl.add_argument("--timeline-filename", metavar="FILE", help="write a Chrome-trace timeline")
-    tl.add_argument("--timeline-mark-cycles", action="store_true",
-                    help="mark background loop cycles in the timeline")
+    tl = p.add_argument_group("timeline parameters", "horovodrun's timeline flags; refused: "
+                              "hvdlite does not offer a timeline yet")
+    tl.add_argument("--timeline-filename", metavar="FILE", help="refused")
+    tl.add_argument("--timeline-mark-cycles", action="store_true", help="refused")
 
     st = p.add_argument_group("stall check parameters")
     st.add_argument("--no-stall-check", action="store_true", help="disable the stall check")
     st.add_argument("--stall-check-warning-time-seconds", type=float, metavar="SECONDS")
     st.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="SECONDS")
 
-    at = p.add_argument_group("autotune parameters")
-    at.add_argument("--autotune", action="store_true",
-                    help="search fusion threshold and cycle time online")
-    at.add_argument("--autotune-log-file", metavar="FILE")
+    at = p.add_argument_group("autotune parameters", "horovodrun's autotune flags; refused: "
+                              "hvdlite does not offer autotuning yet")
+    at.add_argument("--autotune", action="store_true", help="refused")
+    at.add_argument("--autotune-log-file", metavar="FILE", help="refused")
 
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the training command: 'python train.py ...' or 'train.py ...'")
@@ -275,22 +278,20 @@ def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
 
 
 def controllers_available() -> Dict[str, bool]:
-    from hvdlite.runner.mpi_run import find_mpiexec
     has_torch = importlib.util.find_spec("torch") is not None
     return {"gloo": has_torch,
             "mpi": find_mpiexec() is not None and importlib.util.find_spec("mpi4py") is not None}
 
 
 def check_build() -> str:
-    frameworks = {"PyTorch": importlib.util.find_spec("torch") is not None,
-                  "TensorFlow": importlib.util.find_spec("tensorflow") is not None}
+    """What ``--check-build`` prints: the one framework hvdlite supports and its controllers."""
     ctl = controllers_available()
 
     def box(x):
         return "[X]" if x else "[ ]"
 
-    lines = [f"hvdlite v{_version()}:", "", "Available Frameworks:"]
-    lines += [f"    {box(v)} {k}" for k, v in frameworks.items()]
+    lines = [f"hvdlite v{__version__}:", "", "Available Frameworks:",
+             f"    {box(importlib.util.find_spec('torch') is not None)} PyTorch"]
     lines += ["", "Available Controllers:", f"    {box(ctl['gloo'])} Gloo",
               f"    {box(ctl['mpi'])} MPI", ""]
     return "\n".join(lines)
@@ -300,8 +301,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Validate the flags into Settings.
 
     Raises:
-        HvdliteConfigError: any bad flag value, host list or command (names the flag).
+        HvdliteConfigError: any bad flag value, host list or command, or a flag for a
+            feature hvdlite does not offer (names the flag).
     """
+    for dest, (flag, feature) in REFUSED_FLAGS.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise HvdliteConfigError(
+                f"{flag}: hvdlite does not offer {feature} yet; remove the flag")
     if args.np is None:
         raise HvdliteConfigError("-np is required (the number of processes)")
     if args.np < 1:
@@ -326,7 +332,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         controller = "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
     tunable_env[cfg.CPU_OPERATIONS] = controller
     start_timeout = args.start_timeout if args.start_timeout is not None \
-        else DEFAULT_START_TIMEOUT_S
+        else cfg.Config.start_timeout_s
     if start_timeout <= 0:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
@@ -355,7 +361,6 @@ def run(settings: Settings) -> int:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
     if settings.controller == "mpi":
-        from hvdlite.runner.mpi_run import launch_mpi
         names = [n for n in FORWARD_ALWAYS if n in os.environ]
         env = dict(settings.tunable_env)
         env.update(settings.user_env)
@@ -364,7 +369,6 @@ def run(settings: Settings) -> int:
                           if settings.ssh_port != 22 else None,
                           identity_file=settings.ssh_identity_file, verbose=settings.verbose,
                           output_dir=settings.output_dir, timestamp=settings.timestamp_output)
-    from hvdlite.runner import gloo_run
     if all(is_local(h.hostname) for h in used):
         if settings.verbose:
             log.warning("all hosts are local: starting %d ranks without SSH", settings.np)
@@ -372,7 +376,6 @@ def run(settings: Settings) -> int:
                                      output_dir=settings.output_dir, verbose=settings.verbose,
                                      timestamp=settings.timestamp_output,
                                      extra_env=settings.user_env)
-    from hvdlite.runner.ssh import SSHOptions
     ssh = SSHOptions(port=settings.ssh_port, identity_file=settings.ssh_identity_file,
                      known_hosts_file=settings.ssh_known_hosts_file,
                      strict_host_key_checking=settings.ssh_strict_host_key_checking)
@@ -388,7 +391,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = parse_args(argv)
         if args.version:
-            print(f"hvdlite-run {_version()}")
+            print(f"hvdlite-run {__version__}")
             return 0
         if args.check_build:
             print(check_build())

@@ -18,15 +18,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
+import time
 from typing import Dict, List, Optional, Sequence
 
 import psutil
 
 from hvdlite.common import config as cfg
-from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
 from hvdlite.runner.hosts import HostSlots
-from hvdlite.runner.rank_output import describe_exit, exit_status, wrapper_command
+from hvdlite.runner.procs import StopSignals, describe_exit, exit_status, kill_tree
+from hvdlite.runner.rank_output import wrapper_command
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
 
     Raises:
         HvdliteConfigError: no mpiexec on PATH, or an unknown flavour.
+        HvdliteLaunchError: mpiexec cannot be started.
     """
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -132,37 +134,30 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
                         timestamp=timestamp)
     if verbose:
         sys.stderr.write(f"hvdlite-run: {flavor}: {' '.join(shlex.quote(c) for c in cmd)}\n")
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    stopped = threading.Event()
+    try:
+        proc = subprocess.Popen(cmd, start_new_session=True)
+    except OSError as exc:
+        raise HvdliteLaunchError(f"--mpi: cannot start {mpiexec}: {exc.strerror}") from None
 
-    def on_signal(signum, frame):
-        stopped.set()
-        sys.stderr.write(f"hvdlite-run: received {signal.Signals(signum).name}; "
-                         f"stopping mpiexec.\n")
+    def stop_mpiexec():
         try:
             proc.send_signal(signal.SIGINT)
         except OSError:
             pass
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    import time
     stop_deadline = None
-    try:
+    with StopSignals(stop_mpiexec, action="stopping mpiexec") as sig:
         while True:
             try:
                 code = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if stopped.is_set():
+            if sig.stopped.is_set():
                 stop_deadline = stop_deadline or time.monotonic() + 5.0
                 if time.monotonic() > stop_deadline:
-                    from hvdlite.runner.gloo_run import kill_tree
                     kill_tree(psutil.Process(proc.pid), grace_s=3.0)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if stopped.is_set():
+    if sig.stopped.is_set():
         return 130
     if code != 0:
         sys.stderr.write(f"hvdlite-run: mpiexec ({flavor}) {describe_exit(code)}; see the "

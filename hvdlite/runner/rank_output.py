@@ -3,7 +3,7 @@
 Both launch modes use the pieces here:
 
 * :class:`OutputSink` and :func:`pump_lines` -- the Gloo launcher and its tasks
-  (``gloo_run.WorkerGroup``) read every rank's pipes and write tagged lines.
+  (``procs.WorkerGroup``) read every rank's pipes and write tagged lines.
 * :func:`main` -- under ``--mpi``, mpiexec starts the ranks itself, so each rank
   runs as ``python -m hvdlite.runner.rank_output [--output-dir DIR] -- CMD...``
   (see :func:`wrapper_command`).  The wrapper reads its rank from the MPI
@@ -20,8 +20,8 @@ are forwarded to the child's process group; on Linux the child also gets
 SIGKILL should the wrapper die without forwarding (mpiexec's SIGKILL).  The
 wrapper exits with the child's code, 128+N for signal N.
 
-This module imports only the standard library and ``hvdlite.common``'s
-exceptions, so it starts fast on every rank and never imports torch.
+This module imports no framework (only the standard library, psutil and
+:mod:`hvdlite.runner.procs`), so it starts fast on every rank and never imports torch.
 """
 
 import argparse
@@ -33,9 +33,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteLaunchError
+from hvdlite.runner.procs import describe_exit, exit_status
 
 #: where MPI implementations put the world rank, tried in order:
 #: Open MPI, PMIx (Open MPI 5 / PRRTE), MPICH Hydra and Intel MPI.
@@ -45,20 +46,6 @@ RANK_ENV_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 #: (a grandchild that keeps the pipes open must not keep the rank alive)
 OUTPUT_DRAIN_S = 5.0
 MODULE = "hvdlite.runner.rank_output"
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def exit_status(code: int) -> int:
-    """Our own exit status for a failed rank's code (signals map to 128+N)."""
-    return code if code > 0 else 128 - code
 
 
 class OutputSink:
@@ -100,6 +87,11 @@ class OutputSink:
                     f = self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
                 f.write(line)
                 f.flush()
+
+    def attach(self, rank: int, stream: str, pipe: IO[bytes]) -> threading.Thread:
+        """Start a thread that writes each line of ``pipe`` as ``rank``'s ``stream``."""
+        return pump_lines(pipe, lambda line: self.write(rank, stream, line),
+                          name=f"output-rank{rank}-{stream}")
 
     def close(self) -> None:
         with self._lock:
@@ -201,7 +193,7 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
     """Run ``command`` as rank ``rank``, its output through ``sink``; returns our exit status.
 
     Raises:
-        HvdliteConfigError: the command cannot be started.
+        HvdliteLaunchError: the command cannot be started.
     """
     env = dict(os.environ if environ is None else environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -211,7 +203,7 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
                                 stderr=subprocess.PIPE, close_fds=False,
                                 start_new_session=True, preexec_fn=_parent_death_signal())
     except OSError as exc:
-        raise HvdliteConfigError(f"rank {rank} on host {socket.gethostname()}: cannot start "
+        raise HvdliteLaunchError(f"rank {rank} on host {socket.gethostname()}: cannot start "
                                  f"{command[0]!r}: {exc.strerror}") from None
     # Our copy of the PMI connection (Hydra's PMI_FD) stays open until we exit: Hydra
     # takes an EOF on it without a finalize as an abort and SIGKILLs the job, so the EOF
@@ -228,9 +220,7 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, forward) for s in forwarded}
     try:
-        pumps = [pump_lines(stream, lambda line, n=name: sink.write(rank, n, line),
-                            name=f"output-rank{rank}-{name}")
-                 for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+        pumps = [sink.attach(rank, "stdout", proc.stdout), sink.attach(rank, "stderr", proc.stderr)]
         code = proc.wait()
         deadline = time.monotonic() + OUTPUT_DRAIN_S
         for t in pumps:
@@ -259,7 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rank = mpi_rank(os.environ)
         sink = OutputSink(output_dir=args.output_dir, timestamp=args.timestamp)
         return run_rank(args.command, rank, sink)
-    except HvdliteConfigError as exc:
+    except HvdliteError as exc:
         _report(f"hvdlite-run: error: {exc}\n")
         return 2
 

@@ -1,19 +1,25 @@
 """The key-value store workers rendezvous through, served by the launcher.
 
 Unlike an open ``TCPStore``, every request is authenticated with the job's key
-(see :mod:`hvdlite.runner.secure`): a process without the key can neither read
-nor write.  The worker side wraps :class:`KVClient` into a
-``torch.distributed.Store`` (``hvdlite.common.backend.gloo``); this module
-itself needs no torch.
+(see :mod:`hvdlite.common.net.framing`): a process without the key can neither
+read nor write.  Workers reach it through :class:`hvdlite.common.net.kv.KVClient`.
+
+:class:`RendezvousService` adds *rounds* on top: whoever launched the job (the
+static launcher, later the elastic driver) publishes each round's slots, and a
+worker's ``init()`` joins the first round after the one it last joined, learning
+its rank, size and local / cross ranks from its host and local slot.  Each
+round's Gloo keys live under their own prefix, so rounds never mix.
 """
 
 import base64
+import dataclasses
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
-from hvdlite.common.exceptions import HvdliteTimeoutError
-from hvdlite.runner.service import Client, Service, ServiceError
+from hvdlite.common.net.kv import PLACE_FIELDS
+from hvdlite.common.net.service import Service, ServiceError
+from hvdlite.runner.hosts import SlotInfo
 
 
 class KVStoreService(Service):
@@ -95,62 +101,79 @@ class KVStoreService(Service):
         raise ServiceError(f"unknown store operation {op!r}")
 
 
-class KVClient:
-    """Client of :class:`KVStoreService`; keys are namespaced by ``prefix``.
+class RendezvousService(KVStoreService):
+    """The store plus rendezvous rounds.
 
-    Blocking calls (``get``, ``wait``) are bounded by ``timeout_s`` and raise
-    :class:`HvdliteTimeoutError` naming the key.
+    ``publish(slots)`` opens the next round with those slots; ``join_round``
+    requests (``after``, ``hostname``, ``local_rank``) block until a round newer
+    than ``after`` is open and answer with the caller's place in it.  A caller
+    whose slot is not in the newest round is refused at once: it is stale and
+    must not meet the round's members.  With ``repeat_last=True`` (a static job)
+    a request for a round after the newest one opens the next round with the same
+    slots, so ``shutdown()`` then ``init()`` needs nobody to publish.
     """
 
-    def __init__(self, addr: Tuple[str, int], key: bytes, timeout_s: float, prefix: str = ""):
-        self._client = Client(addr, key, timeout_s, name="rendezvous store")
-        self.timeout_s = timeout_s
-        self.prefix = prefix
+    _MAX_WAIT_S = 24 * 3600.0
 
-    def _k(self, key: str) -> str:
-        return self.prefix + key
+    def __init__(self, key: bytes, slots: Sequence[SlotInfo] = (), bind_addr: str = "127.0.0.1",
+                 port: int = 0, repeat_last: bool = True):
+        self._repeat_last = repeat_last
+        self._round = -1
+        self._places: Dict[Tuple[str, int], SlotInfo] = {}
+        super().__init__(key, bind_addr, port)
+        if slots:
+            self.publish(slots)
 
-    def _blocking(self, header, what: str) -> bytes:
-        # the store answers (with an error) once the wait's own timeout passes; allow for that
-        try:
-            _, out = self._client.request(header, timeout_s=float(header["timeout_s"]) + 5)
-        except ServiceError as exc:
-            raise HvdliteTimeoutError(f"rendezvous: {what}: {exc}") from None
-        return out
+    @property
+    def round(self) -> int:
+        """The newest round (-1 before the first is published)."""
+        return self._round
 
-    def set(self, key: str, value: bytes) -> None:
-        self._client.request({"op": "set", "key": self._k(key)}, bytes(value))
+    def publish(self, slots: Sequence[SlotInfo]) -> int:
+        """Open the next round with ``slots`` (one per rank); returns its number.
 
-    def get(self, key: str) -> bytes:
-        return self._blocking({"op": "get", "key": self._k(key), "timeout_s": self.timeout_s},
-                              f"waiting for key {key!r}")
+        Raises:
+            ValueError: two slots share a host and local rank.
+        """
+        places = {(s.hostname, s.local_rank): s for s in slots}
+        if len(places) != len(slots):
+            raise ValueError("every slot of a round needs its own (host, local_rank)")
+        with self._cond:
+            self._round += 1
+            self._places = places
+            self._cond.notify_all()
+            return self._round
 
-    def add(self, key: str, amount: int) -> int:
-        reply, _ = self._client.request({"op": "add", "key": self._k(key), "amount": int(amount)})
-        return int(reply["value"])
+    def handle(self, header, blob, client):
+        if header.get("op") != "join_round":
+            return super().handle(header, blob, client)
+        after, host = header.get("after"), header.get("hostname")
+        local_rank, timeout_s = header.get("local_rank"), header.get("timeout_s")
+        if not (_is_int(after) and _is_int(local_rank) and isinstance(host, str)
+                and isinstance(timeout_s, (int, float))
+                and 0 <= timeout_s <= self._MAX_WAIT_S):
+            raise ServiceError("join_round: after, local_rank (integers), hostname (string) "
+                               "and timeout_s (seconds) are required")
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._round <= after and self._repeat_last and self._places:
+                    self.publish(list(self._places.values()))
+                if self._round > after:
+                    slot = self._places.get((host, local_rank))
+                    if slot is None:
+                        raise ServiceError(
+                            f"round {self._round} has no place for host {host} local slot "
+                            f"{local_rank} (its slots: {sorted(self._places)}); this process "
+                            f"is stale and must not join")
+                    place = dataclasses.asdict(slot)
+                    return dict({f: place[f] for f in PLACE_FIELDS}, round=self._round), b""
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServiceError(f"no round after round {after} was opened within "
+                                       f"{timeout_s:g}s")
+                self._cond.wait(left)
 
-    def check(self, keys: List[str]) -> bool:
-        reply, _ = self._client.request({"op": "check", "keys": [self._k(k) for k in keys]})
-        return bool(reply["present"])
 
-    def wait(self, keys: List[str], timeout_s: Optional[float] = None) -> None:
-        t = self.timeout_s if timeout_s is None else timeout_s
-        self._blocking({"op": "wait", "keys": [self._k(k) for k in keys], "timeout_s": t},
-                       f"waiting for keys {list(keys)[:5]}")
-
-    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        _, out = self._client.request(
-            {"op": "compare_set", "key": self._k(key),
-             "expected": base64.b64encode(bytes(expected)).decode()}, bytes(desired))
-        return out
-
-    def delete(self, key: str) -> bool:
-        reply, _ = self._client.request({"op": "delete", "key": self._k(key)})
-        return bool(reply["deleted"])
-
-    def num_keys(self) -> int:
-        reply, _ = self._client.request({"op": "num_keys"})
-        return int(reply["value"])
-
-    def close(self) -> None:
-        self._client.close()
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

@@ -8,6 +8,7 @@ connection dropped) the task ends its workers and exits.
 
 import abc
 import dataclasses
+import getpass
 import json
 import logging
 import os
@@ -22,8 +23,9 @@ from typing import Callable, Optional
 import paramiko
 import psutil
 
-from hvdlite.common.exceptions import HvdliteConfigError, HvdliteTimeoutError
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError, HvdliteTimeoutError
 from hvdlite.runner.hosts import HostSlots, resolve
+from hvdlite.runner.procs import kill_tree
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,6 @@ class LocalTask(TaskProcess):
             return None
 
     def kill(self):
-        from hvdlite.runner.gloo_run import kill_tree
         try:
             kill_tree(psutil.Process(self._proc.pid), grace_s=2.0)
         except psutil.NoSuchProcess:
@@ -168,7 +169,7 @@ class SSHTask(TaskProcess):
                     pass
         client.set_missing_host_key_policy(
             paramiko.RejectPolicy() if opts.strict_host_key_checking else _QuietWarningPolicy())
-        user = host.user or _current_user()
+        user = host.user or getpass.getuser()
         try:
             client.connect(host.hostname, port=opts.port, username=user,
                            key_filename=opts.identity_file, timeout=timeout_s,
@@ -179,7 +180,7 @@ class SSHTask(TaskProcess):
             client.close()
             hint = (f"the key {opts.identity_file} (-i/--ssh-identity-file)"
                     if opts.identity_file else "your default keys (give one with -i)")
-            raise HvdliteConfigError(
+            raise HvdliteLaunchError(
                 f"SSH to {target}: authentication as {user!r} failed with {hint}: {exc}") \
                 from None
         except (socket.timeout, TimeoutError):
@@ -189,10 +190,10 @@ class SSHTask(TaskProcess):
                 f"(raise --start-timeout, or check the host and -p/--ssh-port)") from None
         except paramiko.BadHostKeyException as exc:
             client.close()
-            raise HvdliteConfigError(f"SSH to {target}: host key mismatch: {exc}") from None
+            raise HvdliteLaunchError(f"SSH to {target}: host key mismatch: {exc}") from None
         except paramiko.SSHException as exc:
             client.close()
-            raise HvdliteConfigError(
+            raise HvdliteLaunchError(
                 f"SSH to {target}: {exc} (strict host key checking: add the host to "
                 f"--ssh-known-hosts, or drop --ssh-strict-host-key-checking)"
                 if "not found in known_hosts" in str(exc) else f"SSH to {target}: {exc}") \
@@ -202,7 +203,7 @@ class SSHTask(TaskProcess):
             reason = exc.strerror or str(exc)
             if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
                 reason = "connection refused"
-            raise HvdliteConfigError(
+            raise HvdliteLaunchError(
                 f"SSH to {target}: cannot connect: {reason} (is sshd running there? "
                 f"check -p/--ssh-port)") from None
         self._client = client
@@ -213,9 +214,10 @@ class SSHTask(TaskProcess):
             chan.exec_command(command)
         except (paramiko.SSHException, OSError) as exc:
             client.close()
-            raise HvdliteConfigError(f"SSH to {target}: cannot start the task: {exc}") \
+            raise HvdliteLaunchError(f"SSH to {target}: cannot start the task: {exc}") \
                 from None
         self._chan = chan
+        # held for the task's life: closing (or collecting) it shuts the lifeline
         self._stdin = chan.makefile_stdin("wb")
         self._out = chan.makefile("rb")
         self._err = chan.makefile_stderr("rb")
@@ -257,17 +259,14 @@ class _QuietWarningPolicy(paramiko.MissingHostKeyPolicy):
                  key.get_name())
 
 
-def _current_user() -> str:
-    import getpass
-    return getpass.getuser()
-
-
 def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
                timeout_s: float) -> TaskProcess:
     """Start the task service process for ``host``.
 
     Raises:
-        HvdliteConfigError: the host is unknown, refuses the connection or the login.
+        HvdliteConfigError: the host name does not resolve, or --ssh-known-hosts is unreadable.
+        HvdliteLaunchError: the host refuses the connection or the login, or its key
+            does not match; or the task cannot be started there.
         HvdliteTimeoutError: the host did not answer within ``timeout_s``.
     """
     data = (json.dumps(payload) + "\n").encode()

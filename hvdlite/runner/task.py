@@ -9,7 +9,6 @@ driver address it can reach, registers this host's interfaces, and serves:
   ``{reachable: [iface]}``: the interfaces on which the expected task answered
 * ``run {slots, command, env}``: start this host's workers (a second call is a no-op)
 * ``terminate``: end the workers' process trees and exit
-* ``status`` -> ``{started, exited: {rank: code}}``
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it); worker exits are reported to the driver.  When stdin closes, the
@@ -24,10 +23,12 @@ import threading
 from typing import Callable, Dict, List, Optional
 
 from hvdlite.common import config as cfg
-from hvdlite.common.exceptions import HvdliteError
-from hvdlite.runner.driver import discover_nics
+from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
+from hvdlite.common.net.service import Client, Service, ServiceError
 from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.service import Client, Service, ServiceError
+from hvdlite.runner.nics import discover_nics
+from hvdlite.runner.procs import WorkerGroup
+from hvdlite.runner.rank_output import OutputSink
 
 log = logging.getLogger("hvdlite.runner.task")
 
@@ -64,7 +65,7 @@ def probe_targets(key: bytes, job_id: str, targets, expect: int, timeout_s: floa
             if (reply.get("role") == "task" and reply.get("job_id") == job_id
                     and reply.get("host_index") == expect):
                 reachable.append(iface)
-        except (HvdliteError, ServiceError, OSError) as exc:
+        except (HvdliteError, OSError) as exc:
             log.info("probe of %s %s:%s failed: %s", iface, addr, port, exc)
         finally:
             client.close()
@@ -83,16 +84,12 @@ class TaskService(Service):
         self._on_terminate = on_terminate
         self._lock = threading.Lock()
         self.started = False
-        self.exited: Dict[int, int] = {}
         super().__init__("task service", key, bind_addr)
 
     def handle(self, header, blob, client):
         op = header.get("op")
         if op == "ping":
             return {"role": "task", "job_id": self.job_id, "host_index": self.host_index}, b""
-        if op == "status":
-            return {"started": self.started,
-                    "exited": {str(k): v for k, v in self.exited.items()}}, b""
         if op == "probe":
             targets = header.get("targets")
             _check(isinstance(targets, list) and len(targets) <= 64 and all(
@@ -140,7 +137,6 @@ class _Task:
         self.cwd = cwd if cwd and os.path.isdir(cwd) else None
 
     def on_run(self, slots, command, env):
-        from hvdlite.runner.gloo_run import OutputSink, WorkerGroup
         base = dict(os.environ)
         base.update(self.forward_env)
         job_env = dict(env)
@@ -179,11 +175,11 @@ class _Task:
                     if chosen is None:
                         chosen = client
                         continue
-            except (HvdliteError, ServiceError, OSError) as exc:
+            except (HvdliteError, OSError) as exc:
                 log.info("driver address %s %s:%s unreachable: %s", iface, addr, port, exc)
             client.close()
         if chosen is None:
-            raise HvdliteError(
+            raise HvdliteLaunchError(
                 f"host {self.hostname}: cannot reach the driver at any of "
                 f"{[a[1:] for a in self.driver_addrs]}")
         self.driver = chosen

@@ -1,7 +1,6 @@
 """hvdlite for PyTorch: the horovod.torch API (``import hvdlite.torch as hvd``)."""
 
-from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteError,  # noqa: F401
-                                       HvdliteInternalError)
+from hvdlite.common.exceptions import HvdliteError, HvdliteInternalError  # noqa: F401
 from hvdlite.torch.mpi_ops import *  # noqa: F401,F403
 from hvdlite.torch.mpi_ops import __all__ as _ops_all
 from hvdlite.torch.compression import Compression  # noqa: F401
@@ -14,6 +13,6 @@ from hvdlite.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 HorovodInternalError = HvdliteInternalError
 
 __all__ = list(_ops_all) + [
-    "HvdliteError", "HvdliteInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "HvdliteError", "HvdliteInternalError", "HorovodInternalError",
     "Compression", "DistributedOptimizer", "SyncBatchNorm", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object"]

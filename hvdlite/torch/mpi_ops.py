@@ -1,25 +1,24 @@
-"""The horovod.torch collective API on hvdlite's runtime.
+"""The horovod.torch collective API: torch's adapter over :mod:`hvdlite.common.ops`.
 
 Every function has the name and semantics of its ``horovod.torch``
-counterpart.  Async variants return a handle for :func:`synchronize` /
-:func:`poll`; names must be unique among operations in flight, and ranks must
-use the same name for the same tensor (unnamed operations are numbered per
-kind, so all ranks must issue them in the same order).
+counterpart.  This module only does what is torch's own: it checks that a
+tensor is a dense CPU ``torch.Tensor``, makes it contiguous (copying back for
+in-place ops), allocates outputs, applies compression, and wraps the ops in
+autograd functions.  Names, requests, validation, handles and waiting are the
+op layer's.
 """
 
-import itertools
-import threading
-from typing import List, Optional, Sequence
+from typing import Optional
 
 import torch
 
-from hvdlite.common import basics
+from hvdlite.common import ops
 from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled, init,
                                    is_homogeneous, is_initialized, local_rank, local_size,
                                    mpi_built, mpi_enabled, rank, shutdown, size)
-from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
+                                global_process_set, poll, synchronize)
+from hvdlite.common.tensor_queue import Handle
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -34,44 +33,6 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
     "barrier", "global_process_set",
 ]
-
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
-
-_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-           torch.float64: "float64", torch.int8: "int8", torch.int16: "int16",
-           torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
-           torch.bool: "bool"}
-_REDUCIBLE_BOOL_OPS = (Min, Max)
-
-
-class _GlobalProcessSet:
-    """All ranks; the only process set until process sets are implemented."""
-
-    process_set_id = 0
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self):
-        return "global_process_set"
-
-
-global_process_set = _GlobalProcessSet()
-
-_counters = {op: itertools.count() for op in OpType}
-_counter_lock = threading.Lock()
-_SYNC_POLL_S = 0.5
 
 
 def nccl_built() -> bool:
@@ -94,78 +55,30 @@ def rocm_built() -> bool:
     return False
 
 
-def _auto_name(op: OpType) -> str:
-    with _counter_lock:
-        return f"{op.name.lower()}.noname.{next(_counters[op])}"
-
-
-def _check_process_set(process_set) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("hvdlite supports only the global process set so far")
-
-
-def _dtype(tensor, name: str, op: OpType) -> str:
+def _checked(tensor, name: Optional[str], what: str):
+    """``tensor`` if it can be a buffer (dense, CPU); the op layer checks its dtype."""
+    label = f"tensor {name!r}" if name is not None else "an unnamed tensor"
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{op.name.lower()} of {name!r}: expected a torch.Tensor, got "
+        raise TypeError(f"{what} of {label}: expected a torch.Tensor, got "
                         f"{type(tensor).__name__}")
-    dt = _DTYPES.get(tensor.dtype)
-    if dt is None:
-        raise TypeError(f"{op.name.lower()} of tensor {name!r}: dtype {tensor.dtype} is not "
-                        f"supported (supported: {', '.join(_DTYPES.values())})")
     if tensor.device.type != "cpu":
-        raise ValueError(f"{op.name.lower()} of tensor {name!r}: tensor is on {tensor.device}, "
-                         f"but hvdlite's Gloo/MPI transports work on CPU tensors; move it with "
-                         f".cpu() first")
+        raise ValueError(f"{what} of {label}: tensor is on {tensor.device}, but hvdlite's "
+                         f"Gloo/MPI transports work on CPU tensors; move it with .cpu() first")
     if tensor.is_sparse:
-        raise ValueError(f"{op.name.lower()} of tensor {name!r}: sparse tensors are not "
-                         f"supported; densify it with .to_dense()")
-    return dt
+        raise ValueError(f"{what} of {label}: sparse tensors are not supported; densify it "
+                         f"with .to_dense()")
+    return tensor
 
 
-def _reduce_op(average, op, name: str) -> ReduceOp:
-    if average is not None and op is not None:
-        raise ValueError(f"allreduce of {name!r}: pass either op= or the deprecated average=, "
-                         f"not both")
-    if op is None:
-        op = Sum if average is False else Average
-    try:
-        op = ReduceOp(op)
-    except ValueError:
-        raise ValueError(f"allreduce of {name!r}: unknown reduce op {op!r}; use hvd.Average, "
-                         f"hvd.Sum, hvd.Min, hvd.Max or hvd.Product") from None
-    if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not implemented in hvdlite yet; use "
-                                  "hvd.Average or hvd.Sum")
-    return op
+def _buffers(tensors, name, what: str):
+    return [_checked(t, name, what).contiguous() for t in tensors]
 
 
-def _submit(entries: List[Entry]) -> None:
-    basics.runtime().enqueue(entries)
-
-
-def _make(op: OpType, tensors: Sequence, names: Sequence[str], outputs: Sequence,
-          finish=None, **fields) -> Handle:
-    handle = Handle(len(tensors), finish)
-    entries = []
-    for i, (t, nm, out) in enumerate(zip(tensors, names, outputs)):
-        req = Request(nm, op, _dtype(t, nm, op), tuple(t.shape), **fields)
-        entries.append(Entry(req, t, out, handle, i))
-    handle.names = list(names)
-    _submit(entries)
-    return handle
-
-
-def _names(op: OpType, name: Optional[str], count: int, grouped: bool) -> List[str]:
-    if not grouped:
-        return [name if name is not None else _auto_name(op)]
-    base = name if name is not None else _auto_name(op)
-    return [f"{base}.{i}" for i in range(count)]
-
-
-def _contiguous_inplace(tensors):
+def _contiguous_inplace(tensors, name, what: str):
     """Contiguous stand-ins for in-place ops on non-contiguous tensors, copied back at the end."""
     work, back = [], []
     for t in tensors:
+        _checked(t, name, what)
         if t.is_contiguous():
             work.append(t)
         else:
@@ -179,7 +92,6 @@ def _copy_back_finish(back, single: bool):
     def finish(results):
         for dst, src in back:
             dst.copy_(src)
-        targets = results
         mapping = {id(src): dst for dst, src in back}
         targets = [mapping.get(id(r), r) for r in results]
         return targets[0] if single else targets
@@ -189,71 +101,41 @@ def _copy_back_finish(back, single: bool):
 # -- allreduce -------------------------------------------------------------------------------
 def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, prescale_factor,
                      postscale_factor, process_set) -> Handle:
-    _check_process_set(process_set)
-    names = _names(OpType.ALLREDUCE, name, len(tensors), grouped)
-    rop = _reduce_op(average, op, names[0])
-    for t, nm in zip(tensors, names):
-        if isinstance(t, torch.Tensor) and t.dtype == torch.bool and rop not in \
-                _REDUCIBLE_BOOL_OPS:
-            raise TypeError(f"allreduce of bool tensor {nm!r}: only op=hvd.Min or hvd.Max "
-                            f"(logical and / or) are defined for bool")
-    fields = dict(reduce_op=int(rop), prescale=float(prescale_factor),
-                  postscale=float(postscale_factor))
+    rop = ops.reduce_op(average, op, name or "allreduce")
+    if not grouped:
+        t = tensors[0]
+        if type(t) is torch.Tensor and t.is_cpu and not t.is_sparse and t.is_contiguous():
+            # the common case (an optimizer issues thousands per step): nothing to adapt
+            return ops.allreduce_async([t], [t if inplace else torch.empty_like(t)], name,
+                                       False, rop, prescale_factor, postscale_factor,
+                                       process_set)
     finish = None
     if inplace:
-        work, back = _contiguous_inplace(tensors)
+        work, back = _contiguous_inplace(tensors, name, "allreduce")
         outputs = work
         if back or grouped:
             finish = _copy_back_finish(back, single=not grouped)
-        elif not grouped:
-            finish = None
     else:
-        work = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors]
-        outputs = [torch.empty_like(t) if isinstance(t, torch.Tensor) else None for t in work]
+        work = _buffers(tensors, name, "allreduce")
+        outputs = [torch.empty_like(t) for t in work]
         if grouped:
             finish = list
-    return _make(OpType.ALLREDUCE, work, names, outputs, finish, **fields)
-
-
-_FAST_OPS = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
-
-
-def _allreduce_one(tensor, inplace: bool, average, name, op, prescale_factor, postscale_factor,
-                   process_set) -> Handle:
-    """The common case (one plain CPU tensor) without the general path's bookkeeping:
-    an optimizer issues thousands of these per step."""
-    rop = _FAST_OPS.get(op) if average is None and process_set is None else None
-    dt = _DTYPES.get(tensor.dtype) if type(tensor) is torch.Tensor else None
-    if rop is None or dt is None or dt == "bool" or not tensor.is_cpu or tensor.is_sparse or \
-            not tensor.is_contiguous():
-        return _allreduce_async([tensor], inplace, False, average, name, op, prescale_factor,
-                                postscale_factor, process_set)
-    rt = basics._STATE.runtime
-    if rt is None:
-        basics.runtime()                  # raises the not-initialized error
-    if name is None:
-        name = _auto_name(OpType.ALLREDUCE)
-    handle = Handle(1)
-    handle.names = [name]
-    req = Request(name, OpType.ALLREDUCE, dt, tuple(tensor.shape), -1, rop,
-                  prescale_factor if type(prescale_factor) is float else float(prescale_factor),
-                  postscale_factor if type(postscale_factor) is float else float(postscale_factor))
-    rt.enqueue([Entry(req, tensor, tensor if inplace else torch.empty_like(tensor), handle, 0)])
-    return handle
+    return ops.allreduce_async(work, outputs, name, grouped, rop, prescale_factor,
+                               postscale_factor, process_set, finish)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None) -> Handle:
     """Start averaging (or summing, ...) ``tensor`` over all ranks; returns a handle."""
-    return _allreduce_one(tensor, False, average, name, op, prescale_factor, postscale_factor,
-                          process_set)
+    return _allreduce_async([tensor], False, False, average, name, op, prescale_factor,
+                            postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place :func:`allreduce_async`: the result lands in ``tensor``."""
-    return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
-                          process_set)
+    return _allreduce_async([tensor], True, False, average, name, op, prescale_factor,
+                            postscale_factor, process_set)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
@@ -318,17 +200,8 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # -- allgather -------------------------------------------------------------------------------
 def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
-    _check_process_set(process_set)
-    names = _names(OpType.ALLGATHER, name, len(tensors), grouped)
-    work = []
-    for t, nm in zip(tensors, names):
-        _dtype(t, nm, OpType.ALLGATHER)
-        if t.dim() == 0:
-            raise ValueError(f"allgather of tensor {nm!r}: a scalar has no first dimension to "
-                             f"concatenate; reshape it to [1]")
-        work.append(t.contiguous())
-    return _make(OpType.ALLGATHER, work, names, [None] * len(work),
-                 list if grouped else None)
+    return ops.allgather_async(_buffers(tensors, name, "allgather"), name, grouped,
+                               process_set, list if grouped else None)
 
 
 def allgather_async(tensor, name=None, process_set=None) -> Handle:
@@ -352,29 +225,16 @@ def grouped_allgather(tensors, name=None, process_set=None):
 
 
 # -- broadcast -------------------------------------------------------------------------------
-def _check_root(root_rank, name: str) -> int:
-    n = size()
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or \
-            not 0 <= root_rank < n:
-        raise ValueError(f"broadcast of tensor {name!r}: root_rank={root_rank!r} is not a rank "
-                         f"of this job (0..{n - 1})")
-    return root_rank
-
-
 def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Handle:
-    _check_process_set(process_set)
-    [nm] = _names(OpType.BROADCAST, name, 1, False)
-    _dtype(tensor, nm, OpType.BROADCAST)
-    root = _check_root(root_rank, nm)
     if inplace:
-        [work], back = _contiguous_inplace([tensor])
+        [work], back = _contiguous_inplace([tensor], name, "broadcast")
         out = work
         finish = _copy_back_finish(back, True) if back else None
     else:
-        work = tensor.contiguous()
-        out = work.clone() if rank() == root else torch.empty_like(work)
+        [work] = _buffers([tensor], name, "broadcast")
+        out = work.clone() if rank() == root_rank else torch.empty_like(work)
         finish = None
-    return _make(OpType.BROADCAST, [work], [nm], [out], finish, root=root)
+    return ops.broadcast_async(work, out, root_rank, name, process_set, finish)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
@@ -400,28 +260,10 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 # -- alltoall / reducescatter ----------------------------------------------------------------
 def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Send ``splits[r]`` rows of ``tensor`` to rank r; returns (output, received_splits)."""
-    _check_process_set(process_set)
-    [nm] = _names(OpType.ALLTOALL, name, 1, False)
-    _dtype(tensor, nm, OpType.ALLTOALL)
-    if tensor.dim() == 0:
-        raise ValueError(f"alltoall of tensor {nm!r}: a scalar cannot be split; reshape it")
-    n = size()
-    rows = tensor.shape[0]
-    if splits is None:
-        if rows % n:
-            raise ValueError(f"alltoall of tensor {nm!r}: first dimension {rows} does not divide "
-                             f"evenly over {n} ranks; pass splits=")
-        split_list = [rows // n] * n
-    else:
-        if isinstance(splits, torch.Tensor):
-            split_list = [int(s) for s in splits.tolist()]
-        else:
-            split_list = [int(s) for s in splits]
-        if len(split_list) != n or any(s < 0 for s in split_list) or sum(split_list) != rows:
-            raise ValueError(f"alltoall of tensor {nm!r}: splits {split_list} must have {n} "
-                             f"non-negative entries summing to the first dimension {rows}")
-    return _make(OpType.ALLTOALL, [tensor.contiguous()], [nm], [None], None,
-                 splits=tuple(split_list))
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    [work] = _buffers([tensor], name, "alltoall")
+    return ops.alltoall_async(work, splits, name, process_set)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -430,21 +272,10 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 def _reducescatter_async(tensors, grouped, op, name, prescale_factor, postscale_factor,
                          process_set) -> Handle:
-    _check_process_set(process_set)
-    names = _names(OpType.REDUCESCATTER, name, len(tensors), grouped)
-    rop = _reduce_op(None, op, names[0])
-    if rop not in (Average, Sum):
-        raise ValueError(f"reducescatter of {names[0]!r}: only hvd.Average and hvd.Sum are "
-                         f"supported")
-    work = []
-    for t, nm in zip(tensors, names):
-        _dtype(t, nm, OpType.REDUCESCATTER)
-        if t.dim() == 0:
-            raise ValueError(f"reducescatter of tensor {nm!r}: a scalar cannot be scattered")
-        work.append(t.contiguous())
-    return _make(OpType.REDUCESCATTER, work, names, [None] * len(work),
-                 list if grouped else None, reduce_op=int(rop),
-                 prescale=float(prescale_factor), postscale=float(postscale_factor))
+    rop = ops.reduce_op(None, op, name or "reducescatter")
+    return ops.reducescatter_async(_buffers(tensors, name, "reducescatter"), rop, name, grouped,
+                                   prescale_factor, postscale_factor, process_set,
+                                   list if grouped else None)
 
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
@@ -487,7 +318,7 @@ class _AllreduceGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale, postscale, process_set):
         ctx.args = (average, name, op, prescale, postscale, process_set)
-        if _reduce_op(average, op, name or "allreduce") not in (Average, Sum):
+        if ops.reduce_op(average, op, name or "allreduce") not in (Average, Sum):
             ctx.args = None
         return synchronize(allreduce_async(tensor.detach(), average, name, op, prescale,
                                            postscale, process_set))
@@ -539,47 +370,18 @@ class _BroadcastGrad(torch.autograd.Function):
         return reduced, None, None, None
 
 
-# -- handles, join, barrier ------------------------------------------------------------------
-def poll(handle: Handle) -> bool:
-    """True once the operation finished (successfully or not); never blocks."""
-    return handle.done()
-
-
-def synchronize(handle: Handle):
-    """Wait for the operation and return its result (raises its error).
-
-    The wait ends with HvdliteInternalError if the runtime stops (a peer died
-    or shut down) before the operation completes.
-    """
-    if not isinstance(handle, Handle):
-        raise TypeError(f"synchronize expects a handle returned by an *_async call, got "
-                        f"{type(handle).__name__}")
-    while not handle.wait(_SYNC_POLL_S):
-        rt = basics._STATE.runtime
-        if rt is None or not rt.running():
-            if handle.wait(0.1):
-                break
-            raise HvdliteInternalError(
-                f"operation on {handle.names} cannot complete: hvdlite's background thread has "
-                f"stopped ({rt.error() if rt is not None else 'shut down'})")
-    return handle.value()
-
-
+# -- join, barrier ---------------------------------------------------------------------------
 def join(device=-1) -> int:
     """Block until every rank has joined; returns the rank that joined last.
 
     While this rank waits here it keeps taking part in the other ranks'
     allreduces (contributing neutral values) and allgathers (contributing no
-    rows), so ranks with fewer batches do not stall the rest.
+    rows), so ranks with fewer batches do not stall the rest.  ``device`` is
+    accepted for Horovod compatibility (CPU only).
     """
-    handle = Handle(1)
-    _submit([Entry(Request(JOIN_NAME, OpType.JOIN), None, None, handle, 0)])
-    return synchronize(handle)
+    return ops.join()
 
 
 def barrier(process_set=None) -> None:
     """Block until every rank reached the barrier."""
-    _check_process_set(process_set)
-    handle = Handle(1)
-    _submit([Entry(Request(BARRIER_NAME, OpType.BARRIER), None, None, handle, 0)])
-    synchronize(handle)
+    ops.barrier(process_set)

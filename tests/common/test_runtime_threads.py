@@ -12,6 +12,8 @@ import torch
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError, HvdliteMismatchError
 from hvdlite.common.message import JOIN_NAME, OpType, ReduceOp, Request
+from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, NULL,
+                                     QUEUED, Recorder)
 from hvdlite.common.runtime import Runtime
 from hvdlite.common.tensor_queue import Entry, Handle
 from tests.common.loopback import Hub, LoopbackBackend
@@ -19,9 +21,10 @@ from tests.common.loopback import Hub, LoopbackBackend
 pytestmark = pytest.mark.timeout(60)
 
 
-def start(size, **config):
+def start(size, recorders=None, **config):
     hub = Hub(size)
-    rts = [Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r))
+    recorders = recorders or [NULL] * size
+    rts = [Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r), recorders[r])
            for r in range(size)]
     for rt in rts:
         rt.start()
@@ -175,3 +178,82 @@ def test_full_negotiation_when_only_a_peer_missed_the_cache():
         wait(h)
     assert wait(miss).tolist() == [2.0] and wait(x0).tolist() == [2.0]
     stop(rts)
+
+
+class _Log(Recorder):
+    """Keeps every event, to compare what ranks did and when."""
+
+    active = True
+
+    def __init__(self):
+        self.events = []          # (phase, name, time, extra)
+        self.changes = []         # (cycle, parameters)
+
+    def queued(self, name, op, submitted):
+        self.events.append((QUEUED, name, submitted, op))
+
+    def negotiated(self, name, end, waited_for):
+        self.events.append((NEGOTIATE, name, end, tuple(waited_for)))
+
+    def span(self, phase, names, start, end, chunk=0):
+        for n in names:
+            self.events.append((phase, n, start, (end, chunk)))
+
+    def done(self, name, end, error):
+        self.events.append((DONE, name, end, error))
+
+    def parameters(self, cycle, params):
+        self.changes.append((cycle, params))
+
+
+def test_live_parameters_switch_on_every_rank_in_the_same_cycle():
+    logs = [_Log() for _ in range(3)]
+    _, rts = start(3, recorders=logs)
+    changes = {8: dict(fusion_threshold_bytes=64, fusion_chunk_bytes=24,
+                       inplace_threshold_bytes=32, cycle_time_ms=0.2),
+               16: dict(cache_enabled=False, fusion_threshold_bytes=0),
+               24: dict(cache_enabled=True, fusion_threshold_bytes=1 << 20)}
+    with pytest.raises(ValueError, match="only rank 0"):
+        rts[1].propose_parameters(cycle_time_ms=5)
+
+    def body(r, rt):
+        for step in range(32):
+            if r == 0 and step in changes:
+                rt.propose_parameters(**changes[step])
+            tensors = [torch.full((i + 1,), float(r + step + i)) for i in range(6)]
+            handles = [allreduce(rt, f"g{i}", t) for i, t in enumerate(tensors)]
+            for i, h in enumerate(handles):
+                expected = float(sum(q + step + i for q in range(3)))
+                assert wait(h).tolist() == [expected] * (i + 1), (r, step, i)
+
+    on_every_rank(rts, body)
+    stop(rts)
+    assert len(logs[0].changes) == 3, logs[0].changes
+    assert logs[1].changes == logs[0].changes and logs[2].changes == logs[0].changes
+    final = logs[0].changes[-1][1]
+    assert final.fusion_threshold_bytes == 1 << 20 and final.cache_enabled
+    assert final.fusion_chunk_bytes == 24 and final.cycle_time_ms == 0.2
+    assert all(rt.params == final for rt in rts)
+
+
+def test_recorder_sees_every_phase_of_a_pipelined_fused_group():
+    logs = [_Log() for _ in range(2)]
+    _, rts = start(2, recorders=logs, fusion_chunk_bytes=16, inplace_threshold_bytes=0)
+
+    def body(r, rt):
+        handles = [allreduce(rt, f"p{i}", torch.ones(4)) for i in range(3)]
+        for h in handles:
+            assert wait(h).tolist() == [2.0] * 4
+
+    on_every_rank(rts, body)
+    stop(rts)
+    for log in logs:
+        for i in range(3):
+            mine = [e for e in log.events if e[1] == f"p{i}"]
+            phases = [e[0] for e in mine]
+            assert phases == [QUEUED, NEGOTIATE, COPY_IN, COLLECTIVE, COPY_OUT, DONE], phases
+            times = [e[2] for e in mine]
+            assert times == sorted(times), mine
+            assert mine[-1][3] is None                       # no error
+        chunks = {e[3][1] for e in log.events if e[0] == COLLECTIVE}
+        assert len(chunks) > 1, "16-byte chunks should pipeline the 48-byte group"

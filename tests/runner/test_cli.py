@@ -6,7 +6,7 @@ import time
 import pytest
 
 from hvdlite.common import config as cfg
-from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
 from hvdlite.runner import launch
 
 from conftest import free_port, run_launcher, worker
@@ -21,19 +21,15 @@ def settings(argv):
 
 def test_tunable_flags_map_to_env():
     s = settings(["-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
-                  "--cache-capacity", "0", "--timeline-filename", "/tmp/t.json",
-                  "--timeline-mark-cycles", "--no-stall-check",
+                  "--cache-capacity", "0", "--no-stall-check",
                   "--stall-check-warning-time-seconds", "7",
-                  "--stall-check-shutdown-time-seconds", "9", "--autotune",
-                  "--autotune-log-file", "/tmp/a.csv", "--log-level", "DEBUG",
+                  "--stall-check-shutdown-time-seconds", "9", "--log-level", "DEBUG",
                   "--start-timeout", "12", "--gloo", KV])
     e = s.tunable_env
     assert e[cfg.FUSION_THRESHOLD] == str(32 * 1024 * 1024)
     assert e[cfg.CYCLE_TIME] == "2.5" and e[cfg.CACHE_CAPACITY] == "0"
-    assert e[cfg.TIMELINE] == "/tmp/t.json" and e[cfg.TIMELINE_MARK_CYCLES] == "1"
     assert e[cfg.STALL_CHECK_DISABLE] == "1" and e[cfg.STALL_CHECK_WARNING_TIME] == "7.0"
-    assert e[cfg.STALL_CHECK_SHUTDOWN_TIME] == "9.0" and e[cfg.AUTOTUNE] == "1"
-    assert e[cfg.AUTOTUNE_LOG] == "/tmp/a.csv" and e[cfg.LOG_LEVEL] == "DEBUG"
+    assert e[cfg.STALL_CHECK_SHUTDOWN_TIME] == "9.0" and e[cfg.LOG_LEVEL] == "DEBUG"
     assert e[cfg.START_TIMEOUT] == "12.0" and e[cfg.CPU_OPERATIONS] == "gloo"
     assert s.start_timeout_s == 12.0
     # every produced value is understood by the runtime's config reader
@@ -44,14 +40,47 @@ def test_tunable_flags_map_to_env():
 def test_config_file_and_flags_win(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("fusion-threshold-mb: 16\ncycle_time_ms: 3\nverbose: true\n"
-                 "timeline:\n  timeline-filename: /tmp/tl.json\nhosts: localhost:4\n"
+                 "stall:\n  stall-check-warning-time-seconds: 7\nhosts: localhost:4\n"
                  "x: [A_VAR=1]\n")
     s = settings(["--config-file", str(f), "-np", "2", "--cycle-time-ms", "5", KV])
     assert s.tunable_env[cfg.FUSION_THRESHOLD] == str(16 * 1024 * 1024)
     assert s.tunable_env[cfg.CYCLE_TIME] == "5.0"          # the flag wins
-    assert s.tunable_env[cfg.TIMELINE] == "/tmp/tl.json"
+    assert s.tunable_env[cfg.STALL_CHECK_WARNING_TIME] == "7"
     assert s.verbose and s.hosts[0].slots == 4
     assert s.user_env == {"A_VAR": "1"}
+
+
+def test_default_start_timeout_is_the_workers_default():
+    assert settings(["-np", "1", KV]).start_timeout_s == cfg.Config.start_timeout_s
+
+
+@pytest.mark.parametrize("args, flag, feature", [
+    (["--timeline-filename", "/tmp/t.json"], "--timeline-filename", "a timeline"),
+    (["--timeline-mark-cycles"], "--timeline-mark-cycles", "a timeline"),
+    (["--autotune"], "--autotune", "autotuning"),
+    (["--autotune-log-file", "/tmp/a.csv"], "--autotune-log-file", "autotuning"),
+])
+def test_flags_for_missing_features_are_refused(args, flag, feature, capsys):
+    assert launch.main(["-np", "1", *args, KV]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hvdlite-run: error: {flag}: hvdlite does not offer {feature} yet")
+
+
+def test_refused_flag_in_config_file(tmp_path, capsys):
+    f = tmp_path / "c.yaml"
+    f.write_text("timeline:\n  timeline-filename: /tmp/tl.json\n")
+    assert launch.main(["--config-file", str(f), "-np", "1", KV]) == 2
+    assert "--timeline-filename: hvdlite does not offer a timeline" in capsys.readouterr().err
+
+
+def test_command_that_cannot_start_is_a_launch_error(tmp_path, capsys):
+    script = tmp_path / "not_executable"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    with pytest.raises(HvdliteLaunchError, match="rank 0 on host .*cannot start"):
+        launch.run(settings(["-np", "1", str(script)]))
+    assert launch.main(["-np", "1", str(script)]) == 2
+    assert "hvdlite-run: error: rank 0 on host" in capsys.readouterr().err
 
 
 def test_config_file_unknown_key(tmp_path):
@@ -81,11 +110,21 @@ def test_version_check_build_and_help():
     r = run_launcher(["--check-build"])
     assert r.returncode == 0
     assert "[X] PyTorch" in r.stdout and "Gloo" in r.stdout and "MPI" in r.stdout
+    assert "TensorFlow" not in r.stdout
     r = run_launcher(["--help"])
     assert r.returncode == 0
+    assert "does not offer a timeline" in r.stdout and "does not offer autotuning" in r.stdout
     for group in ("host arguments", "SSH", "controller parameters", "tunable parameters",
                   "timeline parameters", "stall check parameters", "autotune parameters"):
         assert group in r.stdout
+
+
+def test_check_build_lists_only_what_exists(capsys):
+    assert launch.main(["--check-build"]) == 0
+    out = capsys.readouterr().out
+    frameworks = out.split("Available Frameworks:")[1].split("Available Controllers:")[0]
+    assert [line.strip()[4:] for line in frameworks.strip().splitlines()] == ["PyTorch"]
+    assert "TensorFlow" not in out
 
 
 def _bad(args, fragment, tmp_path=None):
@@ -125,7 +164,8 @@ def test_closed_ssh_port_names_host():
 def test_launcher_imports_no_framework():
     import subprocess
     code = ("import sys, hvdlite.runner.launch, hvdlite.runner.gloo_run, hvdlite.runner.task, "
-            "hvdlite.runner.driver, hvdlite.runner.ssh, hvdlite.runner.mpi_run; "
+            "hvdlite.runner.driver, hvdlite.runner.ssh, hvdlite.runner.mpi_run, "
+            "hvdlite.runner.rank_output, hvdlite.common.net.kv; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow') "
             "or m.startswith('hvdlite.torch')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)

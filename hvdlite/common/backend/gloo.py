@@ -15,6 +15,7 @@ from hvdlite.common.backend.base import Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteTimeoutError)
 from hvdlite.common.message import ReduceOp
+from hvdlite.common.net.kv import KVClient
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +69,33 @@ class GlooBackend(Backend):
 
     name = "gloo"
 
-    def __init__(self, config: cfg.Config, generation: int):
-        from hvdlite.runner.rendezvous import KVClient
+    def __init__(self, config: cfg.Config, last_round: int):
+        """Join the first rendezvous round after ``last_round`` and connect its ranks.
+
+        Raises:
+            HvdliteConfigError: the rendezvous variables are missing (not under hvdlite-run).
+            HvdliteTimeoutError: no round opened, this slot has no place in it, or a rank
+                of the round did not arrive, within ``config.start_timeout_s``.
+            HvdliteInternalError: Gloo could not connect the ranks.
+        """
         if config.rendezvous_addr is None or config.rendezvous_port is None or \
                 config.secret_key is None:
             raise HvdliteConfigError(
                 f"rank {config.rank}: size is {config.size} but {cfg.RENDEZVOUS_ADDR}, "
                 f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
                 f"with hvdlite-run")
-        self.rank, self.size = config.rank, config.size
-        self.local_rank, self.local_size = config.local_rank, config.local_size
-        self.cross_rank, self.cross_size = config.cross_rank, config.cross_size
         self._timeout_s = config.op_timeout_s
         client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
-                          timeout_s=config.start_timeout_s,
-                          prefix=f"{config.job_id}/init{generation}/")
+                          timeout_s=config.start_timeout_s)
         self._client = client
+        place = client.join_round(last_round, config.hostname, config.local_rank,
+                                  config.start_timeout_s)
+        self.round = place.round
+        self.rank, self.size = place.rank, place.size
+        self.local_rank, self.local_size = place.local_rank, place.local_size
+        self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
+        # every key of this round (ours and Gloo's) lives under the round's own prefix
+        client.prefix = f"{config.job_id}/round{place.round}/"
         self._await_peers(client, config)
         store = AuthenticatedStore(client, config.start_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
@@ -107,9 +119,10 @@ class GlooBackend(Backend):
         except HvdliteTimeoutError:
             missing = [r for r in range(self.size) if not client.check([f"arrived/{r}"])]
             raise HvdliteTimeoutError(
-                f"rank {self.rank} ({config.hostname}): ranks {missing} did not reach "
-                f"hvd.init() within {config.start_timeout_s:g}s (--start-timeout); they may "
-                f"have failed before init() or be running different code") from None
+                f"rank {self.rank} ({config.hostname}, rendezvous round {self.round}): ranks "
+                f"{missing} did not reach hvd.init() within {config.start_timeout_s:g}s "
+                f"(--start-timeout); they may have failed before init() or be running "
+                f"different code") from None
 
     def _run(self, what: str, work) -> None:
         try:

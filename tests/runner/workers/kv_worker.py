@@ -10,7 +10,7 @@ import sys
 import time
 
 from hvdlite.common import config as cfg
-from hvdlite.runner.rendezvous import KVClient
+from hvdlite.common.net.kv import KVClient
 
 p = argparse.ArgumentParser()
 p.add_argument("--fail-rank", type=int, default=-1)

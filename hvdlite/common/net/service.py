@@ -2,8 +2,9 @@
 
 Subclasses of :class:`Service` implement :meth:`Service.handle`; everything
 else (listening, the per-connection nonce, HMAC checks, rejecting and logging
-bad frames) lives here once.  The driver, the task service and the rendezvous
-store are all built on it.
+bad frames) lives here once.  The launcher's driver, task service and
+rendezvous store are all built on it; workers use :class:`Client` (through
+:mod:`hvdlite.common.net.kv`).
 """
 
 import abc
@@ -13,15 +14,15 @@ import socketserver
 import threading
 from typing import Any, Dict, Optional, Tuple
 
-from hvdlite.common.exceptions import HvdliteAuthError, HvdliteTimeoutError
-from hvdlite.runner.secure import ChannelClosed, SecureChannel
+from hvdlite.common.exceptions import HvdliteAuthError, HvdliteError, HvdliteTimeoutError
+from hvdlite.common.net.framing import ChannelClosed, SecureChannel
 
 log = logging.getLogger(__name__)
 
 Header = Dict[str, Any]
 
 
-class ServiceError(Exception):
+class ServiceError(HvdliteError):
     """The service answered a request with an error; the message is the service's."""
 
 
@@ -62,8 +63,9 @@ class Service(abc.ABC):
         """Answer one verified request.
 
         Runs on the connection's thread; may block (bounded by the request's
-        own timeout).  Raise :class:`ServiceError` (or ``ValueError``/``KeyError``)
-        to send an error answer; the connection stays open.
+        own timeout).  Raise :class:`ServiceError` (or any ``HvdliteError``,
+        ``ValueError``, ``KeyError``, ``TypeError``) to send an error answer naming
+        it; the connection stays open.
         """
 
     def _serve_connection(self, sock: socket.socket, client) -> None:
@@ -88,7 +90,7 @@ class Service(abc.ABC):
             try:
                 reply, out = self.handle(header, blob, client)
                 reply = dict(reply, ok=True)
-            except (ServiceError, ValueError, KeyError, TypeError) as exc:
+            except (HvdliteError, ValueError, KeyError, TypeError) as exc:
                 reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
             except Exception as exc:  # a handler bug must not take the service down
                 log.exception("%s: handler failed on %r from %s", self.name,

@@ -1,0 +1,1 @@
+"""The authenticated control-plane network layer shared by the launcher and the workers."""

@@ -1,0 +1,111 @@
+"""The worker's side of the launcher's rendezvous store.
+
+The store itself (``hvdlite.runner.rendezvous.KVStoreService``) runs in the
+launcher; workers only need this client, so it lives in the shared network
+layer.  The Gloo backend wraps it into a ``torch.distributed.Store``; this
+module itself needs no torch.
+"""
+
+import base64
+import dataclasses
+from typing import List, Optional, Tuple
+
+from hvdlite.common.exceptions import HvdliteTimeoutError
+from hvdlite.common.net.service import Client, ServiceError
+
+
+#: what a rank learns when it joins a round (the same fields as the launcher's slots)
+PLACE_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """This process's place in one rendezvous round."""
+
+    round: int
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+class KVClient:
+    """Client of the launcher's store; keys are namespaced by ``prefix``.
+
+    Blocking calls (``get``, ``wait``) are bounded by ``timeout_s`` and raise
+    :class:`HvdliteTimeoutError` naming the key.
+    """
+
+    def __init__(self, addr: Tuple[str, int], key: bytes, timeout_s: float, prefix: str = ""):
+        self._client = Client(addr, key, timeout_s, name="rendezvous store")
+        self.timeout_s = timeout_s
+        self.prefix = prefix
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _blocking(self, header, what: str) -> bytes:
+        # the store answers (with an error) once the wait's own timeout passes; allow for that
+        try:
+            _, out = self._client.request(header, timeout_s=float(header["timeout_s"]) + 5)
+        except ServiceError as exc:
+            raise HvdliteTimeoutError(f"rendezvous: {what}: {exc}") from None
+        return out
+
+    def set(self, key: str, value: bytes) -> None:
+        self._client.request({"op": "set", "key": self._k(key)}, bytes(value))
+
+    def get(self, key: str) -> bytes:
+        return self._blocking({"op": "get", "key": self._k(key), "timeout_s": self.timeout_s},
+                              f"waiting for key {key!r}")
+
+    def add(self, key: str, amount: int) -> int:
+        reply, _ = self._client.request({"op": "add", "key": self._k(key), "amount": int(amount)})
+        return int(reply["value"])
+
+    def check(self, keys: List[str]) -> bool:
+        reply, _ = self._client.request({"op": "check", "keys": [self._k(k) for k in keys]})
+        return bool(reply["present"])
+
+    def wait(self, keys: List[str], timeout_s: Optional[float] = None) -> None:
+        t = self.timeout_s if timeout_s is None else timeout_s
+        self._blocking({"op": "wait", "keys": [self._k(k) for k in keys], "timeout_s": t},
+                       f"waiting for keys {list(keys)[:5]}")
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        _, out = self._client.request(
+            {"op": "compare_set", "key": self._k(key),
+             "expected": base64.b64encode(bytes(expected)).decode()}, bytes(desired))
+        return out
+
+    def delete(self, key: str) -> bool:
+        reply, _ = self._client.request({"op": "delete", "key": self._k(key)})
+        return bool(reply["deleted"])
+
+    def num_keys(self) -> int:
+        reply, _ = self._client.request({"op": "num_keys"})
+        return int(reply["value"])
+
+    def join_round(self, after: int, hostname: str, local_rank: int,
+                   timeout_s: float) -> Placement:
+        """Join the first round newer than ``after`` that has a place for this host's
+        ``local_rank`` slot; blocks until the launcher opens one.
+
+        Raises:
+            HvdliteTimeoutError: no such round within ``timeout_s``, or the newest round
+                has no place for this slot (a stale process); the message says which.
+        """
+        header = {"op": "join_round", "after": int(after), "hostname": hostname,
+                  "local_rank": int(local_rank), "timeout_s": float(timeout_s)}
+        try:
+            reply, _ = self._client.request(header, timeout_s=float(timeout_s) + 5)
+        except ServiceError as exc:
+            raise HvdliteTimeoutError(
+                f"rendezvous: host {hostname} slot {local_rank} could not join a round after "
+                f"round {after}: {exc}") from None
+        return Placement(int(reply["round"]), *(int(reply[f]) for f in PLACE_FIELDS))
+
+    def close(self) -> None:
+        self._client.close()

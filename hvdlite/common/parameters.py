@@ -1,0 +1,64 @@
+"""The tunables that may change while a job runs, applied by every rank in the same cycle.
+
+Rank 0 alone proposes a change (by hand or, later, an autotuner); the proposal
+travels in the per-cycle control vector, so every rank switches at the same
+cycle boundary and keeps executing the same fused groups as its peers.
+"""
+
+import dataclasses
+from typing import List
+
+from hvdlite.common.exceptions import HvdliteConfigError
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameters:
+    """One consistent set of live tunables (see :class:`hvdlite.common.config.Config`)."""
+
+    fusion_threshold_bytes: int
+    fusion_chunk_bytes: int
+    inplace_threshold_bytes: int
+    cycle_time_ms: float
+    cache_enabled: bool
+
+    #: how many int32 slots :meth:`encode` fills
+    WIDTH = 5
+
+    def __post_init__(self):
+        for name in ("fusion_threshold_bytes", "inplace_threshold_bytes"):
+            if not 0 <= getattr(self, name) <= _INT32_MAX:
+                raise HvdliteConfigError(f"parameter {name}={getattr(self, name)} must be "
+                                         f"0..{_INT32_MAX}")
+        if not 1 <= self.fusion_chunk_bytes <= _INT32_MAX:
+            raise HvdliteConfigError(f"parameter fusion_chunk_bytes={self.fusion_chunk_bytes} "
+                                     f"must be 1..{_INT32_MAX}")
+        if not 0 <= self.cycle_time_ms * 1000 <= _INT32_MAX:
+            raise HvdliteConfigError(f"parameter cycle_time_ms={self.cycle_time_ms} must be "
+                                     f">= 0 and below {_INT32_MAX // 1000} ms")
+
+    @classmethod
+    def from_config(cls, config) -> "Parameters":
+        return cls(min(config.fusion_threshold_bytes, _INT32_MAX),
+                   min(config.fusion_chunk_bytes, _INT32_MAX),
+                   min(config.inplace_threshold_bytes, _INT32_MAX),
+                   config.cycle_time_ms, config.cache_capacity > 0)
+
+    def replace(self, **changes) -> "Parameters":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise HvdliteConfigError(f"unknown live parameters {sorted(unknown)}; known: "
+                                     f"{[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def encode(self) -> List[int]:
+        """int32 values for the control vector (the cycle time in microseconds)."""
+        return [self.fusion_threshold_bytes, self.fusion_chunk_bytes,
+                self.inplace_threshold_bytes, int(round(self.cycle_time_ms * 1000)),
+                int(self.cache_enabled)]
+
+    @classmethod
+    def decode(cls, values) -> "Parameters":
+        fusion, chunk, inplace, cycle_us, cache = (int(v) for v in values)
+        return cls(fusion, chunk, inplace, cycle_us / 1000.0, bool(cache))

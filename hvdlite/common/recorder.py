@@ -1,0 +1,49 @@
+"""The one instrumentation seam: the runtime reports phase boundaries to a Recorder.
+
+The default :class:`Recorder` does nothing and says so (``active = False``); the
+runtime and executor then skip even reading the clock, so the hot path costs one
+``is None`` test per event.  A timeline writer, an autotuner or a test subclasses
+it and sets ``active = True``.  Every method is called on the background thread
+only, so implementations need no locking against each other.
+"""
+
+from typing import Optional, Sequence
+
+#: the phases of one tensor, in order (``span`` reports the middle three)
+QUEUED = "queued"
+NEGOTIATE = "negotiate"
+COPY_IN = "copy_in"
+COLLECTIVE = "collective"
+COPY_OUT = "copy_out"
+DONE = "done"
+
+
+class Recorder:
+    """Receives what the background thread does; times are ``time.monotonic()`` seconds."""
+
+    active = False
+
+    def cycle(self, cycle: int, start: float) -> None:
+        """A background-loop cycle began (cycle numbers are the same on every rank)."""
+
+    def queued(self, name: str, op: str, submitted: float) -> None:
+        """The background thread took ``name`` from the queue; it was submitted at ``submitted``."""
+
+    def negotiated(self, name: str, end: float, waited_for: Sequence[int]) -> None:
+        """Every rank has asked for ``name``; ``waited_for`` are the ranks that asked last
+        (empty when all asked in the same cycle or the response cache answered)."""
+
+    def span(self, phase: str, names: Sequence[str], start: float, end: float,
+             chunk: int = 0) -> None:
+        """``names`` spent ``start``..``end`` in ``phase`` (COPY_IN, COLLECTIVE or COPY_OUT);
+        ``chunk`` numbers the pieces of a pipelined fused buffer."""
+
+    def done(self, name: str, end: float, error: Optional[BaseException]) -> None:
+        """``name``'s handle completed (``error`` is None on success)."""
+
+    def parameters(self, cycle: int, params) -> None:
+        """Every rank switched to ``params`` (a :class:`Parameters`) in ``cycle``."""
+
+
+#: the shared do-nothing recorder
+NULL = Recorder()

@@ -1,0 +1,108 @@
+"""World-agnostic init with real processes: ranks learn their place from rendezvous rounds.
+
+The test plays the launcher: it serves a RendezvousService and publishes each
+round's slots itself, the way the static launcher (and an elastic driver) does.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hvdlite.common import config as cfg
+from hvdlite.common.net.framing import new_key
+from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.rendezvous import RendezvousService
+from tests.common.conftest import ROOT, WORKERS, _env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _slot(host, local_rank, rank, size, local_size):
+    return SlotInfo(hostname=host, rank=rank, local_rank=local_rank, cross_rank=0, size=size,
+                    local_size=local_size, cross_size=1)
+
+
+class _Worker:
+    """One rounds_worker.py process claiming ``host``'s slot ``local_rank``."""
+
+    def __init__(self, tmp_path, service, key, host, local_rank, inits):
+        self.path = tmp_path / f"{host}.{local_rank}.{time.monotonic_ns()}.out"
+        env = _env({cfg.RENDEZVOUS_ADDR: "127.0.0.1", cfg.RENDEZVOUS_PORT: str(service.address[1]),
+                    cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: "rounds", cfg.CPU_OPERATIONS: "gloo",
+                    cfg.HOSTNAME: host, cfg.LOCAL_RANK: str(local_rank),
+                    cfg.START_TIMEOUT: "20", cfg.STALL_CHECK_WARNING_TIME: "1",
+                    cfg.STALL_CHECK_SHUTDOWN_TIME: "5"})
+        with open(self.path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, os.path.join(WORKERS, "rounds_worker.py"), str(inits)],
+                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.path.read_text()
+
+    def wait_for(self, text, timeout_s=30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output():
+            assert self.proc.poll() is None or text in self.output(), self.output()
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.output()}"
+            time.sleep(0.05)
+
+    def finish(self, timeout_s=60.0) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"worker did not finish:\n{self.output()}")
+
+
+def test_survivor_and_fresh_process_meet_in_the_next_round_and_stale_ones_are_refused(
+        tmp_path):
+    key = new_key()
+    service = RendezvousService(key, repeat_last=False)
+    workers = []
+    try:
+        service.publish([_slot("hostA", 0, 0, 2, 2), _slot("hostA", 1, 1, 2, 2)])
+        survivor = _Worker(tmp_path, service, key, "hostA", 0, inits=2)
+        leaver = _Worker(tmp_path, service, key, "hostA", 1, inits=1)
+        workers = [survivor, leaver]
+        assert leaver.finish() == 0, leaver.output()
+        assert "PLACE round=0 rank=1 size=2 sum=3 max=1" in leaver.output()
+        survivor.wait_for("PLACE round=0 rank=0 size=2 sum=3 max=1")
+
+        # round 1: the survivor (now at its second init) becomes rank 1 beside a fresh process
+        service.publish([_slot("hostB", 0, 0, 2, 1), _slot("hostA", 0, 1, 2, 1)])
+        fresh = _Worker(tmp_path, service, key, "hostB", 0, inits=1)
+        stale = _Worker(tmp_path, service, key, "hostA", 1, inits=1)   # had a place in round 0
+        workers += [fresh, stale]
+        assert stale.finish() == 3, stale.output()
+        assert "INIT FAILED HvdliteTimeoutError" in stale.output()
+        assert "round 1 has no place for host hostA local slot 1" in stale.output()
+        assert fresh.finish() == 0, fresh.output()
+        assert survivor.finish() == 0, survivor.output()
+        assert "PLACE round=1 rank=0 size=2 sum=3 max=1" in fresh.output()
+        assert "PLACE round=1 rank=1 size=2 sum=3 max=1" in survivor.output()
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+        service.shutdown()
+
+
+def test_static_rounds_repeat_the_slots_at_every_init(tmp_path):
+    key = new_key()
+    service = RendezvousService(key, [_slot("localhost", r, r, 2, 2) for r in range(2)])
+    workers = [_Worker(tmp_path, service, key, "localhost", r, inits=3) for r in range(2)]
+    try:
+        for r, w in enumerate(workers):
+            assert w.finish() == 0, w.output()
+            for rnd in range(3):
+                assert f"PLACE round={rnd} rank={r} size=2 sum=3 max=1" in w.output()
+        assert service.round == 2
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+        service.shutdown()

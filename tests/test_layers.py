@@ -1,0 +1,191 @@
+"""The package's layering, read from the source with ``ast`` (nothing is imported).
+
+Every ``import`` statement counts, at module level or inside a function: an
+import moved into a function to dodge a cycle is still a cycle.
+"""
+
+import ast
+import dataclasses
+import os
+import re
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "hvdlite")
+CONFIG = os.path.join("hvdlite", "common", "config.py")
+#: a full variable name, not the ``HVDLITE_*`` pattern of a help text
+_VAR_NAME = re.compile(r"\bHVDLITE_[A-Z0-9][A-Z0-9_]*")
+#: packages whose code runs in the launcher must not pull in a framework
+_FRAMEWORKS = ("torch", "tensorflow", "hvdlite.torch", "hvdlite.tensorflow")
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+    """One import statement's target, as written in ``path`` at ``line``."""
+
+    target: str
+    path: str
+    line: int
+    in_function: bool
+
+    def where(self) -> str:
+        return f"{os.path.relpath(self.path, ROOT)}:{self.line}"
+
+
+def _module_name(path: str) -> Tuple[str, bool]:
+    """``(dotted name, is a package __init__)`` of a file under hvdlite/."""
+    rel = os.path.relpath(path, ROOT)[:-len(".py")].split(os.sep)
+    if rel[-1] == "__init__":
+        return ".".join(rel[:-1]), True
+    return ".".join(rel), False
+
+
+def _sources() -> Dict[str, str]:
+    """Every module under hvdlite/ -> its file."""
+    found = {}
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                found[_module_name(path)[0]] = path
+    return found
+
+
+def _function_lines(tree: ast.AST) -> Set[int]:
+    """Line numbers of import statements inside a function body."""
+    lines = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    lines.add(node.lineno)
+    return lines
+
+
+def _imports(path: str, modules: Set[str]) -> List[Import]:
+    """Every import in ``path``, relative ones resolved; ``from pkg import mod`` names ``mod``."""
+    name, is_package = _module_name(path)
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    in_function = _function_lines(tree)
+    found = set()
+    for node in ast.walk(tree):
+        nested = getattr(node, "lineno", None) in in_function
+        if isinstance(node, ast.Import):
+            found.update(Import(a.name, path, node.lineno, nested) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".") if is_package else name.split(".")[:-1]
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(Import(sub if sub in modules else base, path, node.lineno, nested))
+    return sorted(found, key=lambda i: (i.line, i.target))
+
+
+def _graph() -> Dict[str, List[Import]]:
+    """hvdlite module -> its imports (of anything)."""
+    sources = _sources()
+    return {name: _imports(path, set(sources)) for name, path in sources.items()}
+
+
+def _within(target: str, prefixes) -> bool:
+    return any(target == p or target.startswith(p + ".") for p in prefixes)
+
+
+def _edges(violations: List[Tuple[str, Import]]) -> str:
+    return "\n".join(f"{m} -> {i.target} ({i.where()})" for m, i in violations)
+
+
+def _cycles(graph: Dict[str, List[Import]]) -> List[List[str]]:
+    """One cycle (as a chain of modules) per back edge of a depth-first walk."""
+    edges = {m: sorted({i.target for i in imps if i.target in graph}) for m, imps in graph.items()}
+    state: Dict[str, int] = {}           # 1: on the current path, 2: done
+    path: List[str] = []
+    cycles = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for n in edges[m]:
+            if state.get(n) == 1:
+                cycles.append(path[path.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return _graph()
+
+
+def test_no_import_cycles(graph):
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_common_imports_no_launcher_or_framework_binding(graph):
+    above = ("hvdlite.runner", "hvdlite.torch", "hvdlite.tensorflow", "hvdlite.ray")
+    bad = [(m, i) for m, imps in graph.items() if _within(m, ["hvdlite.common"])
+           for i in imps if _within(i.target, above)]
+    assert not bad, "hvdlite.common imports a layer above it:\n" + _edges(bad)
+
+
+def test_launcher_imports_no_framework(graph):
+    bad = [(m, i) for m, imps in graph.items() if _within(m, ["hvdlite.runner"])
+           for i in imps if _within(i.target, _FRAMEWORKS)]
+    assert not bad, "hvdlite.runner imports a framework:\n" + _edges(bad)
+
+
+def test_net_layer_imports_only_stdlib_and_exceptions(graph):
+    allowed = ("hvdlite.common.net", "hvdlite.common.exceptions")
+    bad = [(m, i) for m, imps in graph.items() if _within(m, ["hvdlite.common.net"])
+           for i in imps if (i.target == "hvdlite" or i.target.startswith("hvdlite."))
+           and not _within(i.target, allowed)]
+    assert not bad, "hvdlite.common.net imports more than the exceptions:\n" + _edges(bad)
+
+
+def test_launcher_has_no_function_level_hvdlite_imports(graph):
+    bad = [(m, i) for m, imps in graph.items()
+           if _within(m, ["hvdlite.runner", "hvdlite.common.net"])
+           for i in imps if i.in_function and _within(i.target, ["hvdlite"])]
+    assert not bad, "move these imports to module level:\n" + _edges(bad)
+
+
+def _docstrings(tree: ast.AST) -> Set[int]:
+    """ids of the string constants that are docstrings."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def test_hvdlite_variable_names_are_spelled_only_in_config():
+    bad = []
+    for path in _sources().values():
+        if os.path.relpath(path, ROOT) == CONFIG:
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in docs:
+                for name in _VAR_NAME.findall(node.value):
+                    bad.append(f"{name} ({os.path.relpath(path, ROOT)}:{node.lineno})")
+    assert not bad, f"spell these with the constants of {CONFIG}:\n" + "\n".join(bad)
