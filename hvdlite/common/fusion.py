@@ -60,9 +60,6 @@ class FusionBuffers:
             self._buffers[dtype] = buf
         return buf[:count]
 
-    def clear(self) -> None:
-        self._buffers.clear()
-
 
 def pack(flats: List, out) -> None:
     lazy_torch().cat(flats, out=out)

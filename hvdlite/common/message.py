@@ -60,9 +60,6 @@ class Request:
         #: everything that must be equal for a cached response to be reused
         self.sig = (op, dtype, self.shape, root, reduce_op, prescale, postscale, self.splits)
 
-    def signature(self) -> tuple:
-        return self.sig
-
     def wire_bound(self) -> int:
         """An upper bound of this request's share of :func:`encode_requests` in bytes,
         computable without encoding (a name character escapes to at most 12 bytes; every
@@ -80,16 +77,6 @@ class Request:
         return cls(str(name), OpType(op), str(dtype), tuple(int(s) for s in shape), int(root),
                    int(reduce_op), float(pre), float(post),
                    tuple(int(s) for s in splits) if splits is not None else None)
-
-    def describe(self) -> str:
-        parts = [f"op={self.op.name.lower()}", f"dtype={self.dtype}", f"shape={list(self.shape)}"]
-        if self.op == OpType.BROADCAST:
-            parts.append(f"root_rank={self.root}")
-        if self.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
-            parts.append(f"op={ReduceOp(self.reduce_op).name.lower()}")
-            if self.prescale != 1.0 or self.postscale != 1.0:
-                parts.append(f"prescale={self.prescale} postscale={self.postscale}")
-        return " ".join(parts)
 
 
 def encode_requests(requests: Sequence[Request]) -> bytes:

@@ -19,6 +19,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 from hvdlite.common import basics
+from hvdlite.common.basics import _STATE       # read on the hot path without a call
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.fusion import DTYPE_NAMES, dtype_name
 from hvdlite.common.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
@@ -169,30 +170,47 @@ def _submit(op: OpType, buffers: Sequence, names: Sequence[str], outputs: Sequen
     return handle
 
 
+def _check_reducible(dt: str, op: ReduceOp, name: str) -> None:
+    if dt == "bool" and op not in _BOOL_OPS:
+        raise TypeError(f"allreduce of bool tensor {name!r}: only op=hvd.Min or hvd.Max "
+                        f"(logical and / or) are defined for bool")
+
+
+def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: float = 1.0,
+                  postscale: float = 1.0, finish=None) -> Handle:
+    """Reduce one buffer over all ranks into ``output`` (which may be the buffer itself).
+
+    The common case, issued thousands of times per step by an optimizer, so it does the
+    least work that is still every check :func:`allreduce_async` makes.
+    """
+    runtime = _STATE.runtime
+    if runtime is None:
+        basics.runtime()                    # raises the not-initialized error
+    dt = _NAME_OF.get(buffer.dtype)
+    if dt is None or dt == "bool":
+        dt = buffer_dtype(buffer, name, OpType.ALLREDUCE)
+        _check_reducible(dt, op, name)
+    if name is None:
+        name = auto_name(OpType.ALLREDUCE)
+    handle = Handle(1, finish)
+    handle.names = [name]
+    req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,
+                  prescale if type(prescale) is float else float(prescale),
+                  postscale if type(postscale) is float else float(postscale))
+    runtime.enqueue([Entry(req, buffer, output, handle, 0)])
+    return handle
+
+
 def allreduce_async(buffers: Sequence, outputs: Sequence, name: Optional[str], grouped: bool,
                     op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
                     process_set=None, finish=None) -> Handle:
     """Reduce each buffer over all ranks into its output (which may be the buffer itself)."""
-    if not grouped and process_set is None:
-        # the common case, thousands of times per step: one buffer, nothing to check twice
-        buf = buffers[0]
-        dt = _NAME_OF.get(buf.dtype)
-        if dt is not None and dt != "bool":
-            runtime = basics.runtime()
-            nm = name if name is not None else auto_name(OpType.ALLREDUCE)
-            handle = Handle(1, finish)
-            handle.names = [nm]
-            req = Request(nm, OpType.ALLREDUCE, dt, tuple(buf.shape), -1, int(op),
-                          float(prescale), float(postscale))
-            runtime.enqueue([Entry(req, buf, outputs[0], handle, 0)])
-            return handle
     check_process_set(process_set)
+    if not grouped:
+        return allreduce_one(buffers[0], outputs[0], name, op, prescale, postscale, finish)
     names = op_names(OpType.ALLREDUCE, name, len(buffers), grouped)
-    if op not in _BOOL_OPS:
-        for buf, nm in zip(buffers, names):
-            if buffer_dtype(buf, nm, OpType.ALLREDUCE) == "bool":
-                raise TypeError(f"allreduce of bool tensor {nm!r}: only op=hvd.Min or hvd.Max "
-                                f"(logical and / or) are defined for bool")
+    for buf, nm in zip(buffers, names):
+        _check_reducible(buffer_dtype(buf, nm, OpType.ALLREDUCE), op, nm)
     return _submit(OpType.ALLREDUCE, buffers, names, outputs, finish, reduce_op=int(op),
                    prescale=float(prescale), postscale=float(postscale))
 

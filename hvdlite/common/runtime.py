@@ -6,7 +6,7 @@ handles; only the background thread touches the backend.  Each cycle:
 1. drain new entries from the :class:`TensorQueue`;
 2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
    once: whether anybody needs a full negotiation, the longest request payload,
-   who is shutting down, rank 0's stall verdict, and the response-cache bits;
+   who is shutting down, rank 0's stall verdict, and the response-cache bits.
    The same vector carries rank 0's live :class:`Parameters`, so a change
    (fusion threshold, cycle time, ...) takes effect on every rank in the same
    cycle;
@@ -74,12 +74,10 @@ class Runtime:
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._stopped = threading.Event()
         self._error: Optional[BaseException] = None
         self._cycle = 0
         self._stall_warned: Dict[str, float] = {}   # name -> when last reported
         self._last_stall_check = time.monotonic()
-        self.peer_shutdown: Optional[int] = None
         # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
         self._plan_memo: Dict[tuple, list] = {}
         self._done: list = []                    # (entry, result, error) of the running group
@@ -165,10 +163,7 @@ class Runtime:
             log.debug("rank %d: background loop ended with %s", self.rank, err)
             self._fail_all(err)
         finally:
-            try:
-                self.backend.close()
-            finally:
-                self._stopped.set()
+            self.backend.close()
 
     def _fail_all(self, err: BaseException) -> None:
         self._error = err
@@ -241,7 +236,6 @@ class Runtime:
         leaving = [r for r in range(self.size) if agreed[_ALIVE + r] == 0]
         if leaving:
             if self.rank not in leaving:
-                self.peer_shutdown = leaving[0]
                 err = HvdliteInternalError(
                     f"rank {self.rank}: rank {leaving[0]} shut down (hvd.shutdown() or exit) "
                     f"while this rank was still running; pending and later operations fail")

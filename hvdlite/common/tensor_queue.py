@@ -63,7 +63,7 @@ class Handle:
 class Entry:
     """One tensor of an operation: the request plus the local buffers."""
 
-    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "sent")
+    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at")
 
     def __init__(self, request: Request, tensor: Any, output: Any, handle: Handle, index: int):
         self.request = request
@@ -72,7 +72,6 @@ class Entry:
         self.handle = handle
         self.index = index
         self.enqueued_at = 0.0
-        self.sent = False
 
 
 class TensorQueue:
@@ -133,7 +132,3 @@ class TensorQueue:
 
     def has_incoming(self) -> bool:
         return bool(self._incoming)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._in_flight)

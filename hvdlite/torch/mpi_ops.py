@@ -99,16 +99,27 @@ def _copy_back_finish(back, single: bool):
 
 
 # -- allreduce -------------------------------------------------------------------------------
+def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postscale_factor,
+                   process_set) -> Handle:
+    """One tensor: the case an optimizer issues thousands of times per step."""
+    if type(t) is torch.Tensor and process_set is None and t.is_cpu and not t.is_sparse \
+            and t.is_contiguous():
+        rop = _OP_OF.get(op) if average is None else None
+        if rop is None:
+            rop = ops.reduce_op(average, op, name or "allreduce")
+        return ops.allreduce_one(t, t if inplace else torch.empty_like(t), name, rop,
+                                 prescale_factor, postscale_factor)
+    return _allreduce_async([t], inplace, False, average, name, op, prescale_factor,
+                            postscale_factor, process_set)
+
+
+#: op= values that need no further checking (the average= path goes through ops.reduce_op)
+_OP_OF = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
+
+
 def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, prescale_factor,
                      postscale_factor, process_set) -> Handle:
     rop = ops.reduce_op(average, op, name or "allreduce")
-    if not grouped:
-        t = tensors[0]
-        if type(t) is torch.Tensor and t.is_cpu and not t.is_sparse and t.is_contiguous():
-            # the common case (an optimizer issues thousands per step): nothing to adapt
-            return ops.allreduce_async([t], [t if inplace else torch.empty_like(t)], name,
-                                       False, rop, prescale_factor, postscale_factor,
-                                       process_set)
     finish = None
     if inplace:
         work, back = _contiguous_inplace(tensors, name, "allreduce")
@@ -127,15 +138,15 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None) -> Handle:
     """Start averaging (or summing, ...) ``tensor`` over all ranks; returns a handle."""
-    return _allreduce_async([tensor], False, False, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_one(tensor, False, average, name, op, prescale_factor, postscale_factor,
+                          process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place :func:`allreduce_async`: the result lands in ``tensor``."""
-    return _allreduce_async([tensor], True, False, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
+                          process_set)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
@@ -280,7 +291,7 @@ def _reducescatter_async(tensors, grouped, op, name, prescale_factor, postscale_
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
                         postscale_factor=1.0, process_set=None) -> Handle:
-    """Reduce ``tensor`` and give each rank its slice of dim 0 (earlier ranks get the extra rows)."""
+    """Reduce ``tensor``; each rank gets its slice of dim 0 (earlier ranks get extra rows)."""
     return _reducescatter_async([tensor], False, op, name, prescale_factor, postscale_factor,
                                 process_set)
 

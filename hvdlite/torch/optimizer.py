@@ -103,8 +103,8 @@ def _param_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
     if dups:
         raise ValueError(
             "DistributedOptimizer: named_parameters contains duplicate names "
-            f"{dups}; every parameter needs a name unique in the model (names must also be the same "
-            "on every rank)")
+            f"{dups}; every parameter needs a name unique in the model (names must also be the "
+            "same on every rank)")
     by_id = {}
     for name, p in named:
         if id(p) in by_id and by_id[id(p)][0] != name:
@@ -553,7 +553,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         op = mpi_ops.Average
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
-            f"DistributedOptimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            "DistributedOptimizer: expected a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("DistributedOptimizer: this optimizer is already a DistributedOptimizer")
     base = optimizer.__class__

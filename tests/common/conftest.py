@@ -12,7 +12,8 @@ WORKERS = os.path.join(ROOT, "tests", "common", "workers")
 BIN = os.path.dirname(sys.executable)
 
 
-def _env(extra):
+def worker_env(extra=None):
+    """This environment for a worker process: the repository importable, no stale rank."""
     env = dict(os.environ)
     env.pop("HVDLITE_RANK", None)
     env.pop("HVDLITE_SIZE", None)
@@ -37,7 +38,7 @@ def run_job(np, script, *args, env=None, timeout=180, launcher="hvdlite"):
     else:
         cmd = [sys.executable, path, *args]
     try:
-        return subprocess.run(cmd, env=_env(env), cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run(cmd, env=worker_env(env), cwd=ROOT, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"job {script} {args} did not finish within {timeout}s; output so far:\n"

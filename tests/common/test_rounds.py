@@ -15,7 +15,7 @@ from hvdlite.common import config as cfg
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.rendezvous import RendezvousService
-from tests.common.conftest import ROOT, WORKERS, _env
+from tests.common.conftest import ROOT, WORKERS, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,11 +30,12 @@ class _Worker:
 
     def __init__(self, tmp_path, service, key, host, local_rank, inits):
         self.path = tmp_path / f"{host}.{local_rank}.{time.monotonic_ns()}.out"
-        env = _env({cfg.RENDEZVOUS_ADDR: "127.0.0.1", cfg.RENDEZVOUS_PORT: str(service.address[1]),
-                    cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: "rounds", cfg.CPU_OPERATIONS: "gloo",
-                    cfg.HOSTNAME: host, cfg.LOCAL_RANK: str(local_rank),
-                    cfg.START_TIMEOUT: "20", cfg.STALL_CHECK_WARNING_TIME: "1",
-                    cfg.STALL_CHECK_SHUTDOWN_TIME: "5"})
+        env = worker_env({
+            cfg.RENDEZVOUS_ADDR: "127.0.0.1", cfg.RENDEZVOUS_PORT: str(service.address[1]),
+            cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: "rounds", cfg.CPU_OPERATIONS: "gloo",
+            cfg.HOSTNAME: host, cfg.LOCAL_RANK: str(local_rank), cfg.START_TIMEOUT: "20",
+            # an unnamed op whose auto-name differs between ranks fails fast instead of hanging
+            cfg.STALL_CHECK_WARNING_TIME: "1", cfg.STALL_CHECK_SHUTDOWN_TIME: "5"})
         with open(self.path, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, os.path.join(WORKERS, "rounds_worker.py"), str(inits)],

@@ -46,3 +46,27 @@ class CaseResults:
             missing = sorted(set(range(self.np)) - ranks)
             pytest.fail(f"case {case!r} failed or did not run on rank(s) {missing} "
                         f"(launcher exit code {self.rc}); output:\n{self.output[-6000:]}")
+
+
+def worker_suite(script_name, cases):
+    """The tests of one worker script: one launch shared by the module (a fixture), one test
+    per case naming the ranks it failed on, and one for the launcher's exit code.
+
+    Use as ``results, test_case, test_launch_exit_code = worker_suite(...)`` at module level.
+    """
+
+    @pytest.fixture(scope="module")
+    def results():
+        rc, out = launch(WORKERS / script_name, timeout_s=150)
+        return CaseResults(rc, out, np=2)
+
+    @pytest.mark.timeout(180)
+    @pytest.mark.parametrize("case", cases)
+    def test_case(results, case):
+        results.check(case)
+
+    @pytest.mark.timeout(180)
+    def test_launch_exit_code(results):
+        assert results.rc == 0, results.output[-6000:]
+
+    return results, test_case, test_launch_exit_code

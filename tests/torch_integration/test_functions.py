@@ -1,8 +1,6 @@
 """broadcast_* / *_object / SyncBatchNorm at np=2 (workers/functions_worker.py)."""
 
-import pytest
-
-from .conftest import WORKERS, CaseResults, launch
+from .conftest import worker_suite
 
 CASES = [
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_lazy_state",
@@ -11,18 +9,4 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results():
-    rc, out = launch(WORKERS / "functions_worker.py", timeout_s=150)
-    return CaseResults(rc, out, np=2)
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("case", CASES)
-def test_case(results, case):
-    results.check(case)
-
-
-@pytest.mark.timeout(180)
-def test_launch_exit_code(results):
-    assert results.rc == 0, results.output[-6000:]
+results, test_case, test_launch_exit_code = worker_suite("functions_worker.py", CASES)

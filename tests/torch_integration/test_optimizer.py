@@ -1,8 +1,9 @@
-"""DistributedOptimizer at np=2 equals one process on the full batch (workers/optimizer_worker.py)."""
+"""DistributedOptimizer at np=2 equals one process on the full batch.
 
-import pytest
+The cases run in workers/optimizer_worker.py.
+"""
 
-from .conftest import WORKERS, CaseResults, launch
+from .conftest import worker_suite
 
 CASES = [
     "sgd_momentum", "adam", "adamw_params_path", "sgd_tiny_buckets", "sgd_bpps2",
@@ -13,18 +14,4 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results():
-    rc, out = launch(WORKERS / "optimizer_worker.py", timeout_s=150)
-    return CaseResults(rc, out, np=2)
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("case", CASES)
-def test_case(results, case):
-    results.check(case)
-
-
-@pytest.mark.timeout(180)
-def test_launch_exit_code(results):
-    assert results.rc == 0, results.output[-6000:]
+results, test_case, test_launch_exit_code = worker_suite("optimizer_worker.py", CASES)

@@ -182,8 +182,9 @@ class GlooBackend(Backend):
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)
-        self._run("alltoall", self.pg.alltoall_base(out, send, list(recv_counts),
-                                                   list(send_counts), dist.AllToAllOptions()))
+        work = self.pg.alltoall_base(out, send, list(recv_counts), list(send_counts),
+                                     dist.AllToAllOptions())
+        self._run("alltoall", work)
         return out
 
     def close(self):

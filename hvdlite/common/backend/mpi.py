@@ -6,6 +6,7 @@ the duplicate; the next ``init()`` duplicates the world again.  Rank identity
 """
 
 import logging
+import os
 
 import numpy as np
 
@@ -17,7 +18,6 @@ from hvdlite.common.message import ReduceOp
 log = logging.getLogger(__name__)
 
 
-
 def mpi_available() -> bool:
     try:
         import mpi4py  # noqa: F401
@@ -27,9 +27,9 @@ def mpi_available() -> bool:
 
 
 def launched_by_mpi() -> bool:
-    import os
+    """Whether an MPI process manager started this process (its rank variables are set)."""
     return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
-                                          "PMIX_RANK", "MPI_LOCALRANKID"))
+                                         "PMIX_RANK", "MPI_LOCALRANKID"))
 
 
 class MPIBackend(Backend):

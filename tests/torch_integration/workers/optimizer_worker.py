@@ -226,7 +226,8 @@ def sparse_case(**dist_kw):
         n, r = hvd.size(), hvd.rank()
         for step in range(3):
             g = torch.Generator().manual_seed(step)
-            idx, y = torch.randint(0, 20, (BATCH, 3), generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+            idx = torch.randint(0, 20, (BATCH, 3), generator=g)
+            y = torch.randint(0, 3, (BATCH,), generator=g)
             ref_opt.zero_grad()
             F.cross_entropy(ref(idx), y).backward()
             ref_opt.step()
