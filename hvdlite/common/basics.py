@@ -12,8 +12,10 @@ at every ``init()`` and ``shutdown()``.
 """
 
 import atexit
+import inspect
 import logging
 import threading
+import weakref
 from typing import Callable, List, Optional
 
 from hvdlite.common.backend.local import LocalBackend
@@ -34,22 +36,32 @@ class _State:
         #: the rendezvous round this process last joined (-1: none yet)
         self.last_round = -1
         self.atexit_registered = False
-        self.reset_hooks: List[Callable[[], None]] = []
+        #: callables returning a hook, or None once its owner is gone
+        self.reset_hooks: List[Callable[[], Optional[Callable[[], None]]]] = []
 
 
 _STATE = _State()
 
 
 def register_reset_hook(hook: Callable[[], None]) -> None:
-    """Run ``hook()`` at every ``init()`` and ``shutdown()`` (resets names, counters, caches)."""
+    """Run ``hook()`` at every ``init()`` and ``shutdown()`` (resets names, counters, caches).
+
+    A bound method is held weakly: registering an object's method does not keep the
+    object alive, and the hook goes away with it.
+    """
+    ref = weakref.WeakMethod(hook) if inspect.ismethod(hook) else (lambda: hook)
     with _STATE.lock:
-        if hook not in _STATE.reset_hooks:
-            _STATE.reset_hooks.append(hook)
+        _STATE.reset_hooks.append(ref)
 
 
 def _run_reset_hooks() -> None:
-    for hook in list(_STATE.reset_hooks):
-        hook()
+    alive = []
+    for ref in _STATE.reset_hooks:
+        hook = ref()
+        if hook is not None:
+            hook()
+            alive.append(ref)
+    _STATE.reset_hooks[:] = alive
 
 
 def _make_backend(config: Config):
@@ -127,6 +139,12 @@ def current_runtime():
 def rendezvous_round() -> int:
     """The rendezvous round this process last joined (-1: none, e.g. MPI or one rank)."""
     return _STATE.last_round
+
+
+def newest_rendezvous_round() -> int:
+    """The newest round the launcher has opened; newer than :func:`rendezvous_round` when
+    the job's membership changed since this process joined (elastic mode)."""
+    return runtime().backend.newest_round()
 
 
 def runtime():

@@ -32,6 +32,10 @@ SECRET_KEY = "HVDLITE_SECRET_KEY"          # hex; never on a command line
 JOB_ID = "HVDLITE_JOB_ID"
 GLOO_IFACE = "HVDLITE_GLOO_IFACE"
 GLOO_THREADS = "HVDLITE_GLOO_THREADS"
+#: "1" when the elastic driver runs the job (rounds change membership while it runs)
+ELASTIC = "HVDLITE_ELASTIC"
+#: elastic mode: how long a worker waits for the driver to open its next round
+ELASTIC_TIMEOUT = "HVDLITE_ELASTIC_TIMEOUT"
 
 # --- tunables (each has a launcher flag) ---
 CPU_OPERATIONS = "HVDLITE_CPU_OPERATIONS"
@@ -95,6 +99,10 @@ class Config:
     rendezvous_port: Optional[int] = None
     secret_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
     job_id: str = "job"
+    #: the elastic driver runs this job: membership may change between rendezvous rounds
+    elastic: bool = False
+    #: elastic mode: bound on waiting for the next rendezvous round (--elastic-timeout)
+    elastic_timeout_s: float = 600.0
     #: network interface Gloo binds to (the launcher picks one routable between all hosts)
     gloo_iface: str = ""
     #: Gloo worker threads: collectives in flight at once (more hides per-op latency when a
@@ -192,7 +200,9 @@ _FROM_ENV = {
     "local_size": (LOCAL_SIZE, int), "cross_rank": (CROSS_RANK, int),
     "cross_size": (CROSS_SIZE, int), "hostname": (HOSTNAME, str),
     "rendezvous_addr": (RENDEZVOUS_ADDR, str), "rendezvous_port": (RENDEZVOUS_PORT, int),
-    "secret_key": (SECRET_KEY, str), "job_id": (JOB_ID, str), "gloo_iface": (GLOO_IFACE, str),
+    "secret_key": (SECRET_KEY, str), "job_id": (JOB_ID, str), "elastic": (ELASTIC, bool),
+    "elastic_timeout_s": (ELASTIC_TIMEOUT, float),
+    "gloo_iface": (GLOO_IFACE, str),
     "gloo_threads": (GLOO_THREADS, int), "cpu_operations": (CPU_OPERATIONS, str),
     "fusion_threshold_bytes": (FUSION_THRESHOLD, int), "fusion_chunk_bytes": (FUSION_CHUNK, int),
     "inplace_threshold_bytes": (INPLACE_THRESHOLD, int), "cycle_time_ms": (CYCLE_TIME, float),

@@ -50,3 +50,20 @@ class HvdliteAuthError(HvdliteError):
 class HvdliteLaunchError(HvdliteError):
     """The launcher could not start or keep running the job: a host, task or worker
     failed; the message names the host or rank."""
+
+
+class HvdliteRemovedError(HvdliteError):
+    """Elastic mode: this process has no place in the newest rendezvous round (its host or
+    slot was removed, or it is a stale process); ``hvd.elastic.run`` exits it cleanly."""
+
+
+class HostsUpdatedInterrupt(HvdliteError):
+    """Elastic mode: the job's hosts changed; ``hvd.elastic.run`` resets into the next
+    rendezvous round and keeps the current state (raised on every rank at the same commit).
+
+    ``skip_sync`` is True when no new process joins, so the state needs no broadcast.
+    """
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("the job's hosts changed; resetting into the next rendezvous round")
+        self.skip_sync = skip_sync

@@ -107,8 +107,10 @@ class RendezvousService(KVStoreService):
     ``publish(slots)`` opens the next round with those slots; ``join_round``
     requests (``after``, ``hostname``, ``local_rank``) block until a round newer
     than ``after`` is open and answer with the caller's place in it.  A caller
-    whose slot is not in the newest round is refused at once: it is stale and
-    must not meet the round's members.  With ``repeat_last=True`` (a static job)
+    whose slot is not in the newest round is told so at once (``removed``): it is
+    stale, or its host left the job, and must not meet the round's members.
+    ``newest_round`` answers the newest round's number (workers poll it to notice
+    membership changes).  With ``repeat_last=True`` (a static job)
     a request for a round after the newest one opens the next round with the same
     slots, so ``shutdown()`` then ``init()`` needs nobody to publish.
     """
@@ -145,6 +147,9 @@ class RendezvousService(KVStoreService):
             return self._round
 
     def handle(self, header, blob, client):
+        if header.get("op") == "newest_round":
+            with self._cond:
+                return {"round": self._round}, b""
         if header.get("op") != "join_round":
             return super().handle(header, blob, client)
         after, host = header.get("after"), header.get("hostname")
@@ -161,11 +166,10 @@ class RendezvousService(KVStoreService):
                     self.publish(list(self._places.values()))
                 if self._round > after:
                     slot = self._places.get((host, local_rank))
-                    if slot is None:
-                        raise ServiceError(
+                    if slot is None:          # an answer, not an error: the caller must leave
+                        return {"round": self._round, "removed": (
                             f"round {self._round} has no place for host {host} local slot "
-                            f"{local_rank} (its slots: {sorted(self._places)}); this process "
-                            f"is stale and must not join")
+                            f"{local_rank} (its slots: {sorted(self._places)})")}, b""
                     place = dataclasses.asdict(slot)
                     return dict({f: place[f] for f in PLACE_FIELDS}, round=self._round), b""
                 left = deadline - time.monotonic()

@@ -1,6 +1,7 @@
 """hvdlite for PyTorch: the horovod.torch API (``import hvdlite.torch as hvd``)."""
 
-from hvdlite.common.exceptions import HvdliteError, HvdliteInternalError  # noqa: F401
+from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteError,  # noqa: F401
+                                       HvdliteInternalError)
 from hvdlite.torch.mpi_ops import *  # noqa: F401,F403
 from hvdlite.torch.mpi_ops import __all__ as _ops_all
 from hvdlite.torch.compression import Compression  # noqa: F401
@@ -8,11 +9,13 @@ from hvdlite.torch.functions import (allgather_object, broadcast_object,  # noqa
                                      broadcast_optimizer_state, broadcast_parameters)
 from hvdlite.torch.optimizer import DistributedOptimizer  # noqa: F401
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from hvdlite.torch import elastic  # noqa: F401,E402
 
 #: the name Horovod users catch in elastic training loops
 HorovodInternalError = HvdliteInternalError
 
 __all__ = list(_ops_all) + [
-    "HvdliteError", "HvdliteInternalError", "HorovodInternalError",
+    "HvdliteError", "HvdliteInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "elastic",
     "Compression", "DistributedOptimizer", "SyncBatchNorm", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object"]

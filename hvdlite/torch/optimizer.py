@@ -35,6 +35,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from hvdlite.common import basics
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.compression import Compression
 
@@ -204,6 +205,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._hvd_mode = "params"
 
+        # a reset (shutdown/init, e.g. elastic recovery mid-step) drops in-flight reductions
+        basics.register_reset_hook(self._hvd_reset)
         for p in self._hvd_params:
             setattr(p, _OWNER_ATTR, self._hvd_token)
         self._hvd_hook_handles = []
@@ -422,6 +425,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                          check_invariants=True).coalesce()
 
     def _hvd_reset(self):
+        """Forget this step's reductions (after synchronize, or when the runtime resets)."""
+        self._hvd_synchronized = False
         for p in self._hvd_params:
             self._hvd_delay[p] = self._hvd_bpps
         for b in self._hvd_buckets:

@@ -79,7 +79,7 @@ def test_survivor_and_fresh_process_meet_in_the_next_round_and_stale_ones_are_re
         stale = _Worker(tmp_path, service, key, "hostA", 1, inits=1)   # had a place in round 0
         workers += [fresh, stale]
         assert stale.finish() == 3, stale.output()
-        assert "INIT FAILED HvdliteTimeoutError" in stale.output()
+        assert "INIT FAILED HvdliteRemovedError" in stale.output()
         assert "round 1 has no place for host hostA local slot 1" in stale.output()
         assert fresh.finish() == 0, fresh.output()
         assert survivor.finish() == 0, survivor.output()

@@ -93,5 +93,10 @@ class Backend(abc.ABC):
     def alltoall_bytes(self, send, send_counts: List[int], recv_counts: List[int]):
         """Send ``send_counts[r]`` bytes of uint8 ``send`` to rank r; returns what came in."""
 
+    def newest_round(self) -> int:
+        """The newest rendezvous round open for this job; backends without rounds (MPI,
+        one rank) return -1 and never see membership change."""
+        return -1
+
     def close(self) -> None:
         """Release the transport (idempotent)."""

@@ -74,8 +74,9 @@ class GlooBackend(Backend):
 
         Raises:
             HvdliteConfigError: the rendezvous variables are missing (not under hvdlite-run).
-            HvdliteTimeoutError: no round opened, this slot has no place in it, or a rank
-                of the round did not arrive, within ``config.start_timeout_s``.
+            HvdliteTimeoutError: no round opened (within ``config.start_timeout_s``, or
+                ``elastic_timeout_s`` in elastic mode), or a rank of the round did not arrive.
+            HvdliteRemovedError: the newest round has no place for this process.
             HvdliteInternalError: Gloo could not connect the ranks.
         """
         if config.rendezvous_addr is None or config.rendezvous_port is None or \
@@ -88,8 +89,8 @@ class GlooBackend(Backend):
         client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
                           timeout_s=config.start_timeout_s)
         self._client = client
-        place = client.join_round(last_round, config.hostname, config.local_rank,
-                                  config.start_timeout_s)
+        wait_s = config.elastic_timeout_s if config.elastic else config.start_timeout_s
+        place = client.join_round(last_round, config.hostname, config.local_rank, wait_s)
         self.round = place.round
         self.rank, self.size = place.rank, place.size
         self.local_rank, self.local_size = place.local_rank, place.local_size
@@ -110,6 +111,10 @@ class GlooBackend(Backend):
         except Exception as exc:
             raise HvdliteInternalError(
                 f"rank {self.rank} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
+
+    def newest_round(self) -> int:
+        """The newest rendezvous round the launcher has opened (may be newer than ours)."""
+        return self._client.newest_round()
 
     def _await_peers(self, client, config: cfg.Config) -> None:
         """Meet every rank at the store first, so a rank that never calls init() is named."""

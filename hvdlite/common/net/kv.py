@@ -10,7 +10,7 @@ import base64
 import dataclasses
 from typing import List, Optional, Tuple
 
-from hvdlite.common.exceptions import HvdliteTimeoutError
+from hvdlite.common.exceptions import HvdliteRemovedError, HvdliteTimeoutError
 from hvdlite.common.net.service import Client, ServiceError
 
 
@@ -94,8 +94,9 @@ class KVClient:
         ``local_rank`` slot; blocks until the launcher opens one.
 
         Raises:
-            HvdliteTimeoutError: no such round within ``timeout_s``, or the newest round
-                has no place for this slot (a stale process); the message says which.
+            HvdliteTimeoutError: no such round within ``timeout_s``.
+            HvdliteRemovedError: the newest round has no place for this slot (its host
+                left the job, or this process is stale).
         """
         header = {"op": "join_round", "after": int(after), "hostname": hostname,
                   "local_rank": int(local_rank), "timeout_s": float(timeout_s)}
@@ -105,7 +106,15 @@ class KVClient:
             raise HvdliteTimeoutError(
                 f"rendezvous: host {hostname} slot {local_rank} could not join a round after "
                 f"round {after}: {exc}") from None
+        if "removed" in reply:
+            raise HvdliteRemovedError(f"rendezvous: {reply['removed']}; this process must leave "
+                                      f"the job")
         return Placement(int(reply["round"]), *(int(reply[f]) for f in PLACE_FIELDS))
+
+    def newest_round(self) -> int:
+        """The newest round the launcher has opened (-1: none yet)."""
+        reply, _ = self._client.request({"op": "newest_round"})
+        return int(reply["round"])
 
     def close(self) -> None:
         self._client.close()

@@ -1,0 +1,167 @@
+"""Elastic training, the framework-neutral part: State, ObjectState and the reset loop.
+
+A training function wrapped by :func:`run_fn` survives two events:
+
+* a peer died (or hung) in a collective: every survivor gets an
+  :class:`HvdliteInternalError`, rolls its state back to the last ``commit()``,
+  and re-initialises into the next rendezvous round, which the elastic driver
+  opens without the dead worker;
+* the job's hosts changed (the driver opened a newer round): ``commit()`` raises
+  :class:`HostsUpdatedInterrupt` on every rank at the same commit; the current
+  state is kept and every rank re-initialises into the new round.
+
+After re-initialising, ``state.sync()`` makes every rank (new ones included)
+equal to rank 0, which the driver always gives to a surviving worker, then the
+reset callbacks run (e.g. to rescale the learning rate by the new size) and the
+function is called again; it resumes from the values kept in the state.
+A process whose host was removed from the job leaves with exit code 0.
+"""
+
+import copy
+import functools
+import logging
+from typing import Any, Callable, Dict, List
+
+from hvdlite.common import basics
+from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteInternalError,
+                                       HvdliteRemovedError)
+
+log = logging.getLogger(__name__)
+
+#: how often one reset may fail (a peer dying while the next round forms) before giving up
+_RESET_ATTEMPTS = 5
+
+
+class State:
+    """State that survives resets; subclasses say how to save, restore and sync it.
+
+    ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank (a framework's
+    ``broadcast_object``); it keeps this module free of any framework.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any]):
+        self._bcast_object = bcast_object
+        self._reset_callbacks: List[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
+        """Call each of ``callbacks`` after every reset, once the state is synced."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state (the point a failure rolls back to), then check for new hosts.
+
+        Raises:
+            HostsUpdatedInterrupt: the job's membership changed; ``run`` resets.
+        """
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank if the driver opened a newer round.
+
+        Rank 0 asks the rendezvous and every rank takes its answer, so all ranks raise
+        at the same call.
+        """
+        mine = basics.rendezvous_round()
+        newest = basics.newest_rendezvous_round() if basics.rank() == 0 else mine
+        newest = self._bcast_object(newest)
+        if newest > mine:
+            log.info("rank %d: rendezvous round %d is open (this rank is in round %d): "
+                     "resetting", basics.rank(), newest, mine)
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Plain values (numbers, lists, dicts) kept as attributes: ``state.epoch``.
+
+    ``save`` keeps a deep copy; ``restore`` puts it back; ``sync`` gives every rank
+    rank 0's saved values.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any], **kwargs):
+        super().__init__(bcast_object)
+        self._saved_state: Dict[str, Any] = copy.deepcopy(kwargs)
+        self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))
+
+    def save(self) -> None:
+        self._saved_state = {name: copy.deepcopy(getattr(self, name))
+                             for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = copy.deepcopy(self._bcast_object(self._saved_state))
+            self._set_attrs()
+
+
+def _reset() -> None:
+    """Leave the current round and join the next one."""
+    basics.shutdown()
+    basics.init()
+
+
+def _reset_into_next_round(reset: Callable[[], None]) -> None:
+    """``reset()``, again if a peer fails while the next round forms; exit cleanly if this
+    process has no place in the job any more."""
+    for attempt in range(1, _RESET_ATTEMPTS + 1):
+        try:
+            reset()
+            return
+        except HvdliteRemovedError as exc:
+            log.warning("%s", exc)
+            raise SystemExit(0) from None
+        except HvdliteInternalError as exc:
+            if attempt == _RESET_ATTEMPTS:
+                raise
+            log.warning("joining the next rendezvous round failed (%s); trying the round "
+                        "after it (attempt %d of %d)", exc, attempt + 1, _RESET_ATTEMPTS)
+
+
+def run_fn(func: Callable, reset: Callable[[], None] = _reset) -> Callable:
+    """Wrap ``func(state, ...)`` in the elastic reset loop (see the module docstring).
+
+    Raises:
+        HvdliteInternalError: outside elastic mode (a static job cannot replace a peer),
+            or when re-initialising fails in a way no later round can mend (a timeout).
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs):
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HvdliteInternalError as exc:
+                if not basics.config().elastic:
+                    raise
+                log.warning("rank %d: %s; restoring the last commit and resetting",
+                            basics.rank(), exc)
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as exc:
+                skip_sync = exc.skip_sync
+            _reset_into_next_round(reset)
+            state.on_reset()
+
+    return wrapper

@@ -1,0 +1,108 @@
+"""A deterministic elastic training job (driven by tests/elastic).
+
+Step s trains on a global batch of 12 samples made from seed s; each rank takes
+its shard (12 divides evenly over 1, 2, 3, 4 and 6 ranks), so with averaged
+gradients every step's update is the same whatever the world size: the final
+weights must equal a one-process run of the same steps, however many resets
+happened.  ``state.history`` records every committed step, so a lost or repeated
+step shows up.
+
+Environment: ELASTIC_STEPS (default 30), ELASTIC_OUT (rank 0 writes the result
+there as JSON), ELASTIC_KILL_AT (``host:local_rank:step``: that worker SIGKILLs
+itself during that step's gradient allreduce), ELASTIC_STEP_SLEEP (seconds per
+step, so hosts can come and go while training runs).
+"""
+
+import json
+import os
+import signal
+import time
+
+import torch
+
+import hvdlite.torch as hvd
+
+GLOBAL_BATCH = 12
+STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
+SLEEP_S = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1
+    return x, y
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 1)
+
+
+def should_die(step: int) -> bool:
+    target = os.environ.get("ELASTIC_KILL_AT")
+    if not target:
+        return False
+    host, local_rank, at = target.split(":")
+    me = (os.environ.get("HVDLITE_HOSTNAME"), os.environ.get("HVDLITE_LOCAL_RANK"))
+    return me == (host, local_rank) and step == int(at)
+
+
+def main():
+    torch.set_num_threads(1)
+    hvd.init()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, step=0, history=[], sizes=[], resets=0)
+
+    def on_reset():
+        state.resets += 1
+        print(f"RESET rank={hvd.rank()} size={hvd.size()} step={state.step}", flush=True)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        print(f"TRAIN rank={hvd.rank()} size={hvd.size()} step={state.step}", flush=True)
+        while state.step < STEPS:
+            x, y = batch(state.step)
+            shard = slice(hvd.rank() * GLOBAL_BATCH // hvd.size(),
+                          (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size())
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
+            loss.backward()                       # gradient allreduce starts here
+            if should_die(state.step):
+                os.kill(os.getpid(), signal.SIGKILL)
+            opt.step()
+            state.history.append(state.step)
+            state.sizes.append(hvd.size())
+            state.step += 1
+            if SLEEP_S:
+                time.sleep(SLEEP_S)
+            state.commit()
+
+    train(state)
+    if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
+        with open(os.environ["ELASTIC_OUT"], "w") as f:
+            json.dump({"weight": model.weight.detach().view(-1).tolist(),
+                       "bias": model.bias.detach().tolist(), "history": state.history,
+                       "sizes": state.sizes, "size": hvd.size()}, f)
+    print(f"DONE rank={hvd.rank()} size={hvd.size()} steps={state.step}", flush=True)
+    hvd.shutdown()
+
+
+def reference(steps: int = STEPS):
+    """The same steps in one process on the full batch: what every elastic run must reach."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model.weight.detach().view(-1).tolist(), model.bias.detach().tolist()
+
+
+if __name__ == "__main__":
+    main()
