@@ -22,9 +22,10 @@ import functools
 import logging
 from typing import Any, Callable, Dict, List
 
-from hvdlite.common import basics
+from hvdlite.common import basics, ops
 from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteInternalError,
                                        HvdliteRemovedError)
+from hvdlite.common.fusion import lazy_torch
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,17 @@ class State:
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank if the driver opened a newer round.
 
-        Rank 0 asks the rendezvous and every rank takes its answer, so all ranks raise
-        at the same call.
+        Rank 0 asks the rendezvous and a MAX-allreduce gives every rank its answer, so all
+        ranks raise at the same call.  Outside elastic mode membership never changes and
+        this costs nothing.
         """
+        if not basics.config().elastic:
+            return
         mine = basics.rendezvous_round()
-        newest = basics.newest_rendezvous_round() if basics.rank() == 0 else mine
-        newest = self._bcast_object(newest)
+        asked = basics.newest_rendezvous_round() if basics.rank() == 0 else mine
+        buf = lazy_torch().tensor([asked], dtype=lazy_torch().int64)
+        ops.synchronize(ops.allreduce_one(buf, buf, "elastic.check_host_updates", ops.Max))
+        newest = int(buf.item())
         if newest > mine:
             log.info("rank %d: rendezvous round %d is open (this rank is in round %d): "
                      "resetting", basics.rank(), newest, mine)

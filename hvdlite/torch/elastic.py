@@ -37,11 +37,16 @@ def run(func):
 class ElasticSampler(torch.utils.data.Sampler):
     """Shards one epoch's samples over the ranks, skipping those already processed.
 
-    After a reset the samples not yet processed this epoch (on any rank) are
-    re-sharded over the new set of ranks, so none is skipped or repeated.  Call
-    ``record_batch(batch_index, batch_size)`` (or ``record_indices``) after each
-    batch and ``set_epoch(epoch)`` at the start of each epoch; put the sampler in
-    the :class:`TorchState` so commits keep its position.
+    After a reset the samples not yet processed this epoch are re-sharded over
+    the new set of ranks, so none is skipped or repeated.  Call
+    ``record_batch(batch_index, batch_size)`` after each batch and
+    ``set_epoch(epoch)`` at the start of each epoch; put the sampler in the
+    :class:`TorchState` so commits keep its position.
+
+    ``record_batch`` marks the batch of *every* rank (ranks step through their
+    shards in lockstep, and the shards are known everywhere), so a commit keeps
+    the samples a worker processed even if that worker dies later; Horovod's
+    sampler records only its own rank's.  ``record_indices`` marks given indices.
     """
 
     def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
@@ -51,6 +56,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self.processed_indices: set = set()
         self.indices: List[int] = []
+        self._shards: List[List[int]] = []       # every rank's indices of the current pass
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
@@ -59,8 +65,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark this rank's ``batch_idx``-th batch of the current pass as processed."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Mark every rank's ``batch_idx``-th batch of the current pass as processed."""
+        start, end = batch_idx * batch_size, (batch_idx + 1) * batch_size
+        for shard in self._shards:
+            self.processed_indices.update(shard[start:end])
 
     def record_indices(self, indices) -> None:
         self.processed_indices.update(indices)
@@ -90,7 +98,9 @@ class ElasticSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[int]:
         padded = self.remaining_indices + \
             self.remaining_indices[:self.total_size - len(self.remaining_indices)]
-        self.indices = padded[self.rank:self.total_size:self.num_replicas]
+        self._shards = [padded[r:self.total_size:self.num_replicas]
+                        for r in range(self.num_replicas)]
+        self.indices = self._shards[self.rank]
         return iter(self.indices)
 
     def __len__(self) -> int:
