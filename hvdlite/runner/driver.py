@@ -10,7 +10,12 @@ Requests (all authenticated with the job key; each is idempotent):
 
 * ``ping`` -> ``{role: "driver", job_id}``
 * ``register {host_index, hostname, nics: {iface: [ipv4]}, port, driver_reachable: [iface]}``
-* ``worker_exit {host_index, rank, code}``
+* ``worker_exit {host_index, rank, code}``; in an elastic job also ``local_rank``: the
+  worker is known by its slot (host, local rank), since its rank changes between rounds
+
+An elastic job's driver service starts empty and learns its hosts as discovery
+finds them (:meth:`DriverService.add_host`); a host whose task is started again
+(back from the blacklist) gets a new index.
 """
 
 import dataclasses
@@ -18,7 +23,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError, HvdliteTimeoutError
 from hvdlite.common.net.service import Client, Service, ServiceError
@@ -47,23 +52,37 @@ class DriverService(Service):
     """Collects registrations and worker exits; wakes waiters on every change."""
 
     def __init__(self, key: bytes, job_id: str, hostnames: List[str],
-                 ranks_by_host: List[List[int]], bind_addr: str = "0.0.0.0"):
+                 ranks_by_host: List[List[int]], bind_addr: str = "0.0.0.0",
+                 elastic: bool = False, on_exit: Optional[Callable[[], None]] = None):
         self.job_id = job_id
         self.hostnames = list(hostnames)
         self._ranks_by_host = [set(r) for r in ranks_by_host]
+        self.elastic = elastic
+        self._on_exit = on_exit
         self.cond = threading.Condition()
         self.registrations: Dict[int, _Registration] = {}
         self.exits: Dict[int, int] = {}
         self.exit_order: List[int] = []
+        #: elastic jobs: ((hostname, local_rank), code) in the order the tasks reported them
+        self.slot_exits: List[Tuple[Tuple[str, int], int]] = []
         super().__init__("driver", key, bind_addr)
+
+    def add_host(self, hostname: str) -> int:
+        """Make room for one more host's task (elastic jobs); returns its host index."""
+        with self.cond:
+            self.hostnames.append(hostname)
+            self._ranks_by_host.append(set())
+            return len(self.hostnames) - 1
 
     def handle(self, header, blob, client):
         op = header.get("op")
         if op == "ping":
             return {"role": "driver", "job_id": self.job_id}, b""
         index = header.get("host_index")
+        with self.cond:
+            n_hosts = len(self.hostnames)
         _check(isinstance(index, int) and not isinstance(index, bool)
-               and 0 <= index < len(self.hostnames), "host_index out of range")
+               and 0 <= index < n_hosts, "host_index out of range")
         if op == "register":
             nics = header.get("nics")
             _check(isinstance(nics, dict) and all(
@@ -81,6 +100,17 @@ class DriverService(Service):
                 self.cond.notify_all()
             log.info("task on %s registered from %s:%d (interfaces %s)", hostname, client[0],
                      port, ", ".join(sorted(nics)))
+            return {}, b""
+        if op == "worker_exit" and self.elastic:
+            local_rank, code = header.get("local_rank"), header.get("code")
+            _check(isinstance(local_rank, int) and not isinstance(local_rank, bool)
+                   and local_rank >= 0, "local_rank")
+            _check(isinstance(code, int) and not isinstance(code, bool), "code")
+            with self.cond:
+                self.slot_exits.append(((self.hostnames[index], local_rank), code))
+                self.cond.notify_all()
+            if self._on_exit is not None:
+                self._on_exit()
             return {}, b""
         if op == "worker_exit":
             rank, code = header.get("rank"), header.get("code")
@@ -100,14 +130,18 @@ class Driver:
     """The launcher's side of a multi-host job."""
 
     def __init__(self, key: bytes, job_id: str, hostnames: List[str],
-                 slots_by_host: List[List[SlotInfo]]):
+                 slots_by_host: List[List[SlotInfo]], service: Optional[DriverService] = None):
         self.key = key
-        self.hostnames = hostnames
         self.slots_by_host = slots_by_host
-        self.service = DriverService(key, job_id, hostnames,
-                                     [[s.rank for s in ss] for ss in slots_by_host])
+        self.service = service or DriverService(key, job_id, hostnames,
+                                                [[s.rank for s in ss] for ss in slots_by_host])
         self.nics = discover_nics()
         self._clients: Dict[int, Client] = {}
+
+    @property
+    def hostnames(self) -> List[str]:
+        """Host names by host index (an elastic job's list grows)."""
+        return self.service.hostnames
 
     def addresses(self) -> List[list]:
         """``[iface, ipv4, port]`` for every interface the tasks may try."""
@@ -117,6 +151,10 @@ class Driver:
     def wake(self) -> None:
         with self.service.cond:
             self.service.cond.notify_all()
+
+    def client(self, index: int, timeout_s: float = 10.0) -> Client:
+        """The connection to host ``index``'s task (made on first use)."""
+        return self._client(index, timeout_s)
 
     def _client(self, index: int, timeout_s: float = 10.0) -> Client:
         if index not in self._clients:
@@ -155,18 +193,23 @@ class Driver:
             raise HvdliteError("interrupted")
 
     def choose_interface(self, deadline: float, wanted: Optional[List[str]],
-                         verbose: bool = False) -> Tuple[str, str]:
+                         verbose: bool = False,
+                         indices: Optional[List[int]] = None) -> Tuple[str, str]:
         """Probe the ring of tasks; return ``(interface, rendezvous address)``.
+
+        ``indices``: the hosts to probe between (default: all; every one registered).
 
         Raises:
             HvdliteLaunchError: no interface (or none of ``wanted``) is routable
                 between all hosts, or no driver address is reachable from all.
         """
-        regs = self.service.registrations
-        n = len(self.hostnames)
+        all_regs = self.service.registrations
+        ring = list(range(len(self.hostnames))) if indices is None else list(indices)
+        regs = {i: all_regs[i] for i in ring}
+        n = len(ring)
 
-        def probe(i):
-            j = (i + 1) % n
+        def probe(pos):
+            i, j = ring[pos], ring[(pos + 1) % n]
             targets = [[iface, addrs[0], regs[j].port] for iface, addrs in
                        sorted(regs[j].nics.items())]
             left = max(1.0, deadline - time.monotonic())
@@ -178,8 +221,8 @@ class Driver:
         with ThreadPoolExecutor(max_workers=n) as pool:
             results = list(pool.map(probe, range(n)))
         common = set.intersection(*results)
-        for i, r in enumerate(results):
-            j = (i + 1) % n
+        for pos, r in enumerate(results):
+            i, j = ring[pos], ring[(pos + 1) % n]
             msg = "%s reaches %s on %s"
             args = (self.hostnames[i], self.hostnames[j], sorted(r) or "no interface")
             (log.warning if verbose else log.info)(msg, *args)
@@ -195,13 +238,13 @@ class Driver:
         if not candidates:
             raise HvdliteLaunchError(
                 "no network interface is routable between all hosts ("
-                + "; ".join(f"{self.hostnames[i]} -> {self.hostnames[(i + 1) % n]}: "
-                            f"{sorted(r) or 'none'}" for i, r in enumerate(results))
+                + "; ".join(f"{self.hostnames[ring[p]]} -> {self.hostnames[ring[(p + 1) % n]]}: "
+                            f"{sorted(r) or 'none'}" for p, r in enumerate(results))
                 + "); check firewalls, or name one with --network-interfaces")
 
         def rank_key(iface):
             # prefer a real interface the driver is reachable on, then any real one
-            nics = regs[0].nics.get(iface, [])
+            nics = regs[ring[0]].nics.get(iface, [])
             return (iface not in driver_ok, is_loopback(iface, nics), iface)
 
         iface = candidates[0] if wanted else sorted(candidates, key=rank_key)[0]

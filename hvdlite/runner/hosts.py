@@ -9,7 +9,7 @@ in a hostfile.
 import dataclasses
 import functools
 import socket
-from typing import List, Optional, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import psutil
 
@@ -155,16 +155,28 @@ def assign_slots(hosts: List[HostSlots], np: int) -> List[SlotInfo]:
             if len(placed) == np:
                 break
             placed.append((host.hostname, local))
-    local_sizes = {}
+    return place_slots(placed)
+
+
+def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
+    """Rank ``i`` runs on ``placed[i]`` = (host, local rank); add the size, local and cross ranks.
+
+    The static launcher places ranks host by host; the elastic driver keeps its
+    survivors' order and appends new slots, so a host's ranks need not be
+    contiguous.  Local ranks on a host are expected to be 0..k-1; cross ranks
+    count, in order of first appearance, the hosts that have that local rank.
+    """
+    local_sizes: Dict[str, int] = {}
     for name, _ in placed:
         local_sizes[name] = local_sizes.get(name, 0) + 1
-    # cross_rank: index of this host among hosts that have this local_rank
-    host_order = list(dict.fromkeys(name for name, _ in placed))
+    local_ranks = {}
+    for name, local in placed:
+        local_ranks.setdefault(local, []).append(name)
     result = []
     for rank, (name, local) in enumerate(placed):
-        peers = [h for h in host_order if local_sizes[h] > local]
+        peers = local_ranks[local]
         result.append(SlotInfo(hostname=name, rank=rank, local_rank=local,
-                               cross_rank=peers.index(name), size=np,
+                               cross_rank=peers.index(name), size=len(placed),
                                local_size=local_sizes[name], cross_size=len(peers)))
     return result
 

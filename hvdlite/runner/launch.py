@@ -18,6 +18,9 @@ from hvdlite import __version__
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
 from hvdlite.runner import gloo_run
+from hvdlite.runner.elastic.discovery import FixedHosts, ScriptDiscovery
+from hvdlite.runner.elastic.run import launch_elastic
+from hvdlite.runner.elastic.settings import DEFAULT_ELASTIC_TIMEOUT_S, ElasticSettings, validate
 from hvdlite.runner.hosts import (HostSlots, assign_slots, is_local, parse_hostfile,
                                   parse_hosts, resolve)
 from hvdlite.runner.mpi_run import find_mpiexec, launch_mpi
@@ -30,7 +33,7 @@ FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 #: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
 _JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
               cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE}
+              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC, cfg.ELASTIC_TIMEOUT}
 
 
 @dataclasses.dataclass
@@ -55,6 +58,12 @@ class Settings:
     tunable_env: Dict[str, str] = dataclasses.field(default_factory=dict)
     #: -x NAME=VALUE (and -x NAME resolved from our environment)
     user_env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the elastic flags; None for a static job
+    elastic: Optional[ElasticSettings] = None
+    #: --host-discovery-script (elastic jobs; None: the host list is fixed)
+    discovery_script: Optional[str] = None
+    #: --slots-per-host: slots of a discovered host printed without ``:N``
+    slots_per_host: int = 1
 
     def forward_env(self) -> Dict[str, str]:
         """The allow-list remote hosts get: HVDLITE_* tunables, PATH & co, and -x names."""
@@ -172,6 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
                               "hvdlite does not offer a timeline yet")
     tl.add_argument("--timeline-filename", metavar="FILE", help="refused")
     tl.add_argument("--timeline-mark-cycles", action="store_true", help="refused")
+
+    el = p.add_argument_group(
+        "elastic arguments", "any of --min-np, --max-np, --host-discovery-script makes the "
+        "job elastic: it survives failed workers and follows the hosts discovery offers")
+    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                    help="fewest processes the job may run with (default: -np)")
+    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                    help="most processes the job may grow to (default: no limit)")
+    el.add_argument("--slots-per-host", type=int, metavar="N",
+                    help="slots of a discovered host printed without ':N' (default 1)")
+    el.add_argument("--host-discovery-script", metavar="FILE",
+                    help="executable printing the available hosts, one 'host[:slots]' per "
+                         "line; run about once a second")
+    el.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                    help=f"how long to wait for --min-np slots before failing "
+                         f"(default {DEFAULT_ELASTIC_TIMEOUT_S:.0f})")
+    el.add_argument("--reset-limit", type=int, metavar="N",
+                    help="fail once the job would need more than N resets (default: no limit)")
+    el.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                    help="a failed host rejoins after a cooldown drawn from [MIN, MAX] seconds "
+                         "(default: it stays out)")
 
     st = p.add_argument_group("stall check parameters")
     st.add_argument("--no-stall-check", action="store_true", help="disable the stall check")
@@ -308,16 +338,37 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if getattr(args, dest, None) not in (None, False):
             raise HvdliteConfigError(
                 f"{flag}: hvdlite does not offer {feature} yet; remove the flag")
+    elastic = _is_elastic(args)
+    if args.np is None and elastic and args.min_np is not None:
+        args.np = args.min_np
     if args.np is None:
-        raise HvdliteConfigError("-np is required (the number of processes)")
+        raise HvdliteConfigError("-np is required (the number of processes)"
+                                 + (" or --min-np" if elastic else ""))
     if args.np < 1:
         raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
+    if not elastic:
+        for dest, flag in _ELASTIC_ONLY.items():
+            if getattr(args, dest, None) is not None:
+                raise HvdliteConfigError(
+                    f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
+                    f"--host-discovery-script, or drop it")
+    elastic_settings = None
+    if elastic:
+        elastic_settings = validate(
+            np=args.np, min_np=args.min_np, max_np=args.max_np,
+            elastic_timeout_s=args.elastic_timeout, reset_limit=args.reset_limit,
+            cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
+            discovery_script=args.host_discovery_script,
+            fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
     command = _resolve_command(list(args.command))
-    if args.hostfile:
+    if args.host_discovery_script:
+        hosts = []
+    elif args.hostfile:
         hosts = parse_hostfile(args.hostfile)
     else:
         hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
-    assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+    if hosts:
+        assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
     tunable_env = {}
     for dest, (var, conv) in TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
@@ -325,7 +376,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             tunable_env[var] = conv(value)
     if args.mpi:
         controller = "mpi"
-    elif args.gloo:
+    elif args.gloo or elastic:
         controller = "gloo"
     else:
         avail = controllers_available()
@@ -350,11 +401,26 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
         ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
         network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
-        tunable_env=tunable_env, user_env=_user_env(args.env))
+        tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
+        discovery_script=args.host_discovery_script,
+        slots_per_host=args.slots_per_host or 1)
+
+
+def _is_elastic(args: argparse.Namespace) -> bool:
+    return any(getattr(args, f, None) is not None
+               for f in ("min_np", "max_np", "host_discovery_script"))
+
+
+#: flags that mean something only in an elastic job
+_ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--elastic-timeout",
+                 "reset_limit": "--reset-limit",
+                 "blacklist_cooldown_range": "--blacklist-cooldown-range"}
 
 
 def run(settings: Settings) -> int:
     """Dispatch to the launch mechanism; returns the job's exit code."""
+    if settings.elastic is not None:
+        return _run_elastic(settings)
     slots = assign_slots(settings.hosts, settings.np)
     used = [h for h in settings.hosts if any(s.hostname == h.hostname for s in slots)]
     for h in used:
@@ -384,6 +450,27 @@ def run(settings: Settings) -> int:
                                  network_interfaces=settings.network_interfaces,
                                  output_dir=settings.output_dir, verbose=settings.verbose,
                                  timestamp=settings.timestamp_output)
+
+
+def _run_elastic(settings: Settings) -> int:
+    for h in settings.hosts:
+        if not is_local(h.hostname):
+            resolve(h.hostname)          # "unknown host" before anything starts
+    if settings.discovery_script:
+        discovery = ScriptDiscovery(settings.discovery_script, settings.slots_per_host)
+    else:
+        discovery = FixedHosts(settings.hosts)
+    ssh = SSHOptions(port=settings.ssh_port, identity_file=settings.ssh_identity_file,
+                     known_hosts_file=settings.ssh_known_hosts_file,
+                     strict_host_key_checking=settings.ssh_strict_host_key_checking)
+    return launch_elastic(settings.elastic, discovery, settings.command, settings.tunable_env,
+                          settings.user_env, settings.forward_env(), ssh,
+                          settings.start_timeout_s,
+                          network_interfaces=settings.network_interfaces,
+                          output_dir=settings.output_dir, verbose=settings.verbose,
+                          timestamp=settings.timestamp_output,
+                          tasks_from_start=any(not is_local(h.hostname)
+                                               for h in settings.hosts))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -7,12 +7,20 @@ driver address it can reach, registers this host's interfaces, and serves:
 * ``ping`` -> ``{role: "task", job_id, host_index}`` (the identity a probe checks)
 * ``probe {targets: [[iface, addr, port]], expect_host_index, timeout_s}`` ->
   ``{reachable: [iface]}``: the interfaces on which the expected task answered
-* ``run {slots, command, env}``: start this host's workers (a second call is a no-op)
+* ``run {slots, command, env}``: start this host's workers.  In a static job a
+  second call is a no-op.  In an elastic job (``"elastic": true`` in the payload)
+  each call starts the given slots that have no live worker yet and answers
+  ``{failed: [[local_rank, why]]}`` for those that could not start
+* ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees (elastic
+  jobs); their exits are reported like any other
 * ``terminate``: end the workers' process trees and exit
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
-routes it); worker exits are reported to the driver.  When stdin closes, the
-launcher is gone or done: the task ends its workers and exits.
+routes it; an elastic worker keeps the rank it started with); worker exits are
+reported to the driver (``worker_exit`` with the rank, and the local rank that names
+an elastic worker).  A static task exits once all its workers have; an elastic one
+waits for more ``run`` calls.  When stdin closes, the launcher is gone or done: the
+task ends its workers and exits.
 """
 
 import json
@@ -20,7 +28,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
@@ -76,12 +84,16 @@ class TaskService(Service):
     """Serves the requests above; ``on_run``/``on_terminate`` do the work."""
 
     def __init__(self, key: bytes, job_id: str, host_index: int,
-                 on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], None],
-                 on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0"):
+                 on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], Optional[dict]],
+                 on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0",
+                 elastic: bool = False,
+                 on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None):
         self.job_id = job_id
         self.host_index = host_index
         self._on_run = on_run
         self._on_terminate = on_terminate
+        self._on_stop = on_stop
+        self.elastic = elastic
         self._lock = threading.Lock()
         self.started = False
         super().__init__("task service", key, bind_addr)
@@ -109,10 +121,17 @@ class TaskService(Service):
             _check(isinstance(env, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in env.items()), "env")
             with self._lock:
-                if self.started:
+                if self.started and not self.elastic:
                     return {"already": True}, b""
-                self._on_run(slots, command, env)
+                reply = self._on_run(slots, command, env)
                 self.started = True
+            return reply or {}, b""
+        if op == "stop" and self.elastic and self._on_stop is not None:
+            raw = header.get("slots")
+            _check(isinstance(raw, list) and all(
+                isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and _is_int(x[1])
+                for x in raw), "slots must be a list of [hostname, local_rank]")
+            self._on_stop([(x[0], x[1]) for x in raw])
             return {}, b""
         if op == "terminate":
             self._on_terminate()
@@ -129,26 +148,59 @@ class _Task:
         self.forward_env = dict(payload.get("env") or {})
         self.timeout_s = float(payload.get("timeout_s", 30))
         self.driver_addrs = payload["driver"]
+        self.elastic = bool(payload.get("elastic"))
         self.stop = threading.Event()
         self.wake = threading.Event()
-        self.group = None
+        self.lock = threading.Lock()
+        #: one group per worker, so that one worker can be stopped alone (elastic jobs)
+        self.groups: List[WorkerGroup] = []
+        self.live: Dict[Tuple[str, int], WorkerGroup] = {}
+        self.ran = False
+        self.sink = OutputSink(out=sys.stdout.buffer, err=sys.stdout.buffer)
         self.driver: Optional[Client] = None
         cwd = payload.get("cwd")
         self.cwd = cwd if cwd and os.path.isdir(cwd) else None
 
-    def on_run(self, slots, command, env):
+    def on_run(self, slots, command, env) -> Optional[dict]:
+        """Start a worker for each slot without a live one.
+
+        Raises:
+            HvdliteLaunchError: (static jobs) a worker cannot be started; an elastic job
+                answers ``{failed: [[local_rank, why]]}`` instead.
+        """
         base = dict(os.environ)
         base.update(self.forward_env)
         job_env = dict(env)
         job_env[cfg.SECRET_KEY] = self.key.hex()   # the key came over SSH, not the wire
-        sink = OutputSink(out=sys.stdout.buffer, err=sys.stdout.buffer)
-        self.sink = sink
-        group = WorkerGroup(slots, command, job_env, sink, base_env=base, cwd=self.cwd)
+        failed = []
         try:
-            group.start()
+            for slot in slots:
+                sid = (slot.hostname, slot.local_rank)
+                with self.lock:
+                    if sid in self.live or self.stop.is_set():
+                        continue
+                group = WorkerGroup([slot], command, job_env, self.sink, base_env=base,
+                                    cwd=self.cwd)
+                try:
+                    group.start()
+                except HvdliteLaunchError as exc:
+                    if not self.elastic:
+                        raise
+                    failed.append([slot.local_rank, str(exc)])
+                    continue
+                with self.lock:
+                    self.groups.append(group)
+                    self.live[sid] = group
         finally:
-            self.group = group
+            self.ran = True
             self.wake.set()
+        return {"failed": failed} if self.elastic else None
+
+    def on_stop(self, ids: List[Tuple[str, int]]) -> None:
+        with self.lock:
+            groups = [self.live[i] for i in ids if i in self.live]
+        for g in groups:
+            threading.Thread(target=g.terminate, name="task-stop", daemon=True).start()
 
     def on_terminate(self):
         self.stop.set()
@@ -187,7 +239,7 @@ class _Task:
 
     def run(self) -> int:
         service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
-                              self.on_terminate)
+                              self.on_terminate, elastic=self.elastic, on_stop=self.on_stop)
         threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True).start()
         try:
             reachable = self._find_driver()
@@ -195,18 +247,15 @@ class _Task:
                                  "hostname": self.hostname, "nics": discover_nics(),
                                  "port": service.address[1], "driver_reachable": reachable})
             while not self.stop.is_set():
-                group = self.group
-                if group is not None:
-                    for slot, code in group.poll():
-                        self.driver.request({"op": "worker_exit", "host_index": self.host_index,
-                                             "rank": slot.rank, "code": code})
-                    if group.all_exited():
-                        group.join_output()
-                        return 0
-                    if self.sink.broken.is_set():
-                        log.warning("host %s: output pipe to the launcher broke; stopping",
-                                    self.hostname)
-                        break
+                self._report_exits()
+                with self.lock:
+                    done = self.ran and not self.live and not self.elastic
+                if done:
+                    return 0
+                if self.sink.broken.is_set():
+                    log.warning("host %s: output pipe to the launcher broke; stopping",
+                                self.hostname)
+                    break
                 self.wake.wait(0.05)
                 self.wake.clear()
             return 0
@@ -214,12 +263,35 @@ class _Task:
             sys.stderr.write(f"hvdlite task on {self.hostname}: {exc}\n")
             return 2
         finally:
-            if self.group is not None:
-                self.group.terminate()
-                self.group.join_output(2.0)
+            self._end_workers()
             service.shutdown()
             if self.driver is not None:
                 self.driver.close()
+
+    def _report_exits(self) -> None:
+        with self.lock:
+            live = list(self.live.items())
+        for sid, group in live:
+            for slot, code in group.poll():
+                with self.lock:
+                    if self.live.get(sid) is group:
+                        del self.live[sid]
+                group.join_output(1.0)      # its last lines (a traceback) before its exit
+                self.driver.request({"op": "worker_exit", "host_index": self.host_index,
+                                     "rank": slot.rank, "local_rank": slot.local_rank,
+                                     "code": code})
+
+    def _end_workers(self) -> None:
+        with self.lock:
+            self.stop.set()           # no run call starts anything from now on
+            groups = list(self.groups)
+        threads = [threading.Thread(target=g.terminate, daemon=True) for g in groups]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for g in groups:
+            g.join_output(2.0)
 
 
 def main() -> int:

@@ -169,3 +169,85 @@ def test_launcher_imports_no_framework():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow') "
             "or m.startswith('hvdlite.torch')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+# ---------------------------------------------------------------- elastic flags
+
+
+def _discovery_script(tmp_path, mode=0o755):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(mode)
+    return str(script)
+
+
+def test_elastic_flags_to_settings(tmp_path, monkeypatch):
+    script = _discovery_script(tmp_path)
+    s = settings(["-np", "3", "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+                  script, "--slots-per-host", "2", "--elastic-timeout", "30", "--reset-limit",
+                  "5", "--blacklist-cooldown-range", "10", "20", KV])
+    e = s.elastic
+    assert (e.np, e.min_np, e.max_np, e.elastic_timeout_s, e.reset_limit, e.cooldown_range) \
+        == (3, 2, 4, 30.0, 5, (10.0, 20.0))
+    assert s.discovery_script == script and s.slots_per_host == 2 and s.hosts == []
+    assert s.tunable_env[cfg.CPU_OPERATIONS] == "gloo"
+    # Horovod's defaults: 600 s, no reset limit, no cooldown; -np from --min-np
+    s = settings(["--min-num-proc", "2", "--max-num-proc", "3", "-H", "localhost:3", KV])
+    e = s.elastic
+    assert (e.np, e.min_np, e.max_np, e.elastic_timeout_s, e.reset_limit, e.cooldown_range) \
+        == (2, 2, 3, 600.0, None, None)
+    assert s.discovery_script is None and s.hosts[0].slots == 3
+    # static jobs stay static; the job's own HVDLITE_ELASTIC never travels
+    assert settings(["-np", "2", KV]).elastic is None
+    monkeypatch.setenv(cfg.ELASTIC, "1")
+    assert cfg.ELASTIC not in settings(["-np", "1", KV]).forward_env()
+
+
+def test_elastic_config_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(f"min-np: 1\nmax-np: 2\nhost-discovery-script: {_discovery_script(tmp_path)}\n"
+                 "blacklist-cooldown-range: [1, 5]\n")
+    e = settings(["--config-file", str(f), "-np", "2", KV]).elastic
+    assert (e.min_np, e.max_np, e.cooldown_range) == (1, 2, (1.0, 5.0))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-np", "2", "--min-np", "3", "--max-np", "2"], "--min-np 3 is more than --max-np 2"),
+    (["-np", "5", "--min-np", "2", "--max-np", "4"],
+     "-np 5 must be between --min-np 2 and --max-np 4"),
+    (["-np", "1", "--min-np", "2"], "-np 1 must be between --min-np 2"),
+    (["-np", "2", "--min-np", "0"], "--min-np 0: must be at least 1"),
+    (["-np", "2", "--max-np", "4", "--mpi"], "cannot be used with --mpi"),
+    (["--max-np", "4"], "-np is required (the number of processes) or --min-np"),
+    (["-np", "2", "--min-np", "1", "--elastic-timeout", "-1"], "--elastic-timeout -1"),
+    (["-np", "2", "--min-np", "1", "--reset-limit", "-1"], "--reset-limit -1"),
+    (["-np", "2", "--min-np", "1", "--slots-per-host", "0"], "--slots-per-host 0"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "5", "1"],
+     "--blacklist-cooldown-range 5 1: expected 0 <= MIN <= MAX"),
+    (["-np", "2", "--reset-limit", "3"], "--reset-limit applies to elastic jobs only"),
+    (["-np", "2", "--elastic-timeout", "3"], "--elastic-timeout applies to elastic jobs only"),
+    (["-np", "3", "--min-np", "1", "-H", "localhost:2"], "more processes than the 2 slots"),
+])
+def test_elastic_flag_errors(args, fragment):
+    with pytest.raises(HvdliteConfigError) as info:
+        settings(args + [KV])
+    assert fragment in str(info.value)
+
+
+def test_discovery_script_errors(tmp_path):
+    with pytest.raises(HvdliteConfigError, match="--host-discovery-script .*missing.sh: no such"):
+        settings(["-np", "2", "--host-discovery-script", str(tmp_path / "missing.sh"), KV])
+    script = _discovery_script(tmp_path, mode=0o644)
+    with pytest.raises(HvdliteConfigError, match="not executable"):
+        settings(["-np", "2", "--host-discovery-script", script, KV])
+    script = _discovery_script(tmp_path)
+    with pytest.raises(HvdliteConfigError, match="replaces -H/--hostfile"):
+        settings(["-np", "2", "--host-discovery-script", script, "-H", "localhost:2", KV])
+
+
+def test_elastic_errors_through_main(tmp_path, capsys):
+    assert launch.main(["-np", "2", "--min-np", "3", KV]) == 2
+    assert capsys.readouterr().err.startswith(
+        "hvdlite-run: error: -np 2 must be between --min-np 3")
+    r = _bad(["-np", "2", "--max-np", "3", "--mpi", KV], "an MPI job cannot change its world")
+    assert "--mpi" in r.stderr

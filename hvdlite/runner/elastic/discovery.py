@@ -1,0 +1,219 @@
+"""Which hosts (and how many slots on each) the elastic driver may use right now.
+
+:class:`HostDiscovery` is asked about once a second.  :class:`FixedHosts` is the
+``-H``/``--hostfile`` list (the job is elastic only in that it survives failures);
+:class:`ScriptDiscovery` runs ``--host-discovery-script`` and parses what it prints,
+one host per line::
+
+    node1:4          # a host and its slots
+    node2            # slots from --slots-per-host
+    user@node3:2     # a login name for SSH, as on -H
+
+Blank lines and ``#`` comments are ignored; an empty answer means "no hosts now".
+A script that exits non-zero, runs past its timeout or prints a line that is not
+``host[:slots]`` raises :class:`HostDiscoveryError`, which carries the script's
+output.  The driver logs it and keeps the host set it had: one bad answer from a
+flaky script must not end (or shrink) a running job.
+"""
+
+import abc
+import logging
+import os
+import signal
+import subprocess
+import threading
+from typing import List, Optional
+
+import psutil
+
+from hvdlite.common.exceptions import HvdliteLaunchError
+from hvdlite.runner.hosts import HostSlots
+
+log = logging.getLogger(__name__)
+
+#: how long one run of the discovery script may take
+SCRIPT_TIMEOUT_S = 10.0
+#: how much of a failing script's output an error message quotes
+_OUTPUT_QUOTE_CHARS = 2000
+
+
+class HostDiscoveryError(HvdliteLaunchError):
+    """Host discovery gave no usable answer; ``output`` is what the script printed."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
+
+
+class HostDiscovery(abc.ABC):
+    """A source of the currently available hosts."""
+
+    #: False when the answer can never change (the driver then need not wait for it to)
+    can_change = True
+
+    @abc.abstractmethod
+    def find(self) -> List[HostSlots]:
+        """The hosts available now, in the order new slots should be filled.
+
+        Raises:
+            HostDiscoveryError: no usable answer this time (the caller keeps the last one).
+        """
+
+    def close(self) -> None:
+        """End whatever a running :meth:`find` is waiting on (default: nothing)."""
+
+
+class FixedHosts(HostDiscovery):
+    """The hosts of ``-H``/``--hostfile``: always the same answer."""
+
+    can_change = False
+
+    def __init__(self, hosts: List[HostSlots]):
+        self._hosts = list(hosts)
+
+    def find(self) -> List[HostSlots]:
+        return list(self._hosts)
+
+
+def parse_discovery_output(text: str, default_slots: int = 1) -> List[HostSlots]:
+    """Parse ``host[:slots]`` lines (see the module docstring); a host listed twice adds up.
+
+    Raises:
+        HostDiscoveryError: a line is not ``[user@]host[:slots]`` with slots >= 1
+            (names the line).
+    """
+    order: List[str] = []
+    found = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, slots_text = line.rpartition(":")
+        if not sep:
+            name, slots_text = line, str(default_slots)
+        user, at, host = name.rpartition("@")
+        bad = (not host or any(c.isspace() for c in line) or (at and not user)
+               or any(c in host for c in ":/=,"))
+        try:
+            slots = int(slots_text)
+        except ValueError:
+            bad, slots = True, 0
+        if bad or slots < 1:
+            raise HostDiscoveryError(
+                f"line {number} ({raw.strip()!r}) is not 'host' or 'host:slots' with slots >= 1",
+                output=text)
+        if host in found:
+            prev = found[host]
+            if prev.user != (user or None):
+                raise HostDiscoveryError(
+                    f"line {number}: host {host!r} is listed with two login names", output=text)
+            found[host] = HostSlots(host, prev.slots + slots, prev.user)
+        else:
+            order.append(host)
+            found[host] = HostSlots(host, slots, user or None)
+    return [found[h] for h in order]
+
+
+class ScriptDiscovery(HostDiscovery):
+    """Runs ``--host-discovery-script`` (an executable file) and parses its stdout.
+
+    The script runs in its own session with a timeout; when it runs too long its
+    whole process group (and any descendant) is killed, so a stuck ``ssh`` or
+    ``sleep`` inside it cannot keep it (or its pipes) alive.
+    """
+
+    def __init__(self, script: str, default_slots: int = 1,
+                 timeout_s: float = SCRIPT_TIMEOUT_S):
+        self.script = os.path.abspath(script)
+        self.default_slots = default_slots
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None
+        self._closed = False
+
+    def find(self) -> List[HostSlots]:
+        """Run the script once and parse what it printed.
+
+        Raises:
+            HostDiscoveryError: the script cannot be started, exits non-zero, runs
+                past ``timeout_s`` or prints garbage; ``output`` holds its stdout and
+                stderr.
+        """
+        with self._lock:
+            if self._closed:
+                raise HostDiscoveryError("host discovery was closed")
+            try:
+                proc = subprocess.Popen([self.script], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+            except OSError as exc:
+                raise HostDiscoveryError(
+                    f"--host-discovery-script {self.script}: cannot run it: "
+                    f"{exc.strerror}") from None
+            self._proc = proc
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self._end(proc)
+            out, err = _drain(proc)
+            raise HostDiscoveryError(
+                f"--host-discovery-script {self.script} did not finish within "
+                f"{self.timeout_s:g}s; it was ended", output=_both(out, err)) from None
+        finally:
+            with self._lock:
+                self._proc = None
+        text = out.decode(errors="replace")
+        if proc.returncode != 0:
+            code = proc.returncode
+            how = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
+            raise HostDiscoveryError(f"--host-discovery-script {self.script} {how}",
+                                     output=_both(out, err))
+        try:
+            return parse_discovery_output(text, self.default_slots)
+        except HostDiscoveryError as exc:
+            raise HostDiscoveryError(f"--host-discovery-script {self.script}: {exc}",
+                                     output=_both(out, err)) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            proc = self._proc
+        if proc is not None:
+            self._end(proc)
+
+    @staticmethod
+    def _end(proc: subprocess.Popen) -> None:
+        """SIGKILL the script's process group (its own session), then any descendant that
+        left the group; a discovery query has nothing to clean up."""
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            kids = []
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for kid in kids:
+            try:
+                kid.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _drain(proc: subprocess.Popen):
+    """What a killed script had printed (bounded: a grandchild may hold the pipes)."""
+    try:
+        return proc.communicate(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return b"", b""
+
+
+def _both(out: Optional[bytes], err: Optional[bytes]) -> str:
+    text = (out or b"").decode(errors="replace")
+    if err:
+        text += ("\n" if text and not text.endswith("\n") else "") + \
+            "[stderr] " + err.decode(errors="replace")
+    if len(text) > _OUTPUT_QUOTE_CHARS:
+        text = text[:_OUTPUT_QUOTE_CHARS] + f"... ({len(text)} characters in all)"
+    return text

@@ -1,0 +1,459 @@
+"""The elastic driver: one state machine that decides who trains in which round.
+
+The driver keeps the set of usable hosts (discovery minus the blacklist), turns
+it into rendezvous rounds, starts and stops workers, and decides when the job has
+succeeded or failed.  Everything happens on one thread, in :meth:`ElasticDriver._step`;
+between steps the driver sleeps on an :class:`threading.Event` that a worker exit,
+a discovery change or a stop request sets, so it reacts at once.
+
+States and their transitions (every one is logged, with the round and hosts)::
+
+    WAITING_FOR_SLOTS --enough slots---------------> STARTING_ROUND
+                      --elastic timeout / no host can come back--> FAILED
+    STARTING_ROUND    --round published, workers started--> RUNNING
+                      --fewer than the needed slots--> WAITING_FOR_SLOTS
+                      --a new worker could not start--> STARTING_ROUND (a reset)
+                      --reset limit reached------> FAILED
+    RUNNING           --a worker failed / the hosts changed the membership--> STARTING_ROUND
+                      --reset limit reached------> FAILED
+                      --a worker of the round exited 0--> FINISHING
+    WAITING_FOR_SLOTS --a worker of the round exited 0--> FINISHING
+    FINISHING         --every worker of the round exited 0--> SUCCEEDED
+                      --a worker of the round failed, or none is left to finish--> FAILED
+    any live state    --stop requested (SIGINT/SIGTERM)--> STOPPED
+
+SUCCEEDED, FAILED and STOPPED are final: every worker on every host is ended.
+
+Rounds and ranks.  The first round waits for ``-np`` slots; if ``--elastic-timeout``
+passes with at least ``--min-np`` it starts with those, with fewer the job fails.
+Later rounds need ``--min-np`` slots within ``--elastic-timeout`` (counted from the
+moment the round was needed).  A round has at most ``--max-np`` slots.  Its ranks:
+the surviving workers first, in their order in the previous round -- so rank 0 is a
+survivor whenever there is one, and it holds the state new workers receive -- then
+new slots, host by host in discovery order, lowest free local rank first.  A round is
+published only when its membership differs from the running one: a discovered host
+that would not get a slot (``--max-np`` reached) starts nothing.
+
+Failures.  A worker that exits non-zero while its slot is in the newest round
+failed: its host is blacklisted (``hostset.HostSet``), the host's other workers are
+stopped, and the next round is published without them (a reset).  Workers the driver
+stopped, and workers whose slot is no longer in the newest round, may exit with any
+code: that is no failure.  Every round after the first counts as a reset; when the
+job needs one more than ``--reset-limit`` allows, it fails.
+
+Success.  Once a worker of the newest round exits 0, training is over: the job
+stops changing rounds (FINISHING) and succeeds when every worker of the round has
+exited 0; a failure of one of them now fails the job, and so does a worker of the
+round that had failed or was stopped before.
+"""
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
+
+from hvdlite.common.exceptions import HvdliteLaunchError
+from hvdlite.runner.elastic.discovery import HostDiscovery
+from hvdlite.runner.elastic.hostset import HostSet
+from hvdlite.runner.elastic.poller import DiscoveryPoller
+from hvdlite.runner.elastic.settings import ElasticSettings
+from hvdlite.runner.elastic.workers import SlotId, WorkerLauncher, slot_id
+from hvdlite.runner.hosts import HostSlots, SlotInfo, place_slots
+from hvdlite.runner.procs import describe_exit, exit_status
+
+log = logging.getLogger("hvdlite.runner.elastic")
+
+#: the driver wakes at least this often even when nothing signals it (a safety net)
+MAX_SLEEP_S = 0.5
+#: the exit status of a job the driver failed (reset limit, too few slots)
+FAILED_EXIT = 1
+#: the exit status after SIGINT/SIGTERM
+STOPPED_EXIT = 130
+
+
+class State(enum.Enum):
+    """The driver's states (see the module docstring for the transitions)."""
+
+    WAITING_FOR_SLOTS = "waiting for slots"
+    STARTING_ROUND = "starting a round"
+    RUNNING = "running"
+    FINISHING = "finishing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+FINAL = frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED})
+#: the allowed transitions; :meth:`ElasticDriver._set_state` refuses any other
+#: (every live state may also go to STOPPED)
+TRANSITIONS: Dict[State, frozenset] = {
+    State.WAITING_FOR_SLOTS: frozenset({State.STARTING_ROUND, State.FINISHING, State.FAILED,
+                                        State.STOPPED}),
+    State.STARTING_ROUND: frozenset({State.RUNNING, State.WAITING_FOR_SLOTS,
+                                     State.STARTING_ROUND, State.FAILED, State.STOPPED}),
+    State.RUNNING: frozenset({State.STARTING_ROUND, State.FINISHING, State.FAILED,
+                              State.STOPPED}),
+    State.FINISHING: frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED}),
+}
+
+
+class Publisher(Protocol):
+    """Opens rendezvous rounds (``hvdlite.runner.rendezvous.RendezvousService``)."""
+
+    def publish(self, slots: Sequence[SlotInfo]) -> int:
+        """Open the next round with ``slots``; returns its number."""
+
+
+@dataclasses.dataclass
+class _Worker:
+    """A live worker process."""
+
+    slot: SlotInfo            # its place in the round it was started in (env, output prefix)
+    started_round: int
+    stopping: bool = False    # the driver is ending it: its exit is no failure
+
+
+def _name(sid: SlotId) -> str:
+    return f"{sid[0]}:{sid[1]}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _for(cooldown: Optional[float]) -> str:
+    return "for the rest of the job" if cooldown is None else f"for {cooldown:.3g}s"
+
+
+class ElasticDriver:
+    """Runs the state machine above until the job succeeds, fails or is stopped.
+
+    ``discovery`` is polled on its own thread every ``discovery_interval_s``;
+    ``workers`` starts and stops the processes (it must call :meth:`wake` when one
+    exits); ``rendezvous`` opens the rounds.
+    """
+
+    def __init__(self, settings: ElasticSettings, discovery: HostDiscovery,
+                 workers: WorkerLauncher, rendezvous: Publisher,
+                 discovery_interval_s: Optional[float] = None):
+        self.settings = settings
+        self._workers = workers
+        self._rendezvous = rendezvous
+        self._wake = threading.Event()
+        self._stop_requested = threading.Event()
+        self._poller = DiscoveryPoller(discovery, self.wake, discovery_interval_s)
+        self._can_change = discovery.can_change
+        self.hostset = HostSet(settings.cooldown_range)
+        self.state = State.WAITING_FOR_SLOTS
+        self.round = -1                       # the newest published round
+        self.round_slots: List[SlotInfo] = []
+        self.resets = 0                       # rounds published after the first
+        self.history: List[Tuple[State, State, str]] = []      # (from, to, why), for tests
+        self.error: Optional[str] = None      # why the job failed
+        self.exit_code: Optional[int] = None
+        self._live: Dict[SlotId, _Worker] = {}
+        self._finished: Set[SlotId] = set()   # members of the newest round that exited 0
+        self._wait_since: Optional[float] = time.monotonic()
+        self._prepared: Set[str] = set()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Have the loop take a step now (a worker exited, the hosts changed)."""
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        """End the job: every worker is ended; :meth:`run` returns 130 (signal-safe)."""
+        self._stop_requested.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        """Run until a final state; every worker is ended on return.  Returns the exit code."""
+        self._poller.start()
+        log.info("elastic job: -np %d, --min-np %d, --max-np %s, --elastic-timeout %gs, "
+                 "--reset-limit %s", self.settings.np, self.settings.min_np,
+                 self.settings.max_np or "none", self.settings.elastic_timeout_s,
+                 "none" if self.settings.reset_limit is None else self.settings.reset_limit)
+        try:
+            while self.state not in FINAL:
+                self._wake.clear()
+                self._step()
+                if self.state not in FINAL:
+                    self._wake.wait(self._sleep_for())
+        finally:
+            self._poller.stop()
+            self._workers.stop_all()
+        return self.exit_code
+
+    def _step(self) -> None:
+        """One decision: read exits and hosts, then act according to the state."""
+        if self._stop_requested.is_set():
+            self._set_state(State.STOPPED, "stop requested")
+            self.exit_code = STOPPED_EXIT
+            return
+        for host in self.hostset.expire():
+            log.warning("host %s: blacklist cooldown over; it may rejoin (round %d)", host,
+                        self.round)
+        failures = self._collect_exits()
+        if self._finished and self.state in (State.RUNNING, State.WAITING_FOR_SLOTS):
+            self._set_state(State.FINISHING,
+                            f"worker {_name(next(iter(self._finished)))} of round {self.round} "
+                            f"exited 0: training is over")
+        if self.state is State.FINISHING:
+            self._step_finishing(failures)
+            return
+        for sid, code in failures:
+            self._blacklist_for(sid, code)
+        if self.state is State.RUNNING:
+            self._step_running(failures)
+        elif self.state is State.WAITING_FOR_SLOTS:
+            self._step_waiting()
+        elif self.state is State.STARTING_ROUND:
+            self._step_starting()
+
+    def _sleep_for(self) -> float:
+        waits = [MAX_SLEEP_S]
+        back = self.hostset.seconds_to_next_return()
+        if back is not None:
+            waits.append(back)
+        if self.state is State.WAITING_FOR_SLOTS and self._wait_since is not None:
+            waits.append(self._wait_since + self.settings.elastic_timeout_s - time.monotonic())
+        return max(0.0, min(waits))
+
+    def _set_state(self, new: State, why: str) -> None:
+        old = self.state
+        if new not in TRANSITIONS.get(old, frozenset()):
+            raise AssertionError(f"elastic driver: no transition {old.name} -> {new.name}")
+        self.history.append((old, new, why))
+        self.state = new
+        log.info("%s: %s -> %s: %s", f"round {self.round}" if self.round >= 0
+                 else "before the first round", old.name, new.name, why)
+
+    # ---- exits ---------------------------------------------------------------------------
+
+    def _collect_exits(self) -> List[Tuple[SlotId, int]]:
+        """Record the exits since the last step; returns the failures among them."""
+        members = {slot_id(s) for s in self.round_slots}
+        failures = []
+        for sid, code in self._workers.poll():
+            worker = self._live.pop(sid, None)
+            if worker is None:
+                log.info("round %d: exit of unknown worker %s ignored", self.round, _name(sid))
+                continue
+            started = f"started as rank {worker.slot.rank} in round {worker.started_round}"
+            if worker.stopping:
+                log.info("round %d: worker %s (%s) %s after it was stopped",
+                         self.round, _name(sid), started, describe_exit(code))
+            elif sid not in members:
+                log.info("round %d: worker %s (%s) %s; its slot is not in the newest round: "
+                         "no failure", self.round, _name(sid), started, describe_exit(code))
+            elif code == 0:
+                log.info("round %d: worker %s exited 0", self.round, _name(sid))
+                self._finished.add(sid)
+            else:
+                failures.append((sid, code))
+        return failures
+
+    def _blacklist_for(self, sid: SlotId, code: int) -> None:
+        """A member failed: keep its host out and stop the host's other workers."""
+        host = sid[0]
+        rank = self._rank_in_round(sid)
+        cooldown = self.hostset.blacklist(host, f"worker {_name(sid)} {describe_exit(code)}")
+        others = [i for i, w in self._live.items() if i[0] == host and not w.stopping]
+        log.warning("round %d: worker %s (rank %d) %s; blacklisting host %s %s%s", self.round,
+                    _name(sid), rank, describe_exit(code), host,
+                    _for(cooldown),
+                    f" and stopping its workers {', '.join(map(_name, others))}" if others else "")
+        self._stop(others)
+
+    def _rank_in_round(self, sid: SlotId) -> int:
+        for s in self.round_slots:
+            if slot_id(s) == sid:
+                return s.rank
+        return -1
+
+    def _stop(self, ids: Sequence[SlotId]) -> None:
+        ids = [i for i in ids if i in self._live and not self._live[i].stopping]
+        for i in ids:
+            self._live[i].stopping = True
+        if ids:
+            self._workers.stop(ids)
+
+    # ---- states --------------------------------------------------------------------------
+
+    def _step_finishing(self, failures: List[Tuple[SlotId, int]]) -> None:
+        if failures:
+            sid, code = failures[0]
+            self._fail(f"worker {_name(sid)} (rank {self._rank_in_round(sid)}) of round "
+                       f"{self.round} {describe_exit(code)} after training finished on "
+                       f"{', '.join(map(_name, sorted(self._finished)))}", exit_status(code))
+            return
+        members = [slot_id(s) for s in self.round_slots]
+        if all(m in self._finished for m in members):
+            self._set_state(State.SUCCEEDED, f"all {_count(len(members), 'worker')} of round "
+                                             f"{self.round} exited 0")
+            self.exit_code = 0
+            return
+        running = [m for m in members if m in self._live and not self._live[m].stopping]
+        if not running:
+            lost = [m for m in members if m not in self._finished]
+            self._fail(f"training finished on {', '.join(map(_name, sorted(self._finished)))} "
+                       f"but workers {', '.join(map(_name, lost))} of round {self.round} "
+                       f"failed or were stopped before finishing", FAILED_EXIT)
+
+    def _step_running(self, failures: List[Tuple[SlotId, int]]) -> None:
+        if failures:
+            self._need_round("worker " + ", ".join(
+                f"{_name(s)} {describe_exit(c)}" for s, c in failures))
+            return
+        plan = self._plan()
+        current = [slot_id(s) for s in self.round_slots]
+        if plan is not None and plan != current:
+            added = [p for p in plan if p not in current]
+            removed = [c for c in current if c not in plan]
+            why = "hosts changed:" + (f" adds {', '.join(map(_name, added))}" if added else "") \
+                + (f" removes {', '.join(map(_name, removed))}" if removed else "")
+            self._need_round(why)
+
+    def _need_round(self, why: str) -> None:
+        """The membership must change: go publish a round, unless the reset limit is spent."""
+        limit = self.settings.reset_limit
+        if limit is not None and self.resets >= limit:
+            self._fail(f"{why}; that needs reset {self.resets + 1}, but --reset-limit is "
+                       f"{limit}", FAILED_EXIT)
+            return
+        self._wait_since = time.monotonic()
+        self._set_state(State.STARTING_ROUND, why)
+        self._step_starting()
+
+    def _needed(self) -> int:
+        """Slots the next round needs now (see the module docstring)."""
+        if self.round < 0 and not self._timed_out():
+            return self.settings.np
+        return self.settings.min_np
+
+    def _timed_out(self) -> bool:
+        return (self._wait_since is not None
+                and time.monotonic() - self._wait_since >= self.settings.elastic_timeout_s)
+
+    def _step_waiting(self) -> None:
+        plan = self._plan()
+        if plan is not None and len(plan) >= self._needed():
+            self._set_state(State.STARTING_ROUND, f"{_count(len(plan), 'slot')} available")
+            self._step_starting()
+            return
+        have = 0 if plan is None else len(plan)
+        if self._timed_out():
+            self._fail(f"{self._shortage(have)}, and no more became available within "
+                       f"--elastic-timeout {self.settings.elastic_timeout_s:g}s", FAILED_EXIT)
+        elif self._poller.hosts is not None and not self._may_get_more():
+            why = "a fixed host list" + ("" if self.settings.cooldown_range
+                                         else " and no --blacklist-cooldown-range")
+            self._fail(f"{self._shortage(have)}, and none can come back ({why})", FAILED_EXIT)
+
+    def _may_get_more(self) -> bool:
+        """Could the usable slots still grow without discovery changing?"""
+        return (self._can_change or self.hostset.may_return()
+                or any(w.stopping for w in self._live.values()))
+
+    def _shortage(self, have: int) -> str:
+        hosts = self._poller.hosts
+        listing = "none" if not hosts else ", ".join(f"{h.hostname}:{h.slots}" for h in hosts)
+        black = self.hostset.blacklisted
+        return (f"only {_count(have, 'slot')} usable, but --min-np is {self.settings.min_np}"
+                + (f" (-np {self.settings.np} for the first round)" if self.round < 0 else "")
+                + f"; hosts: {listing}"
+                + (f"; blacklisted: {', '.join(f'{h} ({why})' for h, why in black.items())}"
+                   if black else ""))
+
+    def _step_starting(self) -> None:
+        while True:
+            plan = self._plan()
+            if plan is None or len(plan) < self._needed():
+                have = 0 if plan is None else len(plan)
+                self._set_state(State.WAITING_FOR_SLOTS,
+                                f"{_count(have, 'usable slot')}, {self._needed()} needed")
+                self._step_waiting()
+                return
+            discovered = {h.hostname: h for h in self._poller.hosts or []}
+            self._prepared &= {h.hostname for h in self.hostset.usable(list(discovered.values()))}
+            todo = [discovered[h] for h in dict.fromkeys(p[0] for p in plan)
+                    if h not in self._prepared]
+            try:
+                refused = self._workers.prepare(todo) if todo else {}
+            except HvdliteLaunchError as exc:
+                self._fail(str(exc), FAILED_EXIT)
+                return
+            self._prepared.update(h.hostname for h in todo if h.hostname not in refused)
+            if not refused:
+                break
+            for host, why in refused.items():
+                cooldown = self.hostset.blacklist(host, why)
+                log.warning("round %d: host %s cannot take workers: %s; blacklisting it %s",
+                            self.round, host, why, _for(cooldown))
+        if self.round >= 0:
+            self.resets += 1
+        self._publish(plan)
+
+    def _publish(self, plan: List[SlotId]) -> None:
+        slots = place_slots(plan)
+        new = [s for s in slots if slot_id(s) not in self._live]
+        self.round = self._rendezvous.publish(slots)
+        self.round_slots = slots
+        self._wait_since = None
+        log.warning("round %d: %s: %s", self.round, _count(len(slots), "worker"), ", ".join(
+            f"rank {s.rank} {s.hostname}:{s.local_rank}{' (new)' if s in new else ''}"
+            for s in slots))
+        members = set(plan)
+        self._stop([sid for sid in self._live if sid not in members])
+        not_started = self._workers.start(new) if new else {}
+        refused: Dict[str, str] = {}
+        for s in new:
+            sid = slot_id(s)
+            if sid in not_started:
+                refused.setdefault(s.hostname, not_started[sid])
+            else:
+                self._live[sid] = _Worker(s, self.round)
+        if refused:
+            for host, why in refused.items():
+                cooldown = self.hostset.blacklist(host, why)
+                log.warning("round %d: cannot start workers on host %s: %s; blacklisting it %s",
+                            self.round, host, why, _for(cooldown))
+                self._stop([sid for sid in self._live if sid[0] == host])
+            self._need_round(f"workers could not start on {', '.join(refused)}")
+            return
+        self._set_state(State.RUNNING, f"round {self.round} published with "
+                                       f"{_count(len(slots), 'worker')}")
+
+    # ---- planning ------------------------------------------------------------------------
+
+    def _plan(self) -> Optional[List[SlotId]]:
+        """The next round's slots in rank order (None before discovery first answered)."""
+        discovered = self._poller.hosts
+        if discovered is None:
+            return None
+        usable: List[HostSlots] = self.hostset.usable(discovered)
+        slots_of = {h.hostname: h.slots for h in usable}
+        survivors = [slot_id(s) for s in self.round_slots
+                     if slot_id(s) in self._live and not self._live[slot_id(s)].stopping
+                     and s.local_rank < slots_of.get(s.hostname, 0)]
+        kept = set(survivors)
+        plan = list(survivors)
+        for host in usable:
+            for local in range(host.slots):
+                sid = (host.hostname, local)
+                if sid in kept:
+                    continue
+                if sid in self._live:       # its old process is still being stopped
+                    break
+                plan.append(sid)
+        if self.settings.max_np is not None:
+            plan = plan[:self.settings.max_np]
+        return plan
+
+    def _fail(self, why: str, code: int) -> None:
+        self.error = why
+        self.exit_code = code
+        self._set_state(State.FAILED, why)

@@ -1,0 +1,77 @@
+"""The elastic flags, checked once at launch into :class:`ElasticSettings`.
+
+Kept apart from ``launch.py`` (which only maps argparse onto :func:`validate`) so the
+launcher stays a thin dispatcher and the driver imports its settings without it.
+"""
+
+import dataclasses
+import os
+from typing import Optional, Sequence, Tuple
+
+from hvdlite.common.exceptions import HvdliteConfigError
+
+#: Horovod's default for --elastic-timeout
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticSettings:
+    """What the elastic driver needs from the flags."""
+
+    np: int                                     # -np: the first round waits for this many
+    min_np: int                                 # --min-np
+    max_np: Optional[int] = None                # --max-np (None: no cap)
+    elastic_timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
+    reset_limit: Optional[int] = None           # --reset-limit (None: unlimited)
+    cooldown_range: Optional[Tuple[float, float]] = None   # --blacklist-cooldown-range
+
+
+def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
+             elastic_timeout_s: Optional[float], reset_limit: Optional[int],
+             cooldown_range: Optional[Sequence[float]], slots_per_host: Optional[int],
+             discovery_script: Optional[str], fixed_hosts: bool, mpi: bool) -> ElasticSettings:
+    """Check the elastic flags of one launch (``np`` >= 1 is already checked).
+
+    ``fixed_hosts``: -H or --hostfile was given.  ``None`` means the flag was not given.
+
+    Raises:
+        HvdliteConfigError: a bad value or combination; the message names the flag.
+    """
+    if mpi:
+        raise HvdliteConfigError(
+            "--min-np/--max-np/--host-discovery-script cannot be used with --mpi: an MPI job "
+            "cannot change its world; use Gloo (drop --mpi)")
+    if discovery_script and fixed_hosts:
+        raise HvdliteConfigError(
+            "--host-discovery-script replaces -H/--hostfile; give one or the other")
+    min_np = np if min_np is None else min_np
+    if min_np < 1:
+        raise HvdliteConfigError(f"--min-np {min_np}: must be at least 1")
+    if max_np is not None and max_np < min_np:
+        raise HvdliteConfigError(f"--min-np {min_np} is more than --max-np {max_np}")
+    if not min_np <= np <= (np if max_np is None else max_np):
+        raise HvdliteConfigError(
+            f"-np {np} must be between --min-np {min_np} and --max-np "
+            f"{'unlimited' if max_np is None else max_np}")
+    if slots_per_host is not None and slots_per_host < 1:
+        raise HvdliteConfigError(f"--slots-per-host {slots_per_host}: must be at least 1")
+    timeout = DEFAULT_ELASTIC_TIMEOUT_S if elastic_timeout_s is None else elastic_timeout_s
+    if timeout < 0:
+        raise HvdliteConfigError(f"--elastic-timeout {timeout:g}: must be >= 0 seconds")
+    if reset_limit is not None and reset_limit < 0:
+        raise HvdliteConfigError(f"--reset-limit {reset_limit}: must be >= 0")
+    cooldown = None
+    if cooldown_range is not None:
+        low, high = (float(x) for x in cooldown_range)
+        if not 0 <= low <= high:
+            raise HvdliteConfigError(
+                f"--blacklist-cooldown-range {low:g} {high:g}: expected 0 <= MIN <= MAX seconds")
+        cooldown = (low, high)
+    if discovery_script is not None:
+        if not os.path.isfile(discovery_script):
+            raise HvdliteConfigError(f"--host-discovery-script {discovery_script}: no such file")
+        if not os.access(discovery_script, os.X_OK):
+            raise HvdliteConfigError(
+                f"--host-discovery-script {discovery_script}: not executable (chmod +x it)")
+    return ElasticSettings(np=np, min_np=min_np, max_np=max_np, elastic_timeout_s=timeout,
+                           reset_limit=reset_limit, cooldown_range=cooldown)

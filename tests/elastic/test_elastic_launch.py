@@ -1,0 +1,140 @@
+"""Elastic jobs through the real launcher: hvdlite-run --min-np/--max-np/--host-discovery-script.
+
+Hosts are local names (``localhost`` and ``127.0.0.1`` are two hosts to the
+driver); one case reaches ``127.0.0.2`` through the real sshd.  Every worker runs
+tests/elastic/workers/elastic_train.py, whose result must equal the failure-free
+reference however the job was resized.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.common.conftest import ROOT, worker_env
+from tests.elastic.conftest import WORKERS, check_result
+from tests.runner.conftest import procs_with, wait_gone
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS = 30
+TRAIN = os.path.join(WORKERS, "elastic_train.py")
+#: two local hosts to the driver: localhost with 2 slots, 127.0.0.1 with 1
+HOSTS3 = "localhost:2\n127.0.0.1:1\n"
+NP3 = ["-np", "3", "--min-np", "2", "--max-np", "3"]
+
+
+class Job:
+    """hvdlite-run as a real process; its output goes to a file the test can poll."""
+
+    def __init__(self, tmp_path, hosts, flags, env=None, steps=STEPS):
+        self.hosts_file = tmp_path / "hosts.txt"
+        self.hosts_file.write_text(hosts)
+        script = tmp_path / "discover.sh"
+        script.write_text(f"#!/bin/sh\ncat {self.hosts_file}\n")
+        script.chmod(0o755)
+        self.result = tmp_path / "result.json"
+        self.out = tmp_path / "launcher.out"
+        full_env = worker_env({"ELASTIC_STEPS": str(steps), "ELASTIC_OUT": str(self.result)})
+        full_env.update(env or {})
+        cmd = [sys.executable, "-m", "hvdlite.runner.launch", *flags,
+               "--host-discovery-script", str(script), sys.executable, TRAIN]
+        with open(self.out, "wb") as out:
+            self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def wait_for(self, text, count=1, timeout_s=60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.output().count(text) < count:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"no {count} x {text!r} in the job's output:\n{self.output()}")
+            time.sleep(0.05)
+
+    def finish(self, timeout_s=120.0) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            pytest.fail(f"the job did not finish:\n{self.output()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    jobs = []
+
+    def make(*args, **kwargs):
+        jobs.append(Job(tmp_path, *args, **kwargs))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.kill()
+    assert not wait_gone(TRAIN, 10.0), "elastic workers were left running"
+
+
+def test_worker_killed_mid_allreduce_job_finishes_from_last_commit(job_factory):
+    job = job_factory(HOSTS3, NP3, env={"ELASTIC_KILL_AT": "127.0.0.1:0:7"})
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    result = check_result(job.result, STEPS, [3, 2])
+    assert result["size"] == 2 and "127.0.0.1" in out and "blacklist" in out.lower(), out
+
+
+def test_discovery_adds_a_host_and_the_world_grows(job_factory):
+    job = job_factory("localhost:2\n", ["-np", "2", "--min-np", "2", "--max-np", "3"],
+                      env={"ELASTIC_STEP_SLEEP": "0.1"}, steps=40)
+    job.wait_for("TRAIN", count=2)
+    job.hosts_file.write_text("localhost:2\n127.0.0.1:1\n")
+    assert job.finish() == 0, job.output()
+    result = check_result(job.result, 40, [2, 3])
+    assert result["size"] == 3
+
+
+def test_discovery_removes_a_host_and_the_rest_continue(job_factory):
+    job = job_factory(HOSTS3, NP3, env={"ELASTIC_STEP_SLEEP": "0.1"}, steps=40)
+    job.wait_for("TRAIN", count=3)
+    job.hosts_file.write_text("localhost:2\n")
+    assert job.finish() == 0, job.output()
+    result = check_result(job.result, 40, [3, 2])
+    assert result["size"] == 2
+
+
+def test_too_few_slots_for_longer_than_the_elastic_timeout_fails_clearly(job_factory):
+    job = job_factory("localhost:1\n", ["-np", "2", "--min-np", "2", "--elastic-timeout", "3"])
+    code = job.finish(60)
+    assert code != 0 and "--elastic-timeout" in job.output(), job.output()
+
+
+def test_reset_limit_reached_fails_clearly(job_factory):
+    job = job_factory(HOSTS3, NP3 + ["--reset-limit", "0"],
+                      env={"ELASTIC_KILL_AT": "127.0.0.1:0:3"})
+    code = job.finish(60)
+    assert code != 0 and "--reset-limit" in job.output(), job.output()
+
+
+def test_killing_the_launcher_ends_every_worker(job_factory):
+    job = job_factory(HOSTS3, NP3, env={"ELASTIC_STEP_SLEEP": "0.2"}, steps=200)
+    job.wait_for("TRAIN", count=3)
+    assert len(procs_with(TRAIN)) >= 3
+    job.proc.send_signal(signal.SIGTERM)
+    job.finish(30)
+    assert not wait_gone(TRAIN, 15.0), "workers outlived the launcher"
+
+
+def test_elastic_job_over_ssh(job_factory, sshd):
+    job = job_factory("localhost:1\n127.0.0.2:1\n",
+                      ["-np", "2", "--min-np", "1", "--max-np", "2", *sshd.ssh_args(),
+                       "--ssh-known-hosts", sshd.known_hosts, "-x", "ELASTIC_KILL_AT"],
+                      env={"ELASTIC_KILL_AT": "127.0.0.2:0:5"})
+    assert job.finish() == 0, job.output()
+    check_result(job.result, STEPS, [2, 1])

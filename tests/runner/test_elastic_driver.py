@@ -1,0 +1,603 @@
+"""The elastic driver's state machine, driven by a fake discovery and fake workers.
+
+In the spirit of Horovod's test_elastic_driver.py: discovery is polled every 10 ms,
+workers are records that the test makes exit; the driver runs on a thread and
+the test waits for its rounds.  The discovery-error tests run real scripts.
+"""
+
+import dataclasses
+import logging
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from typing import Dict, List, Sequence
+
+import pytest
+
+from hvdlite.common.net.framing import new_key
+from hvdlite.common.net.service import Client, ServiceError
+from hvdlite.runner.driver import DriverService
+from hvdlite.runner.elastic.discovery import (FixedHosts, HostDiscovery, HostDiscoveryError,
+                                              ScriptDiscovery, parse_discovery_output)
+from hvdlite.runner.elastic.driver import TRANSITIONS, ElasticDriver, State
+from hvdlite.runner.elastic.hostset import HostSet
+from hvdlite.runner.elastic.run import launch_elastic
+from hvdlite.runner.elastic.settings import ElasticSettings
+from hvdlite.runner.elastic.workers import WorkerLauncher, slot_id
+from hvdlite.runner.hosts import HostSlots, place_slots
+from hvdlite.runner.ssh import SSHOptions
+from hvdlite.runner.task import TaskService
+
+from conftest import wait_gone
+
+pytestmark = pytest.mark.timeout(10)
+INTERVAL = 0.01
+
+
+def H(spec: str) -> List[HostSlots]:
+    """'a:2,b:1' -> hosts."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        name, _, n = item.partition(":")
+        out.append(HostSlots(name, int(n or 1)))
+    return out
+
+
+class FakeDiscovery(HostDiscovery):
+    def __init__(self, spec: str = "", can_change: bool = True):
+        self._hosts = H(spec)
+        self._lock = threading.Lock()
+        self.can_change = can_change
+        self.error = None
+
+    def set(self, spec: str) -> None:
+        with self._lock:
+            self._hosts = H(spec)
+
+    def find(self):
+        with self._lock:
+            if self.error:
+                raise HostDiscoveryError(self.error, output="bad output")
+            return list(self._hosts)
+
+
+class FakeWorkers(WorkerLauncher):
+    """Workers are entries of ``live``; the test ends them with :meth:`exit`."""
+
+    def __init__(self):
+        self.on_exit = lambda: None
+        self.live: Dict[tuple, object] = {}
+        self.started: List[tuple] = []
+        self.stopped: List[tuple] = []
+        self.prepared: List[str] = []
+        self.refuse_prepare: Dict[str, str] = {}
+        self.refuse_start: Dict[str, str] = {}
+        self.stop_all_called = False
+        self.exit_when_stopped = True
+        self._exits = []
+        self._lock = threading.Lock()
+
+    def prepare(self, hosts):
+        self.prepared += [h.hostname for h in hosts]
+        return {h.hostname: self.refuse_prepare[h.hostname] for h in hosts
+                if h.hostname in self.refuse_prepare}
+
+    def start(self, slots):
+        failed = {}
+        for s in slots:
+            if s.hostname in self.refuse_start:
+                failed[slot_id(s)] = self.refuse_start[s.hostname]
+                continue
+            with self._lock:
+                assert slot_id(s) not in self.live, f"{slot_id(s)} started twice"
+                self.live[slot_id(s)] = s
+            self.started.append(slot_id(s))
+        return failed
+
+    def stop(self, ids: Sequence[tuple]):
+        self.stopped += list(ids)
+        if self.exit_when_stopped:
+            for i in ids:
+                self.exit(i, -15)
+
+    def exit(self, sid, code):
+        with self._lock:
+            assert sid in self.live, f"{sid} is not running"
+            del self.live[sid]
+            self._exits.append((sid, code))
+        self.on_exit()
+
+    def poll(self):
+        with self._lock:
+            out, self._exits = self._exits, []
+        return out
+
+    def stop_all(self):
+        self.stop_all_called = True
+        for sid in list(self.live):
+            self.exit(sid, -15)
+
+
+class FakeRounds:
+    def __init__(self):
+        self.rounds: List[list] = []
+
+    def publish(self, slots):
+        self.rounds.append(list(slots))
+        return len(self.rounds) - 1
+
+
+class Job:
+    """A driver on a thread, with its fakes."""
+
+    def __init__(self, discovery, np=2, min_np=None, max_np=None, timeout=5.0, reset_limit=None,
+                 cooldown=None, workers=None):
+        self.discovery = discovery
+        self.workers = workers or FakeWorkers()
+        self.rounds = FakeRounds()
+        settings = ElasticSettings(np=np, min_np=min_np or np, max_np=max_np,
+                                   elastic_timeout_s=timeout, reset_limit=reset_limit,
+                                   cooldown_range=cooldown)
+        self.driver = ElasticDriver(settings, discovery, self.workers, self.rounds,
+                                    discovery_interval_s=INTERVAL)
+        self.workers.on_exit = self.driver.wake
+        self.code = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.code = self.driver.run()
+
+    def ids(self, round_no):
+        return [slot_id(s) for s in self.rounds.rounds[round_no]]
+
+    def wait_round(self, n, timeout=3.0):
+        wait_for(lambda: len(self.rounds.rounds) > n and self.driver.state is State.RUNNING
+                 or self.driver.state in (State.FAILED, State.STOPPED), timeout)
+        assert len(self.rounds.rounds) > n, (self.driver.state, self.driver.error)
+        return self.ids(n)
+
+    def finish(self, timeout=3.0):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), self.driver.state
+        # every transition the driver took is an allowed one
+        assert all(new in TRANSITIONS[old] for old, new, _ in self.driver.history)
+        assert self.workers.live == {} and self.workers.stop_all_called
+        return self.code
+
+    def all_exit(self, code=0):
+        for sid in list(self.workers.live):
+            self.workers.exit(sid, code)
+
+
+def wait_for(cond, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.005)
+    raise AssertionError("condition not met in time")
+
+
+# ------------------------------------------------------------------------------ rounds
+
+
+def test_first_round_order_sizes_and_success():
+    job = Job(FakeDiscovery("a:2,b:1"), np=3, max_np=4)
+    assert job.wait_round(0) == [("a", 0), ("a", 1), ("b", 0)]
+    slots = job.rounds.rounds[0]
+    assert [s.rank for s in slots] == [0, 1, 2] and {s.size for s in slots} == {3}
+    assert [(s.local_rank, s.local_size) for s in slots] == [(0, 2), (1, 2), (0, 1)]
+    assert [(s.cross_rank, s.cross_size) for s in slots] == [(0, 2), (0, 1), (1, 2)]
+    assert job.workers.started == [("a", 0), ("a", 1), ("b", 0)]
+    assert job.workers.prepared == ["a", "b"]
+    job.workers.exit(("a", 1), 0)
+    wait_for(lambda: job.driver.state is State.FINISHING)
+    job.all_exit(0)
+    assert job.finish() == 0 and job.driver.state is State.SUCCEEDED
+    assert len(job.rounds.rounds) == 1 and job.driver.resets == 0
+
+
+def test_first_round_uses_at_most_max_np_and_waits_for_np():
+    job = Job(FakeDiscovery("a:2,b:2"), np=2, max_np=3)
+    assert job.wait_round(0) == [("a", 0), ("a", 1), ("b", 0)]
+    job.driver.request_stop()
+    assert job.finish() == 130 and job.driver.state is State.STOPPED
+
+    disc = FakeDiscovery("a:1")
+    job = Job(disc, np=2, min_np=1)
+    time.sleep(0.1)
+    assert job.rounds.rounds == [] and job.driver.state is State.WAITING_FOR_SLOTS
+    disc.set("a:1,b:1")
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_place_slots_interleaved_hosts():
+    slots = place_slots([("b", 0), ("a", 0), ("b", 1), ("c", 0), ("a", 1)])
+    assert [(s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] \
+        == [(0, 0, 2, 0, 3), (1, 0, 2, 1, 3), (2, 1, 2, 0, 2), (3, 0, 1, 2, 3), (4, 1, 2, 1, 2)]
+
+
+def test_failed_worker_blacklists_host_survivors_keep_order(caplog):
+    caplog.set_level(logging.INFO, logger="hvdlite.runner.elastic")
+    disc = FakeDiscovery("a:1,b:2,c:1")
+    job = Job(disc, np=4, min_np=2, max_np=8)
+    assert job.wait_round(0) == [("a", 0), ("b", 0), ("b", 1), ("c", 0)]
+    job.workers.exit(("b", 1), 3)
+    # the host's other worker is stopped, and its exit is no failure
+    assert job.wait_round(1) == [("a", 0), ("c", 0)]
+    assert job.workers.stopped == [("b", 0)]
+    assert job.driver.hostset.blacklisted == {"b": "worker b:1 exited with code 3"}
+    assert job.driver.resets == 1
+    assert [s.rank for s in job.rounds.rounds[1]] == [0, 1]
+    # rank 0's host fails: the survivors keep their order, new slots come after them
+    disc.set("a:1,b:2,c:1,d:2")
+    assert job.wait_round(2) == [("a", 0), ("c", 0), ("d", 0), ("d", 1)]
+    job.workers.exit(("a", 0), 1)
+    assert job.wait_round(3) == [("c", 0), ("d", 0), ("d", 1)]
+    assert job.rounds.rounds[3][0].hostname == "c"        # rank 0 is a survivor
+    assert job.workers.started == [("a", 0), ("b", 0), ("b", 1), ("c", 0), ("d", 0), ("d", 1)]
+    text = caplog.text
+    assert "round 0: worker b:1 (rank 2) exited with code 3; blacklisting host b for the " \
+           "rest of the job and stopping its workers b:0" in text
+    assert "round 1: 2 workers: rank 0 a:0, rank 1 c:0" in text
+    assert "after it was stopped" in text
+    job.driver.request_stop()
+    assert job.finish() == 130
+
+
+def test_cooldown_returns_the_host():
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2, min_np=1, cooldown=(0.3, 0.3))
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    t = time.monotonic()
+    job.workers.exit(("a", 0), 2)
+    assert job.wait_round(1) == [("b", 0)]
+    assert job.driver.hostset.is_blacklisted("a")
+    assert job.wait_round(2) == [("b", 0), ("a", 0)]
+    assert time.monotonic() - t >= 0.29
+    assert not job.driver.hostset.is_blacklisted("a") and job.driver.resets == 2
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_discovery_add_appends_new_slots_up_to_max_np():
+    disc = FakeDiscovery("a:2")
+    job = Job(disc, np=2, max_np=4)
+    assert job.wait_round(0) == [("a", 0), ("a", 1)]
+    disc.set("a:2,b:3")
+    assert job.wait_round(1) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert job.workers.started == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]   # a kept
+    # at --max-np a new host changes nothing
+    disc.set("a:2,b:3,c:4")
+    time.sleep(0.15)
+    assert len(job.rounds.rounds) == 2 and job.driver.resets == 1
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_discovery_remove_stops_workers_without_failure():
+    disc = FakeDiscovery("a:2,b:1,c:1")
+    job = Job(disc, np=2)
+    job.workers.exit_when_stopped = False
+    assert job.wait_round(0) == [("a", 0), ("a", 1), ("b", 0), ("c", 0)]
+    disc.set("a:1,c:1")                   # b gone, a shrinks to one slot
+    assert job.wait_round(1) == [("a", 0), ("c", 0)]
+    assert sorted(job.workers.stopped) == [("a", 1), ("b", 0)]
+    # they exit on their own terms, with any code: no failure, no blacklist, no round
+    job.workers.exit(("b", 0), 7)
+    job.workers.exit(("a", 1), -9)
+    time.sleep(0.1)
+    assert job.driver.hostset.blacklisted == {} and len(job.rounds.rounds) == 2
+    # b is back: it gets a slot again (after the survivors)
+    disc.set("a:1,c:1,b:1")
+    assert job.wait_round(2) == [("a", 0), ("c", 0), ("b", 0)]
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_slot_of_a_worker_still_stopping_is_filled_once_it_exited():
+    disc = FakeDiscovery("a:2")
+    job = Job(disc, np=1, max_np=4)
+    job.workers.exit_when_stopped = False
+    assert job.wait_round(0) == [("a", 0), ("a", 1)]
+    disc.set("a:1")
+    assert job.wait_round(1) == [("a", 0)]
+    disc.set("a:2")                       # a:1's old process has not exited yet
+    time.sleep(0.1)
+    assert len(job.rounds.rounds) == 2
+    job.workers.exit(("a", 1), -15)
+    assert job.wait_round(2) == [("a", 0), ("a", 1)]
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_reset_limit_fails_the_job():
+    disc = FakeDiscovery("a:1,b:1,c:1")
+    job = Job(disc, np=1, reset_limit=1)
+    assert job.wait_round(0) == [("a", 0), ("b", 0), ("c", 0)]
+    job.workers.exit(("c", 0), 1)
+    assert job.wait_round(1) == [("a", 0), ("b", 0)]
+    job.workers.exit(("b", 0), 1)
+    assert job.finish() == 1
+    assert job.driver.state is State.FAILED
+    assert "needs reset 2, but --reset-limit is 1" in job.driver.error
+    assert "worker b:0 exited with code 1" in job.driver.error
+
+
+def test_elastic_timeout_with_too_few_slots():
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2, timeout=0.3)
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    t = time.monotonic()
+    job.workers.exit(("b", 0), 4)
+    assert job.finish() == 1
+    assert 0.25 <= time.monotonic() - t < 2
+    err = job.driver.error
+    assert "--elastic-timeout 0.3s" in err and "--min-np is 2" in err, err
+    assert "hosts: a:1, b:1; blacklisted: b (worker b:0 exited with code 4)" in err
+    assert "only 1 slot usable, but" in err
+    assert job.driver.history[-1][:2] == (State.WAITING_FOR_SLOTS, State.FAILED)
+
+
+def test_first_round_timeout_starts_with_min_np_or_fails():
+    job = Job(FakeDiscovery("a:2"), np=3, min_np=2, timeout=0.2)
+    assert job.wait_round(0) == [("a", 0), ("a", 1)]
+    job.all_exit(0)
+    assert job.finish() == 0
+    job = Job(FakeDiscovery("a:1"), np=3, min_np=2, timeout=0.2)
+    assert job.finish() == 1
+    assert "--elastic-timeout 0.2s" in job.driver.error
+    assert "(-np 3 for the first round)" in job.driver.error
+
+
+def test_fixed_hosts_without_cooldown_fail_at_once():
+    job = Job(FixedHosts(H("a:1,b:1")), np=2, timeout=60)
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.workers.exit(("a", 0), 1)
+    assert job.finish() == 1
+    assert "none can come back" in job.driver.error
+    assert "--blacklist-cooldown-range" in job.driver.error
+
+
+def test_worker_that_cannot_start_or_host_that_cannot_prepare():
+    workers = FakeWorkers()
+    workers.refuse_prepare = {"b": "ssh: connection refused"}
+    workers.refuse_start = {"c": "cannot start 'python'"}
+    job = Job(FakeDiscovery("a:1,b:1,c:1,d:1"), np=2, workers=workers)
+    # b never enters a round; c is in round 0 but its worker did not start: reset
+    assert job.wait_round(1) == [("a", 0), ("d", 0)]
+    assert job.ids(0) == [("a", 0), ("c", 0), ("d", 0)]
+    assert job.driver.hostset.blacklisted == {"b": "ssh: connection refused",
+                                              "c": "cannot start 'python'"}
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_finishing_ignores_host_changes_and_fails_on_late_failure():
+    disc = FakeDiscovery("a:1,b:1,c:1")
+    job = Job(disc, np=3)
+    assert job.wait_round(0) == [("a", 0), ("b", 0), ("c", 0)]
+    job.workers.exit(("a", 0), 0)
+    wait_for(lambda: job.driver.state is State.FINISHING)
+    disc.set("a:1,b:1,c:1,d:1")
+    time.sleep(0.1)
+    assert len(job.rounds.rounds) == 1
+    job.workers.exit(("b", 0), 6)
+    assert job.finish() == 6
+    assert "worker b:0 (rank 1) of round 0 exited with code 6 after training finished on a:0" \
+        in job.driver.error
+
+
+def test_stop_request_ends_every_worker():
+    job = Job(FakeDiscovery("a:2,b:2"), np=4)
+    job.wait_round(0)
+    job.driver.request_stop()
+    assert job.finish() == 130
+    assert len(job.workers.started) == 4
+
+
+def test_discovery_error_keeps_hosts(caplog):
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2)
+    job.wait_round(0)
+    disc.error = "boom"
+    wait_for(lambda: job.driver._poller.failures >= 3)
+    assert len(job.rounds.rounds) == 1 and job.driver.state is State.RUNNING
+    assert "host discovery failed; keeping the previous hosts (a:1, b:1): boom" in caplog.text
+    assert "bad output" in caplog.text
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+# ------------------------------------------------------------------- discovery scripts
+
+
+def test_parse_discovery_output():
+    text = "# hosts\nnode1:4\n\nnode2   # one slot\nuser@node3:2\nnode1:1\n"
+    assert parse_discovery_output(text, default_slots=3) == [
+        HostSlots("node1", 5), HostSlots("node2", 3), HostSlots("node3", 2, "user")]
+    assert parse_discovery_output("") == []
+    for bad in ("node1:x", "node1:0", "two words", "a:1:2", "@node"):
+        with pytest.raises(HostDiscoveryError, match="line 1"):
+            parse_discovery_output(bad)
+
+
+def _script(tmp_path, tag):
+    """A discovery script whose behaviour the test picks by writing ``mode``."""
+    (tmp_path / "mode").write_text("ok")
+    (tmp_path / "hosts").write_text("a:1\nb:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"""#!/bin/sh
+cd {tmp_path}
+case "$(cat mode)" in
+  ok) cat hosts ;;
+  fail) echo "partial output"; echo "cannot reach the cloud API" >&2; exit 2 ;;
+  hang) echo "started"; sh -c "sleep 30; : {tag}" ;;
+  garbage) echo "a:1"; echo "this is not a host line" ;;
+esac
+""")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.timeout(20)
+def test_bad_discovery_script_keeps_previous_hosts(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
+    tag = uuid.uuid4().hex
+    script = _script(tmp_path, tag)
+    disc = ScriptDiscovery(str(script), timeout_s=0.5)
+    assert disc.find() == H("a:1,b:1")
+    job = Job(disc, np=2, min_np=1)
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+
+    def bad(mode, *fragments):
+        caplog.clear()
+        before = job.driver._poller.failures
+        (tmp_path / "mode").write_text(mode)
+        wait_for(lambda: job.driver._poller.failures > before, timeout=4)
+        assert job.driver.state is State.RUNNING and len(job.rounds.rounds) == 1
+        assert job.workers.stopped == []
+        text = caplog.text
+        assert "host discovery failed; keeping the previous hosts (a:1, b:1)" in text, text
+        for f in fragments:
+            assert f in text, text
+
+    t = time.monotonic()
+    bad("fail", "exited with code 2", "partial output", "cannot reach the cloud API")
+    bad("garbage", "line 2 ('this is not a host line')", "this is not a host line")
+    bad("hang", "did not finish within 0.5s", "started")
+    assert time.monotonic() - t < 4.5
+    # a good answer again is followed
+    (tmp_path / "hosts").write_text("a:1\n")
+    (tmp_path / "mode").write_text("ok")
+    assert job.wait_round(1) == [("a", 0)]
+    assert wait_gone(tag, 2.0) == []         # every hung script's tree was ended
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_script_discovery_slots_per_host_and_close(tmp_path):
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho h1\necho h2:3\n")
+    script.chmod(0o755)
+    assert ScriptDiscovery(str(script), default_slots=2).find() == [
+        HostSlots("h1", 2), HostSlots("h2", 3)]
+    missing = ScriptDiscovery(str(tmp_path / "nope.sh"))
+    with pytest.raises(HostDiscoveryError, match="cannot run it"):
+        missing.find()
+    closed = ScriptDiscovery(str(script))
+    closed.close()
+    with pytest.raises(HostDiscoveryError, match="closed"):
+        closed.find()
+    assert os.access(script, os.X_OK)
+
+
+# --------------------------------------------------------------------------- blacklist
+
+
+def test_hostset_cooldown_draw_and_expiry():
+    now = [100.0]
+    hs = HostSet((5.0, 9.0), clock=lambda: now[0], rng=random.Random(7))
+    cooldown = hs.blacklist("a", "worker a:0 exited with code 1")
+    assert 5.0 <= cooldown <= 9.0
+    assert hs.usable(H("a:1,b:2")) == H("b:2") and hs.may_return()
+    assert hs.seconds_to_next_return() == pytest.approx(cooldown)
+    now[0] += cooldown - 0.01
+    assert hs.expire() == [] and hs.is_blacklisted("a")
+    now[0] += 0.02
+    assert hs.expire() == ["a"] and hs.usable(H("a:1")) == H("a:1")
+    assert hs.seconds_to_next_return() is None and not hs.may_return()
+    forever = HostSet(None, clock=lambda: now[0])
+    assert forever.blacklist("b", "x") is None
+    now[0] += 1e6
+    assert forever.expire() == [] and not forever.may_return()
+
+
+# ------------------------------------------------------------------------ task protocol
+
+
+def test_task_service_elastic_run_again_and_stop():
+    key = new_key()
+    runs, stops = [], []
+
+    def on_run(slots, command, env):
+        runs.append([(s.hostname, s.local_rank) for s in slots])
+        return {"failed": [[9, "nope"]]}
+
+    task = TaskService(key, "jobe", 0, on_run=on_run, on_terminate=lambda: None,
+                       bind_addr="127.0.0.1", elastic=True, on_stop=stops.append)
+    static = TaskService(key, "jobs", 0, on_run=lambda *a: runs.append("static"),
+                         on_terminate=lambda: None, bind_addr="127.0.0.1")
+    try:
+        c = Client(task.address, key, 5, name="task")
+        slot = dataclasses.asdict(place_slots([("h", 0)])[0])
+        run = {"op": "run", "slots": [slot], "command": ["x"], "env": {}}
+        assert c.request(run)[0]["failed"] == [[9, "nope"]]
+        assert c.request(dict(run, slots=[dict(slot, local_rank=1)]))[0]["ok"]
+        assert runs == [[("h", 0)], [("h", 1)]]          # a second run starts more
+        c.request({"op": "stop", "slots": [["h", 0], ["h", 1]]})
+        assert stops == [[("h", 0), ("h", 1)]]
+        with pytest.raises(ServiceError, match="slots must be a list"):
+            c.request({"op": "stop", "slots": [["h", "0"]]})
+        c.close()
+        s = Client(static.address, key, 5, name="static task")
+        s.request(run)
+        assert s.request(run)[0]["already"] and runs[-1] == "static"
+        with pytest.raises(ServiceError, match="unknown task operation 'stop'"):
+            s.request({"op": "stop", "slots": []})
+        s.close()
+    finally:
+        task.shutdown()
+        static.shutdown()
+
+
+def test_driver_service_elastic_hosts_and_slot_exits():
+    key = new_key()
+    woken = []
+    drv = DriverService(key, "jobe", [], [], bind_addr="127.0.0.1", elastic=True,
+                        on_exit=lambda: woken.append(1))
+    try:
+        c = Client(drv.address, key, 5, name="driver")
+        with pytest.raises(ServiceError, match="host_index out of range"):
+            c.request({"op": "worker_exit", "host_index": 0, "local_rank": 0, "code": 1})
+        assert drv.add_host("h1") == 0 and drv.add_host("h2") == 1
+        c.request({"op": "worker_exit", "host_index": 1, "rank": 5, "local_rank": 2,
+                   "code": -15})
+        assert drv.slot_exits == [(("h2", 2), -15)] and woken == [1]
+        with pytest.raises(ServiceError, match="local_rank"):
+            c.request({"op": "worker_exit", "host_index": 0, "rank": 0, "code": 0})
+        c.close()
+    finally:
+        drv.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_task_workers_through_local_tasks(capfd, caplog):
+    """The task path without SSH: every host (both local) gets a task subprocess; a
+    failure on localhost stops its other worker through the task's ``stop``."""
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
+                          "elastic_worker.py")
+    env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
+    settings = ElasticSettings(np=3, min_np=1, elastic_timeout_s=20)
+    code = launch_elastic(settings, FixedHosts(H("localhost:2,127.0.0.1:1")),
+                          [sys.executable, worker, "--fail", "localhost:1", "--done-after", "1"],
+                          {}, {}, env, SSHOptions(), start_timeout_s=20,
+                          tasks_from_start=True)
+    out, err = capfd.readouterr()
+    err = caplog.text + err
+    assert code == 0, err
+    assert "round 0: 3 workers: rank 0 localhost:0 (new), rank 1 localhost:1 (new), " \
+           "rank 2 127.0.0.1:0 (new)" in err
+    assert "blacklisting host localhost for the rest of the job and stopping its workers " \
+           "localhost:0" in err
+    assert "round 1: 1 worker: rank 0 127.0.0.1:0" in err
+    assert "[2]<stdout>:JOINED round=1 rank=0 size=1 slot=127.0.0.1:0" in out
+    assert "[2]<stdout>:DONE slot=127.0.0.1:0" in out
