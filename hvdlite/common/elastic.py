@@ -161,8 +161,7 @@ def run_fn(func: Callable, reset: Callable[[], None] = _reset) -> Callable:
             except HvdliteInternalError as exc:
                 if not basics.config().elastic:
                     raise
-                log.warning("rank %d: %s; restoring the last commit and resetting",
-                            basics.rank(), exc)
+                log.warning("%s; restoring the last commit and resetting", exc)
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as exc:

@@ -30,7 +30,7 @@ NP3 = ["-np", "3", "--min-np", "2", "--max-np", "3"]
 class Job:
     """hvdlite-run as a real process; its output goes to a file the test can poll."""
 
-    def __init__(self, tmp_path, hosts, flags, env=None, steps=STEPS):
+    def __init__(self, tmp_path, hosts, flags, env=None, steps=STEPS, command=None):
         self.hosts_file = tmp_path / "hosts.txt"
         self.hosts_file.write_text(hosts)
         script = tmp_path / "discover.sh"
@@ -41,7 +41,7 @@ class Job:
         full_env = worker_env({"ELASTIC_STEPS": str(steps), "ELASTIC_OUT": str(self.result)})
         full_env.update(env or {})
         cmd = [sys.executable, "-m", "hvdlite.runner.launch", *flags,
-               "--host-discovery-script", str(script), sys.executable, TRAIN]
+               "--host-discovery-script", str(script), *(command or [sys.executable, TRAIN])]
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -138,3 +138,16 @@ def test_elastic_job_over_ssh(job_factory, sshd):
                       env={"ELASTIC_KILL_AT": "127.0.0.2:0:5"})
     assert job.finish() == 0, job.output()
     check_result(job.result, STEPS, [2, 1])
+
+
+def test_elastic_example_survives_a_new_host(job_factory):
+    example = os.path.join(ROOT, "examples", "pytorch_synthetic_benchmark_elastic.py")
+    job = job_factory("localhost:1\n", ["-np", "1", "--min-np", "1", "--max-np", "2"],
+                      command=[sys.executable, example, "--batch-size", "2", "--image-size",
+                               "16", "--width", "4", "--num-iters", "40",
+                               "--num-batches-per-iter", "2", "--num-warmup-batches", "1"])
+    job.wait_for("Iter #1:")
+    job.hosts_file.write_text("localhost:1\n127.0.0.1:1\n")
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert "Reset: now 2 ranks" in out and "Total img/sec on 2 rank(s)" in out, out
