@@ -17,6 +17,13 @@ PACKAGE = os.path.join(ROOT, "hvdlite")
 CONFIG = os.path.join("hvdlite", "common", "config.py")
 #: a full variable name, not the ``HVDLITE_*`` pattern of a help text
 _VAR_NAME = re.compile(r"\bHVDLITE_[A-Z0-9][A-Z0-9_]*")
+#: a full Horovod variable name (its tuning names too are spelled only in config.py)
+_HOROVOD_NAME = re.compile(r"\bHOROVOD_[A-Z0-9][A-Z0-9_]*")
+#: the identity aliases the launcher exports (user scripts read them); these may appear
+#: anywhere, e.g. in a message telling users which variables are set
+_HOROVOD_IDENTITY = {"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                     "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+                     "HOROVOD_HOSTNAME"}
 #: packages whose code runs in the launcher must not pull in a framework
 _FRAMEWORKS = ("torch", "tensorflow", "hvdlite.torch", "hvdlite.tensorflow")
 
@@ -175,7 +182,9 @@ def _docstrings(tree: ast.AST) -> Set[int]:
     return ids
 
 
-def test_hvdlite_variable_names_are_spelled_only_in_config():
+def _names_outside_config(pattern, allowed=frozenset()) -> List[str]:
+    """``NAME (file:line)`` for each match of ``pattern`` in a non-docstring string constant
+    of a module other than config.py."""
     bad = []
     for path in _sources().values():
         if os.path.relpath(path, ROOT) == CONFIG:
@@ -186,6 +195,25 @@ def test_hvdlite_variable_names_are_spelled_only_in_config():
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and id(node) not in docs:
-                for name in _VAR_NAME.findall(node.value):
-                    bad.append(f"{name} ({os.path.relpath(path, ROOT)}:{node.lineno})")
+                for name in pattern.findall(node.value):
+                    if name not in allowed:
+                        bad.append(f"{name} ({os.path.relpath(path, ROOT)}:{node.lineno})")
+    return bad
+
+
+def test_hvdlite_variable_names_are_spelled_only_in_config():
+    bad = _names_outside_config(_VAR_NAME)
     assert not bad, f"spell these with the constants of {CONFIG}:\n" + "\n".join(bad)
+
+
+def test_horovod_variable_names_are_spelled_only_in_config():
+    bad = _names_outside_config(_HOROVOD_NAME, _HOROVOD_IDENTITY)
+    assert not bad, f"spell these Horovod names only in {CONFIG}:\n" + "\n".join(bad)
+
+
+def test_the_pattern_catches_a_horovod_name_in_code():
+    """The check above is not vacuous: it sees names in f-strings and plain strings."""
+    tree = ast.parse('x = f"{a} HOROVOD_CYCLE_TIME"\ny = "HOROVOD_RANK"\n')
+    found = [n for node in ast.walk(tree) if isinstance(node, ast.Constant)
+             and isinstance(node.value, str) for n in _HOROVOD_NAME.findall(node.value)]
+    assert sorted(found) == ["HOROVOD_CYCLE_TIME", "HOROVOD_RANK"]

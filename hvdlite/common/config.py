@@ -1,14 +1,20 @@
 """One frozen object holding every tunable and every launcher-provided fact.
 
-Each ``HVDLITE_*`` name is spelled exactly once, here.  The launcher turns its
-flags into these variables (``runner`` imports the names from this module), and
-``init()`` reads them once with :meth:`Config.from_env`.
+Each ``HVDLITE_*`` name is spelled exactly once, here, and so is each
+``HOROVOD_*`` name hvdlite reads.  The launcher turns its flags into these
+variables (``runner`` imports the names from this module), and ``init()`` reads
+them once with :meth:`Config.from_env`.
+
+Horovod users keep their environment: Horovod's tuning variables are read as
+fallbacks of ours (an ``HVDLITE_*`` value wins over its ``HOROVOD_*`` twin), and
+the ``HOROVOD_*`` variables that mean nothing here are named in one warning,
+each with the reason, instead of being silently dropped.
 """
 
 import dataclasses
 import logging
 import os
-from typing import Dict, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from .exceptions import HvdliteConfigError
 
@@ -51,6 +57,13 @@ STALL_CHECK_WARNING_TIME = "HVDLITE_STALL_CHECK_TIME_SECONDS"
 STALL_CHECK_SHUTDOWN_TIME = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
 LOG_LEVEL = "HVDLITE_LOG_LEVEL"
 
+# --- hvdlite.run (set by ``hvdlite.run`` for the workers it starts) ---
+#: hex key of the function service; travels like the job key, never on a command line
+RUN_FUNC_KEY = "HVDLITE_RUN_FUNC_KEY"
+RUN_FUNC_PORT = "HVDLITE_RUN_FUNC_PORT"
+#: comma-separated addresses of the caller's host, tried in order
+RUN_FUNC_ADDRS = "HVDLITE_RUN_FUNC_ADDRS"
+
 # The variables horovodrun exports, which user scripts read; the launcher sets
 # them to the same values as their HVDLITE_* twins.
 HOROVOD_ALIASES: Dict[str, str] = {
@@ -65,6 +78,109 @@ HOROVOD_ALIASES: Dict[str, str] = {
 
 _KNOWN = {v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str)
           and v.startswith(PREFIX)}
+
+# --- Horovod's variables --------------------------------------------------------------------
+
+HOROVOD_PREFIX = "HOROVOD_"
+
+#: Horovod's runtime variables that set one of ours when ours is unset (Horovod's name ->
+#: ours; several twins of one variable are tried in this order).  Units agree: the fusion
+#: threshold is in bytes, the cycle time in ms, the timeouts in seconds.
+HOROVOD_FALLBACKS: Dict[str, str] = {
+    "HOROVOD_FUSION_THRESHOLD": FUSION_THRESHOLD,
+    "HOROVOD_CYCLE_TIME": CYCLE_TIME,
+    "HOROVOD_CACHE_CAPACITY": CACHE_CAPACITY,
+    "HOROVOD_STALL_CHECK_DISABLE": STALL_CHECK_DISABLE,
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": STALL_CHECK_WARNING_TIME,
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": STALL_CHECK_SHUTDOWN_TIME,
+    "HOROVOD_LOG_LEVEL": LOG_LEVEL,
+    # Horovod bounds each Gloo operation by this; hvdlite's op timeout is the same bound
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": OP_TIMEOUT,
+    # hvdlite has one choice (Gloo or MPI) where Horovod has two (operations, controller)
+    "HOROVOD_CPU_OPERATIONS": CPU_OPERATIONS,
+    "HOROVOD_CONTROLLER": CPU_OPERATIONS,
+    "HOROVOD_START_TIMEOUT": START_TIMEOUT,
+    "HOROVOD_ELASTIC_TIMEOUT": ELASTIC_TIMEOUT,
+}
+#: the values of Horovod's controller variables that hvdlite has (Horovod also knows CCL)
+_HOROVOD_CONTROLLERS = ("gloo", "mpi")
+
+#: when a no-effect variable is worth a warning: any value, a true one, or a false one
+#: (a variable set to Horovod's default, e.g. HOROVOD_HIERARCHICAL_ALLREDUCE=0, asks for
+#: nothing hvdlite lacks)
+_ANY, _ON, _OFF = "any", "on", "off"
+_NO_TIMELINE = "hvdlite has no timeline yet"
+_NO_AUTOTUNE = "hvdlite has no autotuner yet"
+_FLAT = "hvdlite's collectives run flat over all ranks; there is no hierarchical variant"
+_CPU_ONLY = "GPU only; hvdlite works on CPU tensors"
+
+#: Horovod's runtime variables that change nothing in hvdlite: name -> (when, why).
+HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
+    "HOROVOD_TIMELINE": (_ANY, _NO_TIMELINE),
+    "HOROVOD_TIMELINE_MARK_CYCLES": (_ON, _NO_TIMELINE),
+    "HOROVOD_AUTOTUNE": (_ON, _NO_AUTOTUNE),
+    "HOROVOD_AUTOTUNE_LOG": (_ANY, _NO_AUTOTUNE),
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": (_ANY, _NO_AUTOTUNE),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": (_ANY, _NO_AUTOTUNE),
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": (_ANY, _NO_AUTOTUNE),
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": (_ANY, _NO_AUTOTUNE),
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": (_ON, _FLAT),
+    "HOROVOD_HIERARCHICAL_ALLGATHER": (_ON, _FLAT),
+    "HOROVOD_TORUS_ALLREDUCE": (_ON, _FLAT),
+    "HOROVOD_DYNAMIC_PROCESS_SETS": (_ON, "hvdlite has only the global process set"),
+    "HOROVOD_DISABLE_GROUP_FUSION": (
+        _ON, "hvdlite fuses grouped tensors like any others; keeping groups apart is not "
+             "implemented"),
+    "HOROVOD_BATCH_D2D_MEMCOPIES": (_ANY, _CPU_ONLY),
+    "HOROVOD_NUM_NCCL_STREAMS": (_ANY, "NCCL is GPU only; hvdlite has no NCCL"),
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": (_ON, _CPU_ONLY),
+    "HOROVOD_DISABLE_NVTX_RANGES": (_ON, _CPU_ONLY),
+    "HOROVOD_ENABLE_XLA_OPS": (_ON, "TensorFlow only; hvdlite supports PyTorch"),
+    "HOROVOD_CCL_CACHE": (_ANY, "oneCCL only; hvdlite runs Gloo or MPI"),
+    "HOROVOD_MPI_THREADS_DISABLE": (
+        _ON, "hvdlite calls MPI from its background thread, which needs MPI's thread support"),
+    "HOROVOD_THREAD_AFFINITY": (
+        _ANY, "hvdlite's background loop is a Python thread and is not pinned to a core"),
+    "HOROVOD_GLOO_IFACE": (
+        _ANY, "hvdlite-run picks the interface; choose it with --network-interfaces"),
+    "HOROVOD_LOG_HIDE_TIME": (_OFF, "hvdlite's log lines carry no timestamp"),
+}
+
+#: ours -> its Horovod twins, in lookup order
+_TWINS: Dict[str, Tuple[str, ...]] = {
+    ours: tuple(h for h, o in HOROVOD_FALLBACKS.items() if o == ours)
+    for ours in HOROVOD_FALLBACKS.values()}
+
+#: what torchrun (and torch.distributed's other launchers) set in every process
+TORCH_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: set in every process an MPI process manager starts (Hydra, Open MPI, PMIx, Intel MPI)
+MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                        "MPI_LOCALRANKID")
+#: the job size as MPI process managers publish it
+MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+#: Horovod's log levels as Python's (Horovod has TRACE and FATAL)
+_LOG_LEVEL_ALIASES = {"TRACE": "DEBUG", "FATAL": "CRITICAL", "WARN": "WARNING"}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: every level name accepted, Horovod's included (the launcher's --log-level choices)
+LOG_LEVEL_NAMES = ("TRACE",) + _LOG_LEVELS[:-1] + ("FATAL", "CRITICAL")
+
+#: notes already logged by this process (``init()`` after ``shutdown()`` does not repeat them)
+_WARNED: Set[str] = set()
+
+
+def log_level_name(level: str) -> str:
+    """Python's name of a log level given in Horovod's or Python's spelling, any case.
+
+    Raises:
+        HvdliteConfigError: not a level name (the message lists them).
+    """
+    name = str(level).strip().upper()
+    name = _LOG_LEVEL_ALIASES.get(name, name)
+    if name not in _LOG_LEVELS:
+        raise HvdliteConfigError(
+            f"log level {level!r} is not one of {', '.join(LOG_LEVEL_NAMES)}")
+    return name
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -155,27 +271,44 @@ class Config:
         if self.cpu_operations not in ("", "gloo", "mpi", "local"):
             raise HvdliteConfigError(
                 f"{CPU_OPERATIONS}={self.cpu_operations!r}: expected 'gloo' or 'mpi'")
+        try:
+            level = log_level_name(self.log_level)
+        except HvdliteConfigError as exc:
+            raise HvdliteConfigError(f"{LOG_LEVEL}: {exc}") from None
+        object.__setattr__(self, "log_level", level)     # Python's name, for setLevel
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
-        """Build the config from ``HVDLITE_*`` variables, warning about unknown ones.
+        """Build the config from ``HVDLITE_*`` variables, or else their ``HOROVOD_*`` twins.
 
-        A variable that is unset or empty leaves the field at its default above.
+        A variable that is unset or empty leaves the field at its default above.  Unknown
+        ``HVDLITE_*`` names are warned about; so are, in one warning naming each with the
+        reason, the ``HOROVOD_*`` variables that have no effect here.
+
+        Raises:
+            HvdliteConfigError: a value does not parse or is out of range (names the
+                variable), or another launcher (torchrun) started this process as one of
+                several ranks without hvdlite's rendezvous (see :func:`check_launcher`).
         """
         env = os.environ if environ is None else environ
+        check_launcher(env)
         for name in env:
             if name.startswith(PREFIX) and name not in _KNOWN:
                 log.warning("unknown variable %s is ignored (known: %s)",
                             name, ", ".join(sorted(_KNOWN)))
+        notes = _no_effect_notes(env)
         values = {}
+        from_horovod = []
         for field, (name, kind) in _FROM_ENV.items():
-            raw = env.get(name)
-            if raw is None or raw == "":
+            raw, source = _lookup(env, name, kind, notes)
+            if raw is None:
                 continue
+            if source != name:
+                from_horovod.append(f"{source}={raw}")
             if kind is bool:
-                values[field] = _parse_bool(name, raw)
+                values[field] = _parse_bool(source, raw)
             elif kind in (int, float):
-                values[field] = _parse_number(name, raw, kind)
+                values[field] = _parse_number(source, raw, kind)
             else:
                 values[field] = raw
         if "secret_key" in values:
@@ -185,10 +318,18 @@ class Config:
                 raise HvdliteConfigError(f"{SECRET_KEY} is not hex") from None
         if "stall_check" in values:           # the variable says "disable"
             values["stall_check"] = not values["stall_check"]
-        values["cpu_operations"] = values.get("cpu_operations", "").lower()
-        values["log_level"] = values.get("log_level", cls.log_level).upper()
+        values["cpu_operations"] = values.get("cpu_operations", "").strip().lower()
         values.setdefault("hostname", _this_host())
-        return cls(**values)
+        if values["cpu_operations"] == "gloo" and "rendezvous_addr" not in values:
+            _check_gloo_under_mpi(env, _lookup(env, CPU_OPERATIONS, str, [])[1])
+        _warn_once(notes)
+        try:
+            return cls(**values)
+        except HvdliteConfigError as exc:
+            if not from_horovod:
+                raise
+            raise HvdliteConfigError(
+                f"{exc} (read from Horovod's {', '.join(from_horovod)})") from None
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -217,6 +358,134 @@ _FROM_ENV = {
 def _this_host() -> str:
     import socket
     return socket.gethostname()
+
+
+def _is_on(raw: str) -> bool:
+    """Horovod's reading of a boolean variable: anything but empty, 0 or false is on."""
+    return raw.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _comparable(name: str, raw: str, kind):
+    """A value in a form where two spellings of the same setting compare equal."""
+    try:
+        if kind is bool:
+            return _parse_bool(name, raw)
+        if kind in (int, float):
+            return _parse_number(name, raw, kind)
+    except HvdliteConfigError:
+        return raw
+    return raw.strip().lower()
+
+
+def _lookup(env: Mapping[str, str], name: str, kind,
+            notes: List[str]) -> Tuple[Optional[str], str]:
+    """``(text, variable it came from)`` of one setting: ours, else its first usable
+    Horovod twin.  A twin that is overridden with a different value, or whose value hvdlite
+    cannot honour, is added to ``notes``."""
+    own = env.get(name)
+    chosen: Tuple[Optional[str], str] = (own if own else None, name)
+    for twin in _TWINS.get(name, ()):
+        raw = env.get(twin)
+        if not raw:
+            continue
+        if name == CPU_OPERATIONS and raw.strip().lower() not in _HOROVOD_CONTROLLERS:
+            notes.append(f"{twin}={raw} (hvdlite runs its collectives through Gloo or MPI "
+                         f"only)")
+            continue
+        if chosen[0] is None:
+            chosen = (raw, twin)
+        elif _comparable(twin, raw, kind) != _comparable(chosen[1], chosen[0], kind):
+            notes.append(f"{twin}={raw} ({chosen[1]}={chosen[0]} is set and wins)")
+    return chosen
+
+
+def _no_effect_notes(env: Mapping[str, str]) -> List[str]:
+    """``NAME=value (why)`` for each Horovod variable set to a value hvdlite cannot honour."""
+    notes = []
+    for name, (when, why) in HOROVOD_NO_EFFECT.items():
+        raw = env.get(name)
+        if not raw:
+            continue
+        if when == _ANY or (when == _ON) == _is_on(raw):
+            notes.append(f"{name}={raw} ({why})")
+    return notes
+
+
+def _warn_once(notes: List[str]) -> None:
+    """Log the no-effect notes as one warning, once per process for the same notes."""
+    if not notes:
+        return
+    message = ("these Horovod variables have no effect in hvdlite: " + "; ".join(notes))
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
+
+
+def check_launcher(environ: Mapping[str, str]) -> None:
+    """Refuse a process that another launcher started as one rank of several.
+
+    torchrun and ``torch.distributed``'s launchers set ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT``, but not hvdlite's rendezvous; ``init()`` would then
+    quietly run WORLD_SIZE separate 1-rank jobs that each train on their own.  Processes
+    of hvdlite-run (rendezvous set) or of mpiexec (MPI's rank variables set) pass, and so
+    does an explicit ``HVDLITE_SIZE`` (e.g. ``HVDLITE_SIZE=1`` to really run alone).
+
+    Raises:
+        HvdliteConfigError: the process looks like one of several torchrun ranks.
+    """
+    if any(not environ.get(v) for v in TORCH_LAUNCHER_VARIABLES):
+        return
+    try:
+        world = int(environ["WORLD_SIZE"])
+    except ValueError:
+        return
+    if world <= 1 or environ.get(RENDEZVOUS_ADDR) or environ.get(SIZE):
+        return
+    if any(v in environ for v in MPI_LAUNCH_VARIABLES):
+        return
+    raise HvdliteConfigError(
+        f"this process was started by torchrun or another launcher that sets RANK, "
+        f"WORLD_SIZE, MASTER_ADDR and MASTER_PORT (WORLD_SIZE={world}), not by hvdlite-run: "
+        f"init() would run {world} separate 1-rank jobs that never exchange a gradient. "
+        f"Launch with 'hvdlite-run -np {world} python train.py' (or 'mpiexec -n {world} "
+        f"python train.py'); to really run each process alone, set {SIZE}=1")
+
+
+def _check_gloo_under_mpi(environ: Mapping[str, str], source: str) -> None:
+    """Refuse Gloo in a process of a several-rank mpiexec job that has no rendezvous.
+
+    Without hvdlite-run's rendezvous, Gloo cannot find the other ranks and each process
+    would train alone; an exported ``HOROVOD_CONTROLLER=gloo`` must not do that silently.
+
+    Raises:
+        HvdliteConfigError: names the variable that chose Gloo.
+    """
+    for name in MPI_SIZE_VARIABLES:
+        try:
+            world = int(environ.get(name, "1"))
+        except ValueError:
+            continue
+        if world > 1:
+            raise HvdliteConfigError(
+                f"{source}={environ.get(source)} chooses Gloo, but this process is one of "
+                f"{world} ranks started by mpiexec without hvdlite-run's rendezvous, so each "
+                f"rank would run alone; unset {source} (MPI is then used) or launch with "
+                f"hvdlite-run")
+
+
+def horovod_twins(name: str) -> Tuple[str, ...]:
+    """The Horovod variables read when our variable ``name`` is unset (for help texts)."""
+    return _TWINS.get(name, ())
+
+
+def env_value(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The text of our variable ``name``, or else of its first Horovod twin that is set.
+
+    For settings the launcher itself reads (the start and elastic timeouts), so that it
+    honours ``HOROVOD_START_TIMEOUT`` as horovodrun does.  ``None`` when neither is set.
+    """
+    env = os.environ if environ is None else environ
+    return _lookup(env, name, str, [])[0]
 
 
 def rank_env(rank: int, size: int, local_rank: int, local_size: int,

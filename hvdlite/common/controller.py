@@ -83,9 +83,6 @@ class Controller:
         ranks = sorted(reqs)
         first = reqs[ranks[0]]
         error = self._validate(name, reqs)
-        if error is None and self.joined and first.op in (OpType.ALLTOALL, OpType.REDUCESCATTER):
-            error = (f"{first.op.name.lower()} of tensor {name!r} cannot run while ranks "
-                     f"{sorted(self.joined)} have joined")
         if error is None and first.op == OpType.BROADCAST and first.root in self.joined:
             error = f"broadcast of tensor {name!r}: root rank {first.root} has already joined"
         if error is not None:
@@ -96,8 +93,9 @@ class Controller:
             resp.waited_for = tuple(entry.last_ranks)
         if first.op == OpType.ALLGATHER:
             resp.first_dims = [reqs[r].shape[0] if r in reqs else 0 for r in range(self.size)]
-        elif first.op == OpType.ALLTOALL:
-            resp.splits = [reqs[r].splits for r in range(self.size)]
+        elif first.op == OpType.ALLTOALL:     # a joined rank sends nothing
+            resp.splits = [reqs[r].splits if r in reqs else (0,) * self.size
+                           for r in range(self.size)]
         return resp
 
     def _validate(self, name: str, reqs: Dict[int, Request]) -> Optional[str]:

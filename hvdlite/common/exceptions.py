@@ -1,8 +1,10 @@
 """The one exception tree of hvdlite.
 
 Every error a user can see derives from :class:`HvdliteError`, so
-``except HvdliteError`` catches all of them; classes that describe bad input
-also derive from the matching builtin (``ValueError``/``TypeError``).
+``except HvdliteError`` catches all of them.  Errors raised by a collective
+(ranks disagree, a name already in flight, a peer failed) are ``RuntimeError``s,
+as Horovod's are; bad settings are ``ValueError``s; invalid arguments found
+locally raise the builtin ``ValueError``/``TypeError`` directly.
 """
 
 
@@ -31,16 +33,20 @@ class HvdliteTimeoutError(HvdliteInternalError, TimeoutError):
     """A bounded wait ran out; the message names the stage and the knob."""
 
 
-class HvdliteMismatchError(HvdliteError, ValueError):
+class HvdliteMismatchError(HvdliteError, RuntimeError):
     """Ranks submitted the same tensor name with incompatible parameters."""
 
 
-class HvdliteDuplicateNameError(HvdliteError, ValueError):
+class HvdliteDuplicateNameError(HvdliteError, RuntimeError):
     """A tensor name was submitted again while the first one is still in flight."""
 
 
 class HvdliteStallError(HvdliteInternalError):
     """Some ranks submitted a tensor that others never did, past the stall shutdown time."""
+
+
+class HvdliteSerializationError(HvdliteError, RuntimeError):
+    """An object collective could not pickle some rank's object; raised on every rank."""
 
 
 class HvdliteAuthError(HvdliteError):

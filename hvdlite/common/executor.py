@@ -276,14 +276,23 @@ class Executor:
         rb = numel(resp.shape[1:]) * itemsize(resp.dtype)
         send_rows = resp.splits[self.rank]
         recv_rows = [resp.splits[r][self.rank] for r in range(self.size)]
-        send = entry.tensor.reshape(-1).view(torch.uint8)
+        if entry is None:            # joined: send nothing, take in (and drop) what comes
+            send = torch.empty(0, dtype=torch.uint8)
+        else:
+            send = entry.tensor.reshape(-1).view(torch.uint8)
         out = self.backend.alltoall_bytes(send, [n * rb for n in send_rows],
                                           [n * rb for n in recv_rows])
+        if entry is None:
+            return
         result = out.view(fusion.dtype_of(resp.dtype)).reshape(
             (sum(recv_rows),) + tuple(resp.shape[1:]))
         complete(entry, (result, torch.tensor(recv_rows, dtype=torch.int32)))
 
     def _reducescatter(self, resp, entry, complete) -> None:
+        if entry is None:            # joined: contribute zeros, drop this rank's slice
+            self._reduce(lazy_torch().zeros(resp.numel, dtype=fusion.dtype_of(resp.dtype)),
+                         resp)
+            return
         full = entry.tensor.clone()
         self._reduce(full.view(-1), resp)
         rows = resp.shape[0] if resp.shape else 1

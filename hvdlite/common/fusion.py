@@ -71,13 +71,18 @@ def unpack(buffer, flat_outputs: List, sizes: List[int]) -> None:
 
 
 def scale_(tensor, factor: float) -> None:
-    """Multiply in place; integer results are floored, as Horovod's integer average is."""
+    """Multiply in place, as Horovod scales: integers in float64, truncated toward zero when
+    cast back; 16-bit floats in float32 (CPU half arithmetic loses more)."""
     if factor == 1.0:
         return
-    if tensor.is_floating_point():
+    dtype = tensor.dtype
+    torch = lazy_torch()
+    if dtype in (torch.float16, torch.bfloat16):
+        tensor.copy_(tensor.float().mul_(factor))
+    elif tensor.is_floating_point():
         tensor.mul_(factor)
     else:
-        tensor.copy_(tensor.double().mul_(factor).floor_())
+        tensor.copy_(tensor.double().mul_(factor).trunc_())
 
 
 def neutral(dtype: str, reduce_op: int):

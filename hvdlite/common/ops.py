@@ -280,8 +280,11 @@ def synchronize(handle: Handle):
     """Wait for the operation and return its result (raises its error).
 
     The wait ends with HvdliteInternalError if the runtime stops (a peer died
-    or shut down) before the operation completes.
+    or shut down) before the operation completes.  A composite operation's handle (a
+    callable, e.g. a sparse allreduce) is called to wait for its parts.
     """
+    if callable(handle) and not isinstance(handle, Handle):
+        return handle()
     if not isinstance(handle, Handle):
         raise TypeError(f"synchronize expects a handle returned by an *_async call, got "
                         f"{type(handle).__name__}")

@@ -1,7 +1,9 @@
 """``hvdlite-run``: parse the command line (and --config-file), build Settings, dispatch.
 
-Kept to parse -> Settings -> dispatch; each launch mechanism lives in its own
-module (``gloo_run`` for local and multi-host Gloo jobs, ``mpi_run`` for MPI).
+Kept to parse -> Settings -> dispatch: the flags (horovodrun's included) are
+defined in ``flags``, the YAML file is read by ``config_file``, and each launch
+mechanism lives in its own module (``gloo_run`` for local and multi-host Gloo
+jobs, ``mpi_run`` for MPI, ``elastic/`` for elastic jobs).
 """
 
 import argparse
@@ -12,19 +14,20 @@ import os
 import shlex
 import shutil
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
-from hvdlite import __version__
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
-from hvdlite.runner import gloo_run
+from hvdlite.runner import flags, gloo_run
+from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.elastic.discovery import FixedHosts, ScriptDiscovery
 from hvdlite.runner.elastic.run import launch_elastic
-from hvdlite.runner.elastic.settings import DEFAULT_ELASTIC_TIMEOUT_S, ElasticSettings, validate
+from hvdlite.runner.elastic.settings import ElasticSettings, validate
 from hvdlite.runner.hosts import (HostSlots, assign_slots, is_local, parse_hostfile,
                                   parse_hosts, resolve)
 from hvdlite.runner.mpi_run import find_mpiexec, launch_mpi
 from hvdlite.runner.ssh import SSHOptions
+from hvdlite.version import __version__
 
 log = logging.getLogger("hvdlite.runner")
 
@@ -33,7 +36,9 @@ FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 #: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
 _JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
               cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC, cfg.ELASTIC_TIMEOUT}
+              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC, cfg.ELASTIC_TIMEOUT,
+              cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS}
+_HOROVOD_IDENTITY = set(cfg.HOROVOD_ALIASES.values())
 
 
 @dataclasses.dataclass
@@ -54,6 +59,8 @@ class Settings:
     ssh_strict_host_key_checking: bool = False
     network_interfaces: Optional[List[str]] = None
     mpi_args: List[str] = dataclasses.field(default_factory=list)
+    #: --binding-args (--mpi only): replaces mpiexec's default binding flags
+    binding_args: Optional[List[str]] = None
     #: HVDLITE_* tunables from flags
     tunable_env: Dict[str, str] = dataclasses.field(default_factory=dict)
     #: -x NAME=VALUE (and -x NAME resolved from our environment)
@@ -64,212 +71,38 @@ class Settings:
     discovery_script: Optional[str] = None
     #: --slots-per-host: slots of a discovered host printed without ``:N``
     slots_per_host: int = 1
+    #: variables every rank gets that must never appear on a command line (hvdlite.run's
+    #: service key): in the workers' environment, in the tasks' stdin payload, or passed
+    #: by name to mpiexec
+    secret_env: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def forward_env(self) -> Dict[str, str]:
-        """The allow-list remote hosts get: HVDLITE_* tunables, PATH & co, and -x names."""
-        env = {k: v for k, v in os.environ.items()
-               if (k.startswith(cfg.PREFIX) and k not in _JOB_NAMES) or k in FORWARD_ALWAYS}
+        """The allow-list remote hosts get: the user's HVDLITE_* and HOROVOD_* variables,
+        PATH & co, -x names, the tunables and the secret variables."""
+        env = {k: v for k, v in os.environ.items() if _forwarded(k)}
         env.update(self.user_env)
         env.update(self.tunable_env)
+        env.update(self.secret_env)
         return env
 
 
-# flag dest -> (HVDLITE_* variable, converter to the variable's text)
-TUNABLE_FLAGS = {
-    "fusion_threshold_mb": (cfg.FUSION_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
-    "inplace_threshold_mb": (cfg.INPLACE_THRESHOLD, lambda v: str(int(float(v) * 1024 * 1024))),
-    "gloo_threads": (cfg.GLOO_THREADS, str),
-    "fusion_chunk_mb": (cfg.FUSION_CHUNK, lambda v: str(max(1, int(float(v) * 1024 * 1024)))),
-    "cycle_time_ms": (cfg.CYCLE_TIME, str),
-    "cache_capacity": (cfg.CACHE_CAPACITY, str),
-    "no_stall_check": (cfg.STALL_CHECK_DISABLE, lambda v: "1" if v else ""),
-    "stall_check_warning_time_seconds": (cfg.STALL_CHECK_WARNING_TIME, str),
-    "stall_check_shutdown_time_seconds": (cfg.STALL_CHECK_SHUTDOWN_TIME, str),
-    "log_level": (cfg.LOG_LEVEL, str),
-    "start_timeout": (cfg.START_TIMEOUT, str),
-    "op_timeout_seconds": (cfg.OP_TIMEOUT, str),
-}
-
-#: horovodrun flags for features hvdlite does not offer: parsed, so that Horovod users get a
-#: clear answer instead of argparse's "unrecognized arguments", then refused.
-#: flag dest -> (flag, the missing feature)
-REFUSED_FLAGS = {
-    "timeline_filename": ("--timeline-filename", "a timeline"),
-    "timeline_mark_cycles": ("--timeline-mark-cycles", "a timeline"),
-    "autotune": ("--autotune", "autotuning"),
-    "autotune_log_file": ("--autotune-log-file", "autotuning"),
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="hvdlite-run",
-        usage="hvdlite-run -np N [-H host:slots,... | --hostfile FILE] [options] "
-              "[python] train.py [args...]",
-        description="Launch a distributed training job (horovodrun-compatible flags). "
-                    "Local hosts start directly; others over SSH.")
-    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
-    p.add_argument("-np", "--num-proc", dest="np", type=int,
-                   help="total number of training processes")
-    p.add_argument("--check-build", action="store_true",
-                   help="show which frameworks and controllers are available, and exit")
-    p.add_argument("--config-file", metavar="FILE",
-                   help="YAML file with the same keys as the long flags "
-                        "(e.g. 'fusion-threshold-mb: 32'); flags given on the command line win")
-    p.add_argument("--verbose", action="store_true", help="report each launch step")
-
-    h = p.add_argument_group("host arguments")
-    hx = h.add_mutually_exclusive_group()
-    hx.add_argument("-H", "--hosts", metavar="HOSTS",
-                    help="[user@]host:slots list, e.g. localhost:2,node2:4 "
-                         "(default: localhost:NP)")
-    hx.add_argument("--hostfile", metavar="FILE",
-                    help="file with one 'host slots=N' per line (# comments allowed)")
-    h.add_argument("--start-timeout", type=float, metavar="SECONDS",
-                   help=f"bound on connecting to hosts, task registration and worker rendezvous "
-                        f"(default {cfg.Config.start_timeout_s:.0f})")
-    h.add_argument("--network-interfaces", metavar="NICS",
-                   help="comma-separated interfaces to use between hosts (default: probe and "
-                        "pick one routable between all hosts)")
-
-    s = p.add_argument_group("SSH")
-    s.add_argument("-p", "--ssh-port", type=int, metavar="PORT", help="SSH port (default 22)")
-    s.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key file")
-    s.add_argument("--ssh-known-hosts", metavar="FILE",
-                   help="known_hosts file to trust in addition to ~/.ssh/known_hosts")
-    s.add_argument("--ssh-strict-host-key-checking", action="store_true",
-                   help="refuse hosts whose key is not known (default: warn and accept)")
-
-    c = p.add_argument_group("controller parameters")
-    cx = c.add_mutually_exclusive_group()
-    cx.add_argument("--gloo", action="store_true", help="run collectives through Gloo")
-    cx.add_argument("--mpi", action="store_true", help="run the job under mpiexec")
-    c.add_argument("--mpi-args", metavar="ARGS", help="extra arguments for mpiexec (one string)")
-
-    e = p.add_argument_group("environment")
-    e.add_argument("-x", dest="env", action="append", default=None, metavar="NAME[=VALUE]",
-                   help="also pass NAME (from this environment, or =VALUE) to every rank; "
-                        "repeatable. Remote ranks get only HVDLITE_*, PATH, PYTHONPATH, "
-                        "LD_LIBRARY_PATH and these")
-
-    o = p.add_argument_group("output")
-    o.add_argument("--output-filename", metavar="DIR",
-                   help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
-    o.add_argument("--prefix-output-with-timestamp", action="store_true",
-                   help="put a timestamp before each output line's [rank] prefix")
-    o.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="log level of the launcher and the workers")
-
-    t = p.add_argument_group("tunable parameters")
-    t.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
-                   help="fusion buffer size in MiB (0: off; default 128)")
-    t.add_argument("--inplace-threshold-mb", type=float, metavar="MB",
-                   help="reduce fused tensors at least this big in place instead of copying "
-                        "them through the fusion buffer (0: always copy; default 2)")
-    t.add_argument("--gloo-threads", type=int, metavar="N",
-                   help="Gloo worker threads: collectives in flight at once (default 4)")
-    t.add_argument("--fusion-chunk-mb", type=float, metavar="MB",
-                   help="pipeline fused allreduces in chunks of this many MiB (default 16)")
-    t.add_argument("--cycle-time-ms", type=float, metavar="MS",
-                   help="background loop period in ms")
-    t.add_argument("--cache-capacity", type=int, metavar="N",
-                   help="response cache entries (0: off; default 1024)")
-    t.add_argument("--op-timeout-seconds", type=float, metavar="SECONDS",
-                   help="how long a collective may wait on a silent peer before failing")
-
-    tl = p.add_argument_group("timeline parameters", "horovodrun's timeline flags; refused: "
-                              "hvdlite does not offer a timeline yet")
-    tl.add_argument("--timeline-filename", metavar="FILE", help="refused")
-    tl.add_argument("--timeline-mark-cycles", action="store_true", help="refused")
-
-    el = p.add_argument_group(
-        "elastic arguments", "any of --min-np, --max-np, --host-discovery-script makes the "
-        "job elastic: it survives failed workers and follows the hosts discovery offers")
-    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
-                    help="fewest processes the job may run with (default: -np)")
-    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
-                    help="most processes the job may grow to (default: no limit)")
-    el.add_argument("--slots-per-host", type=int, metavar="N",
-                    help="slots of a discovered host printed without ':N' (default 1)")
-    el.add_argument("--host-discovery-script", metavar="FILE",
-                    help="executable printing the available hosts, one 'host[:slots]' per "
-                         "line; run about once a second")
-    el.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
-                    help=f"how long to wait for --min-np slots before failing "
-                         f"(default {DEFAULT_ELASTIC_TIMEOUT_S:.0f})")
-    el.add_argument("--reset-limit", type=int, metavar="N",
-                    help="fail once the job would need more than N resets (default: no limit)")
-    el.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
-                    help="a failed host rejoins after a cooldown drawn from [MIN, MAX] seconds "
-                         "(default: it stays out)")
-
-    st = p.add_argument_group("stall check parameters")
-    st.add_argument("--no-stall-check", action="store_true", help="disable the stall check")
-    st.add_argument("--stall-check-warning-time-seconds", type=float, metavar="SECONDS")
-    st.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="SECONDS")
-
-    at = p.add_argument_group("autotune parameters", "horovodrun's autotune flags; refused: "
-                              "hvdlite does not offer autotuning yet")
-    at.add_argument("--autotune", action="store_true", help="refused")
-    at.add_argument("--autotune-log-file", metavar="FILE", help="refused")
-
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="the training command: 'python train.py ...' or 'train.py ...'")
-    return p
-
-
-def _config_file_defaults(parser: argparse.ArgumentParser, path: str) -> Dict[str, Any]:
-    """Read --config-file into {dest: value}.
-
-    Raises:
-        HvdliteConfigError: unreadable file, not a mapping, or an unknown key.
-    """
-    import yaml
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise HvdliteConfigError(f"--config-file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise HvdliteConfigError(f"--config-file {path}: not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise HvdliteConfigError(f"--config-file {path}: expected a mapping of flag names")
-    flat: Dict[str, Any] = {}
-    for k, v in data.items():      # one level of sections (horovodrun style) is allowed
-        if isinstance(v, dict):
-            flat.update(v)
-        else:
-            flat[k] = v
-    by_name = {}
-    for action in parser._actions:
-        for opt in action.option_strings:
-            by_name[opt.lstrip("-")] = action
-        by_name.setdefault(action.dest.replace("_", "-"), action)
-    out = {}
-    for k, v in flat.items():
-        name = str(k).replace("_", "-")
-        action = by_name.get(name)
-        if action is None or name in ("config-file", "command", "help"):
-            raise HvdliteConfigError(f"--config-file {path}: unknown key {k!r}")
-        if isinstance(v, str) and action.type is not None:
-            try:
-                v = action.type(v)
-            except ValueError:
-                raise HvdliteConfigError(
-                    f"--config-file {path}: {k}: {v!r} is not a valid value") from None
-        if action.dest == "env" and isinstance(v, str):
-            v = [v]
-        out[action.dest] = v
-    return out
+def _forwarded(name: str) -> bool:
+    """Whether the launcher's variable ``name`` travels to every host's workers."""
+    if name in FORWARD_ALWAYS:
+        return True
+    if name.startswith(cfg.PREFIX):
+        return name not in _JOB_NAMES
+    # the identity aliases are set per rank by the launcher, never taken from its own env
+    return name.startswith(cfg.HOROVOD_PREFIX) and name not in _HOROVOD_IDENTITY
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = build_parser()
+    """Parse the flags; --config-file's values become defaults that the flags override."""
+    parser = flags.build_parser()
     args = parser.parse_args(argv)
     if args.config_file:
-        parser.set_defaults(**_config_file_defaults(parser, args.config_file))
+        given = args.gloo or args.mpi or args.jsrun
+        parser.set_defaults(**config_file_defaults(parser, args.config_file, given))
         args = parser.parse_args(argv)
     return args
 
@@ -332,12 +165,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
     Raises:
         HvdliteConfigError: any bad flag value, host list or command, or a flag for a
-            feature hvdlite does not offer (names the flag).
+            feature hvdlite does not offer (names the flag and why).
     """
-    for dest, (flag, feature) in REFUSED_FLAGS.items():
-        if getattr(args, dest, None) not in (None, False):
-            raise HvdliteConfigError(
-                f"{flag}: hvdlite does not offer {feature} yet; remove the flag")
+    refused = flags.refusal(args)
+    if refused:
+        raise HvdliteConfigError(refused)
     elastic = _is_elastic(args)
     if args.np is None and elastic and args.min_np is not None:
         args.np = args.min_np
@@ -346,20 +178,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                                  + (" or --min-np" if elastic else ""))
     if args.np < 1:
         raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
-    if not elastic:
-        for dest, flag in _ELASTIC_ONLY.items():
-            if getattr(args, dest, None) is not None:
-                raise HvdliteConfigError(
-                    f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
-                    f"--host-discovery-script, or drop it")
-    elastic_settings = None
-    if elastic:
-        elastic_settings = validate(
-            np=args.np, min_np=args.min_np, max_np=args.max_np,
-            elastic_timeout_s=args.elastic_timeout, reset_limit=args.reset_limit,
-            cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
-            discovery_script=args.host_discovery_script,
-            fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
+    if args.binding_args and not args.mpi:
+        raise HvdliteConfigError(
+            "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
+            "hvdlite-run starts the ranks itself and does not bind them)")
+    elastic_settings = _elastic_settings(args, elastic)
     command = _resolve_command(list(args.command))
     if args.host_discovery_script:
         hosts = []
@@ -370,9 +193,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if hosts:
         assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
     tunable_env = {}
-    for dest, (var, conv) in TUNABLE_FLAGS.items():
+    for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
-        if value is not None and value is not False:
+        if value is not None:
             tunable_env[var] = conv(value)
     if args.mpi:
         controller = "mpi"
@@ -383,14 +206,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         controller = "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
     tunable_env[cfg.CPU_OPERATIONS] = controller
     start_timeout = args.start_timeout if args.start_timeout is not None \
-        else cfg.Config.start_timeout_s
+        else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
     if start_timeout <= 0:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
-    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
-        raise HvdliteConfigError(f"-p/--ssh-port {args.ssh_port}: not a port number")
-    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
-        raise HvdliteConfigError(
-            f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
+    _check_ssh(args)
     nics = None
     if args.network_interfaces:
         nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
@@ -401,9 +220,58 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
         ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
         network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
+        binding_args=shlex.split(args.binding_args) if args.binding_args else None,
         tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host or 1)
+
+
+def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[ElasticSettings]:
+    """The elastic flags checked (None for a static job, which must not use them).
+
+    Raises:
+        HvdliteConfigError: an elastic-only flag in a static job, or a bad elastic value.
+    """
+    if not elastic:
+        for dest, flag in _ELASTIC_ONLY.items():
+            if getattr(args, dest, None) is not None:
+                raise HvdliteConfigError(
+                    f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
+                    f"--host-discovery-script, or drop it")
+        return None
+    timeout = args.elastic_timeout
+    if timeout is None and cfg.env_value(cfg.ELASTIC_TIMEOUT) is not None:
+        timeout = _env_seconds(cfg.ELASTIC_TIMEOUT, 0.0)    # horovodrun reads it too
+    return validate(
+        np=args.np, min_np=args.min_np, max_np=args.max_np,
+        elastic_timeout_s=timeout, reset_limit=args.reset_limit,
+        cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
+        discovery_script=args.host_discovery_script,
+        fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """Seconds from our variable ``name`` or its Horovod twin, else ``default``.
+
+    Raises:
+        HvdliteConfigError: the variable is not a number (names it).
+    """
+    raw = cfg.env_value(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise HvdliteConfigError(
+            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds") from None
+
+
+def _check_ssh(args: argparse.Namespace) -> None:
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise HvdliteConfigError(f"-p/--ssh-port {args.ssh_port}: not a port number")
+    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
+        raise HvdliteConfigError(
+            f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
 
 
 def _is_elastic(args: argparse.Namespace) -> bool:
@@ -427,21 +295,25 @@ def run(settings: Settings) -> int:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
     if settings.controller == "mpi":
-        names = [n for n in FORWARD_ALWAYS if n in os.environ]
+        # passed by name from mpiexec's environment: PATH & co, the user's HVDLITE_* and
+        # HOROVOD_* variables, and the secret ones (never on mpiexec's command line)
+        names = [n for n in os.environ if _forwarded(n)] + sorted(settings.secret_env)
         env = dict(settings.tunable_env)
         env.update(settings.user_env)
         return launch_mpi(settings.np, used, settings.command, env, names,
                           settings.mpi_args, ssh_port=settings.ssh_port
                           if settings.ssh_port != 22 else None,
                           identity_file=settings.ssh_identity_file, verbose=settings.verbose,
-                          output_dir=settings.output_dir, timestamp=settings.timestamp_output)
+                          output_dir=settings.output_dir, timestamp=settings.timestamp_output,
+                          binding_args=settings.binding_args,
+                          hidden_env=settings.secret_env)
     if all(is_local(h.hostname) for h in used):
         if settings.verbose:
             log.warning("all hosts are local: starting %d ranks without SSH", settings.np)
         return gloo_run.launch_local(slots, settings.command, settings.tunable_env,
                                      output_dir=settings.output_dir, verbose=settings.verbose,
                                      timestamp=settings.timestamp_output,
-                                     extra_env=settings.user_env)
+                                     extra_env={**settings.user_env, **settings.secret_env})
     ssh = SSHOptions(port=settings.ssh_port, identity_file=settings.ssh_identity_file,
                      known_hosts_file=settings.ssh_known_hosts_file,
                      strict_host_key_checking=settings.ssh_strict_host_key_checking)
@@ -464,7 +336,8 @@ def _run_elastic(settings: Settings) -> int:
                      known_hosts_file=settings.ssh_known_hosts_file,
                      strict_host_key_checking=settings.ssh_strict_host_key_checking)
     return launch_elastic(settings.elastic, discovery, settings.command, settings.tunable_env,
-                          settings.user_env, settings.forward_env(), ssh,
+                          {**settings.user_env, **settings.secret_env},
+                          settings.forward_env(), ssh,
                           settings.start_timeout_s,
                           network_interfaces=settings.network_interfaces,
                           output_dir=settings.output_dir, verbose=settings.verbose,
@@ -474,6 +347,7 @@ def _run_elastic(settings: Settings) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """hvdlite-run's entry point; returns the exit code (2 for a refused command line)."""
     logging.basicConfig(level=logging.WARNING, format="hvdlite-run: %(message)s")
     try:
         args = parse_args(argv)
@@ -484,7 +358,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(check_build())
             return 0
         if args.log_level:
-            logging.getLogger("hvdlite").setLevel(args.log_level)
+            logging.getLogger("hvdlite").setLevel(cfg.log_level_name(args.log_level))
         elif args.verbose:
             logging.getLogger("hvdlite").setLevel(logging.INFO)
         settings = settings_from_args(args)

@@ -72,13 +72,16 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
                   env: Dict[str, str], env_names: Sequence[str], mpi_args: Sequence[str],
                   command: Sequence[str], ssh_port: Optional[int] = None,
                   identity_file: Optional[str] = None, output_dir: Optional[str] = None,
-                  timestamp: bool = False, python: str = sys.executable) -> List[str]:
+                  timestamp: bool = False, python: str = sys.executable,
+                  binding_args: Optional[Sequence[str]] = None) -> List[str]:
     """The full mpiexec command line (pure function, for tests and --verbose).
 
     ``env`` values are set for every rank; ``env_names`` are passed through
     from the launcher's environment by name.  ``command`` runs under the
     output wrapper (started with ``python``), so mpiexec's own output tagging
-    stays off.
+    stays off.  ``binding_args`` (--binding-args) replace Open MPI's default
+    ``--bind-to none --map-by slot``; Hydra binds nothing by default, so there
+    they are added.
     """
     host_list = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
     ssh = None
@@ -86,8 +89,9 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
         ssh = "ssh" + (f" -p {int(ssh_port)}" if ssh_port else "") + \
               (f" -i {shlex.quote(identity_file)}" if identity_file else "")
     if flavor == OPENMPI:
-        cmd = [mpiexec, "--allow-run-as-root", "-np", str(np), "-H", host_list,
-               "--bind-to", "none", "--map-by", "slot"]
+        binding = list(binding_args) if binding_args else ["--bind-to", "none",
+                                                           "--map-by", "slot"]
+        cmd = [mpiexec, "--allow-run-as-root", "-np", str(np), "-H", host_list] + binding
         if ssh:
             cmd += ["-mca", "plm_rsh_args", ssh[len("ssh "):]]
         for k, v in env.items():
@@ -95,7 +99,7 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
         for name in env_names:
             cmd += ["-x", name]
     else:  # Hydra and Intel MPI share the Hydra flags
-        cmd = [mpiexec, "-n", str(np), "-hosts", host_list]
+        cmd = [mpiexec, "-n", str(np), "-hosts", host_list] + list(binding_args or [])
         if ssh:
             cmd += ["-launcher", "ssh", "-launcher-exec", ssh]
         for k, v in env.items():
@@ -109,12 +113,16 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
                tunable_env: Dict[str, str], env_names: Sequence[str],
                mpi_args: Sequence[str], ssh_port: Optional[int] = None,
                identity_file: Optional[str] = None, verbose: bool = False,
-               output_dir: Optional[str] = None, timestamp: bool = False) -> int:
+               output_dir: Optional[str] = None, timestamp: bool = False,
+               binding_args: Optional[Sequence[str]] = None,
+               hidden_env: Optional[Dict[str, str]] = None) -> int:
     """Run the job under mpiexec; returns its exit code.
 
     ``output_dir`` (``--output-filename``) is made absolute here: each rank's
     wrapper writes ``output_dir/rank.N/`` on its own host, so for remote hosts
-    it must be a shared path.
+    it must be a shared path.  ``hidden_env`` is set in mpiexec's own environment
+    and passed to the ranks by name (its names must be in ``env_names``), so
+    secrets never appear on a command line.
 
     Raises:
         HvdliteConfigError: no mpiexec on PATH, or an unknown flavour.
@@ -131,11 +139,12 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
     cmd = build_command(flavor, mpiexec, np, hosts, env, names, mpi_args, command,
                         ssh_port, identity_file,
                         output_dir=os.path.abspath(output_dir) if output_dir else None,
-                        timestamp=timestamp)
+                        timestamp=timestamp, binding_args=binding_args)
     if verbose:
         sys.stderr.write(f"hvdlite-run: {flavor}: {' '.join(shlex.quote(c) for c in cmd)}\n")
     try:
-        proc = subprocess.Popen(cmd, start_new_session=True)
+        proc = subprocess.Popen(cmd, start_new_session=True,
+                                env={**os.environ, **hidden_env} if hidden_env else None)
     except OSError as exc:
         raise HvdliteLaunchError(f"--mpi: cannot start {mpiexec}: {exc.strerror}") from None
 

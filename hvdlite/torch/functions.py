@@ -8,7 +8,8 @@
   created (optimizers create it lazily on the first ``step()``) is created on
   that rank with the root's structure; no optimizer step is taken, so the
   optimizer's trajectory (e.g. Adam's bias correction) is unchanged.
-* :func:`broadcast_object` / :func:`allgather_object` — any picklable object.
+* :func:`broadcast_object` / :func:`allgather_object` — any object cloudpickle can
+  serialise (lambdas and locally defined classes too).
 
 Trust: the object functions unpickle bytes that come from another rank of the
 same job.  When the job has a secret key (every job started by
@@ -19,15 +20,16 @@ state's structure travels as JSON, never as a pickle.
 
 import hashlib
 import hmac
-import io
 import json
 import logging
-from typing import Any, List, Optional
+import pickle
+from typing import Any, List, Optional, Tuple
 
+import cloudpickle
 import torch
 
 from hvdlite.common import basics
-
+from hvdlite.common.exceptions import HvdliteAuthError, HvdliteSerializationError
 from hvdlite.torch import mpi_ops
 
 log = logging.getLogger(__name__)
@@ -120,7 +122,6 @@ def _verify(blob: bytes, what: str, sender: int) -> bytes:
     if key:
         want = hmac.new(key, payload, hashlib.sha256).digest()
         if not hmac.compare_digest(mac, want):
-            from hvdlite.common.exceptions import HvdliteAuthError
             raise HvdliteAuthError(
                 f"{what}: the payload from rank {sender} failed HMAC verification under this "
                 f"job's key (rank {mpi_ops.rank()}); refusing to unpickle it")
@@ -132,21 +133,42 @@ def _bytes_to_tensor(data: bytes) -> torch.Tensor:
         torch.empty(0, dtype=torch.uint8)
 
 
-def _broadcast_bytes(data: Optional[bytes], root_rank: int, name: str, process_set) -> bytes:
-    """Send ``data`` (given on the root only) to every rank."""
+def _dumps(obj: Any) -> Tuple[bytes, Optional[BaseException]]:
+    """``(signed pickle, None)``, or ``(error text, the error)`` when ``obj`` cannot be
+    pickled; cloudpickle handles lambdas and locally defined classes."""
+    try:
+        return _sign(cloudpickle.dumps(obj)), None
+    except Exception as exc:              # reported to every rank, then raised here
+        return f"{type(exc).__name__}: {exc}".encode(), exc
+
+
+def _failed(what: str, ranks: List[int], messages: List[str], cause=None):
+    err = HvdliteSerializationError(
+        f"{what}: rank(s) {ranks} could not pickle their object ({'; '.join(messages)}); "
+        f"no rank received anything")
+    err.__cause__ = cause
+    return err
+
+
+def _broadcast_bytes(data: Optional[bytes], failed: bool, root_rank: int, name: str,
+                     process_set) -> Tuple[bytes, bool]:
+    """Send ``data`` (given on the root only) to every rank; a negative length tells the
+    others that ``data`` is the root's error text instead of a payload."""
     is_root = mpi_ops.rank() == root_rank
-    length = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
+    n = len(data) if is_root else 0
+    length = torch.tensor([-n - 1 if is_root and failed else n], dtype=torch.int64)
     mpi_ops.broadcast_(length, root_rank, name=name + ".len", **_ps_kw(process_set))
-    n = int(length.item())
+    code = int(length.item())
+    n = -code - 1 if code < 0 else code
     buf = _bytes_to_tensor(data) if is_root else torch.empty(n, dtype=torch.uint8)
     if n:
         mpi_ops.broadcast_(buf, root_rank, name=name + ".data", **_ps_kw(process_set))
-    return buf.numpy().tobytes()
+    return buf.numpy().tobytes(), code < 0
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
                      process_set=None) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (pickled; signed with the job key).
+    """Return ``root_rank``'s ``obj`` on every rank (cloudpickled; signed with the job key).
 
     Args:
         obj: the object (only the root's value matters).
@@ -154,46 +176,50 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
         name: names the underlying broadcasts (use distinct names for concurrent calls).
 
     Raises:
+        HvdliteSerializationError: on every rank, when the root cannot pickle ``obj``.
         HvdliteAuthError: the payload failed verification.
     """
     _check_root(root_rank, "broadcast_object")
     name = name or "broadcast_object"
-    data = None
+    data, error = None, None
     if mpi_ops.rank() == root_rank:
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = _sign(buf.getvalue())
-    blob = _broadcast_bytes(data, root_rank, name, process_set)
+        data, error = _dumps(obj)
+    blob, failed = _broadcast_bytes(data, error is not None, root_rank, name, process_set)
+    if failed:
+        raise _failed("broadcast_object", [root_rank], [blob.decode(errors="replace")], error)
     if mpi_ops.rank() == root_rank:
         return obj
-    payload = _verify(blob, "broadcast_object", root_rank)
-    return torch.load(io.BytesIO(payload), weights_only=False)
+    return pickle.loads(_verify(blob, "broadcast_object", root_rank))
 
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set=None) -> List[Any]:
-    """Return the list of every rank's ``obj``, indexed by rank.
+    """Return the list of every rank's ``obj``, indexed by rank (cloudpickled, signed).
 
     Raises:
+        HvdliteSerializationError: on every rank, when some rank cannot pickle its object.
         HvdliteAuthError: a payload failed verification.
     """
     name = name or "allgather_object"
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    mine = _sign(buf.getvalue())
+    mine, error = _dumps(obj)
     kw = _ps_kw(process_set)
-    sizes = mpi_ops.allgather(torch.tensor([len(mine)], dtype=torch.int64),
-                              name=name + ".sizes", **kw)
+    sizes = mpi_ops.allgather(torch.tensor([-len(mine) - 1 if error else len(mine)],
+                                           dtype=torch.int64), name=name + ".sizes", **kw)
     data = mpi_ops.allgather(_bytes_to_tensor(mine), name=name + ".data", **kw)
     raw = data.numpy().tobytes()
-    out, offset = [], 0
-    for sender, n in enumerate(sizes.tolist()):
+    out, offset, bad, messages = [], 0, [], []
+    for sender, code in enumerate(sizes.tolist()):
+        n = -code - 1 if code < 0 else code
         blob = raw[offset:offset + n]
         offset += n
-        if sender == mpi_ops.rank() and process_set is None:
+        if code < 0:
+            bad.append(sender)
+            messages.append(blob.decode(errors="replace"))
+        elif sender == mpi_ops.rank() and process_set is None:
             out.append(obj)
         else:
-            out.append(torch.load(io.BytesIO(_verify(blob, "allgather_object", sender)),
-                                  weights_only=False))
+            out.append(pickle.loads(_verify(blob, "allgather_object", sender)))
+    if bad:
+        raise _failed("allgather_object", bad, messages, error)
     return out
 
 
@@ -278,8 +304,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=None) -> No
         state = [[i, enc.enc(dict(st))] for i, st in owned]
         desc = json.dumps({"n_params": len(params), "n_groups": len(optimizer.param_groups),
                            "groups": groups, "state": state}).encode()
-    desc = json.loads(_broadcast_bytes(desc, root_rank, "broadcast_optimizer_state.desc",
-                                       process_set))
+    desc = json.loads(_broadcast_bytes(desc, False, root_rank, "broadcast_optimizer_state.desc",
+                                       process_set)[0])
     if desc["n_params"] != len(params) or desc["n_groups"] != len(optimizer.param_groups):
         raise ValueError(
             f"broadcast_optimizer_state: rank {mpi_ops.rank()} has {len(optimizer.param_groups)} "

@@ -30,7 +30,8 @@ __all__ = [
     "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
     "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "synchronize", "poll", "join",
     "barrier", "global_process_set",
 ]
 
@@ -70,8 +71,17 @@ def _checked(tensor, name: Optional[str], what: str):
     return tensor
 
 
+def _dense(t):
+    """``t`` with the standard strides the runtime views as bytes (``contiguous()`` keeps a
+    broadcast stride 0 on size-1 dimensions, e.g. the gradient of ``y.sum()``)."""
+    t = t.contiguous()
+    if t.dim() and t.stride(-1) != 1:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def _buffers(tensors, name, what: str):
-    return [_checked(t, name, what).contiguous() for t in tensors]
+    return [_dense(_checked(t, name, what)) for t in tensors]
 
 
 def _contiguous_inplace(tensors, name, what: str):
@@ -196,8 +206,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     if compression is not None:
         pairs = [compression.compress(t) for t in tensors]
         tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    outs = synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+    if any(_tracks_grad(t) for t in tensors):
+        outs = list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor,
+                                                postscale_factor, process_set, *tensors))
+    else:
+        outs = synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                   postscale_factor, process_set))
     if compression is not None:
         outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
     return outs
@@ -232,6 +246,9 @@ def grouped_allgather_async(tensors, name=None, process_set=None) -> Handle:
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
+    """Concatenate each of ``tensors`` over all ranks along dim 0 (differentiable)."""
+    if any(_tracks_grad(t) for t in tensors):
+        return list(_GroupedAllgatherGrad.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -270,7 +287,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
 def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
-    """Send ``splits[r]`` rows of ``tensor`` to rank r; returns (output, received_splits)."""
+    """Send ``splits[r]`` rows of ``tensor`` to rank r (even splits by default); the handle's
+    result is ``(output, received_splits)``."""
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     [work] = _buffers([tensor], name, "alltoall")
@@ -278,40 +296,92 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    """The rows every rank sent to this one, in rank order (differentiable).
+
+    Returns the tensor alone when ``splits`` is None, else ``(tensor, received_splits)``,
+    as Horovod does.
+    """
+    if _tracks_grad(tensor):
+        out, received = _AlltoallGrad.apply(tensor, splits, name, process_set)
+    else:
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return out if splits is None else (out, received)
 
 
-def _reducescatter_async(tensors, grouped, op, name, prescale_factor, postscale_factor,
-                         process_set) -> Handle:
+def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_factor,
+                         postscale_factor) -> Handle:
     rop = ops.reduce_op(None, op, name or "reducescatter")
     return ops.reducescatter_async(_buffers(tensors, name, "reducescatter"), rop, name, grouped,
                                    prescale_factor, postscale_factor, process_set,
                                    list if grouped else None)
 
 
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
-                        postscale_factor=1.0, process_set=None) -> Handle:
+def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0) -> Handle:
     """Reduce ``tensor``; each rank gets its slice of dim 0 (earlier ranks get extra rows)."""
-    return _reducescatter_async([tensor], False, op, name, prescale_factor, postscale_factor,
-                                process_set)
+    return _reducescatter_async([tensor], False, name, op, process_set, prescale_factor,
+                                postscale_factor)
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                  process_set=None):
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set))
+def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's slice of the reduction of ``tensor`` over all ranks (differentiable)."""
+    ctx = None
+    if compression is not None:
+        tensor, ctx = compression.compress(tensor)
+    if _tracks_grad(tensor):
+        [out] = _ReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                         postscale_factor, tensor)
+    else:
+        out = synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                              postscale_factor))
+    return compression.decompress(out, ctx) if compression is not None else out
 
 
-def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0,
-                                postscale_factor=1.0, process_set=None) -> Handle:
-    return _reducescatter_async(list(tensors), True, op, name, prescale_factor, postscale_factor,
-                                process_set)
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    return _reducescatter_async(list(tensors), True, name, op, process_set, prescale_factor,
+                                postscale_factor)
 
 
-def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0,
-                          postscale_factor=1.0, process_set=None):
-    return synchronize(grouped_reducescatter_async(tensors, op, name, prescale_factor,
-                                                   postscale_factor, process_set))
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """:func:`reducescatter` of several tensors as one operation (differentiable)."""
+    tensors = list(tensors)
+    ctxs = None
+    if compression is not None:
+        pairs = [compression.compress(t) for t in tensors]
+        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
+    if any(_tracks_grad(t) for t in tensors):
+        outs = list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *tensors))
+    else:
+        outs = synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                       prescale_factor, postscale_factor))
+    if compression is not None:
+        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+    return outs
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=None):
+    """Reduce a sparse COO tensor by allgathering its indices and values (as Horovod).
+
+    Returns a handle for :func:`synchronize`, whose result is the reduced sparse tensor.
+    """
+    t = tensor.coalesce()
+    hi = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
+                         process_set=process_set)
+    hv = allgather_async(t.values().contiguous(), name=f"{name}.values",
+                         process_set=process_set)
+
+    def finish():
+        values = synchronize(hv)
+        indices = synchronize(hi)
+        if ops.reduce_op(None, op, name) == Average:
+            values = values / size()
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape, check_invariants=True)
+
+    return finish
 
 
 # -- autograd ---------------------------------------------------------------------------------
@@ -379,6 +449,90 @@ class _BroadcastGrad(torch.autograd.Function):
         if rank() != ctx.root:
             reduced.zero_()
         return reduced, None, None, None
+
+
+class _GroupedAllreduceGrad(torch.autograd.Function):
+    """grouped allreduce; each gradient is reduced like :class:`_AllreduceGrad`'s."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (average, name, op, prescale, postscale, process_set)
+        outs = synchronize(grouped_allreduce_async([t.detach() for t in tensors], average, name,
+                                                   op, prescale, postscale, process_set))
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, name, op, pre, post, ps = ctx.args
+        if ops.reduce_op(average, op, name or "grouped_allreduce") not in (Average, Sum):
+            raise NotImplementedError("the gradient of allreduce is defined for hvd.Average "
+                                      "and hvd.Sum only")
+        outs = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], average,
+                                                   _grad_name(name, "grad"), op, pre, post, ps))
+        return (None,) * 6 + tuple(outs)
+
+
+class _GroupedAllgatherGrad(torch.autograd.Function):
+    """grouped allgather; each gradient is this rank's rows of the averaged output gradient."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.name, ctx.process_set = [t.shape[0] for t in tensors], name, process_set
+        return tuple(synchronize(grouped_allgather_async([t.detach() for t in tensors], name,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = synchronize(grouped_allreduce_async(
+            [g.contiguous() for g in grads], name=_grad_name(ctx.name, "grad"), op=Average,
+            process_set=ctx.process_set))
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows]),
+                                           name=_grad_name(ctx.name, "grad.rows"),
+                                           process_set=ctx.process_set))
+        offsets = rows[:rank()].sum(0).tolist()
+        return (None, None) + tuple(r.narrow(0, int(o), n)
+                                    for r, o, n in zip(reduced, offsets, ctx.rows))
+
+
+class _AlltoallGrad(torch.autograd.Function):
+    """alltoall whose gradient sends each received row's gradient back to its sender."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = synchronize(alltoall_async(tensor.detach(), splits, name, process_set))
+        ctx.received, ctx.name, ctx.process_set = received, name, process_set
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _unused):
+        back, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received,
+                                             _grad_name(ctx.name, "grad"), ctx.process_set))
+        return back, None, None, None
+
+
+class _ReducescatterGrad(torch.autograd.Function):
+    """(grouped) reducescatter whose gradient is the allgather of the output gradients,
+    scaled as Horovod's (by the size for hvd.Sum, and by the pre/post factors)."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.args = (name, ops.reduce_op(None, op, name or "reducescatter"), process_set,
+                    prescale * postscale)
+        h = _reducescatter_async([t.detach() for t in tensors], len(tensors) > 1, name, op,
+                                 process_set, prescale, postscale)
+        out = synchronize(h)
+        return tuple(out) if isinstance(out, list) else (out,)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, rop, process_set, factor = ctx.args
+        if rop == Sum:
+            factor *= size()
+        scaled = [g.contiguous() * factor if factor != 1.0 else g.contiguous() for g in grads]
+        gathered = synchronize(grouped_allgather_async(scaled, _grad_name(name, "grad"),
+                                                       process_set))
+        return (None,) * 5 + tuple(gathered)
 
 
 # -- join, barrier ---------------------------------------------------------------------------

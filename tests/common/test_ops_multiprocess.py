@@ -35,6 +35,19 @@ def test_mpi_autodetected_under_mpiexec(tmp_path):
     assert_ok(proc, ["identity", "submission_order"], [0, 1])
 
 
+#: Horovod's op semantics that depend on the world size, also checked at three ranks
+SEMANTICS = ["autograd", "autograd_every_op", "join_every_collective", "objects_and_their_errors",
+             "error_classes_are_runtime_errors", "sparse_allreduce", "alltoall", "reducescatter",
+             "allreduce_scaling_and_variants"]
+
+
+@pytest.mark.timeout(240)
+def test_op_semantics_at_three_ranks(tmp_path):
+    proc = run_job(3, "ops_worker.py", "--only", ",".join(SEMANTICS),
+                   env={"HVD_TEST_DIR": str(tmp_path)})
+    assert_ok(proc, SEMANTICS, [0, 1, 2])
+
+
 RUNTIME_VARIANTS = {
     # a fusion threshold smaller than one tensor: nothing fuses
     "threshold_below_one_tensor": ({"HVDLITE_FUSION_THRESHOLD": "16"}, FUSION_CHECKS),

@@ -34,8 +34,8 @@ def value(rank, dtype, shape=(3, 4)):
 def reference(dtype, op, shape=(3, 4), pre=1.0, post=1.0):
     n = hvd.size()
     vals = [value(r, dtype, shape).to(torch.float64) * pre for r in range(n)]
-    if not dtype.is_floating_point:      # integer buffers are scaled in place: floored
-        vals = [v.floor() for v in vals]
+    if not dtype.is_floating_point:      # integer buffers are scaled in place: truncated
+        vals = [v.trunc() for v in vals]
     stack = torch.stack(vals)
     if op == hvd.Sum:
         out = stack.sum(0)
@@ -49,7 +49,7 @@ def reference(dtype, op, shape=(3, 4), pre=1.0, post=1.0):
         out = stack.prod(0)
     out = out * post
     if not dtype.is_floating_point:
-        out = out.floor()
+        out = out.trunc()
     return out
 
 
@@ -81,11 +81,11 @@ def check_allreduce_scaling_and_variants():
         got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
                             name=f"scaled.{dtype}")
         assert close(got, reference(dtype, hvd.Sum, pre=0.5, post=3.0), dtype), (dtype, got)
-    # integer average floors, as Horovod's does (also for negative sums)
+    # integer average truncates toward zero, as Horovod's does (also for negative sums)
     n = hvd.size()
     total = sum(q + 1 for q in range(n))
     got = hvd.allreduce(torch.tensor([-(hvd.rank() + 1), hvd.rank() + 1]), name="int.avg")
-    assert got.tolist() == [-total // n, total // n], got
+    assert got.tolist() == [-(total // n), total // n], got
     # in place, async, async in place, deprecated average=
     x = value(hvd.rank(), torch.float32)
     out = hvd.allreduce_(x, op=hvd.Sum, name="inplace")
@@ -173,7 +173,9 @@ def check_alltoall():
     assert out.tolist() == expect, (out, expect)
     # default splits: even division
     x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
-    out, received = hvd.alltoall(x, name="a2a.even")
+    out = hvd.alltoall(x, name="a2a.even")          # no splits: the tensor alone, as Horovod
+    received = hvd.synchronize(hvd.alltoall_async(x, name="a2a.even.async"))[1]
+    assert received.tolist() == [2] * n, received
     assert out.tolist() == [float(2 * r + k + 100 * s) for s in range(n) for k in range(2)]
 
 
@@ -188,7 +190,7 @@ def check_reducescatter():
     count = base + (1 if r < extra else 0)
     got = hvd.reducescatter(x, op=hvd.Sum, name="rs.sum")
     assert torch.equal(got, total[start:start + count]), (got, total)
-    got = hvd.reducescatter(x, name="rs.avg")
+    got = hvd.reducescatter(x, "rs.avg")            # the second positional is the name
     assert torch.allclose(got, total[start:start + count] / n)
     outs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum, name="rs.grouped")
     assert torch.equal(outs[1], 2 * total[start:start + count])
@@ -344,6 +346,123 @@ def check_autograd():
     b = hvd.broadcast(x, root_rank=0, name="grad.bc")
     b.sum().backward()
     assert x.grad.tolist() == ([1.0, 1.0] if r == 0 else [0.0, 0.0]), x.grad
+
+
+def check_autograd_every_op():
+    """Gradients of the other differentiable ops, against Horovod's definitions."""
+    r, n = hvd.rank(), hvd.size()
+    # grouped allreduce (Sum): each input's gradient is the sum of every rank's upstream one
+    xs = [torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum, name="grad.gar")
+    (ys[0].sum() * (r + 1) + ys[1].sum() * 2).backward()
+    assert xs[0].grad.tolist() == [float(sum(q + 1 for q in range(n)))] * 2, xs[0].grad
+    assert xs[1].grad.tolist() == [2.0 * n] * 3, xs[1].grad
+    # grouped allgather: this rank's rows of the averaged upstream gradient
+    xs = [torch.ones(r + 1, requires_grad=True), torch.ones(1, 2, requires_grad=True)]
+    gs = hvd.grouped_allgather(xs, name="grad.gag")
+    w = torch.arange(float(gs[0].numel())) * (r + 1)
+    (gs[0] * w).sum().backward()
+    mean_w = torch.arange(float(gs[0].numel())) * sum(q + 1 for q in range(n)) / n
+    start = sum(q + 1 for q in range(r))
+    assert torch.allclose(xs[0].grad, mean_w[start:start + r + 1]), xs[0].grad
+    # alltoall with splits: each row's gradient comes back from the rank it was sent to
+    splits = [1] * n
+    x = torch.full((n, 2), float(r), requires_grad=True)
+    out, received = hvd.alltoall(x, splits=splits, name="grad.a2a")
+    assert received.tolist() == [1] * n and not received.requires_grad
+    (out * (r + 1)).sum().backward()
+    assert x.grad.tolist() == [[float(q + 1)] * 2 for q in range(n)], x.grad
+    # reducescatter: the allgather of the upstream gradients (times size for Sum), as Horovod
+    for op, factor in ((hvd.Average, 1.0), (hvd.Sum, float(n))):
+        x = torch.ones(2 * n, 1, requires_grad=True)
+        y = hvd.reducescatter(x, op=op, name=f"grad.rs.{op}")
+        (y * (r + 1)).sum().backward()
+        expect = [[factor * (q + 1)] for q in range(n) for _ in range(2)]
+        assert x.grad.tolist() == expect, (op, x.grad)
+    xs = [torch.ones(n, requires_grad=True), torch.ones(2 * n, requires_grad=True)]
+    ys = hvd.grouped_reducescatter(xs, op=hvd.Average, name="grad.grs")
+    (ys[0].sum() + 3 * ys[1].sum()).backward()
+    assert xs[0].grad.tolist() == [1.0] * n and xs[1].grad.tolist() == [3.0] * (2 * n)
+
+
+def check_join_every_collective():
+    """Ranks that joined take part in every kind of collective the others still run."""
+    r, n = hvd.rank(), hvd.size()
+    if r == 0:
+        assert hvd.join() == n - 1
+    else:
+        s = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="jc.ar")
+        assert s.tolist() == [float(n - 1)] * 2, s
+        g = hvd.allgather(torch.tensor([r]), name="jc.ag")
+        assert g.tolist() == list(range(1, n)), g
+        b = hvd.broadcast(torch.tensor([float(r)]), root_rank=1, name="jc.bc")
+        assert b.tolist() == [1.0], b
+        out, received = hvd.alltoall(torch.full((n,), float(r)), splits=[1] * n, name="jc.a2a")
+        assert received.tolist() == [0] + [1] * (n - 1), received
+        assert out.tolist() == [float(q) for q in range(1, n)], out
+        rs = hvd.reducescatter(torch.ones(n, 1), op=hvd.Sum, name="jc.rs")
+        assert rs.tolist() == [[float(n - 1)]], rs
+        assert hvd.join() == n - 1
+    # the runtime is usable right after on every rank
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="jc.after").item() == n
+
+
+def check_objects_and_their_errors():
+    import threading
+
+    class Local:                              # a locally defined class: cloudpickle's job
+        def __init__(self, v):
+            self.v = v
+
+    r, n = hvd.rank(), hvd.size()
+    got = hvd.broadcast_object(Local(lambda k: k + 41), root_rank=0, name="obj.lambda")
+    assert got.v(1) == 42
+    assert [o.v for o in hvd.allgather_object(Local(r), name="obj.local")] == list(range(n))
+    for name, fn in (("obj.bad.bcast",
+                      lambda: hvd.broadcast_object(threading.Lock() if r == 0 else None,
+                                                   root_rank=0, name="obj.bad.bcast")),
+                     ("obj.bad.gather",
+                      lambda: hvd.allgather_object(threading.Lock() if r == n - 1 else r,
+                                                   name="obj.bad.gather"))):
+        try:
+            fn()
+        except hvd.HvdliteError as exc:
+            assert isinstance(exc, RuntimeError) and "could not pickle" in str(exc), exc
+            bad = 0 if name == "obj.bad.bcast" else n - 1
+            assert f"[{bad}]" in str(exc), exc
+        else:
+            raise AssertionError(f"{name}: no error on rank {r}")
+
+
+def check_error_classes_are_runtime_errors():
+    x = torch.ones(2 + hvd.rank())
+    try:
+        hvd.allreduce(x, name="err.shape")
+    except RuntimeError as exc:
+        assert "err.shape" in str(exc)
+    else:
+        if hvd.size() > 1:                    # one rank cannot disagree with itself
+            raise AssertionError("a shape mismatch did not raise a RuntimeError")
+    h = hvd.allreduce_async(torch.ones(1), name="err.dup")
+    try:
+        hvd.allreduce_async(torch.ones(1), name="err.dup")
+    except RuntimeError as exc:
+        assert "already in flight" in str(exc)
+    else:
+        raise AssertionError("a duplicate name did not raise a RuntimeError")
+    hvd.synchronize(h)
+
+
+def check_sparse_allreduce():
+    r, n = hvd.rank(), hvd.size()
+    t = torch.sparse_coo_tensor(torch.tensor([[r % 3]]), torch.tensor([float(r + 1)]), (3,),
+                                check_invariants=True)
+    h = hvd.sparse_allreduce_async(t, name="sparse", op=hvd.Sum)
+    dense = hvd.synchronize(h).to_dense()
+    expect = torch.zeros(3)
+    for q in range(n):
+        expect[q % 3] += q + 1
+    assert torch.equal(dense, expect), dense
 
 
 def check_torch_distributed_coexists():

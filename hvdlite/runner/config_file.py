@@ -1,0 +1,206 @@
+"""``--config-file``: horovodrun's YAML format, read as is, plus long flag names.
+
+horovodrun's file has a top-level ``controller:`` and sections whose keys are
+relative to the section (``params: {fusion_threshold_mb: 32}``,
+``stall_check: {enabled: false}``, ``logging: {level: INFO}``, ...).  hvdlite
+reads those with Horovod's meaning, and also any long flag name (dashes or
+underscores), at the top level or inside any section (``elastic: {min-np: 2}``).
+Each value lands on the flag it belongs to, so a refused feature (a timeline,
+autotuning) is refused with the same message as its flag.
+"""
+
+import argparse
+import logging
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import yaml
+
+from hvdlite.common.exceptions import HvdliteConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _same(value):
+    return value
+
+
+def _negate(value):
+    return not value
+
+
+#: horovodrun's sections: section -> {its key: (flag dest, value conversion)}; keys the
+#: section does not list may still be long flag names
+HOROVOD_SECTIONS: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
+    "params": {
+        "fusion_threshold_mb": ("fusion_threshold_mb", _same),
+        "cycle_time_ms": ("cycle_time_ms", _same),
+        "cache_capacity": ("cache_capacity", _same),
+        "hierarchical_allreduce": ("hierarchical_allreduce", _same),
+        "hierarchical_allgather": ("hierarchical_allgather", _same),
+    },
+    "autotune": {
+        "enabled": ("autotune", _same),
+        "log_file": ("autotune_log_file", _same),
+        "warmup_samples": ("autotune_warmup_samples", _same),
+        "steps_per_sample": ("autotune_steps_per_sample", _same),
+        "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", _same),
+        "gaussian_process_noise": ("autotune_gaussian_process_noise", _same),
+    },
+    "timeline": {
+        "filename": ("timeline_filename", _same),
+        "mark_cycles": ("timeline_mark_cycles", _same),
+    },
+    "stall_check": {
+        "enabled": ("no_stall_check", _negate),
+        "warning_time_seconds": ("stall_check_warning_time_seconds", _same),
+        "shutdown_time_seconds": ("stall_check_shutdown_time_seconds", _same),
+    },
+    "library_options": {
+        "mpi_threads_disable": ("mpi_threads_disable", _same),
+        "mpi_threads_disabled": ("mpi_threads_disable", _same),    # older Horovod spelling
+        "num_nccl_streams": ("num_nccl_streams", _same),
+        "thread_affinity": ("thread_affinity", _same),
+        "gloo_timeout_seconds": ("gloo_timeout_seconds", _same),
+    },
+    "logging": {
+        "level": ("log_level", _same),
+        "with_timestamp": ("log_with_timestamp", _same),
+        "hide_timestamp": ("log_with_timestamp", _negate),           # older Horovod spelling
+    },
+    "elastic": {
+        "slots": ("slots_per_host", _same),                          # horovod.run's name
+        "cooldown_range": ("blacklist_cooldown_range", _same),       # horovod.run's name
+    },
+}
+
+#: keys that only older Horovod versions knew and today's horovodrun ignores: ignored here
+#: too (with a note) so that such a file still runs
+IGNORED_KEYS = {("autotune", "cycles_per_sample"), ("library_options", "mlsl_bgt_affinity"),
+                ("library_options", "ccl_bgt_affinity")}
+
+#: a section's ``enabled: false`` switches off the feature its other keys configure
+_SWITCHED = {"autotune": "autotune", "timeline": "timeline_filename"}
+
+
+def _load(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise HvdliteConfigError(f"--config-file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise HvdliteConfigError(f"--config-file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise HvdliteConfigError(f"--config-file {path}: expected a mapping of flag names")
+    return data
+
+
+def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    """Every long option name (without dashes) and every dest -> its action."""
+    by_name: Dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        for opt in action.option_strings:
+            by_name.setdefault(opt.lstrip("-").replace("_", "-"), action)
+    for action in parser._actions:
+        by_name.setdefault(action.dest.replace("_", "-"), action)
+    return by_name
+
+
+class _Reader:
+    """Turns one file's entries into ``{dest: value}``, naming the file in every error."""
+
+    def __init__(self, parser: argparse.ArgumentParser, path: str):
+        self.path = path
+        self.by_name = _actions(parser)
+        self.by_dest = {a.dest: a for a in parser._actions}
+        self.out: Dict[str, Any] = {}
+
+    def error(self, what: str) -> HvdliteConfigError:
+        return HvdliteConfigError(f"--config-file {self.path}: {what}")
+
+    def flag_entry(self, key: str, value: Any, where: str) -> None:
+        """A long flag name; a switch's true value means the flag was given."""
+        name = str(key).replace("_", "-")
+        action = self.by_name.get(name)
+        if action is None or name in ("config-file", "command", "help", "version",
+                                      "check-build"):
+            raise self.error(f"unknown key '{where}{key}'")
+        if action.nargs == 0:                      # a switch: true gives it, false leaves it
+            if not isinstance(value, bool):
+                raise self.error(f"{where}{key}: expected true or false, got {value!r}")
+            if value:
+                self.out[action.dest] = action.const
+            return
+        if action.dest == "env" and isinstance(value, str):
+            value = [value]
+        self.set(action.dest, value, f"{where}{key}")
+
+    def set(self, dest: str, value: Any, key: str) -> None:
+        """Store ``value`` for ``dest`` after the flag's own type and choice checks."""
+        action = self.by_dest[dest]
+        if action.type is not None and action.nargs is None and value is not None:
+            if isinstance(value, str):
+                try:
+                    value = action.type(value)
+                except ValueError:
+                    raise self.error(f"{key}: {value!r} is not a valid value") from None
+            elif action.type in (int, float) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))
+                    or (action.type is int and not isinstance(value, int))):
+                raise self.error(f"{key}: {value!r} is not a valid {action.type.__name__}")
+        if action.choices is not None and value not in action.choices:
+            raise self.error(f"{key}: {value!r} is not one of {', '.join(action.choices)}")
+        self.out[dest] = value
+
+    def section(self, name: str, entries: Dict[str, Any]) -> None:
+        known = HOROVOD_SECTIONS.get(name, {})
+        switch = _SWITCHED.get(name)
+        if switch and entries.get("enabled") is False:
+            # Horovod exports a section's settings only with its feature on
+            log.info("--config-file %s: %s is disabled; its other keys are ignored",
+                     self.path, name)
+            return
+        for key, value in entries.items():
+            norm = str(key).replace("-", "_")
+            if (name, norm) in IGNORED_KEYS:
+                log.warning("--config-file %s: %s.%s is ignored (today's horovodrun ignores "
+                            "it too)", self.path, name, key)
+            elif name == "timeline" and norm == "enabled":
+                continue                               # the switch itself, handled above
+            elif norm in known:
+                dest, convert = known[norm]
+                self.set(dest, None if value is None else convert(value), f"{name}.{key}")
+            else:
+                self.flag_entry(key, value, f"{name}.")
+
+
+def config_file_defaults(parser: argparse.ArgumentParser, path: str,
+                         controller_given: bool = False) -> Dict[str, Any]:
+    """Read ``--config-file`` into ``{flag dest: value}`` (parser defaults; flags win).
+
+    ``controller_given``: --gloo/--mpi/--jsrun is on the command line, so the file's
+    ``controller:`` does not apply (they exclude each other).
+
+    Raises:
+        HvdliteConfigError: unreadable file, not a mapping, an unknown key or a bad value
+            (names the file and the key).
+    """
+    reader = _Reader(parser, path)
+    for key, value in _load(path).items():
+        if key == "controller":
+            _controller(reader, value, controller_given)
+        elif isinstance(value, dict):
+            reader.section(str(key), value)
+        else:
+            reader.flag_entry(key, value, "")
+    return reader.out
+
+
+def _controller(reader: _Reader, value: Optional[str], given: bool) -> None:
+    choice = str(value).strip().lower()
+    if choice not in ("gloo", "mpi"):
+        raise reader.error(f"controller: {value!r} is not 'gloo' or 'mpi'")
+    if not given:
+        reader.out[choice] = True

@@ -1,0 +1,272 @@
+"""hvdlite-run's command line: every flag, horovodrun's included, and what each one becomes.
+
+Kept apart from ``launch.py`` (which turns parsed flags into Settings and
+dispatches) because horovodrun compatibility makes the flag list long.  Each of
+horovodrun's flags is here under its own spelling and aliases, and is either
+implemented, accepted because it asks for what hvdlite always does (:data:`NO_OP_FLAGS`),
+or refused with the reason (:data:`REFUSED_FLAGS`); none gets argparse's bare
+"unrecognized arguments".
+"""
+
+import argparse
+from typing import Dict, Optional, Tuple
+
+from hvdlite.common import config as cfg
+from hvdlite.runner.elastic.settings import DEFAULT_ELASTIC_TIMEOUT_S
+
+
+def _mib(value) -> str:
+    return str(int(float(value) * 1024 * 1024))
+
+
+#: flag dest -> (HVDLITE_* variable, converter to the variable's text)
+TUNABLE_FLAGS = {
+    "fusion_threshold_mb": (cfg.FUSION_THRESHOLD, _mib),
+    "inplace_threshold_mb": (cfg.INPLACE_THRESHOLD, _mib),
+    "gloo_threads": (cfg.GLOO_THREADS, str),
+    "fusion_chunk_mb": (cfg.FUSION_CHUNK, lambda v: str(max(1, int(float(v) * 1024 * 1024)))),
+    "cycle_time_ms": (cfg.CYCLE_TIME, str),
+    "cache_capacity": (cfg.CACHE_CAPACITY, str),
+    # --stall-check (False) writes "0" so that it also beats an exported Horovod twin
+    "no_stall_check": (cfg.STALL_CHECK_DISABLE, lambda v: "1" if v else "0"),
+    "stall_check_warning_time_seconds": (cfg.STALL_CHECK_WARNING_TIME, str),
+    "stall_check_shutdown_time_seconds": (cfg.STALL_CHECK_SHUTDOWN_TIME, str),
+    "log_level": (cfg.LOG_LEVEL, str),
+    "start_timeout": (cfg.START_TIMEOUT, str),
+    "op_timeout_seconds": (cfg.OP_TIMEOUT, str),
+    # horovodrun's name for the same bound (HOROVOD_GLOO_TIMEOUT_SECONDS)
+    "gloo_timeout_seconds": (cfg.OP_TIMEOUT, str),
+}
+
+_NO_TIMELINE = "hvdlite does not offer a timeline yet"
+_NO_AUTOTUNE = "hvdlite does not offer autotuning yet"
+_FLAT = ("hvdlite's collectives run flat over all ranks (Gloo or MPI); there is no "
+         "hierarchical (within a host, then across hosts) variant")
+
+#: horovodrun flags for what hvdlite does not do: parsed, so that Horovod users get the
+#: reason instead of argparse's "unrecognized arguments", then refused when the parsed value
+#: asks for the feature (anything but unset or False).  dest -> (flag, reason)
+REFUSED_FLAGS: Dict[str, Tuple[str, str]] = {
+    "timeline_filename": ("--timeline-filename", _NO_TIMELINE),
+    "timeline_mark_cycles": ("--timeline-mark-cycles", _NO_TIMELINE),
+    "autotune": ("--autotune", _NO_AUTOTUNE),
+    "autotune_log_file": ("--autotune-log-file", _NO_AUTOTUNE),
+    "autotune_warmup_samples": ("--autotune-warmup-samples", _NO_AUTOTUNE),
+    "autotune_steps_per_sample": ("--autotune-steps-per-sample", _NO_AUTOTUNE),
+    "autotune_bayes_opt_max_samples": ("--autotune-bayes-opt-max-samples", _NO_AUTOTUNE),
+    "autotune_gaussian_process_noise": ("--autotune-gaussian-process-noise", _NO_AUTOTUNE),
+    "hierarchical_allreduce": ("--hierarchical-allreduce", _FLAT),
+    "hierarchical_allgather": ("--hierarchical-allgather", _FLAT),
+    "num_nccl_streams": ("--num-nccl-streams",
+                         "NCCL is GPU only and hvdlite is a CPU build without NCCL"),
+    "thread_affinity": ("--thread-affinity", "hvdlite's background loop is a Python thread "
+                        "and pinning it to a core is not implemented"),
+    "mpi_threads_disable": ("--mpi-threads-disable", "hvdlite calls MPI from its background "
+                            "thread, so MPI's thread support cannot be turned off"),
+    "log_with_timestamp": ("--log-with-timestamp/--no-log-hide-timestamp",
+                           "hvdlite's log lines carry no timestamp; use "
+                           "--prefix-output-with-timestamp to timestamp every output line"),
+    "jsrun": ("--jsrun", "jsrun (IBM LSF) is not supported; launch with Gloo (the default) "
+              "or --mpi"),
+}
+
+#: horovodrun flags accepted because they ask for what hvdlite always does: flag -> why
+NO_OP_FLAGS: Dict[str, str] = {
+    "--disable-cache": "hvdlite-run never caches its host checks; every run checks afresh",
+    "--tcp": "hvdlite's own traffic (Gloo, control plane) is TCP; in --mpi mode, as with "
+             "horovodrun on MPICH and Open MPI, MPI keeps its transport (see --mpi-args)",
+    "--no-hierarchical-allreduce": "hvdlite's allreduce is never hierarchical",
+    "--no-hierarchical-allgather": "hvdlite's allgather is never hierarchical",
+    "--no-autotune": "hvdlite does not autotune",
+    "--no-timeline-mark-cycles": "hvdlite has no timeline",
+    "--no-mpi-threads-disable": "hvdlite keeps MPI's thread support",
+    "--log-without-timestamp": "hvdlite's log lines carry no timestamp",
+    "--log-hide-timestamp": "hvdlite's log lines carry no timestamp",
+}
+
+
+def refusal(args: argparse.Namespace) -> Optional[str]:
+    """The error for the first refused flag the parsed ``args`` ask for, else None."""
+    for dest, (flag, reason) in REFUSED_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value is not False:           # 0 is a value, too
+            return f"{flag}: {reason}; remove the flag"
+    return None
+
+
+def _no_op(flag: str) -> str:
+    return f"accepted for horovodrun: {NO_OP_FLAGS[flag]}"
+
+
+def _refused(dest: str) -> str:
+    return f"refused: {REFUSED_FLAGS[dest][1]}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """hvdlite-run's parser: our flags plus every horovodrun flag and alias."""
+    p = argparse.ArgumentParser(
+        prog="hvdlite-run",
+        usage="hvdlite-run -np N [-H host:slots,... | --hostfile FILE] [options] "
+              "[python] train.py [args...]",
+        description="Launch a distributed training job (horovodrun-compatible flags). "
+                    "Local hosts start directly; others over SSH.")
+    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
+    p.add_argument("-np", "--num-proc", dest="np", type=int,
+                   help="total number of training processes")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="show which frameworks and controllers are available, and exit")
+    p.add_argument("--config-file", metavar="FILE",
+                   help="YAML file: horovodrun's format (params:, timeline:, autotune:, "
+                        "stall_check:, library_options:, logging:, controller:) and any long "
+                        "flag name (e.g. 'fusion-threshold-mb: 32'), top level or in a "
+                        "section such as elastic:; flags given on the command line win")
+    p.add_argument("--verbose", action="store_true", help="report each launch step")
+    p.add_argument("--disable-cache", action="store_true", help=_no_op("--disable-cache"))
+
+    h = p.add_argument_group("host arguments")
+    hx = h.add_mutually_exclusive_group()
+    hx.add_argument("-H", "--hosts", metavar="HOSTS",
+                    help="[user@]host:slots list, e.g. localhost:2,node2:4 "
+                         "(default: localhost:NP)")
+    hx.add_argument("-hostfile", "--hostfile", metavar="FILE",
+                    help="file with one 'host slots=N' per line (# comments allowed)")
+    h.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                   help=f"bound on connecting to hosts, task registration and worker rendezvous "
+                        f"(default: {cfg.START_TIMEOUT} or "
+                        f"{' or '.join(cfg.horovod_twins(cfg.START_TIMEOUT))}, else "
+                        f"{cfg.Config.start_timeout_s:.0f})")
+    h.add_argument("--network-interfaces", "--network-interface", "--nics",
+                   dest="network_interfaces", metavar="NICS",
+                   help="comma-separated interfaces to use between hosts (default: probe and "
+                        "pick one routable between all hosts)")
+
+    s = p.add_argument_group("SSH")
+    s.add_argument("-p", "--ssh-port", type=int, metavar="PORT", help="SSH port (default 22)")
+    s.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key file")
+    s.add_argument("--ssh-known-hosts", metavar="FILE",
+                   help="known_hosts file to trust in addition to ~/.ssh/known_hosts")
+    s.add_argument("--ssh-strict-host-key-checking", action="store_true",
+                   help="refuse hosts whose key is not known (default: warn and accept)")
+
+    c = p.add_argument_group("controller parameters")
+    cx = c.add_mutually_exclusive_group()
+    cx.add_argument("--gloo", action="store_true", help="run collectives through Gloo")
+    cx.add_argument("--mpi", action="store_true", help="run the job under mpiexec")
+    cx.add_argument("--jsrun", action="store_true", help=_refused("jsrun"))
+    c.add_argument("--mpi-args", metavar="ARGS", help="extra arguments for mpiexec (one string)")
+    c.add_argument("--binding-args", metavar="ARGS",
+                   help="--mpi only: process binding arguments for mpiexec, replacing the "
+                        "default (Open MPI: --bind-to none --map-by slot)")
+    c.add_argument("--tcp", action="store_true", help=_no_op("--tcp"))
+    mt = c.add_mutually_exclusive_group()
+    mt.add_argument("--mpi-threads-disable", action="store_const", const=True,
+                    help=_refused("mpi_threads_disable"))
+    mt.add_argument("--no-mpi-threads-disable", dest="mpi_threads_disable",
+                    action="store_const", const=False, help=_no_op("--no-mpi-threads-disable"))
+    c.add_argument("--num-nccl-streams", type=int, metavar="N",
+                   help=_refused("num_nccl_streams"))
+    c.add_argument("--thread-affinity", type=int, metavar="CORE",
+                   help=_refused("thread_affinity"))
+
+    e = p.add_argument_group("environment")
+    e.add_argument("-x", dest="env", action="append", default=None, metavar="NAME[=VALUE]",
+                   help="also pass NAME (from this environment, or =VALUE) to every rank; "
+                        "repeatable. Remote ranks get only HVDLITE_*, HOROVOD_*, PATH, "
+                        "PYTHONPATH, LD_LIBRARY_PATH and these")
+
+    o = p.add_argument_group("output")
+    o.add_argument("--output-filename", metavar="DIR",
+                   help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
+    o.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
+                   dest="prefix_output_with_timestamp",
+                   help="put a timestamp before each output line's [rank] prefix")
+    ts = o.add_mutually_exclusive_group()
+    ts.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_with_timestamp",
+                    action="store_const", const=False, help=_no_op("--log-without-timestamp"))
+    ts.add_argument("--log-with-timestamp", "--no-log-hide-timestamp", dest="log_with_timestamp",
+                    action="store_const", const=True, help=_refused("log_with_timestamp"))
+    o.add_argument("--log-level", type=str.upper, choices=cfg.LOG_LEVEL_NAMES,
+                   help="log level of the launcher and the workers (TRACE is DEBUG, FATAL is "
+                        "CRITICAL)")
+
+    t = p.add_argument_group("tunable parameters")
+    t.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                   help="fusion buffer size in MiB (0: off; default 128)")
+    t.add_argument("--inplace-threshold-mb", type=float, metavar="MB",
+                   help="reduce fused tensors at least this big in place instead of copying "
+                        "them through the fusion buffer (0: always copy; default 2)")
+    t.add_argument("--gloo-threads", type=int, metavar="N",
+                   help="Gloo worker threads: collectives in flight at once (default 4)")
+    t.add_argument("--fusion-chunk-mb", type=float, metavar="MB",
+                   help="pipeline fused allreduces in chunks of this many MiB (default 16)")
+    t.add_argument("--cycle-time-ms", type=float, metavar="MS",
+                   help="background loop period in ms")
+    t.add_argument("--cache-capacity", type=int, metavar="N",
+                   help="response cache entries (0: off; default 1024)")
+    t.add_argument("--op-timeout-seconds", type=float, metavar="SECONDS",
+                   help="how long a collective may wait on a silent peer before failing")
+    t.add_argument("--gloo-timeout-seconds", type=float, metavar="SECONDS",
+                   help="horovodrun's name for --op-timeout-seconds")
+    for kind in ("allreduce", "allgather"):
+        hg = t.add_mutually_exclusive_group()
+        hg.add_argument(f"--hierarchical-{kind}", action="store_const", const=True,
+                        help=_refused(f"hierarchical_{kind}"))
+        hg.add_argument(f"--no-hierarchical-{kind}", dest=f"hierarchical_{kind}",
+                        action="store_const", const=False,
+                        help=_no_op(f"--no-hierarchical-{kind}"))
+
+    tl = p.add_argument_group("timeline parameters", "horovodrun's timeline flags; refused: "
+                              "hvdlite does not offer a timeline yet")
+    tl.add_argument("--timeline-filename", metavar="FILE", help="refused")
+    tlc = tl.add_mutually_exclusive_group()
+    tlc.add_argument("--timeline-mark-cycles", action="store_const", const=True, help="refused")
+    tlc.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
+                     action="store_const", const=False, help=argparse.SUPPRESS)
+
+    el = p.add_argument_group(
+        "elastic arguments", "any of --min-np, --max-np, --host-discovery-script makes the "
+        "job elastic: it survives failed workers and follows the hosts discovery offers")
+    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                    help="fewest processes the job may run with (default: -np)")
+    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                    help="most processes the job may grow to (default: no limit)")
+    el.add_argument("--slots-per-host", type=int, metavar="N",
+                    help="slots of a discovered host printed without ':N' (default 1)")
+    el.add_argument("--host-discovery-script", metavar="FILE",
+                    help="executable printing the available hosts, one 'host[:slots]' per "
+                         "line; run about once a second")
+    el.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                    help=f"how long to wait for --min-np slots before failing (default: "
+                         f"{' or '.join(cfg.horovod_twins(cfg.ELASTIC_TIMEOUT))}, else "
+                         f"{DEFAULT_ELASTIC_TIMEOUT_S:.0f})")
+    el.add_argument("--reset-limit", type=int, metavar="N",
+                    help="fail once the job would need more than N resets (default: no limit)")
+    el.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                    help="a failed host rejoins after a cooldown drawn from [MIN, MAX] seconds "
+                         "(default: it stays out)")
+
+    st = p.add_argument_group("stall check parameters")
+    sx = st.add_mutually_exclusive_group()
+    sx.add_argument("--no-stall-check", action="store_const", const=True,
+                    help="disable the stall check")
+    sx.add_argument("--stall-check", dest="no_stall_check", action="store_const", const=False,
+                    help="keep the stall check on (the default)")
+    st.add_argument("--stall-check-warning-time-seconds", type=float, metavar="SECONDS")
+    st.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="SECONDS")
+
+    at = p.add_argument_group("autotune parameters", "horovodrun's autotune flags; refused: "
+                              "hvdlite does not offer autotuning yet")
+    ax = at.add_mutually_exclusive_group()
+    ax.add_argument("--autotune", action="store_const", const=True, help="refused")
+    ax.add_argument("--no-autotune", dest="autotune", action="store_const", const=False,
+                    help=argparse.SUPPRESS)
+    at.add_argument("--autotune-log-file", metavar="FILE", help="refused")
+    at.add_argument("--autotune-warmup-samples", type=int, metavar="N", help="refused")
+    at.add_argument("--autotune-steps-per-sample", type=int, metavar="N", help="refused")
+    at.add_argument("--autotune-bayes-opt-max-samples", type=int, metavar="N", help="refused")
+    at.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
+                    help="refused")
+
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the training command: 'python train.py ...' or 'train.py ...'")
+    return p
