@@ -207,3 +207,16 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def terminate_groups(groups: Sequence["WorkerGroup"]) -> None:
+    """End several worker groups at once (each tree kill waits out its own grace period, so
+    in parallel), then collect their last output."""
+    threads = [threading.Thread(target=g.terminate, name="terminate-workers", daemon=True)
+               for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g in groups:
+        g.join_output(2.0)

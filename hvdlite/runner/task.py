@@ -35,7 +35,7 @@ from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.service import Client, Service, ServiceError
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.nics import discover_nics
-from hvdlite.runner.procs import WorkerGroup
+from hvdlite.runner.procs import WorkerGroup, terminate_groups
 from hvdlite.runner.rank_output import OutputSink
 
 log = logging.getLogger("hvdlite.runner.task")
@@ -285,13 +285,7 @@ class _Task:
         with self.lock:
             self.stop.set()           # no run call starts anything from now on
             groups = list(self.groups)
-        threads = [threading.Thread(target=g.terminate, daemon=True) for g in groups]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for g in groups:
-            g.join_output(2.0)
+        terminate_groups(groups)
 
 
 def main() -> int:

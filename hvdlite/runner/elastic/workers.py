@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.runner.hosts import HostSlots, SlotInfo
-from hvdlite.runner.procs import OutputTarget, WorkerGroup
+from hvdlite.runner.procs import OutputTarget, WorkerGroup, terminate_groups
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,4 @@ class LocalWorkers(WorkerLauncher):
     def stop_all(self) -> None:
         with self._lock:
             groups = list(self._all)
-        threads = [threading.Thread(target=g.terminate, daemon=True) for g in groups]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for g in groups:
-            g.join_output(2.0)
+        terminate_groups(groups)
