@@ -114,7 +114,6 @@ def reduce_op(average, op, name: str) -> ReduceOp:
 
     Raises:
         ValueError: both given, or an unknown op.
-        NotImplementedError: Adasum.
     """
     if average is None:
         fast = _OPS_WITHOUT_AVERAGE.get(op) if not isinstance(op, bool) else None
@@ -130,9 +129,6 @@ def reduce_op(average, op, name: str) -> ReduceOp:
     except ValueError:
         raise ValueError(f"allreduce of {name!r}: unknown reduce op {op!r}; use hvd.Average, "
                          f"hvd.Sum, hvd.Min, hvd.Max or hvd.Product") from None
-    if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not available in hvdlite yet; use "
-                                  "hvd.Average or hvd.Sum")
     return op
 
 

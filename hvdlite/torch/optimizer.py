@@ -25,6 +25,10 @@ How gradients travel (three strategies, chosen at construction):
 ``step()`` waits for every reduction (starting the ones of parameters that got
 no gradient this step, with zeros, so no rank waits for another) and then
 applies the wrapped optimizer's update.
+
+``op=hvd.Adasum`` on more than one rank returns a wrapper of another kind
+(:mod:`hvdlite.torch.adasum_optimizer`): it reduces each parameter's update, not its
+gradient, as Horovod's Adasum optimizer does.
 """
 
 import contextlib
@@ -37,6 +41,7 @@ import torch
 
 from hvdlite.common import basics
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hvdlite.torch.compression import Compression
 
 log = logging.getLogger(__name__)
@@ -140,14 +145,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"DistributedOptimizer: gradient_predivide_factor={gradient_predivide_factor} "
                 "must be > 0")
-        if op == mpi_ops.Adasum:
-            raise NotImplementedError(
-                "DistributedOptimizer(op=Adasum) is not implemented in hvdlite; "
-                "use op=hvd.Average (default) or op=hvd.Sum")
-        if op not in (mpi_ops.Average, mpi_ops.Sum):
+        # op=Adasum gets here only in a 1-rank job (as in Horovod): the gradient itself
+        if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
             raise ValueError(
                 f"DistributedOptimizer: op={op!r} is not supported for gradients; "
-                "use hvd.Average or hvd.Sum")
+                "use hvd.Average, hvd.Sum or hvd.Adasum")
         if bucket_cap_mb is not None and bucket_cap_mb < 0:
             raise ValueError(f"DistributedOptimizer: bucket_cap_mb={bucket_cap_mb} must be >= 0")
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
@@ -536,7 +538,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             with static ``compress``/``decompress``).
         backward_passes_per_step: backward passes whose gradients accumulate locally before
             one reduction (gradient accumulation); the loss is not rescaled.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.  With Adasum (and more
+            than one rank) each rank applies the wrapped optimizer's step locally and the
+            parameter *updates* are combined with Adasum, as Horovod's Adasum optimizer does
+            (see :mod:`hvdlite.torch.adasum_optimizer`); do not scale the learning rate with
+            ``size()``.  ``groups``, ``num_groups``, ``sparse_as_dense`` and ``bucket_cap_mb``
+            do not apply then (every parameter's update is reduced by name, fused by the
+            runtime) and ``gradient_predivide_factor`` must be 1.
         gradient_predivide_factor: divide gradients by this before the reduction and
             multiply after (with ``Average`` the total division is still by ``size()``).
         num_groups: split parameters into this many groups reduced with one grouped op each.
@@ -551,8 +559,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             is given.
 
     Raises:
-        ValueError: bad or duplicate names, a parameter not named, bad factors or groups.
-        NotImplementedError: ``op=Adasum``.
+        ValueError: bad or duplicate names, a parameter not named, bad factors or groups;
+            ``op=Adasum`` with ``gradient_predivide_factor`` other than 1.
     """
     if op is None:
         op = mpi_ops.Average
@@ -560,15 +568,44 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise TypeError(
             "DistributedOptimizer: expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizer):
+    if isinstance(optimizer, (_DistributedOptimizer, _DistributedAdasumOptimizer)):
         raise ValueError("DistributedOptimizer: this optimizer is already a DistributedOptimizer")
+    if op == mpi_ops.Adasum and gradient_predivide_factor != 1.0:
+        raise ValueError("DistributedOptimizer: gradient_predivide_factor is not supported "
+                         "with op=hvd.Adasum (it must be 1)")
+    # Horovod's choice: Adasum of one rank is the gradient itself, so a 1-rank job keeps the
+    # ordinary wrapper (synchronize/skip_synchronize work there)
+    adasum = op == mpi_ops.Adasum and basics.size() > 1
     base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    mixin = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
+    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
     obj = cls.__new__(cls)
     state = dict(optimizer.__dict__)
     state.pop("step", None)  # an instance-level step wrapper (LR scheduler) would bypass ours
     obj.__dict__.update(state)
+    if adasum:
+        _check_adasum_arguments(compression, backward_passes_per_step)
+        obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
+                              backward_passes_per_step, process_set, _OWNER_ATTR)
+        return obj
     obj._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
                    bucket_cap_mb)
     return obj
+
+
+def _check_adasum_arguments(compression, backward_passes_per_step) -> None:
+    """The argument checks of ``_hvd_setup`` that also apply to the Adasum wrapper.
+
+    Raises:
+        ValueError: ``backward_passes_per_step`` < 1.
+        TypeError: ``compression`` lacks compress/decompress.
+    """
+    if backward_passes_per_step < 1:
+        raise ValueError(
+            f"DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} "
+            "must be >= 1")
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise TypeError(
+            "DistributedOptimizer: compression must have compress/decompress, e.g. "
+            f"hvd.Compression.fp16; got {compression!r}")

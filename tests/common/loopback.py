@@ -2,11 +2,13 @@
 
 Each collective: every rank deposits its contribution, waits at a barrier,
 computes its result from all deposits, and waits again before the slots are
-reused.  A barrier that times out (a rank never arrived) raises
-HvdliteInternalError, like a dead peer does on a real transport.
+reused.  Point-to-point exchanges (``sendrecv_``, which Adasum uses) go through
+one mailbox per (sender, receiver) pair.  A barrier that times out (a rank never
+arrived) raises HvdliteInternalError, like a dead peer does on a real transport.
 """
 
 import collections
+import queue
 import threading
 
 import numpy as np
@@ -28,6 +30,9 @@ class Hub:
         self.slots = [None] * size
         self.barrier = threading.Barrier(size, timeout=timeout_s)
         self.calls = collections.Counter()   # by kind, counted by rank 0, for traffic checks
+        self.timeout_s = timeout_s
+        # point-to-point messages in flight, by (sender, receiver)
+        self.mail = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
 
 
 class LoopbackBackend(Backend):
@@ -75,6 +80,26 @@ class LoopbackBackend(Backend):
             start = sum(counts[:self.rank])
             parts.append(data[start:start + counts[self.rank]])
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    def sendrecv_(self, send, recv, peer):
+        hub = self.hub
+        hub.mail[(self.rank, peer)].put(send.clone())
+        if self.rank == 0:
+            hub.calls['sendrecv'] += 1
+        waited = 0.0
+        while True:
+            try:
+                got = hub.mail[(peer, self.rank)].get(timeout=0.05)
+                break
+            except queue.Empty:
+                waited += 0.05
+                if hub.barrier.broken or waited >= hub.timeout_s:
+                    raise HvdliteInternalError(
+                        f"rank {self.rank}: peer thread {peer} never answered") from None
+        if got.numel() * got.element_size() != recv.numel() * recv.element_size():
+            raise AssertionError(f"rank {self.rank}: rank {peer} sent {got.numel()} "
+                                 f"{got.dtype} elements, {recv.numel()} expected")
+        recv.view(-1).view(torch.uint8).copy_(got.view(-1).view(torch.uint8))
 
     def crash(self):
         """Simulate this rank dying: every peer's pending collective fails."""

@@ -241,7 +241,12 @@ def test_recorder_sees_every_phase_of_a_pipelined_fused_group():
     _, rts = start(2, recorders=logs, fusion_chunk_bytes=16, inplace_threshold_bytes=0)
 
     def body(r, rt):
-        handles = [allreduce(rt, f"p{i}", torch.ones(4)) for i in range(3)]
+        # one submission of three tensors: drained in one cycle, so they always fuse
+        handles = [Handle(1) for _ in range(3)]
+        tensors = [torch.ones(4) for _ in range(3)]
+        rt.enqueue([Entry(Request(f"p{i}", OpType.ALLREDUCE, "float32", (4,),
+                                  reduce_op=int(ReduceOp.SUM)), t, t, h, 0)
+                    for i, (t, h) in enumerate(zip(tensors, handles))])
         for h in handles:
             assert wait(h).tolist() == [2.0] * 4
 

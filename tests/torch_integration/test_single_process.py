@@ -82,10 +82,23 @@ def test_bad_arguments(kwargs, needle):
                              named_parameters=model.named_parameters(), **kwargs)
 
 
-def test_adasum_not_implemented():
-    model = _model()
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+def test_adasum_on_one_rank_is_plain_training():
+    """As in Horovod: Adasum of one rank's gradient is that gradient."""
+    ref, model = _model(), _model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters(), op=hvd.Adasum)
+    for i in range(3):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(i))
+        for m, o in ((ref, ref_opt), (model, opt)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
+                             gradient_predivide_factor=2.0)
 
 
 def test_named_parameters_not_pairs():

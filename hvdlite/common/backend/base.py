@@ -28,7 +28,8 @@ _DONE = Waitable()
 
 
 class Backend(abc.ABC):
-    """Collectives over all ranks of the job.
+    """Collectives over all ranks of the job, and the exchanges between two ranks that
+    op=Adasum is built from (:meth:`sendrecv_`, :meth:`block_allreduce_`).
 
     Every method blocks until the collective finished on this rank and raises
     :class:`hvdlite.common.exceptions.HvdliteInternalError` (or a subclass)
@@ -92,6 +93,49 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def alltoall_bytes(self, send, send_counts: List[int], recv_counts: List[int]):
         """Send ``send_counts[r]`` bytes of uint8 ``send`` to rank r; returns what came in."""
+
+    # -- point to point (Adasum) -------------------------------------------------------------
+    def sendrecv_(self, send, recv, peer: int) -> None:
+        """Send ``send`` to ``peer`` while receiving ``peer``'s message into ``recv``.
+
+        The one step Adasum's vector halving needs: both ranks of a pair call this with each
+        other as ``peer`` at the same point, and neither waits for the other to finish first.
+        ``send`` and ``recv`` are contiguous CPU tensors of any dtype (they travel as bytes);
+        ``recv`` here has as many bytes as ``send`` at the peer, and either may be empty (then
+        nothing travels that way).
+
+        Raises:
+            HvdliteInternalError: the peer failed, or did not answer within the op timeout.
+            NotImplementedError: this backend has no point-to-point transport.
+        """
+        raise NotImplementedError(f"the {self.name} backend has no point-to-point exchange, "
+                                  f"which op=Adasum needs")
+
+    def block_allreduce_(self, tensor, block: int) -> None:
+        """Sum float64 ``tensor`` in place over the ``block`` consecutive ranks that include
+        this one (ranks ``r`` with ``r // block == rank // block``).
+
+        Adasum sums its per-tensor partial dot products and norms this way: at every level
+        such an aligned block holds the pieces of the vectors.  ``block`` is a power of two
+        dividing ``size``; every rank of the block calls this with the same shape.  The
+        default is recursive doubling over :meth:`sendrecv_` (log2(block) exchanges of a few
+        bytes); addition is commutative, so every rank of the block ends with the same bits.
+
+        Raises:
+            HvdliteInternalError: a peer failed or timed out.
+            ValueError: ``block`` is not a power of two dividing ``size``.
+        """
+        if block < 1 or block & (block - 1) or self.size % block:
+            raise ValueError(f"rank {self.rank}: block_allreduce_ over {block} ranks: not a "
+                             f"power of two dividing the job's {self.size} ranks")
+        if block == 1:
+            return
+        incoming = tensor.clone()
+        distance = 1
+        while distance < block:
+            self.sendrecv_(tensor, incoming, self.rank ^ distance)
+            tensor.add_(incoming)
+            distance <<= 1
 
     def newest_round(self) -> int:
         """The newest rendezvous round open for this job; backends without rounds (MPI,

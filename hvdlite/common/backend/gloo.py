@@ -23,6 +23,8 @@ _REDUCE = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
            ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
 # dtypes Gloo cannot reduce, and the wider type they travel as
 _WIDEN = {torch.int16: torch.int32}
+#: the tag of hvdlite's point-to-point messages; nothing else sends on this private group
+_P2P_TAG = 0x41444153
 
 
 class AuthenticatedStore(dist.Store):
@@ -192,6 +194,27 @@ class GlooBackend(Backend):
         self._run("alltoall", work)
         return out
 
+    def sendrecv_(self, send, recv, peer):
+        """Gloo's unbound-buffer send and recv, both posted before either is awaited (neither
+        blocks), each bounded by the op timeout."""
+        works = []
+        if recv.numel():
+            works.append(self.pg.recv([_as_bytes(recv)], peer, _P2P_TAG))
+        if send.numel():
+            works.append(self.pg.send([_as_bytes(send)], peer, _P2P_TAG))
+        timeout = datetime.timedelta(seconds=self._timeout_s)
+        for work in works:
+            try:
+                done = work.wait(timeout)
+            except Exception as exc:
+                raise HvdliteInternalError(
+                    f"rank {self.rank}: Gloo exchange with rank {peer} failed ({exc}); the "
+                    f"peer has probably exited, or stopped responding for longer than "
+                    f"--op-timeout-seconds ({self._timeout_s:g}s)") from exc
+            if done is False:
+                raise HvdliteInternalError(
+                    f"rank {self.rank}: Gloo exchange with rank {peer} was aborted")
+
     def close(self):
         pg, self.pg = getattr(self, "pg", None), None
         if pg is not None:
@@ -209,6 +232,11 @@ class _Pending(Waitable):
 
     def wait(self):
         self._backend._run("allreduce", self._work)
+
+
+def _as_bytes(tensor):
+    """A contiguous tensor's storage as flat uint8 (send/recv need no arithmetic)."""
+    return tensor.view(-1).view(torch.uint8)
 
 
 def _min_opts():

@@ -17,6 +17,9 @@ from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
 
+#: the tag of hvdlite's point-to-point messages on its private communicator
+_P2P_TAG = 0x4144
+
 
 def mpi_available() -> bool:
     try:
@@ -54,6 +57,8 @@ class MPIBackend(Backend):
         cross = self.comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
         cross.Free()
+        #: block size -> communicator of the aligned block of ranks holding this one (Adasum)
+        self._blocks = {}
 
     def _call(self, what, fn, *args):
         try:
@@ -104,10 +109,46 @@ class MPIBackend(Backend):
                    [out.numpy(), list(recv_counts), rd, self._MPI.BYTE])
         return out
 
+    def sendrecv_(self, send, recv, peer):
+        """One MPI_Sendrecv of raw bytes (MPI has no bfloat16; no arithmetic is needed)."""
+        MPI = self._MPI
+        self._call("sendrecv", self.comm.Sendrecv, [_as_bytes(send), MPI.BYTE], peer, _P2P_TAG,
+                   [_as_bytes(recv), MPI.BYTE], peer, _P2P_TAG)
+
+    def block_allreduce_(self, tensor, block):
+        """MPI_Allreduce on the block's own communicator, as Horovod's Adasum reduction
+        communicators: one per block size, split once from the job's communicator."""
+        if block == 1:
+            return
+        comm = self._blocks.get(block)
+        if comm is None:
+            if block < 1 or block & (block - 1) or self.size % block:
+                raise ValueError(f"rank {self.rank}: block_allreduce_ over {block} ranks: not "
+                                 f"a power of two dividing the job's {self.size} ranks")
+            # MPI_Comm_split is collective over all ranks; every rank gets here at the same
+            # response (the first Adasum reduction), so the splits pair up
+            comm = self.comm if block == self.size else self._call(
+                "communicator split", self.comm.Split, self.rank // block, self.rank)
+            self._blocks[block] = comm
+        self._call("block allreduce", comm.Allreduce, self._MPI.IN_PLACE, tensor.numpy(),
+                   self._MPI.SUM)
+
     def close(self):
+        blocks, self._blocks = getattr(self, "_blocks", {}), {}
+        for block_comm in blocks.values():
+            if block_comm is not getattr(self, "comm", None):
+                try:
+                    block_comm.Free()
+                except Exception as exc:
+                    log.debug("rank %d: freeing a block communicator: %s", self.rank, exc)
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
             try:
                 comm.Free()
             except Exception as exc:
                 log.debug("rank %d: freeing the MPI communicator: %s", self.rank, exc)
+
+
+def _as_bytes(tensor):
+    """A contiguous tensor's storage as a flat uint8 numpy array (shares memory)."""
+    return tensor.view(-1).view(lazy_torch().uint8).numpy()
