@@ -28,14 +28,16 @@ def main():
     p.add_argument("--num-warmup-batches", type=int, default=2)
     p.add_argument("--num-batches-per-iter", type=int, default=5)
     p.add_argument("--num-iters", type=int, default=5)
-    p.add_argument("--use-adasum", action="store_true", help="(not implemented in hvdlite)")
+    p.add_argument("--use-adasum", action="store_true",
+                   help="reduce with Adasum (power-of-two ranks; no learning-rate scaling)")
     args = p.parse_args()
 
     hvd.init()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     torch.manual_seed(42)
     model = ResNetish(num_classes=1000, width=args.width)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    # Adasum combines the ranks' updates adaptively, so the learning rate is not scaled
+    opt = torch.optim.SGD(model.parameters(), lr=0.01 * (1 if args.use_adasum else hvd.size()))
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression,

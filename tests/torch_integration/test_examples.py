@@ -29,6 +29,16 @@ def test_synthetic_benchmark_runs(tmp_path):
     assert re.search(r"Total img/sec on 2 rank\(s\): [0-9.]+", out), out[-3000:]
 
 
+@pytest.mark.timeout(120)
+def test_synthetic_benchmark_with_adasum(tmp_path):
+    rc, out = launch(REPO / "examples" / "pytorch_synthetic_benchmark.py",
+                     ["--batch-size", "4", "--image-size", "32", "--width", "8",
+                      "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                      "--num-iters", "2", "--use-adasum"], timeout_s=110)
+    assert rc == 0, out[-4000:]
+    assert re.search(r"Total img/sec on 2 rank\(s\): [0-9.]+", out), out[-3000:]
+
+
 @pytest.mark.timeout(150)
 def test_training_step_benchmark_smoke(tmp_path):
     js = tmp_path / "ts.json"
