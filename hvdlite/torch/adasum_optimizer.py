@@ -27,9 +27,10 @@ import torch
 
 from hvdlite.common import basics
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.optimizer_hooks import _HookedOptimizer
 
 
-class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+class _DistributedAdasumOptimizer(_HookedOptimizer):
     """Mixin placed in front of the user's optimizer class; never instantiated directly."""
 
     def _hvd_adasum_setup(self, names: Dict[torch.Tensor, str], compression,
@@ -144,24 +145,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hvd_handles.clear()
         for p in self._hvd_params:
             self._hvd_delay[p] = self._hvd_bpps
-
-    def set_backward_passes_per_step(self, passes: int):
-        """Change how many backward passes accumulate before the local step and reduction."""
-        if passes < 1:
-            raise ValueError(f"backward_passes_per_step={passes} must be >= 1")
-        self._hvd_bpps = int(passes)
-        for p in self._hvd_params:
-            self._hvd_delay[p] = self._hvd_bpps
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        return self._hvd_bpps
-
-    def remove_hooks(self):
-        """Detach this optimizer's gradient hooks (it no longer reduces updates)."""
-        for h in self._hvd_hook_handles:
-            h.remove()
-        self._hvd_hook_handles = []
 
 
 def _make_hook(opt_ref, token, owner_attr: str):

@@ -41,6 +41,7 @@ import torch
 
 from hvdlite.common import basics
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.optimizer_hooks import _HookedOptimizer
 from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hvdlite.torch.compression import Compression
 
@@ -129,7 +130,7 @@ def _param_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
     return {p: by_id[id(p)][0] for p in opt_params}
 
 
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _DistributedOptimizer(_HookedOptimizer):
     """Mixin placed in front of the user's optimizer class; never instantiated directly."""
 
     # -- construction -----------------------------------------------------------------
@@ -492,24 +493,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         p.grad.zero_()
         for p in self._hvd_params:
             self._hvd_delay[p] = self._hvd_bpps
-
-    def set_backward_passes_per_step(self, passes: int):
-        """Change how many backward passes accumulate before the reduction."""
-        if passes < 1:
-            raise ValueError(f"backward_passes_per_step={passes} must be >= 1")
-        self._hvd_bpps = int(passes)
-        for p in self._hvd_params:
-            self._hvd_delay[p] = self._hvd_bpps
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        return self._hvd_bpps
-
-    def remove_hooks(self):
-        """Detach this optimizer's gradient hooks (it no longer reduces gradients)."""
-        for h in self._hvd_hook_handles:
-            h.remove()
-        self._hvd_hook_handles = []
 
 
 def _make_hook(opt_ref, token):

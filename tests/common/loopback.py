@@ -15,8 +15,11 @@ import numpy as np
 import torch
 
 from hvdlite.common.backend.base import Backend
+from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.message import ReduceOp
+from hvdlite.common.recorder import NULL
+from hvdlite.common.runtime import Runtime
 
 _REDUCE = {ReduceOp.SUM: lambda s: torch.stack(s).sum(0),
            ReduceOp.MIN: lambda s: torch.stack(s).min(0).values,
@@ -104,3 +107,44 @@ class LoopbackBackend(Backend):
     def crash(self):
         """Simulate this rank dying: every peer's pending collective fails."""
         self.hub.barrier.abort()
+
+
+# -- runtimes as threads over the loopback backend (layer-2 tests) ----------------------------
+def start_runtimes(size, recorders=None, **config):
+    """One started Runtime per rank over one Hub; returns ``(hub, runtimes)``."""
+    hub = Hub(size)
+    recorders = recorders or [NULL] * size
+    rts = [Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r), recorders[r])
+           for r in range(size)]
+    for rt in rts:
+        rt.start()
+    return hub, rts
+
+
+def stop_runtimes(rts):
+    for rt in rts:
+        rt.stop(10)
+    assert not any(rt.running() for rt in rts)
+
+
+def wait(handle):
+    assert handle.wait(20), "operation did not complete"
+    return handle.value()
+
+
+def on_every_rank(rts, fn):
+    """Run fn(rank, runtime) on one thread per rank; re-raise the first failure with its rank."""
+    errors = []
+
+    def body(r):
+        try:
+            fn(r, rts[r])
+        except BaseException as exc:       # reported below, with the rank
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(rts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, f"rank {errors[0][0]} failed: {errors[0][1]!r}"

@@ -9,12 +9,12 @@ import torch
 
 from hvdlite.common import adasum
 from hvdlite.common.backend.local import LocalBackend
-from hvdlite.common.config import Config
 from hvdlite.common.message import OpType, ReduceOp, Request
-from hvdlite.common.runtime import Runtime
 from hvdlite.common.tensor_queue import Entry, Handle
 from tests.common.adasum_reference import pair, tolerance, tree
-from tests.common.loopback import Hub, LoopbackBackend
+from tests.common.loopback import Hub, LoopbackBackend, on_every_rank, wait
+from tests.common.loopback import start_runtimes as start
+from tests.common.loopback import stop_runtimes as stop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,19 +159,6 @@ def test_block_allreduce_sums_within_aligned_blocks():
 
 
 # -- layer 2: through the runtime --------------------------------------------------------------
-def start(size, **config):
-    hub = Hub(size)
-    rts = [Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r))
-           for r in range(size)]
-    for rt in rts:
-        rt.start()
-    return hub, rts
-
-
-def stop(rts):
-    for rt in rts:
-        rt.stop(10)
-    assert not any(rt.running() for rt in rts)
 
 
 def submit(rt, tensors, names, pre=1.0, post=1.0):
@@ -185,28 +172,6 @@ def submit(rt, tensors, names, pre=1.0, post=1.0):
         handles.append(h)
     rt.enqueue(entries)
     return handles
-
-
-def wait(handle):
-    assert handle.wait(20), "operation did not complete"
-    return handle.value()
-
-
-def on_every_rank(rts, fn):
-    errors = []
-
-    def body(r):
-        try:
-            fn(r, rts[r])
-        except BaseException as exc:       # reported below, with the rank
-            errors.append((r, exc))
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(rts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, f"rank {errors[0][0]} failed: {errors[0][1]!r}"
 
 
 def test_runtime_fuses_adasum_tensors_and_applies_the_rule_per_tensor():

@@ -9,32 +9,16 @@ import threading
 import pytest
 import torch
 
-from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError, HvdliteMismatchError
 from hvdlite.common.message import JOIN_NAME, OpType, ReduceOp, Request
-from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, NULL,
-                                     QUEUED, Recorder)
-from hvdlite.common.runtime import Runtime
+from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, QUEUED,
+                                     Recorder)
 from hvdlite.common.tensor_queue import Entry, Handle
-from tests.common.loopback import Hub, LoopbackBackend
+from tests.common.loopback import on_every_rank, wait
+from tests.common.loopback import start_runtimes as start
+from tests.common.loopback import stop_runtimes as stop
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def start(size, recorders=None, **config):
-    hub = Hub(size)
-    recorders = recorders or [NULL] * size
-    rts = [Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r), recorders[r])
-           for r in range(size)]
-    for rt in rts:
-        rt.start()
-    return hub, rts
-
-
-def stop(rts):
-    for rt in rts:
-        rt.stop(10)
-    assert not any(rt.running() for rt in rts)
 
 
 def allreduce(rt, name, tensor, op=ReduceOp.SUM):
@@ -42,29 +26,6 @@ def allreduce(rt, name, tensor, op=ReduceOp.SUM):
     rt.enqueue([Entry(Request(name, OpType.ALLREDUCE, "float32", tuple(tensor.shape),
                               reduce_op=int(op)), tensor, tensor, handle, 0)])
     return handle
-
-
-def wait(handle):
-    assert handle.wait(20), "operation did not complete"
-    return handle.value()
-
-
-def on_every_rank(rts, fn):
-    """Run fn(rank, runtime) on one thread per rank; re-raise the first failure."""
-    errors = []
-
-    def body(r):
-        try:
-            fn(r, rts[r])
-        except BaseException as exc:       # reported below, with the rank
-            errors.append((r, exc))
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(rts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, f"rank {errors[0][0]} failed: {errors[0][1]!r}"
 
 
 def test_different_submission_orders_give_the_same_results():
