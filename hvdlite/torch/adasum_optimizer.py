@@ -58,15 +58,7 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
     # -- one parameter: local step, then the reduction of its delta ----------------------
 
     def _hvd_grad_ready(self, p: torch.Tensor):
-        left = self._hvd_delay[p] - 1
-        if left < 0:
-            raise RuntimeError(
-                f"DistributedOptimizer(op=Adasum): the gradient of {self._hvd_names[p]!r} was "
-                f"computed more than backward_passes_per_step={self._hvd_bpps} times before "
-                "optimizer.step(); raise backward_passes_per_step or call step() after each "
-                "accumulation window")
-        self._hvd_delay[p] = left
-        if left == 0:
+        if self._hvd_count_pass(p, "DistributedOptimizer(op=Adasum)"):
             self._hvd_launch(p)
 
     def _hvd_launch(self, p: torch.Tensor):

@@ -278,15 +278,7 @@ class _DistributedOptimizer(_HookedOptimizer):
     # -- hooks ---------------------------------------------------------------------------
 
     def _hvd_grad_ready(self, p: torch.Tensor):
-        left = self._hvd_delay[p] - 1
-        if left < 0:
-            raise RuntimeError(
-                f"DistributedOptimizer: the gradient of {self._hvd_names[p]!r} was computed more "
-                f"than backward_passes_per_step={self._hvd_bpps} times before optimizer.step() or "
-                "optimizer.synchronize(); raise backward_passes_per_step or call step() after "
-                "each accumulation window")
-        self._hvd_delay[p] = left
-        if left > 0:
+        if not self._hvd_count_pass(p, "DistributedOptimizer"):
             return
         if self._hvd_mode == "buckets":
             b, j = self._hvd_bucket_of[p]

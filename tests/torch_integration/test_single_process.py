@@ -43,13 +43,9 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
 
 
-def test_one_rank_matches_plain_training():
-    ref = _model()
-    model = _model()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters())
-    for i in range(3):
+def _train_alike(ref, ref_opt, model, opt, steps=3):
+    """Train both on the same batches; the wrapped model must end equal to the plain one."""
+    for i in range(steps):
         x = torch.randn(5, 4, generator=torch.Generator().manual_seed(i))
         for m, o in ((ref, ref_opt), (model, opt)):
             o.zero_grad()
@@ -57,6 +53,15 @@ def test_one_rank_matches_plain_training():
             o.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_one_rank_matches_plain_training():
+    ref = _model()
+    model = _model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters())
+    _train_alike(ref, ref_opt, model, opt)
 
 
 def test_grads_are_bucket_views():
@@ -88,14 +93,7 @@ def test_adasum_on_one_rank_is_plain_training():
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                named_parameters=model.named_parameters(), op=hvd.Adasum)
-    for i in range(3):
-        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(i))
-        for m, o in ((ref, ref_opt), (model, opt)):
-            o.zero_grad()
-            m(x).pow(2).mean().backward()
-            o.step()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
+    _train_alike(ref, ref_opt, model, opt)
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
                              gradient_predivide_factor=2.0)
