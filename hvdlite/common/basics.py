@@ -64,7 +64,7 @@ def _run_reset_hooks() -> None:
     _STATE.reset_hooks[:] = alive
 
 
-def _make_backend(config: Config):
+def _make_backend(config: Config, comm=None):
     choice = config.cpu_operations
     if not choice:
         if launched_by_mpi() and mpi_available():
@@ -75,17 +75,23 @@ def _make_backend(config: Config):
             choice = "local"
     if choice == "mpi":
         from hvdlite.common.backend.mpi import MPIBackend
-        return MPIBackend(config)
+        return MPIBackend(config, comm)
+    if comm is not None:
+        raise ValueError(f"hvd.init(comm=...) chooses MPI processes, but this job runs "
+                         f"{choice!r} (start it with hvdlite-run --mpi or mpiexec; under Gloo "
+                         f"use process sets for subsets of ranks)")
     if choice == "gloo" and (config.size > 1 or config.rendezvous_addr is not None):
         from hvdlite.common.backend.gloo import GlooBackend
         return GlooBackend(config, _STATE.last_round)
     return LocalBackend(config)
 
 
-def init(config: Optional[Config] = None, recorder: Recorder = NULL) -> None:
+def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) -> None:
     """Start the runtime (idempotent while initialized).
 
     ``recorder`` receives the background thread's phase boundaries (default: none).
+    ``comm`` (MPI only) picks the job's processes: an mpi4py communicator or a list of
+    MPI_COMM_WORLD ranks.
     """
     with _STATE.lock:
         if _STATE.runtime is not None and _STATE.runtime.running():
@@ -95,7 +101,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL) -> None:
         config = config or Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
         _run_reset_hooks()
-        backend = _make_backend(config)
+        backend = _make_backend(config, comm)
         config = config.replace(rank=backend.rank, size=backend.size,
                                 local_rank=backend.local_rank, local_size=backend.local_size,
                                 cross_rank=backend.cross_rank, cross_size=backend.cross_size)

@@ -56,6 +56,8 @@ STALL_CHECK_DISABLE = "HVDLITE_STALL_CHECK_DISABLE"
 STALL_CHECK_WARNING_TIME = "HVDLITE_STALL_CHECK_TIME_SECONDS"
 STALL_CHECK_SHUTDOWN_TIME = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
 LOG_LEVEL = "HVDLITE_LOG_LEVEL"
+#: "1": process sets may be added and removed while the job runs (hvd.add_process_set)
+DYNAMIC_PROCESS_SETS = "HVDLITE_DYNAMIC_PROCESS_SETS"
 
 # --- hvdlite.run (set by ``hvdlite.run`` for the workers it starts) ---
 #: hex key of the function service; travels like the job key, never on a command line
@@ -94,6 +96,7 @@ HOROVOD_FALLBACKS: Dict[str, str] = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": STALL_CHECK_WARNING_TIME,
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": STALL_CHECK_SHUTDOWN_TIME,
     "HOROVOD_LOG_LEVEL": LOG_LEVEL,
+    "HOROVOD_DYNAMIC_PROCESS_SETS": DYNAMIC_PROCESS_SETS,
     # Horovod bounds each Gloo operation by this; hvdlite's op timeout is the same bound
     "HOROVOD_GLOO_TIMEOUT_SECONDS": OP_TIMEOUT,
     # hvdlite has one choice (Gloo or MPI) where Horovod has two (operations, controller)
@@ -127,7 +130,6 @@ HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": (_ON, _FLAT),
     "HOROVOD_HIERARCHICAL_ALLGATHER": (_ON, _FLAT),
     "HOROVOD_TORUS_ALLREDUCE": (_ON, _FLAT),
-    "HOROVOD_DYNAMIC_PROCESS_SETS": (_ON, "hvdlite has only the global process set"),
     "HOROVOD_DISABLE_GROUP_FUSION": (
         _ON, "hvdlite fuses grouped tensors like any others; keeping groups apart is not "
              "implemented"),
@@ -247,6 +249,8 @@ class Config:
     #: 0 means never fail on a stall, only warn.
     stall_check_shutdown_time_s: float = 0.0
     log_level: str = "WARNING"
+    #: process sets may be added / removed after init (Horovod's dynamic process sets)
+    dynamic_process_sets: bool = False
 
     def __post_init__(self):
         if self.size < 1:
@@ -349,6 +353,7 @@ _FROM_ENV = {
     "inplace_threshold_bytes": (INPLACE_THRESHOLD, int), "cycle_time_ms": (CYCLE_TIME, float),
     "cache_capacity": (CACHE_CAPACITY, int), "op_timeout_s": (OP_TIMEOUT, float),
     "start_timeout_s": (START_TIMEOUT, float), "stall_check": (STALL_CHECK_DISABLE, bool),
+    "dynamic_process_sets": (DYNAMIC_PROCESS_SETS, bool),
     "stall_check_warning_time_s": (STALL_CHECK_WARNING_TIME, float),
     "stall_check_shutdown_time_s": (STALL_CHECK_SHUTDOWN_TIME, float),
     "log_level": (LOG_LEVEL, str),

@@ -15,12 +15,19 @@ rank must issue them in the same order; the numbering restarts at every
 """
 
 import itertools
+import json
 import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 from hvdlite.common import basics
+from hvdlite.common import process_sets as _sets
 from hvdlite.common.basics import _STATE       # read on the hot path without a call
+from hvdlite.common import config as cfg
+from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
+from hvdlite.common.fusion import lazy_torch
+from hvdlite.common.process_sets import ProcessSet, global_process_set  # noqa: F401
+from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.fusion import DTYPE_NAMES, dtype_name
 from hvdlite.common.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
 from hvdlite.common.tensor_queue import Entry, Handle
@@ -39,51 +46,34 @@ _OPS_WITHOUT_AVERAGE = {None: Average, Average: Average, Sum: Sum, Min: Min, Max
                         Product: Product}
 
 
-class _GlobalProcessSet:
-    """All ranks; the only process set so far."""
-
-    process_set_id = 0
-
-    def size(self) -> int:
-        return basics.size()
-
-    def rank(self) -> int:
-        return basics.rank()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self):
-        return "global_process_set"
-
-
-global_process_set = _GlobalProcessSet()
-
-
 # -- names -------------------------------------------------------------------------------------
-_counters: Dict[OpType, "itertools.count"] = {}
+_counters: Dict[tuple, "itertools.count"] = {}
 _counter_lock = threading.Lock()
 
 
 def _reset_names() -> None:
     with _counter_lock:
         _counters.clear()
-        _counters.update({op: itertools.count() for op in OpType})
 
 
-_reset_names()
 basics.register_reset_hook(_reset_names)
 
 
-def auto_name(op: OpType) -> str:
+def auto_name(op: OpType, set_id: int = 0) -> str:
+    """The next automatic name of ``op`` in a process set (numbered per set: a rank outside
+    a set does not advance that set's numbering)."""
     with _counter_lock:
-        return f"{op.name.lower()}.noname.{next(_counters[op])}"
+        counter = _counters.get((set_id, op))
+        if counter is None:
+            counter = _counters[(set_id, op)] = itertools.count()
+        return f"{op.name.lower()}.noname.{next(counter)}"
 
 
-def op_names(op: OpType, name: Optional[str], count: int, grouped: bool) -> List[str]:
+def op_names(op: OpType, name: Optional[str], count: int, grouped: bool,
+             set_id: int = 0) -> List[str]:
     """The request names of one call: ``name`` (or an automatic one), ``.i``-suffixed
     per tensor when the call is grouped."""
-    base = name if name is not None else auto_name(op)
+    base = name if name is not None else auto_name(op, set_id)
     if not grouped:
         return [base]
     return [f"{base}.{i}" for i in range(count)]
@@ -132,18 +122,46 @@ def reduce_op(average, op, name: str) -> ReduceOp:
     return op
 
 
-def check_process_set(process_set) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("hvdlite supports only the global process set so far")
+def _runtime(process_set):
+    """(runtime, set id) of the set ``process_set`` names (None: the global set)."""
+    if process_set is None or process_set is global_process_set:
+        return basics.runtime(), 0
+    return _sets.runtime_of(process_set), process_set.process_set_id
 
 
-def check_root(root_rank, name: str) -> int:
+def process_set_rank(process_set=None) -> int:
+    """This rank's position in ``process_set`` (its rank in the job for the global set).
+
+    Raises:
+        ValueError: not registered, or this rank is not a member.
+    """
+    return _runtime(process_set)[0].rank
+
+
+def process_set_size(process_set=None) -> int:
+    """How many ranks ``process_set`` has (the job's size for the global set)."""
+    return _runtime(process_set)[0].size
+
+
+def check_root(root_rank, name: str, runtime=None) -> int:
+    """``root_rank`` (a rank of the job) as a rank of the set ``runtime`` serves.
+
+    Raises:
+        ValueError: not a rank of the job, or not a member of the set.
+    """
+    runtime = runtime or basics.runtime()
+    ranks = runtime.ranks
     n = basics.size()
     if not isinstance(root_rank, int) or isinstance(root_rank, bool) or \
             not 0 <= root_rank < n:
         raise ValueError(f"broadcast of tensor {name!r}: root_rank={root_rank!r} is not a rank "
                          f"of this job (0..{n - 1})")
-    return root_rank
+    if len(ranks) == n:
+        return root_rank
+    if root_rank not in ranks:
+        raise ValueError(f"broadcast of tensor {name!r}: root_rank={root_rank} is not a member "
+                         f"of the process set (ranks {ranks})")
+    return ranks.index(root_rank)
 
 
 def _check_has_rows(buf, name: str, op: OpType) -> None:
@@ -154,8 +172,9 @@ def _check_has_rows(buf, name: str, op: OpType) -> None:
 
 # -- submission --------------------------------------------------------------------------------
 def _submit(op: OpType, buffers: Sequence, names: Sequence[str], outputs: Sequence,
-            finish: Optional[Callable[[list], object]] = None, **fields) -> Handle:
-    runtime = basics.runtime()
+            finish: Optional[Callable[[list], object]] = None, runtime=None,
+            **fields) -> Handle:
+    runtime = runtime or basics.runtime()
     handle = Handle(len(buffers), finish)
     handle.names = list(names)
     entries = []
@@ -200,43 +219,44 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
 def allreduce_async(buffers: Sequence, outputs: Sequence, name: Optional[str], grouped: bool,
                     op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
                     process_set=None, finish=None) -> Handle:
-    """Reduce each buffer over all ranks into its output (which may be the buffer itself)."""
-    check_process_set(process_set)
-    if not grouped:
+    """Reduce each buffer over the set's ranks into its output (which may be the buffer
+    itself)."""
+    if not grouped and (process_set is None or process_set is global_process_set):
         return allreduce_one(buffers[0], outputs[0], name, op, prescale, postscale, finish)
-    names = op_names(OpType.ALLREDUCE, name, len(buffers), grouped)
+    runtime, set_id = _runtime(process_set)
+    names = op_names(OpType.ALLREDUCE, name, len(buffers), grouped, set_id)
     for buf, nm in zip(buffers, names):
         _check_reducible(buffer_dtype(buf, nm, OpType.ALLREDUCE), op, nm)
-    return _submit(OpType.ALLREDUCE, buffers, names, outputs, finish, reduce_op=int(op),
-                   prescale=float(prescale), postscale=float(postscale))
+    return _submit(OpType.ALLREDUCE, buffers, names, outputs, finish, runtime,
+                   reduce_op=int(op), prescale=float(prescale), postscale=float(postscale))
 
 
 def allgather_async(buffers: Sequence, name: Optional[str], grouped: bool,
                     process_set=None, finish=None) -> Handle:
     """Concatenate every rank's buffers along dim 0 (first dimensions may differ)."""
-    check_process_set(process_set)
-    names = op_names(OpType.ALLGATHER, name, len(buffers), grouped)
+    runtime, set_id = _runtime(process_set)
+    names = op_names(OpType.ALLGATHER, name, len(buffers), grouped, set_id)
     for buf, nm in zip(buffers, names):
         _check_has_rows(buf, nm, OpType.ALLGATHER)
-    return _submit(OpType.ALLGATHER, buffers, names, [None] * len(buffers), finish)
+    return _submit(OpType.ALLGATHER, buffers, names, [None] * len(buffers), finish, runtime)
 
 
 def broadcast_async(buffer, output, root_rank, name: Optional[str], process_set=None,
                     finish=None) -> Handle:
     """The root's buffer in ``output`` on every rank (``output`` may be ``buffer``)."""
-    check_process_set(process_set)
-    [nm] = op_names(OpType.BROADCAST, name, 1, False)
-    root = check_root(root_rank, nm)
-    return _submit(OpType.BROADCAST, [buffer], [nm], [output], finish, root=root)
+    runtime, set_id = _runtime(process_set)
+    [nm] = op_names(OpType.BROADCAST, name, 1, False, set_id)
+    root = check_root(root_rank, nm, runtime)
+    return _submit(OpType.BROADCAST, [buffer], [nm], [output], finish, runtime, root=root)
 
 
 def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
                    process_set=None) -> Handle:
     """Send ``splits[r]`` rows to rank r; the result is ``(rows received, received splits)``."""
-    check_process_set(process_set)
-    [nm] = op_names(OpType.ALLTOALL, name, 1, False)
+    runtime, set_id = _runtime(process_set)
+    [nm] = op_names(OpType.ALLTOALL, name, 1, False, set_id)
     _check_has_rows(buffer, nm, OpType.ALLTOALL)
-    n = basics.size()
+    n = runtime.size
     rows = buffer.shape[0]
     if splits is None:
         if rows % n:
@@ -248,22 +268,24 @@ def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
         if len(split_list) != n or any(s < 0 for s in split_list) or sum(split_list) != rows:
             raise ValueError(f"alltoall of tensor {nm!r}: splits {split_list} must have {n} "
                              f"non-negative entries summing to the first dimension {rows}")
-    return _submit(OpType.ALLTOALL, [buffer], [nm], [None], splits=tuple(split_list))
+    return _submit(OpType.ALLTOALL, [buffer], [nm], [None], None, runtime,
+                   splits=tuple(split_list))
 
 
 def reducescatter_async(buffers: Sequence, op: ReduceOp, name: Optional[str], grouped: bool,
                         prescale: float = 1.0, postscale: float = 1.0, process_set=None,
                         finish=None) -> Handle:
     """Reduce each buffer; each rank gets its slice of dim 0 (earlier ranks get extra rows)."""
-    check_process_set(process_set)
-    names = op_names(OpType.REDUCESCATTER, name, len(buffers), grouped)
+    runtime, set_id = _runtime(process_set)
+    names = op_names(OpType.REDUCESCATTER, name, len(buffers), grouped, set_id)
     if op not in (Average, Sum):
         raise ValueError(f"reducescatter of {names[0]!r}: only hvd.Average and hvd.Sum are "
                          f"supported")
     for buf, nm in zip(buffers, names):
         _check_has_rows(buf, nm, OpType.REDUCESCATTER)
     return _submit(OpType.REDUCESCATTER, buffers, names, [None] * len(buffers), finish,
-                   reduce_op=int(op), prescale=float(prescale), postscale=float(postscale))
+                   runtime, reduce_op=int(op), prescale=float(prescale),
+                   postscale=float(postscale))
 
 
 # -- waiting -----------------------------------------------------------------------------------
@@ -295,10 +317,10 @@ def synchronize(handle: Handle):
     return handle.value()
 
 
-def _control(op: OpType, name: str) -> Handle:
+def _control(op: OpType, name: str, runtime=None) -> Handle:
     handle = Handle(1)
     handle.names = [name]
-    basics.runtime().enqueue([Entry(Request(name, op), None, None, handle, 0)])
+    (runtime or basics.runtime()).enqueue([Entry(Request(name, op), None, None, handle, 0)])
     return handle
 
 
@@ -313,6 +335,160 @@ def join() -> int:
 
 
 def barrier(process_set=None) -> None:
-    """Block until every rank reached the barrier."""
-    check_process_set(process_set)
-    synchronize(_control(OpType.BARRIER, BARRIER_NAME))
+    """Block until every rank of the set (default: the job) reached the barrier."""
+    synchronize(_control(OpType.BARRIER, BARRIER_NAME, _runtime(process_set)[0]))
+
+
+# -- process sets ------------------------------------------------------------------------------
+#: names of the job-wide exchanges that agree on a change of process sets
+_AGREE_NAME = "hvdlite.process_sets"
+
+
+def _set_ranks_seen_here(ps: ProcessSet) -> Optional[List[int]]:
+    """The ranks this process says ``ps`` has; None when it cannot know (a communicator
+    this process is not in)."""
+    if ps.mpi_comm is None:
+        return list(ps.ranks)
+    backend = basics.runtime().backend
+    if not hasattr(backend, "job_ranks_of"):
+        raise ValueError(f"a ProcessSet made from an MPI communicator needs the MPI backend; "
+                         f"this job runs {backend.name!r} (give the ranks as a list)")
+    return sorted(backend.job_ranks_of(ps.mpi_comm)) or None
+
+
+def _agree(kind: str, sets: Sequence[ProcessSet]) -> List[List[int]]:
+    """Check that every rank asks for the same change; returns each set's ranks.
+
+    A collective over the whole job (two allgathers), so every rank reaches the same
+    verdict and raises the same error.
+
+    Raises:
+        ValueError: the ranks asked for different changes, or a set's ranks are not valid.
+    """
+    torch = lazy_torch()
+    me, n = basics.rank(), basics.size()
+    mine = {"kind": kind, "sets": [_set_ranks_seen_here(ps) for ps in sets]}
+    blob = json.dumps(mine).encode()
+    lens = synchronize(allgather_async([torch.tensor([len(blob)], dtype=torch.int64)],
+                                       _AGREE_NAME + ".len", False))
+    width = int(lens.max())
+    row = torch.zeros((1, width), dtype=torch.uint8)
+    row[0, :len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    rows = synchronize(allgather_async([row], _AGREE_NAME + ".data", False))
+    asked = [json.loads(rows[r, :int(lens[r])].numpy().tobytes()) for r in range(n)]
+    shapes = {(a["kind"], len(a["sets"])) for a in asked}
+    if len(shapes) > 1:
+        said = "; ".join(f"rank {r}: {a['kind']} {len(a['sets'])} set(s)"
+                         for r, a in enumerate(asked))
+        raise ValueError(f"rank {me}: the ranks disagree on the process-set change ({said}); "
+                         f"every rank must add and remove the same sets in the same order")
+    agreed = []
+    for i in range(len(sets)):
+        views = {}
+        for r, a in enumerate(asked):
+            if a["sets"][i] is not None:
+                views.setdefault(tuple(a["sets"][i]), []).append(r)
+        if len(views) != 1:
+            said = "; ".join(f"ranks {rs} asked for {list(v)}" for v, rs in views.items()) \
+                or "no rank is a member"
+            raise ValueError(f"rank {me}: {kind} process set: the ranks disagree on its "
+                             f"members ({said})")
+        ranks = list(next(iter(views)))
+        if not ranks or ranks[0] < 0 or ranks[-1] >= n:
+            raise ValueError(f"rank {me}: {kind} process set {ranks}: ranks must be a "
+                             f"non-empty subset of 0..{n - 1}")
+        agreed.append(ranks)
+    return agreed
+
+
+def _dynamic_required(what: str) -> None:
+    if not _sets.dynamic_enabled():
+        twins = " or ".join(f"{t}=1" for t in cfg.horovod_twins(cfg.DYNAMIC_PROCESS_SETS))
+        raise ValueError(f"{what}: dynamic process sets are off; start with "
+                         f"hvd.init(process_sets='dynamic') or set "
+                         f"{cfg.DYNAMIC_PROCESS_SETS}=1 ({twins})")
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Register a process set while the job runs; returns it (with its id).
+
+    A collective: every rank of the job calls it, with the same ranks, in the same order
+    as its other process-set changes.  Needs dynamic process sets.
+
+    Raises:
+        ValueError: dynamic process sets are off, the ranks disagree or are out of range,
+            the set is already registered, or a set with the same ranks exists.
+    """
+    basics.runtime()
+    _dynamic_required("add_process_set")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"add_process_set: {ps!r} is already registered")
+    [ranks] = _agree("add", [ps])
+    if ranks == list(range(basics.size())):
+        raise ValueError(f"add_process_set: ranks {ranks} are the whole job, which is "
+                         f"hvd.global_process_set")
+    existing = _sets.find(ranks)
+    if existing is not None:
+        raise ValueError(f"add_process_set: a process set with ranks {ranks} already exists "
+                         f"({existing!r})")
+    return _sets.register(ps, ranks)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a set added with :func:`add_process_set`; its members' pending operations
+    on it fail.  A collective over the job, like adding.  Returns True once removed.
+
+    Raises:
+        ValueError: dynamic process sets are off, the set is the global one or not
+            registered, or the ranks disagree.
+    """
+    basics.runtime()
+    _dynamic_required("remove_process_set")
+    if _sets.is_global(process_set):
+        raise ValueError("remove_process_set: the global process set cannot be removed")
+    if not isinstance(process_set, ProcessSet) or \
+            process_set not in _sets.registered():
+        raise ValueError(f"remove_process_set: {process_set!r} is not a registered process set")
+    _agree("remove", [process_set])
+    _sets.unregister(process_set)
+    return True
+
+
+def init(comm=None, process_sets=None, *, dynamic_process_sets: Optional[bool] = None,
+         config: Optional[Config] = None, recorder: Recorder = NULL) -> None:
+    """Start hvdlite on this rank, as ``horovod.torch.init``.
+
+    ``comm``: under MPI, the job's processes (an mpi4py communicator, or a list of
+    MPI_COMM_WORLD ranks).  ``process_sets``: :class:`ProcessSet` objects to register now
+    (every rank passes the same), or ``"dynamic"`` to allow :func:`add_process_set` later
+    (as ``dynamic_process_sets=True`` or Horovod's variable for it).
+
+    Raises:
+        ValueError: ``comm`` does not fit the backend, or the sets are not valid.
+    """
+    static = []
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise ValueError(f"hvd.init(process_sets={process_sets!r}): expected a list of "
+                             f"ProcessSet objects or 'dynamic'")
+        dynamic_process_sets = True
+    elif process_sets is not None:
+        static = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets]
+    if basics.is_initialized() and basics.current_runtime().running():
+        return
+    basics.init(config, recorder, comm)
+    if dynamic_process_sets is None:
+        dynamic_process_sets = basics.config().dynamic_process_sets
+    _sets.set_dynamic(dynamic_process_sets)
+    if static:
+        agreed = _agree("add", static)
+        if len({tuple(r) for r in agreed}) != len(agreed):
+            raise ValueError(f"hvd.init(process_sets=...): two sets have the same ranks "
+                             f"({agreed})")
+        for ps, ranks in zip(static, agreed):
+            if ranks != list(range(basics.size())):
+                _sets.register(ps, ranks)
+            else:
+                ps.process_set_id = 0
+                ps.ranks = ranks

@@ -57,10 +57,16 @@ _IDLE_WAIT_S = 0.05
 class Runtime:
     """Owns the queue, the controller, the cache and the backend of one init()."""
 
-    def __init__(self, config: Config, backend, recorder: Recorder = NULL):
+    def __init__(self, config: Config, backend, recorder: Recorder = NULL,
+                 ranks: Optional[List[int]] = None, label: Optional[str] = None):
+        """``ranks`` are the job ranks of a process set's members, in set-rank order (None:
+        the whole job); messages name job ranks through it.  ``label`` names this runtime
+        in messages and its thread."""
         self.config = config
         self.backend = backend
         self.rank, self.size = backend.rank, backend.size
+        self.ranks = list(ranks) if ranks is not None else list(range(self.size))
+        self.label = label or f"rank {self.rank}"
         self.queue = TensorQueue()
         self.controller = Controller(self.size)
         self.cache = ResponseCache(config.cache_capacity)
@@ -84,8 +90,10 @@ class Runtime:
         base = _ALIVE + self.size
         self._vec_len = base + config.cache_capacity
         self._bits_base = base
-        self._thread = threading.Thread(target=self._main, name=f"hvdlite-background-r{self.rank}",
-                                        daemon=True)
+        name = f"hvdlite-background-r{self.ranks[self.rank]}"
+        if ranks is not None:
+            name += f"-set{'-'.join(map(str, self.ranks))}"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # -- user-thread side -----------------------------------------------------------------
     def start(self) -> None:
@@ -157,7 +165,7 @@ class Runtime:
                 err = exc
             else:
                 err = HvdliteInternalError(
-                    f"rank {self.rank}: the background thread failed: "
+                    f"{self.label}: the background thread failed: "
                     f"{type(exc).__name__}: {exc}")
                 err.__cause__ = exc
             log.debug("rank %d: background loop ended with %s", self.rank, err)
@@ -237,10 +245,11 @@ class Runtime:
         if leaving:
             if self.rank not in leaving:
                 err = HvdliteInternalError(
-                    f"rank {self.rank}: rank {leaving[0]} shut down (hvd.shutdown() or exit) "
-                    f"while this rank was still running; pending and later operations fail")
+                    f"{self.label}: rank {self.ranks[leaving[0]]} shut down (hvd.shutdown(), "
+                    f"exit, or removal of the process set) while this rank was still running; "
+                    f"pending and later operations fail")
             else:
-                err = HvdliteInternalError(f"rank {self.rank}: hvdlite was shut down")
+                err = HvdliteInternalError(f"{self.label}: hvdlite was shut down")
             self._fail_all(err)
             return False
 
@@ -347,10 +356,12 @@ class Runtime:
         stalled = self.controller.stalled(every)
         for name in set(self._stall_warned) - {s[0] for s in stalled}:
             del self._stall_warned[name]
+        job = self.ranks
         for name, have, missing, waited in stalled:
             if now - self._stall_warned.get(name, -every) < every:
                 continue                    # reported recently: repeat once per period
             self._stall_warned[name] = now
+            have, missing = [job[r] for r in have], [job[r] for r in missing]
             log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
                         "(waiting %.0fs); one rank may be skipping a collective or running "
                         "different code (--stall-check-shutdown-time-seconds turns this into "

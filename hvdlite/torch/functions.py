@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Tuple
 import cloudpickle
 import torch
 
-from hvdlite.common import basics
+from hvdlite.common import basics, ops, process_sets
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteSerializationError
 from hvdlite.torch import mpi_ops
 
@@ -44,12 +44,14 @@ def _ps_kw(process_set) -> dict:
     return {} if process_set is None else {"process_set": process_set}
 
 
-def _check_root(root_rank: int, what: str):
+def _check_root(root_rank: int, what: str, process_set=None):
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise TypeError(f"{what}: root_rank must be an int, got {type(root_rank).__name__}")
     n = mpi_ops.size()
     if not 0 <= root_rank < n:
         raise ValueError(f"{what}: root_rank={root_rank} is outside 0..{n - 1} (size()={n})")
+    if not process_sets.is_global(process_set) and root_rank not in process_set.ranks:
+        raise ValueError(f"{what}: root_rank={root_rank} is not a member of {process_set!r}")
 
 
 # --- parameters --------------------------------------------------------------------------
@@ -68,7 +70,7 @@ def broadcast_parameters(params, root_rank: int, process_set=None) -> None:
         TypeError: ``params`` is neither of the accepted forms.
         ValueError: a bad ``root_rank``, or duplicate names.
     """
-    _check_root(root_rank, "broadcast_parameters")
+    _check_root(root_rank, "broadcast_parameters", process_set)
     if isinstance(params, dict) or hasattr(params, "items") and callable(params.items):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
     else:
@@ -179,7 +181,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
         HvdliteSerializationError: on every rank, when the root cannot pickle ``obj``.
         HvdliteAuthError: the payload failed verification.
     """
-    _check_root(root_rank, "broadcast_object")
+    _check_root(root_rank, "broadcast_object", process_set)
     name = name or "broadcast_object"
     data, error = None, None
     if mpi_ops.rank() == root_rank:
@@ -202,6 +204,7 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set=None) -> 
     name = name or "allgather_object"
     mine, error = _dumps(obj)
     kw = _ps_kw(process_set)
+    me = ops.process_set_rank(process_set)
     sizes = mpi_ops.allgather(torch.tensor([-len(mine) - 1 if error else len(mine)],
                                            dtype=torch.int64), name=name + ".sizes", **kw)
     data = mpi_ops.allgather(_bytes_to_tensor(mine), name=name + ".data", **kw)
@@ -214,7 +217,7 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set=None) -> 
         if code < 0:
             bad.append(sender)
             messages.append(blob.decode(errors="replace"))
-        elif sender == mpi_ops.rank() and process_set is None:
+        elif sender == me:
             out.append(obj)
         else:
             out.append(pickle.loads(_verify(blob, "allgather_object", sender)))
@@ -283,7 +286,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int, process_set=None) -> No
     Raises:
         ValueError: the ranks' optimizers have different numbers of groups or parameters.
     """
-    _check_root(root_rank, "broadcast_optimizer_state")
+    _check_root(root_rank, "broadcast_optimizer_state", process_set)
     if hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups"):
         optimizer = optimizer.optimizer
     params = [p for g in optimizer.param_groups for p in g["params"]]

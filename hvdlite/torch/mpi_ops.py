@@ -13,11 +13,12 @@ from typing import Optional
 import torch
 
 from hvdlite.common import ops
-from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled, init,
+from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled,
                                    is_homogeneous, is_initialized, local_rank, local_size,
                                    mpi_built, mpi_enabled, rank, shutdown, size)
-from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
-                                global_process_set, poll, synchronize)
+from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
+                                Sum, add_process_set, global_process_set, init, poll,
+                                remove_process_set, synchronize)
 from hvdlite.common.tensor_queue import Handle
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
     "synchronize", "poll", "join",
-    "barrier", "global_process_set",
+    "barrier", "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
 ]
 
 
@@ -378,7 +379,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=None):
         values = synchronize(hv)
         indices = synchronize(hi)
         if ops.reduce_op(None, op, name) == Average:
-            values = values / size()
+            values = values / ops.process_set_size(process_set)
         return torch.sparse_coo_tensor(indices.t(), values, t.shape, check_invariants=True)
 
     return finish
@@ -430,7 +431,7 @@ class _AllgatherGrad(torch.autograd.Function):
         rows = synchronize(allgather_async(torch.tensor([ctx.rows]),
                                            name=_grad_name(ctx.name, "grad.rows"),
                                            process_set=ctx.process_set))
-        offset = int(rows[:rank()].sum())
+        offset = int(rows[:ops.process_set_rank(ctx.process_set)].sum())
         return reduced.narrow(0, offset, ctx.rows), None, None
 
 
@@ -489,7 +490,7 @@ class _GroupedAllgatherGrad(torch.autograd.Function):
         rows = synchronize(allgather_async(torch.tensor([ctx.rows]),
                                            name=_grad_name(ctx.name, "grad.rows"),
                                            process_set=ctx.process_set))
-        offsets = rows[:rank()].sum(0).tolist()
+        offsets = rows[:ops.process_set_rank(ctx.process_set)].sum(0).tolist()
         return (None, None) + tuple(r.narrow(0, int(o), n)
                                     for r, o, n in zip(reduced, offsets, ctx.rows))
 
@@ -528,7 +529,7 @@ class _ReducescatterGrad(torch.autograd.Function):
     def backward(ctx, *grads):
         name, rop, process_set, factor = ctx.args
         if rop == Sum:
-            factor *= size()
+            factor *= ops.process_set_size(process_set)
         scaled = [g.contiguous() * factor if factor != 1.0 else g.contiguous() for g in grads]
         gathered = synchronize(grouped_allgather_async(scaled, _grad_name(name, "grad"),
                                                        process_set))
@@ -547,6 +548,6 @@ def join(device=-1) -> int:
     return ops.join()
 
 
-def barrier(process_set=None) -> None:
-    """Block until every rank reached the barrier."""
+def barrier(process_set=global_process_set) -> None:
+    """Block until every rank of the process set reached the barrier."""
     ops.barrier(process_set)

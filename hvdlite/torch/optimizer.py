@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from hvdlite.common import basics
+from hvdlite.common import basics, ops
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_hooks import _HookedOptimizer
 from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
@@ -413,7 +413,7 @@ class _DistributedOptimizer(_HookedOptimizer):
         scale = self._hvd_prescale * self._hvd_postscale
         if self._hvd_op == mpi_ops.Average:
             ps = self._hvd_process_set
-            n = ps.size() if ps is not None and hasattr(ps, "size") else mpi_ops.size()
+            n = ops.process_set_size(ps)
             scale /= n
         values = values * scale if scale != 1.0 else values
         p.grad = torch.sparse_coo_tensor(indices.t(), values, p.shape,
@@ -550,7 +550,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          "with op=hvd.Adasum (it must be 1)")
     # Horovod's choice: Adasum of one rank is the gradient itself, so a 1-rank job keeps the
     # ordinary wrapper (synchronize/skip_synchronize work there)
-    adasum = op == mpi_ops.Adasum and basics.size() > 1
+    adasum = op == mpi_ops.Adasum and ops.process_set_size(process_set) > 1
     base = optimizer.__class__
     mixin = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
     cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})

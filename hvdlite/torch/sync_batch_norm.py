@@ -14,6 +14,7 @@ In eval mode, or when ``size() == 1``, it behaves exactly like
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from hvdlite.common import ops
 from hvdlite.torch import mpi_ops
 
 __all__ = ["SyncBatchNorm"]
@@ -118,7 +119,7 @@ class SyncBatchNorm(_BatchNorm):
             raise ValueError(
                 f"SyncBatchNorm: input has {input.shape[1]} channels but num_features="
                 f"{self.num_features}")
-        if not self.training or mpi_ops.size() == 1:
+        if not self.training or ops.process_set_size(self.process_set) == 1:
             return super().forward(input)
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.track_running_stats and self.num_batches_tracked is not None:

@@ -50,6 +50,7 @@ def horovod_warnings(caplog):
     ("HOROVOD_CONTROLLER", "mpi", "cpu_operations", "mpi"),
     ("HOROVOD_START_TIMEOUT", "90", "start_timeout_s", 90.0),
     ("HOROVOD_ELASTIC_TIMEOUT", "120", "elastic_timeout_s", 120.0),
+    ("HOROVOD_DYNAMIC_PROCESS_SETS", "1", "dynamic_process_sets", True),
 ])
 def test_horovod_variable_is_a_fallback(horovod, value, field, expected, warnings_seen):
     assert getattr(Config.from_env({horovod: value}), field) == expected
@@ -61,7 +62,8 @@ def test_every_fallback_is_tested_and_maps_to_a_known_variable():
               "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL",
               "HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER",
-              "HOROVOD_START_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"}
+              "HOROVOD_START_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT",
+              "HOROVOD_DYNAMIC_PROCESS_SETS"}
     assert set(cfg.HOROVOD_FALLBACKS) == tested
     assert set(cfg.HOROVOD_FALLBACKS.values()) <= cfg._KNOWN
     assert not set(cfg.HOROVOD_FALLBACKS) & set(cfg.HOROVOD_NO_EFFECT)
@@ -108,7 +110,7 @@ def test_no_effect_variables_are_named_in_one_warning_with_reasons(warnings_seen
     env = {"HOROVOD_TIMELINE": "/tmp/tl.json", "HOROVOD_AUTOTUNE": "1",
            "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_NUM_NCCL_STREAMS": "2",
            "HOROVOD_CPU_OPERATIONS": "ccl", "HOROVOD_THREAD_AFFINITY": "0",
-           "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_MPI_THREADS_DISABLE": "1",
+           "HOROVOD_MPI_THREADS_DISABLE": "1",
            "HOROVOD_BATCH_D2D_MEMCOPIES": "0", "HOROVOD_DISABLE_GROUP_FUSION": "1"}
     c = Config.from_env(env)
     assert c.cpu_operations == ""              # ccl is not honoured: automatic choice
@@ -124,6 +126,12 @@ def test_no_effect_variables_are_named_in_one_warning_with_reasons(warnings_seen
     # init() after shutdown() does not repeat it
     Config.from_env(env)
     assert len(horovod_warnings(warnings_seen)) == 1
+
+
+def test_dynamic_process_sets_follow_horovods_variable():
+    assert not Config.from_env({"HOROVOD_DYNAMIC_PROCESS_SETS": "1",
+                                cfg.DYNAMIC_PROCESS_SETS: "0"}).dynamic_process_sets
+    assert not Config.from_env({}).dynamic_process_sets
 
 
 def test_every_no_effect_variable_has_a_reason():

@@ -137,6 +137,23 @@ class Backend(abc.ABC):
             tensor.add_(incoming)
             distance <<= 1
 
+    def process_set(self, ranks: List[int], set_id: int) -> "Backend":
+        """A new backend whose collectives run among ``ranks`` only (sorted job ranks,
+        this rank among them); its ``rank``/``size`` are the position in ``ranks`` and
+        their number.
+
+        Called on a user thread by every member of the set, with the same arguments, while
+        this backend's own collectives go on in the background thread: it must not use
+        this backend's transport.  ``set_id`` is the same on every member and never reused
+        within one ``init()``.
+
+        Raises:
+            HvdliteTimeoutError: a member did not arrive within the start timeout.
+            HvdliteInternalError: the transport could not connect the members.
+            NotImplementedError: this backend has no process sets.
+        """
+        raise NotImplementedError(f"the {self.name} backend has no process sets")
+
     def newest_round(self) -> int:
         """The newest rendezvous round open for this job; backends without rounds (MPI,
         one rank) return -1 and never see membership change."""

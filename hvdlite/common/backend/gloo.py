@@ -88,6 +88,7 @@ class GlooBackend(Backend):
                 f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
                 f"with hvdlite-run")
         self._timeout_s = config.op_timeout_s
+        self._config = config
         client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
                           timeout_s=config.start_timeout_s)
         self._client = client
@@ -97,9 +98,39 @@ class GlooBackend(Backend):
         self.rank, self.size = place.rank, place.size
         self.local_rank, self.local_size = place.local_rank, place.local_size
         self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
+        self._job_ranks = list(range(self.size))
+        self._who = f"rank {self.rank}"
         # every key of this round (ours and Gloo's) lives under the round's own prefix
         client.prefix = f"{config.job_id}/round{place.round}/"
-        self._await_peers(client, config)
+        self._await_peers(client, config, "reach hvd.init()")
+        self._connect(client, config)
+
+    def process_set(self, ranks, set_id):
+        """A private ProcessGroupGloo among ``ranks``, rendezvoused under the round's
+        ``set<id>/`` prefix of the same authenticated store."""
+        config = self._config
+        sub = object.__new__(GlooBackend)
+        sub._timeout_s = self._timeout_s
+        sub._config = config
+        sub.round = self.round
+        sub._job_ranks = list(ranks)
+        sub.rank, sub.size = ranks.index(self.rank), len(ranks)
+        sub.local_rank, sub.local_size = self.local_rank, self.local_size
+        sub.cross_rank, sub.cross_size = self.cross_rank, self.cross_size
+        sub._who = f"rank {self.rank} (process set {set_id})"
+        client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
+                          timeout_s=config.start_timeout_s)
+        sub._client = client
+        client.prefix = f"{config.job_id}/round{self.round}/set{set_id}/"
+        try:
+            sub._await_peers(client, config, f"add process set {set_id} ({list(ranks)})")
+            sub._connect(client, config)
+        except BaseException:
+            client.close()
+            raise
+        return sub
+
+    def _connect(self, client, config: cfg.Config) -> None:
         store = AuthenticatedStore(client, config.start_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = datetime.timedelta(seconds=config.op_timeout_s)
@@ -112,23 +143,24 @@ class GlooBackend(Backend):
             self.pg = dist.ProcessGroupGloo(store, self.rank, self.size, opts)
         except Exception as exc:
             raise HvdliteInternalError(
-                f"rank {self.rank} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
+                f"{self._who} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
 
     def newest_round(self) -> int:
         """The newest rendezvous round the launcher has opened (may be newer than ours)."""
         return self._client.newest_round()
 
-    def _await_peers(self, client, config: cfg.Config) -> None:
-        """Meet every rank at the store first, so a rank that never calls init() is named."""
+    def _await_peers(self, client, config: cfg.Config, what: str) -> None:
+        """Meet every rank at the store first, so a rank that never arrives is named."""
         client.set(f"arrived/{self.rank}", config.hostname.encode())
         try:
             client.wait([f"arrived/{r}" for r in range(self.size)], config.start_timeout_s)
         except HvdliteTimeoutError:
-            missing = [r for r in range(self.size) if not client.check([f"arrived/{r}"])]
+            missing = [self._job_ranks[r] for r in range(self.size)
+                       if not client.check([f"arrived/{r}"])]
             raise HvdliteTimeoutError(
-                f"rank {self.rank} ({config.hostname}, rendezvous round {self.round}): ranks "
-                f"{missing} did not reach hvd.init() within {config.start_timeout_s:g}s "
-                f"(--start-timeout); they may have failed before init() or be running "
+                f"{self._who} ({config.hostname}, rendezvous round {self.round}): ranks "
+                f"{missing} did not {what} within {config.start_timeout_s:g}s "
+                f"(--start-timeout); they may have failed before it or be running "
                 f"different code") from None
 
     def _run(self, what: str, work) -> None:
@@ -136,7 +168,7 @@ class GlooBackend(Backend):
             work.wait()
         except Exception as exc:
             raise HvdliteInternalError(
-                f"rank {self.rank}: Gloo {what} failed ({exc}); a peer rank has probably "
+                f"{self._who}: Gloo {what} failed ({exc}); a peer rank has probably "
                 f"exited, or stopped responding for longer than --op-timeout-seconds "
                 f"({self._timeout_s:g}s)") from exc
 
@@ -208,12 +240,12 @@ class GlooBackend(Backend):
                 done = work.wait(timeout)
             except Exception as exc:
                 raise HvdliteInternalError(
-                    f"rank {self.rank}: Gloo exchange with rank {peer} failed ({exc}); the "
-                    f"peer has probably exited, or stopped responding for longer than "
+                    f"{self._who}: Gloo exchange with rank {self._job_ranks[peer]} failed "
+                    f"({exc}); the peer has probably exited, or stopped responding for longer than "
                     f"--op-timeout-seconds ({self._timeout_s:g}s)") from exc
             if done is False:
                 raise HvdliteInternalError(
-                    f"rank {self.rank}: Gloo exchange with rank {peer} was aborted")
+                    f"{self._who}: Gloo exchange with rank {self._job_ranks[peer]} was aborted")
 
     def close(self):
         pg, self.pg = getattr(self, "pg", None), None

@@ -40,17 +40,25 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, config):
+    def __init__(self, config, comm=None):
+        """``comm``: the processes of the job -- None for all of MPI_COMM_WORLD, an mpi4py
+        communicator, or a list of MPI_COMM_WORLD ranks (as ``hvd.init(comm=...)``).
+
+        Raises:
+            ValueError: this process is not in ``comm``, or ``comm`` is not one of those.
+        """
         from mpi4py import MPI
         self._MPI = MPI
-        torch = lazy_torch()
-        # dtypes MPI has no reduction for travel as float32 (numpy cannot even view bfloat16)
-        self._widen = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
-        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
-                     ReduceOp.PRODUCT: MPI.PROD}
-        world = MPI.COMM_WORLD
+        self._set_types()
+        world = _job_communicator(MPI, comm)
         self.comm = world.Dup()
+        #: a second duplicate, used only on user threads to make process sets' communicators
+        #: while the background thread works on ``comm``
+        self._admin = world.Dup()
+        if world is not MPI.COMM_WORLD and comm is not None and not hasattr(comm, "Get_group"):
+            world.Free()                          # made from a list of ranks: ours to free
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._who = f"rank {self.rank}"
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         local.Free()
@@ -60,11 +68,57 @@ class MPIBackend(Backend):
         #: block size -> communicator of the aligned block of ranks holding this one (Adasum)
         self._blocks = {}
 
+    def _set_types(self):
+        MPI = self._MPI
+        torch = lazy_torch()
+        # dtypes MPI has no reduction for travel as float32 (numpy cannot even view bfloat16)
+        self._widen = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
+                     ReduceOp.PRODUCT: MPI.PROD}
+
+    def process_set(self, ranks, set_id):
+        """MPI_Comm_create_group over ``ranks`` of the job's communicator: collective over
+        the members only, on the spare duplicate (never the background thread's)."""
+        MPI = self._MPI
+        sub = object.__new__(MPIBackend)
+        sub._MPI = MPI
+        sub._set_types()
+        group = self._admin.Get_group()
+        members = group.Incl(list(ranks))
+        try:
+            comm = self._call("communicator creation for a process set",
+                              self._admin.Create_group, members, set_id)
+        finally:
+            members.Free()
+            group.Free()
+        sub.comm = comm
+        sub._admin = comm.Dup()
+        sub.rank, sub.size = comm.Get_rank(), comm.Get_size()
+        sub._who = f"rank {self.rank} (process set {set_id})"
+        sub.local_rank, sub.local_size = self.local_rank, self.local_size
+        sub.cross_rank, sub.cross_size = self.cross_rank, self.cross_size
+        sub._blocks = {}
+        return sub
+
+    def job_ranks_of(self, comm) -> list:
+        """The job ranks of ``comm``'s processes (``comm`` made from MPI_COMM_WORLD or the
+        job's communicator), in ``comm``'s rank order; [] for MPI.COMM_NULL."""
+        MPI = self._MPI
+        if comm == MPI.COMM_NULL:
+            return []
+        theirs, ours = comm.Get_group(), self.comm.Get_group()
+        try:
+            return [int(r) for r in MPI.Group.Translate_ranks(
+                theirs, list(range(theirs.Get_size())), ours)]
+        finally:
+            theirs.Free()
+            ours.Free()
+
     def _call(self, what, fn, *args):
         try:
             return fn(*args)
         except self._MPI.Exception as exc:
-            raise HvdliteInternalError(f"rank {self.rank}: MPI {what} failed: {exc}") from exc
+            raise HvdliteInternalError(f"{self._who}: MPI {what} failed: {exc}") from exc
 
     def control_allreduce_min(self, vec):
         out = np.empty_like(vec)
@@ -141,12 +195,50 @@ class MPIBackend(Backend):
                     block_comm.Free()
                 except Exception as exc:
                     log.debug("rank %d: freeing a block communicator: %s", self.rank, exc)
+        admin, self._admin = getattr(self, "_admin", None), None
+        if admin is not None:
+            try:
+                admin.Free()
+            except Exception as exc:
+                log.debug("rank %d: freeing the MPI communicator: %s", self.rank, exc)
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
             try:
                 comm.Free()
             except Exception as exc:
                 log.debug("rank %d: freeing the MPI communicator: %s", self.rank, exc)
+
+
+def _job_communicator(MPI, comm):
+    """The communicator whose processes form the job (see :meth:`MPIBackend.__init__`)."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if hasattr(comm, "Get_group"):
+        if comm == MPI.COMM_NULL:
+            raise ValueError(f"rank {MPI.COMM_WORLD.Get_rank()} of MPI_COMM_WORLD: "
+                             f"hvd.init(comm=MPI.COMM_NULL): this process is not in the "
+                             f"communicator, so it cannot join the job")
+        return comm
+    try:
+        ranks = sorted({int(r) for r in comm})
+    except (TypeError, ValueError):
+        raise ValueError(f"hvd.init(comm={comm!r}): expected an mpi4py communicator or a "
+                         f"list of MPI_COMM_WORLD ranks") from None
+    world = MPI.COMM_WORLD
+    me, n = world.Get_rank(), world.Get_size()
+    if not ranks or ranks[0] < 0 or ranks[-1] >= n:
+        raise ValueError(f"hvd.init(comm={list(comm)}): ranks must be in 0..{n - 1} "
+                         f"(MPI_COMM_WORLD has {n} processes)")
+    if me not in ranks:
+        raise ValueError(f"rank {me} of MPI_COMM_WORLD: hvd.init(comm={ranks}) does not "
+                         f"include this process, so it cannot join the job")
+    group = world.Get_group()
+    members = group.Incl(ranks)
+    try:
+        return world.Create_group(members, 0x4856)
+    finally:
+        members.Free()
+        group.Free()
 
 
 def _as_bytes(tensor):
