@@ -222,3 +222,12 @@ def gloo_built() -> bool:
 
 def mpi_built() -> bool:
     return mpi_available()
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with full thread support (MPI_THREAD_MULTIPLE); False off MPI."""
+    if not mpi_enabled():
+        runtime()                           # raises the not-initialized error
+        return False
+    from mpi4py import MPI
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE

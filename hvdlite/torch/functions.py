@@ -30,6 +30,7 @@ import torch
 
 from hvdlite.common import basics, ops, process_sets
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteSerializationError
+from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def _ps_kw(process_set) -> dict:
     return {} if process_set is None else {"process_set": process_set}
 
 
-def _check_root(root_rank: int, what: str, process_set=None):
+def _check_root(root_rank: int, what: str, process_set=global_process_set):
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise TypeError(f"{what}: root_rank must be an int, got {type(root_rank).__name__}")
     n = mpi_ops.size()
@@ -56,7 +57,7 @@ def _check_root(root_rank: int, what: str, process_set=None):
 
 # --- parameters --------------------------------------------------------------------------
 
-def broadcast_parameters(params, root_rank: int, process_set=None) -> None:
+def broadcast_parameters(params, root_rank: int, process_set=global_process_set) -> None:
     """Overwrite ``params`` on every rank with ``root_rank``'s values, in place.
 
     Args:
@@ -169,7 +170,7 @@ def _broadcast_bytes(data: Optional[bytes], failed: bool, root_rank: int, name: 
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
-                     process_set=None) -> Any:
+                     process_set=global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (cloudpickled; signed with the job key).
 
     Args:
@@ -194,7 +195,8 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     return pickle.loads(_verify(blob, "broadcast_object", root_rank))
 
 
-def allgather_object(obj: Any, name: Optional[str] = None, process_set=None) -> List[Any]:
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set=global_process_set) -> List[Any]:
     """Return the list of every rank's ``obj``, indexed by rank (cloudpickled, signed).
 
     Raises:
@@ -274,7 +276,8 @@ def _decode(v, new_tensor):
     return _SKIP
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int, process_set=None) -> None:
+def broadcast_optimizer_state(optimizer, root_rank: int,
+                              process_set=global_process_set) -> None:
     """Give every rank ``root_rank``'s optimizer hyper-parameters and state, in place.
 
     Parameter groups are matched by position and parameters by their position

@@ -15,7 +15,8 @@ import torch
 from hvdlite.common import ops
 from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled,
                                    is_homogeneous, is_initialized, local_rank, local_size,
-                                   mpi_built, mpi_enabled, rank, shutdown, size)
+                                   mpi_built, mpi_enabled, mpi_threads_supported, rank,
+                                   shutdown, size)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init, poll,
                                 remove_process_set, synchronize)
@@ -24,7 +25,8 @@ from hvdlite.common.tensor_queue import Handle
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "gloo_enabled", "mpi_enabled", "gloo_built",
-    "mpi_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "mpi_built", "mpi_threads_supported", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
@@ -113,8 +115,8 @@ def _copy_back_finish(back, single: bool):
 def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postscale_factor,
                    process_set) -> Handle:
     """One tensor: the case an optimizer issues thousands of times per step."""
-    if type(t) is torch.Tensor and process_set is None and t.is_cpu and not t.is_sparse \
-            and t.is_contiguous():
+    if type(t) is torch.Tensor and process_set is global_process_set and t.is_cpu \
+            and not t.is_sparse and t.is_contiguous():
         rop = _OP_OF.get(op) if average is None else None
         if rop is None:
             rop = ops.reduce_op(average, op, name or "allreduce")
@@ -147,21 +149,21 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=None) -> Handle:
+                    postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Start averaging (or summing, ...) ``tensor`` over all ranks; returns a handle."""
     return _allreduce_one(tensor, False, average, name, op, prescale_factor, postscale_factor,
                           process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=None) -> Handle:
+                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place :func:`allreduce_async`: the result lands in ``tensor``."""
     return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
                           process_set)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=None):
+              postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over all ranks and return the result in a new tensor.
 
     ``compression`` (e.g. ``hvd.Compression.fp16``) compresses before sending
@@ -182,27 +184,27 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=None):
+               postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`allreduce`."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None) -> Handle:
+                            postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Reduce a list of tensors as one unit (fused together); one handle for all."""
     return _allreduce_async(list(tensors), False, True, average, name, op, prescale_factor,
                             postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None) -> Handle:
+                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
     return _allreduce_async(list(tensors), True, True, average, name, op, prescale_factor,
                             postscale_factor, process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     ctxs = None
     if compression is not None:
         pairs = [compression.compress(t) for t in tensors]
@@ -219,7 +221,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=None):
+                       postscale_factor=1.0, process_set=global_process_set):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
@@ -230,23 +232,23 @@ def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
                                process_set, list if grouped else None)
 
 
-def allgather_async(tensor, name=None, process_set=None) -> Handle:
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Start concatenating every rank's ``tensor`` along dim 0 (sizes may differ)."""
     return _allgather_async([tensor], False, name, process_set)
 
 
-def allgather(tensor, name=None, process_set=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along dim 0 (differentiable)."""
     if _tracks_grad(tensor):
         return _AllgatherGrad.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
-def grouped_allgather_async(tensors, name=None, process_set=None) -> Handle:
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     return _allgather_async(list(tensors), True, name, process_set)
 
 
-def grouped_allgather(tensors, name=None, process_set=None):
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Concatenate each of ``tensors`` over all ranks along dim 0 (differentiable)."""
     if any(_tracks_grad(t) for t in tensors):
         return list(_GroupedAllgatherGrad.apply(name, process_set, *tensors))
@@ -266,28 +268,28 @@ def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Han
     return ops.broadcast_async(work, out, root_rank, name, process_set, finish)
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start copying the root's ``tensor`` to every rank (into a new tensor)."""
     return _broadcast_async(tensor, root_rank, name, False, process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     return _broadcast_async(tensor, root_rank, name, True, process_set)
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """The root's ``tensor`` on every rank, in a new tensor (differentiable)."""
     if _tracks_grad(tensor):
         return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
-def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Send ``splits[r]`` rows of ``tensor`` to rank r (even splits by default); the handle's
     result is ``(output, received_splits)``."""
     if isinstance(splits, torch.Tensor):
@@ -296,7 +298,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     return ops.alltoall_async(work, splits, name, process_set)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=None):
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """The rows every rank sent to this one, in rank order (differentiable).
 
     Returns the tensor alone when ``splits`` is None, else ``(tensor, received_splits)``,
@@ -317,15 +319,15 @@ def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_facto
                                    list if grouped else None)
 
 
-def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
-                        postscale_factor=1.0) -> Handle:
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Reduce ``tensor``; each rank gets its slice of dim 0 (earlier ranks get extra rows)."""
     return _reducescatter_async([tensor], False, name, op, process_set, prescale_factor,
                                 postscale_factor)
 
 
-def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's slice of the reduction of ``tensor`` over all ranks (differentiable)."""
     ctx = None
     if compression is not None:
@@ -339,14 +341,15 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=N
     return compression.decompress(out, ctx) if compression is not None else out
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     return _reducescatter_async(list(tensors), True, name, op, process_set, prescale_factor,
                                 postscale_factor)
 
 
-def grouped_reducescatter(tensors, name=None, compression=None, op=Average, process_set=None,
-                          prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
     """:func:`reducescatter` of several tensors as one operation (differentiable)."""
     tensors = list(tensors)
     ctxs = None
@@ -364,7 +367,7 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average, proc
     return outs
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=None):
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Reduce a sparse COO tensor by allgathering its indices and values (as Horovod).
 
     Returns a handle for :func:`synchronize`, whose result is the reduced sparse tensor.

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional
 import torch
 
 from hvdlite.common import basics, ops
+from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_hooks import _HookedOptimizer
 from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
@@ -498,7 +499,8 @@ def _make_hook(opt_ref, token):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set,
                          *, bucket_cap_mb: Optional[float] = None):
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 

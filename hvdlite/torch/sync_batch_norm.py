@@ -15,6 +15,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hvdlite.common import ops
+from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 
 __all__ = ["SyncBatchNorm"]
@@ -102,7 +103,8 @@ class SyncBatchNorm(_BatchNorm):
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None, process_set=None):
+                 track_running_stats=True, device=None, dtype=None,
+                 process_set=global_process_set):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype)
         self.process_set = process_set
@@ -132,7 +134,7 @@ class SyncBatchNorm(_BatchNorm):
                                       self.eps, momentum, self.process_set)
 
     @classmethod
-    def convert_sync_batchnorm(cls, module, process_set=None):
+    def convert_sync_batchnorm(cls, module, process_set=global_process_set):
         """Return ``module`` with every ``BatchNorm*d`` replaced by a SyncBatchNorm (same state)."""
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):

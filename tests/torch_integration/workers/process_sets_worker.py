@@ -77,7 +77,7 @@ def check_collectives(even, odd):
 
 
 def check_autograd(even, odd):
-    ps, ranks = _mine(even, odd), _set_ranks()
+    ps = _mine(even, odd)
     x = torch.full((2, 3), float(hvd.rank()), requires_grad=True)
     y = hvd.allgather(x, process_set=ps)
     (y * torch.arange(1.0, 5.0).unsqueeze(1)).sum().backward()
