@@ -50,3 +50,15 @@ def test_training_step_benchmark_smoke(tmp_path):
     data = json.loads(js.read_text())
     for model in ("resnet", "transformer"):
         assert set(data["results"][model]["ms_per_step"]) >= {"local", "hvdlite", "ddp"}
+
+
+@pytest.mark.timeout(120)
+def test_process_sets_example_trains_two_models_at_once():
+    rc, out = launch(REPO / "examples" / "pytorch_process_sets.py", ["--steps", "60"], np=4,
+                     timeout_s=110)
+    assert rc == 0, out[-4000:]
+    first = {int(t): float(v) for t, v in re.findall(r"task (\d) step 0: loss ([0-9.]+)", out)}
+    final = {int(t): float(v) for t, v in re.findall(r"FINAL task (\d) loss ([0-9.]+)", out)}
+    assert set(first) == set(final) == {0, 1}, out[-3000:]
+    for task in (0, 1):                  # each half learned its own function
+        assert final[task] < 0.5 * first[task], (task, first, final)
