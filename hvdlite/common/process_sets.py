@@ -136,7 +136,10 @@ class _Registry:
         for reg in sets.values():
             reg.process_set._invalidate()
             if reg.runtime is not None:
-                _stop(reg.runtime)
+                try:
+                    _stop(reg.runtime)
+                except HvdliteInternalError as exc:   # shutdown goes on: the global runtime
+                    log.warning("%s", exc)             # must still stop
 
 
 _REGISTRY = _Registry()
