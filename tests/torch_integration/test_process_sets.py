@@ -2,6 +2,7 @@
 two disjoint sets training different models at once, overlapping sets, removal and re-add,
 static sets, errors; under MPI also sets made from communicators and init(comm=...)."""
 
+import re
 import subprocess
 import sys
 
@@ -89,3 +90,14 @@ def test_comm_needs_mpi():
     p = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,
                        text=True, timeout=50)
     assert "REFUSED hvd.init(comm=...) chooses MPI processes" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_member_fails_its_set_not_the_others():
+    rc, out = launch(WORKERS / "process_set_failure_worker.py", np=4, timeout_s=100)
+    assert rc == 3, out[-4000:]
+    assert "HIGH_OK rank=2 value=7.0" in out and "HIGH_OK rank=3 value=7.0" in out, out[-4000:]
+    failed = re.search(r"LOW_FAILED after=([0-9.]+)s error=(.*)", out)
+    assert failed, out[-4000:]
+    assert float(failed.group(1)) < 30 and "process set" in failed.group(2), failed.group(0)
+    assert "rank 1" in out and "exited with code 3" in out
