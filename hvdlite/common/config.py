@@ -56,6 +56,8 @@ STALL_CHECK_DISABLE = "HVDLITE_STALL_CHECK_DISABLE"
 STALL_CHECK_WARNING_TIME = "HVDLITE_STALL_CHECK_TIME_SECONDS"
 STALL_CHECK_SHUTDOWN_TIME = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
 LOG_LEVEL = "HVDLITE_LOG_LEVEL"
+#: "0": ranks on one host exchange through Gloo's TCP loopback instead of shared memory
+SHARED_MEMORY = "HVDLITE_SHARED_MEMORY"
 #: "1": process sets may be added and removed while the job runs (hvd.add_process_set)
 DYNAMIC_PROCESS_SETS = "HVDLITE_DYNAMIC_PROCESS_SETS"
 
@@ -114,7 +116,7 @@ _HOROVOD_CONTROLLERS = ("gloo", "mpi")
 _ANY, _ON, _OFF = "any", "on", "off"
 _NO_TIMELINE = "hvdlite has no timeline yet"
 _NO_AUTOTUNE = "hvdlite has no autotuner yet"
-_FLAT = "hvdlite's collectives run flat over all ranks; there is no hierarchical variant"
+_FLAT = "hvdlite has no torus allreduce; its shared-memory path is already hierarchical"
 _CPU_ONLY = "GPU only; hvdlite works on CPU tensors"
 
 #: Horovod's runtime variables that change nothing in hvdlite: name -> (when, why).
@@ -127,8 +129,6 @@ HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": (_ANY, _NO_AUTOTUNE),
     "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": (_ANY, _NO_AUTOTUNE),
     "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_HIERARCHICAL_ALLREDUCE": (_ON, _FLAT),
-    "HOROVOD_HIERARCHICAL_ALLGATHER": (_ON, _FLAT),
     "HOROVOD_TORUS_ALLREDUCE": (_ON, _FLAT),
     "HOROVOD_DISABLE_GROUP_FUSION": (
         _ON, "hvdlite fuses grouped tensors like any others; keeping groups apart is not "
@@ -249,6 +249,8 @@ class Config:
     #: 0 means never fail on a stall, only warn.
     stall_check_shutdown_time_s: float = 0.0
     log_level: str = "WARNING"
+    #: ranks of one host exchange through a shared segment (hierarchical across hosts)
+    shared_memory: bool = True
     #: process sets may be added / removed after init (Horovod's dynamic process sets)
     dynamic_process_sets: bool = False
 
@@ -354,6 +356,7 @@ _FROM_ENV = {
     "cache_capacity": (CACHE_CAPACITY, int), "op_timeout_s": (OP_TIMEOUT, float),
     "start_timeout_s": (START_TIMEOUT, float), "stall_check": (STALL_CHECK_DISABLE, bool),
     "dynamic_process_sets": (DYNAMIC_PROCESS_SETS, bool),
+    "shared_memory": (SHARED_MEMORY, bool),
     "stall_check_warning_time_s": (STALL_CHECK_WARNING_TIME, float),
     "stall_check_shutdown_time_s": (STALL_CHECK_SHUTDOWN_TIME, float),
     "log_level": (LOG_LEVEL, str),

@@ -36,13 +36,16 @@ TUNABLE_FLAGS = {
     "op_timeout_seconds": (cfg.OP_TIMEOUT, str),
     # horovodrun's name for the same bound (HOROVOD_GLOO_TIMEOUT_SECONDS)
     "gloo_timeout_seconds": (cfg.OP_TIMEOUT, str),
+    # horovodrun's hierarchical flags ask for what the shared-memory path does; "false" is
+    # Horovod's default and leaves ours alone (a converter's None sets nothing)
+    "hierarchical_allreduce": (cfg.SHARED_MEMORY, lambda v: "1" if v else None),
+    "hierarchical_allgather": (cfg.SHARED_MEMORY, lambda v: "1" if v else None),
+    # after the hierarchical flags: an explicit --no-shared-memory wins
+    "shared_memory": (cfg.SHARED_MEMORY, lambda v: "1" if v else "0"),
 }
 
 _NO_TIMELINE = "hvdlite does not offer a timeline yet"
 _NO_AUTOTUNE = "hvdlite does not offer autotuning yet"
-_FLAT = ("hvdlite's collectives run flat over all ranks (Gloo or MPI); there is no "
-         "hierarchical (within a host, then across hosts) variant")
-
 #: horovodrun flags for what hvdlite does not do: parsed, so that Horovod users get the
 #: reason instead of argparse's "unrecognized arguments", then refused when the parsed value
 #: asks for the feature (anything but unset or False).  dest -> (flag, reason)
@@ -55,8 +58,6 @@ REFUSED_FLAGS: Dict[str, Tuple[str, str]] = {
     "autotune_steps_per_sample": ("--autotune-steps-per-sample", _NO_AUTOTUNE),
     "autotune_bayes_opt_max_samples": ("--autotune-bayes-opt-max-samples", _NO_AUTOTUNE),
     "autotune_gaussian_process_noise": ("--autotune-gaussian-process-noise", _NO_AUTOTUNE),
-    "hierarchical_allreduce": ("--hierarchical-allreduce", _FLAT),
-    "hierarchical_allgather": ("--hierarchical-allgather", _FLAT),
     "num_nccl_streams": ("--num-nccl-streams",
                          "NCCL is GPU only and hvdlite is a CPU build without NCCL"),
     "thread_affinity": ("--thread-affinity", "hvdlite's background loop is a Python thread "
@@ -75,8 +76,10 @@ NO_OP_FLAGS: Dict[str, str] = {
     "--disable-cache": "hvdlite-run never caches its host checks; every run checks afresh",
     "--tcp": "hvdlite's own traffic (Gloo, control plane) is TCP; in --mpi mode, as with "
              "horovodrun on MPICH and Open MPI, MPI keeps its transport (see --mpi-args)",
-    "--no-hierarchical-allreduce": "hvdlite's allreduce is never hierarchical",
-    "--no-hierarchical-allgather": "hvdlite's allgather is never hierarchical",
+    "--no-hierarchical-allreduce": "Horovod's default; hvdlite's ranks on one host still "
+                                   "share memory (turn that off with --no-shared-memory)",
+    "--no-hierarchical-allgather": "Horovod's default; hvdlite's ranks on one host still "
+                                   "share memory (turn that off with --no-shared-memory)",
     "--no-autotune": "hvdlite does not autotune",
     "--no-timeline-mark-cycles": "hvdlite has no timeline",
     "--no-mpi-threads-disable": "hvdlite keeps MPI's thread support",
@@ -207,10 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a collective may wait on a silent peer before failing")
     t.add_argument("--gloo-timeout-seconds", type=float, metavar="SECONDS",
                    help="horovodrun's name for --op-timeout-seconds")
+    sm = t.add_mutually_exclusive_group()
+    sm.add_argument("--shared-memory", dest="shared_memory", action="store_const", const=True,
+                    help="ranks on one host exchange through shared memory, hierarchically "
+                         "across hosts (the default, Gloo mode)")
+    sm.add_argument("--no-shared-memory", dest="shared_memory", action="store_const",
+                    const=False, help="ranks on one host exchange through Gloo's TCP loopback")
     for kind in ("allreduce", "allgather"):
         hg = t.add_mutually_exclusive_group()
         hg.add_argument(f"--hierarchical-{kind}", action="store_const", const=True,
-                        help=_refused(f"hierarchical_{kind}"))
+                        help=f"horovodrun's flag: {kind} within a host through shared memory, "
+                             f"then across hosts (hvdlite's default in Gloo mode)")
         hg.add_argument(f"--no-hierarchical-{kind}", dest=f"hierarchical_{kind}",
                         action="store_const", const=False,
                         help=_no_op(f"--no-hierarchical-{kind}"))

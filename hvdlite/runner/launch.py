@@ -195,8 +195,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     tunable_env = {}
     for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
-        if value is not None:
-            tunable_env[var] = conv(value)
+        text = conv(value) if value is not None else None
+        if text is not None:
+            tunable_env[var] = text
     if args.mpi:
         controller = "mpi"
     elif args.gloo or elastic:

@@ -108,7 +108,7 @@ def test_env_value_for_the_launcher():
 
 def test_no_effect_variables_are_named_in_one_warning_with_reasons(warnings_seen):
     env = {"HOROVOD_TIMELINE": "/tmp/tl.json", "HOROVOD_AUTOTUNE": "1",
-           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_NUM_NCCL_STREAMS": "2",
+           "HOROVOD_TORUS_ALLREDUCE": "1", "HOROVOD_NUM_NCCL_STREAMS": "2",
            "HOROVOD_CPU_OPERATIONS": "ccl", "HOROVOD_THREAD_AFFINITY": "0",
            "HOROVOD_MPI_THREADS_DISABLE": "1",
            "HOROVOD_BATCH_D2D_MEMCOPIES": "0", "HOROVOD_DISABLE_GROUP_FUSION": "1"}
@@ -117,7 +117,7 @@ def test_no_effect_variables_are_named_in_one_warning_with_reasons(warnings_seen
     [message] = horovod_warnings(warnings_seen)
     assert "HOROVOD_TIMELINE=/tmp/tl.json (hvdlite has no timeline yet)" in message
     assert "HOROVOD_AUTOTUNE=1 (hvdlite has no autotuner yet)" in message
-    assert "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (hvdlite's collectives run flat" in message
+    assert "HOROVOD_TORUS_ALLREDUCE=1 (hvdlite has no torus allreduce" in message
     assert "HOROVOD_NUM_NCCL_STREAMS=2 (NCCL is GPU only" in message
     assert "HOROVOD_CPU_OPERATIONS=ccl (hvdlite runs its collectives through Gloo or MPI" \
         in message

@@ -6,12 +6,14 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 
 import datetime
 import logging
+import os
 
 import torch
 import torch.distributed as dist
 
 from hvdlite.common import config as cfg
-from hvdlite.common.backend.base import Backend, Waitable
+from hvdlite.common.backend import shm
+from hvdlite.common.backend.base import _DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteTimeoutError)
 from hvdlite.common.message import ReduceOp
@@ -104,6 +106,9 @@ class GlooBackend(Backend):
         client.prefix = f"{config.job_id}/round{place.round}/"
         self._await_peers(client, config, "reach hvd.init()")
         self._connect(client, config)
+        self._shm = None
+        self._cross_pg = None
+        self._setup_shared_memory(client, config)
 
     def process_set(self, ranks, set_id):
         """A private ProcessGroupGloo among ``ranks``, rendezvoused under the round's
@@ -118,6 +123,8 @@ class GlooBackend(Backend):
         sub.local_rank, sub.local_size = self.local_rank, self.local_size
         sub.cross_rank, sub.cross_size = self.cross_rank, self.cross_size
         sub._who = f"rank {self.rank} (process set {set_id})"
+        sub._shm = None
+        sub._cross_pg = None
         client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
                           timeout_s=config.start_timeout_s)
         sub._client = client
@@ -130,7 +137,94 @@ class GlooBackend(Backend):
             raise
         return sub
 
+    # -- shared memory ----------------------------------------------------------------------
+    def _setup_shared_memory(self, client, config: cfg.Config) -> None:
+        """Use a shared segment between this host's ranks when every rank can.
+
+        Every rank reaches the same verdict (two MIN-allreduces): first whether the job's
+        layout allows it (enabled, several ranks on every host, the same number on each),
+        then whether every host's segment was made and mapped.  Otherwise the job runs
+        over Gloo alone, as before."""
+        layout = config.shared_memory and self.local_size > 1 and \
+            self.size == self.local_size * self.cross_size and shm.available()
+        if not self._agree(layout, "shared-memory layout"):
+            return
+        group = None
+        try:
+            group = self._open_segment(client, config)
+        except Exception as exc:  # e.g. /dev/shm full: every rank falls back to Gloo
+            log.warning("%s: shared memory between local ranks unavailable (%s); using Gloo "
+                        "alone", self._who, exc)
+        if not self._agree(group is not None, "shared-memory set-up"):
+            if group is not None:
+                group.close()
+            return
+        self._shm = group
+        if self.cross_size > 1:
+            # the hosts' slices meet among the ranks with this local rank
+            cross = KVClient((config.rendezvous_addr, config.rendezvous_port),
+                             config.secret_key, timeout_s=config.start_timeout_s)
+            cross.prefix = f"{config.job_id}/round{self.round}/cross{self.local_rank}/"
+            self._cross_client = cross
+            self._cross_pg = self._make_pg(cross, config, self.cross_rank, self.cross_size)
+        log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
+                  "hierarchical" if self._cross_pg is not None else "one host")
+
+    def _agree(self, flag: bool, what: str) -> bool:
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self._run(what, self.pg.allreduce([t], _min_opts()))
+        return bool(t.item())
+
+    def _open_segment(self, client, config: cfg.Config):
+        """Local rank 0 creates the host's segment, the others map it, and once all have,
+        its name is removed (the memory lives until the last of them exits)."""
+        tag = f"shm/{config.hostname}/{self.cross_rank}/"
+        name = shm.segment_name(config.job_id, config.secret_key or b"", self.round,
+                                self.cross_rank)
+        path = os.path.join(shm.SHM_DIR, name)
+        slot = shm.slot_bytes_for(config.fusion_chunk_bytes)
+        wait_s = config.start_timeout_s
+        if self.local_rank == 0:
+            try:
+                group = shm.SharedMemoryGroup.create(path, self.local_size, slot, [],
+                                                     self._timeout_s)
+            except Exception:
+                client.set(tag + "created", b"0")
+                raise
+            client.set(tag + "created", b"1")
+        else:
+            client.wait([tag + "created"], wait_s)
+            if client.get(tag + "created") != b"1":
+                raise HvdliteInternalError("local rank 0 could not create the segment")
+            group = shm.SharedMemoryGroup.attach(path, self.local_rank, self.local_size, slot,
+                                                 [], self._timeout_s)
+        client.set(tag + f"attached/{self.local_rank}", str(self.rank).encode())
+        keys = [tag + f"attached/{r}" for r in range(self.local_size)]
+        try:
+            client.wait(keys, wait_s)
+        finally:
+            if self.local_rank == 0:
+                group.unlink()
+        group.job_ranks = [int(client.get(k)) for k in keys]
+        return group
+
+    def _cross_allreduce(self, part, op) -> None:
+        wide = _WIDEN.get(part.dtype)
+        target = part.to(wide) if wide is not None else part
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE[op]
+        self._run("cross-host allreduce", self._cross_pg.allreduce([target], opts))
+        if wide is not None:
+            part.copy_(target)
+
+    def _one_host_shm(self):
+        """The shared-memory group when it connects every rank of the job (one host)."""
+        return self._shm if self._shm is not None and self.cross_size == 1 else None
+
     def _connect(self, client, config: cfg.Config) -> None:
+        self.pg = self._make_pg(client, config, self.rank, self.size)
+
+    def _make_pg(self, client, config: cfg.Config, rank: int, size: int):
         store = AuthenticatedStore(client, config.start_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = datetime.timedelta(seconds=config.op_timeout_s)
@@ -140,7 +234,7 @@ class GlooBackend(Backend):
         else:
             opts._devices = [dist.ProcessGroupGloo.create_default_device()]
         try:
-            self.pg = dist.ProcessGroupGloo(store, self.rank, self.size, opts)
+            return dist.ProcessGroupGloo(store, rank, size, opts)
         except Exception as exc:
             raise HvdliteInternalError(
                 f"{self._who} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
@@ -174,16 +268,27 @@ class GlooBackend(Backend):
 
     def control_allreduce_min(self, vec):
         t = torch.from_numpy(vec)
+        local = self._one_host_shm()
+        if local is not None:
+            local.allreduce_(t, ReduceOp.MIN)
+            return vec
         self._run("control allreduce", self.pg.allreduce([t], _min_opts()))
         return vec
 
     def _allgather_fixed(self, buf):
+        local = self._one_host_shm()
+        if local is not None and local.fits(buf.size):
+            return local.allgather_fixed(buf)
         src = torch.from_numpy(buf)
         out = torch.empty(self.size * buf.size, dtype=torch.uint8)
         self._run("control allgather", self.pg._allgather_base(out, src))
         return out.numpy()
 
     def allreduce_(self, tensor, op):
+        if self._shm is not None:
+            cross = self._cross_allreduce if self._cross_pg is not None else None
+            self._shm.allreduce_(tensor, op, cross)
+            return
         wide = _WIDEN.get(tensor.dtype)
         target = tensor.to(wide) if wide is not None else tensor
         opts = dist.AllreduceOptions()
@@ -193,6 +298,9 @@ class GlooBackend(Backend):
             tensor.copy_(target)
 
     def allreduce_async_(self, tensor, op):
+        if self._shm is not None:
+            self.allreduce_(tensor, op)
+            return _DONE
         if tensor.dtype in _WIDEN:
             return super().allreduce_async_(tensor, op)
         opts = dist.AllreduceOptions()
@@ -203,6 +311,9 @@ class GlooBackend(Backend):
         width = max(counts) if counts else 0
         if width == 0:
             return [send[:0] for _ in counts]
+        local = self._one_host_shm()
+        if local is not None and local.fits(width):
+            return local.allgather_bytes(send, counts)
         if send.numel() < width:
             padded = torch.zeros(width, dtype=torch.uint8)
             padded[:send.numel()] = send
@@ -213,6 +324,10 @@ class GlooBackend(Backend):
         return [out[r * width:r * width + counts[r]] for r in range(self.size)]
 
     def broadcast_(self, tensor, root):
+        local = self._one_host_shm()
+        if local is not None:
+            local.broadcast_(tensor, root)
+            return
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
@@ -220,6 +335,14 @@ class GlooBackend(Backend):
         self._run("broadcast", self.pg.broadcast([tensor.view(-1).view(torch.uint8)], opts))
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
+        local = self._one_host_shm()
+        if local is not None:
+            # every rank must take the same path, but each knows only its own sends: agree
+            # on the largest first (a few microseconds through the segment)
+            most = torch.tensor([8 * self.size + sum(send_counts)], dtype=torch.int64)
+            local.allreduce_(most, ReduceOp.MAX)
+            if local.fits(int(most.item())):
+                return local.alltoall_bytes(send, send_counts, recv_counts)
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)
         work = self.pg.alltoall_base(out, send, list(recv_counts), list(send_counts),
                                      dist.AllToAllOptions())
@@ -248,6 +371,16 @@ class GlooBackend(Backend):
                     f"{self._who}: Gloo exchange with rank {self._job_ranks[peer]} was aborted")
 
     def close(self):
+        group, self._shm = getattr(self, "_shm", None), None
+        if group is not None:
+            group.close()
+        cross, self._cross_pg = getattr(self, "_cross_pg", None), None
+        if cross is not None:
+            try:
+                cross.shutdown()
+            except Exception as exc:
+                log.debug("rank %d: Gloo shutdown (cross-host group): %s", self.rank, exc)
+            self._cross_client.close()
         pg, self.pg = getattr(self, "pg", None), None
         if pg is not None:
             try:
