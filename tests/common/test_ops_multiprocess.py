@@ -21,6 +21,15 @@ def test_every_op_gloo(tmp_path):
 
 
 @pytest.mark.timeout(240)
+def test_every_op_gloo_without_shared_memory(tmp_path):
+    """The same over Gloo's TCP loopback (what ranks on different hosts use)."""
+    proc = run_job(2, "ops_worker.py", env={"HVD_TEST_DIR": str(tmp_path),
+                                            "HVD_EXPECT_BACKEND": "gloo",
+                                            "HVDLITE_SHARED_MEMORY": "0"})
+    assert_ok(proc, ALL, [0, 1])
+
+
+@pytest.mark.timeout(240)
 def test_every_op_mpi(tmp_path):
     proc = run_job(2, "ops_worker.py", launcher="mpiexec",
                    env={"HVD_TEST_DIR": str(tmp_path), "HVD_EXPECT_BACKEND": "mpi",
@@ -60,7 +69,8 @@ RUNTIME_VARIANTS = {
     # a cache smaller than a step's tensors keeps evicting; ranks must stay consistent
     "tiny_cache": ({"HVDLITE_CACHE_CAPACITY": "7"},
                    ["many_small_tensors", "submission_order", "mismatch_errors"]),
-    "one_gloo_thread": ({"HVDLITE_GLOO_THREADS": "1"}, FUSION_CHECKS),
+    "one_gloo_thread": ({"HVDLITE_GLOO_THREADS": "1", "HVDLITE_SHARED_MEMORY": "0"},
+                        FUSION_CHECKS),
 }
 
 

@@ -144,15 +144,13 @@ class SharedMemoryGroup:
         late = [r for r in range(self.local_size) if self._counters[r] < g]
         for r in late:
             pid = int(self._pids[r])
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if pid <= 0:
+                continue                   # not attached yet: only the timeout applies
+            if _process_gone(pid):
                 raise HvdliteInternalError(
                     f"rank {self.job_ranks[self.local_rank]}: rank {self.job_ranks[r]} (pid "
                     f"{pid}, same host) exited while its local peers waited for it in a "
-                    f"shared-memory collective") from None
-            except PermissionError:
-                pass
+                    f"shared-memory collective")
         if waited > self.timeout_s:
             names = [self.job_ranks[r] for r in late]
             raise HvdliteInternalError(
@@ -260,6 +258,22 @@ class SharedMemoryGroup:
         return out
 
 
+def _process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie not yet reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"Z", b"X")
+
+
 def _combine(torch, acc, other, op: ReduceOp) -> None:
     if op == ReduceOp.SUM:
         if acc.dtype == torch.bool:
@@ -277,8 +291,8 @@ def _combine(torch, acc, other, op: ReduceOp) -> None:
 
 
 def slot_bytes_for(fusion_chunk_bytes: int) -> int:
-    """Slots as big as a pipelined fusion chunk, within 1..64 MiB."""
-    return max(1 << 20, min(int(fusion_chunk_bytes), 64 << 20))
+    """Slots as big as a pipelined fusion chunk (default 16 MiB), within 4 KiB..64 MiB."""
+    return max(4096, min(int(fusion_chunk_bytes), 64 << 20))
 
 
 def leftover_segments(prefix: Optional[str] = None) -> List[str]:
