@@ -21,6 +21,8 @@ Implementations:
   ``hvd.synchronize`` on every handle (what an optimizer does); fusion threshold from the
   environment (default 128 MiB);
 * ``hvdlite_nofusion`` the same with ``HVDLITE_FUSION_THRESHOLD=0`` (runtime restarted);
+* ``hvdlite_noshm``    ``hvdlite_fusion`` with ``HVDLITE_SHARED_MEMORY=0``: ranks on one host
+  exchange through Gloo's TCP loopback instead of shared memory (runtime restarted);
 * ``torch_per_tensor`` raw ``torch.distributed`` (its own Gloo group on a separate TCP port),
   ``all_reduce(t, async_op=True)`` for every tensor, then ``wait()`` on all;
 * ``torch_per_tensor_sync`` the same, one blocking ``all_reduce`` at a time;
@@ -120,8 +122,12 @@ WORKLOADS = ("resnet50", "bert", "tiny1000", "big64mb")
 #: default (warmup, iters) per workload, sized so a full default run at np=2 on the 2-core
 #: machine stays around three minutes; --warmup / --iters override them all.
 DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big64mb": (2, 10)}
-IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "torch_per_tensor", "torch_per_tensor_sync",
-         "torch_flat")
+IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
+         "torch_per_tensor_sync", "torch_flat")
+#: the hvdlite variants: the variables each restarts the runtime with (None: the launch's)
+HVDLITE_VARIANTS = {"hvdlite_fusion": {},
+                    "hvdlite_nofusion": {"HVDLITE_FUSION_THRESHOLD": "0"},
+                    "hvdlite_noshm": {"HVDLITE_SHARED_MEMORY": "0"}}
 RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
 
 
@@ -205,6 +211,7 @@ def step_torch_flat(tensors, names):
 
 
 STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
+         "hvdlite_noshm": step_hvdlite,
          "torch_per_tensor": step_torch_per_tensor,
          "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
 
@@ -321,21 +328,21 @@ def parse_args(argv=None):
     return args
 
 
-def restart_hvdlite(fusion_threshold):
-    """shutdown -> set HVDLITE_FUSION_THRESHOLD -> init (None: the launcher's setting)."""
+def restart_hvdlite(overrides):
+    """shutdown -> the launch's HVDLITE_* settings with ``overrides`` on top -> init."""
     if hvd.is_initialized():
         hvd.shutdown()
-    if fusion_threshold is None:
-        if _LAUNCH_FUSION is None:
-            os.environ.pop("HVDLITE_FUSION_THRESHOLD", None)
+    for name in {n for v in HVDLITE_VARIANTS.values() for n in v}:
+        if name in overrides:
+            os.environ[name] = overrides[name]
+        elif _LAUNCH_ENV.get(name) is None:
+            os.environ.pop(name, None)
         else:
-            os.environ["HVDLITE_FUSION_THRESHOLD"] = _LAUNCH_FUSION
-    else:
-        os.environ["HVDLITE_FUSION_THRESHOLD"] = str(fusion_threshold)
+            os.environ[name] = _LAUNCH_ENV[name]
     hvd.init()
 
 
-_LAUNCH_FUSION = os.environ.get("HVDLITE_FUSION_THRESHOLD")
+_LAUNCH_ENV = {n: os.environ.get(n) for v in HVDLITE_VARIANTS.values() for n in v}
 
 
 def main(argv=None):
@@ -357,10 +364,9 @@ def main(argv=None):
 
     # phases: raw torch.distributed with hvdlite shut down, then hvdlite with each fusion setting
     phases = [("raw", [i for i in args.impls if i in RAW_IMPLS], False)]
-    if "hvdlite_fusion" in args.impls:
-        phases.append(("hvdlite_fusion", ["hvdlite_fusion"], None))
-    if "hvdlite_nofusion" in args.impls:
-        phases.append(("hvdlite_nofusion", ["hvdlite_nofusion"], 0))
+    for impl, overrides in HVDLITE_VARIANTS.items():
+        if impl in args.impls:
+            phases.append((impl, [impl], overrides))
 
     # Load on this machine changes over seconds (other jobs share its 2 cores), so every phase is
     # run in ``--rounds`` rounds, interleaved, and the steps of all rounds are pooled.  Restarting
@@ -373,12 +379,12 @@ def main(argv=None):
     t_start = time.perf_counter()
     rounds = max(1, args.rounds)
     for rnd in range(rounds):
-        for phase, impls, fusion in phases:
-            if fusion is False:
+        for phase, impls, overrides in phases:
+            if overrides is False:
                 if hvd.is_initialized():
                     hvd.shutdown()
             else:
-                restart_hvdlite(fusion)
+                restart_hvdlite(overrides)
             for w in args.workloads:
                 warmup, n = iters[w]
                 share = -(-n // rounds) if rnd < n % rounds or n % rounds == 0 else n // rounds

@@ -18,7 +18,7 @@ from hvdlite.common.backend import shm
 from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
 CHECKS = ["allreduce", "many_fused", "broadcast_allgather_alltoall"]
-SMALL_SLOTS = {"HVDLITE_FUSION_CHUNK_BYTES": "4096"}
+SMALL_SLOTS = {"HVDLITE_FUSION_CHUNK_BYTES": "4096", "HVDLITE_INPLACE_THRESHOLD": "0"}
 
 
 def _transports(out):
@@ -36,10 +36,13 @@ def _new_segments(before):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("np_", [2, 3])
-def test_one_host(np_):
+@pytest.mark.parametrize("np_, env", [(2, SMALL_SLOTS), (3, SMALL_SLOTS), (2, {})],
+                         ids=["np2-small-slots", "np3-small-slots", "np2-defaults"])
+def test_one_host(np_, env):
+    """Small slots: tensors span several, fused chunks alternate between packing into the
+    slot and copying through it; defaults: every fused chunk is packed into the slot."""
     before = set(shm.leftover_segments())
-    proc = run_job(np_, "shm_worker.py", env=SMALL_SLOTS)
+    proc = run_job(np_, "shm_worker.py", env=env)
     assert_ok(proc, CHECKS, list(range(np_)))
     assert _transports(proc.stdout) == [(str(r), "1", "0") for r in range(np_)]
     assert _new_segments(before) == []

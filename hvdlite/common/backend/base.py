@@ -80,6 +80,18 @@ class Backend(abc.ABC):
         self.allreduce_(tensor, op)
         return _DONE
 
+    def stage(self, dtype, count: int):
+        """Where to pack ``count`` elements of ``dtype`` for :meth:`allreduce_staged_`, saving
+        the copy a plain allreduce makes (e.g. this rank's shared-memory slot); None when
+        this backend has no such place or they do not fit.  If a buffer is returned, the
+        caller's next call on this backend is :meth:`allreduce_staged_` with it."""
+        return None
+
+    def allreduce_staged_(self, staged, op: ReduceOp, scale: float):
+        """Reduce a buffer from :meth:`stage` (SUM, MIN, MAX, PRODUCT), multiplied by
+        ``scale``; returns where the result lies (read it before the next collective)."""
+        raise NotImplementedError(f"the {self.name} backend stages nothing")
+
     @abc.abstractmethod
     def allgather_bytes(self, send, counts: List[int]) -> list:
         """Gather uint8 ``send`` (``counts[rank]`` bytes) from every rank.

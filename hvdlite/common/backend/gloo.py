@@ -182,7 +182,7 @@ class GlooBackend(Backend):
         name = shm.segment_name(config.job_id, config.secret_key or b"", self.round,
                                 self.cross_rank)
         path = os.path.join(shm.SHM_DIR, name)
-        slot = shm.slot_bytes_for(config.fusion_chunk_bytes)
+        slot = shm.slot_bytes_for(config.fusion_chunk_bytes, config.inplace_threshold_bytes)
         wait_s = config.start_timeout_s
         if self.local_rank == 0:
             try:
@@ -296,6 +296,13 @@ class GlooBackend(Backend):
         self._run("allreduce", self.pg.allreduce([target], opts))
         if wide is not None:
             tensor.copy_(target)
+
+    def stage(self, dtype, count):
+        return self._shm.stage(dtype, count) if self._shm is not None else None
+
+    def allreduce_staged_(self, staged, op, scale):
+        cross = self._cross_allreduce if self._cross_pg is not None else None
+        return self._shm.allreduce_staged_(staged, op, scale, cross)
 
     def allreduce_async_(self, tensor, op):
         if self._shm is not None:

@@ -205,6 +205,39 @@ class SharedMemoryGroup:
         self.barrier()
         chunk.copy_(self._slot(s, 0, nbytes).view(dtype))
 
+    def stage(self, dtype, count: int):
+        """This rank's slot of the next collective, as ``count`` elements of ``dtype`` (None
+        if they do not fit): a caller that packs its data here saves the copy in.  The next
+        call on this group must be :meth:`allreduce_staged_`."""
+        nbytes = count * _ITEMSIZE[dtype]
+        if nbytes > self.slot_bytes:
+            return None
+        return self._slot(self._set, self.local_rank, nbytes).view(dtype)
+
+    def allreduce_staged_(self, staged, op: ReduceOp, scale: float, cross=None):
+        """Reduce what :meth:`stage` handed out; returns the result, scaled by ``scale``
+        (each rank scales the slice it reduced), valid until the collective after next."""
+        from hvdlite.common.fusion import scale_
+        torch = lazy_torch()
+        dtype = staged.dtype
+        n = staged.numel()
+        nbytes = n * staged.element_size()
+        s = self._next_set()
+        L = self.local_size
+        self.barrier()
+        part = (n + L - 1) // L
+        lo, hi = min(self.local_rank * part, n), min((self.local_rank + 1) * part, n)
+        result = self._slot(s, 0, nbytes).view(dtype)
+        if hi > lo:
+            acc = result[lo:hi]
+            for r in range(1, L):
+                _combine(torch, acc, self._slot(s, r, nbytes).view(dtype)[lo:hi], op)
+            if cross is not None:
+                cross(acc, op)
+            scale_(acc, scale)
+        self.barrier()
+        return result
+
     def allgather_bytes(self, send, counts: List[int]) -> list:
         """Every local rank's uint8 ``send`` (``counts[r]`` bytes each, each fitting a
         slot), as new tensors in local-rank order."""
@@ -258,6 +291,16 @@ class SharedMemoryGroup:
         return out
 
 
+class _Itemsize(dict):
+    def __missing__(self, dtype):
+        size = lazy_torch().empty(0, dtype=dtype).element_size()
+        self[dtype] = size
+        return size
+
+
+_ITEMSIZE = _Itemsize()
+
+
 def _process_gone(pid: int) -> bool:
     """Whether ``pid`` has exited (a zombie not yet reaped counts as gone)."""
     try:
@@ -290,9 +333,11 @@ def _combine(torch, acc, other, op: ReduceOp) -> None:
         raise ValueError(f"shared-memory allreduce: unsupported op {op!r}")
 
 
-def slot_bytes_for(fusion_chunk_bytes: int) -> int:
-    """Slots as big as a pipelined fusion chunk (default 16 MiB), within 4 KiB..64 MiB."""
-    return max(4096, min(int(fusion_chunk_bytes), 64 << 20))
+def slot_bytes_for(fusion_chunk_bytes: int, inplace_threshold_bytes: int = 0) -> int:
+    """Slots that hold a pipelined fusion chunk (default 16 MiB; a chunk may overrun by
+    less than one packed tensor, which is below the in-place threshold), within 4 KiB..64
+    MiB."""
+    return max(4096, min(int(fusion_chunk_bytes) + int(inplace_threshold_bytes), 64 << 20))
 
 
 def leftover_segments(prefix: Optional[str] = None) -> List[str]:
