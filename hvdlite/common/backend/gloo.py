@@ -196,8 +196,12 @@ class GlooBackend(Backend):
             client.wait([tag + "created"], wait_s)
             if client.get(tag + "created") != b"1":
                 raise HvdliteInternalError("local rank 0 could not create the segment")
-            group = shm.SharedMemoryGroup.attach(path, self.local_rank, self.local_size, slot,
-                                                 [], self._timeout_s)
+            try:        # e.g. another container's /dev/shm: tell rank 0 at once
+                group = shm.SharedMemoryGroup.attach(path, self.local_rank, self.local_size,
+                                                     slot, [], self._timeout_s)
+            except Exception:
+                client.set(tag + f"attached/{self.local_rank}", b"-1")
+                raise
         client.set(tag + f"attached/{self.local_rank}", str(self.rank).encode())
         keys = [tag + f"attached/{r}" for r in range(self.local_size)]
         try:
@@ -206,6 +210,10 @@ class GlooBackend(Backend):
             if self.local_rank == 0:
                 group.unlink()
         group.job_ranks = [int(client.get(k)) for k in keys]
+        if min(group.job_ranks) < 0:
+            group.close()
+            raise HvdliteInternalError("a local rank could not map the segment (is /dev/shm "
+                                       "shared between this host's ranks?)")
         return group
 
     def _cross_allreduce(self, part, op) -> None:
