@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def launch(np_, mode, workloads, impls, rounds, bert_layers, hosts=None, ssh=()):
+def launch(np_, mode, workloads, impls, rounds, bert_layers, steps=(), hosts=None, ssh=()):
     """One allreduce.py launch; returns its JSON rows, or raises with its output."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -38,7 +38,7 @@ def launch(np_, mode, workloads, impls, rounds, bert_layers, hosts=None, ssh=())
             cmd += ["-H", hosts, *ssh]
         cmd += [sys.executable, os.path.join(HERE, "allreduce.py"), "--workloads",
                 ",".join(workloads), "--impls", ",".join(impls), "--rounds", str(rounds),
-                "--bert-layers", str(bert_layers), "--json", out]
+                "--bert-layers", str(bert_layers), "--json", out, *steps]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=1800)
@@ -57,8 +57,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--ssh-port", type=int, help="also run 2 hosts x 2 ranks over this sshd")
     p.add_argument("--ssh-identity", help="private key for --ssh-port")
+    p.add_argument("--iters", type=int, help="timed steps per cell (allreduce.py's default)")
+    p.add_argument("--warmup", type=int, help="warm-up steps per cell")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
+    steps = [f"--{k}={v}" for k, v in (("iters", args.iters), ("warmup", args.warmup))
+             if v is not None]
     workloads = args.workloads.split(",")
     raw = ["torch_per_tensor", "torch_flat"]
     configs = []
@@ -74,7 +78,7 @@ def main(argv=None):
     results = []
     for label, n, mode, impls, hosts in configs:
         print(f"running {label} {mode} ...", flush=True)
-        rows = launch(n, mode, workloads, impls + raw, args.rounds, args.bert_layers,
+        rows = launch(n, mode, workloads, impls + raw, args.rounds, args.bert_layers, steps,
                       *(hosts or (None, ())))
         for r in rows:
             r.update(setup=label, mode=mode)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-IMPLS = {"hvdlite_fusion", "hvdlite_nofusion", "torch_per_tensor", "torch_per_tensor_sync",
-         "torch_flat"}
+IMPLS = {"hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
+         "torch_per_tensor_sync", "torch_flat"}
 WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
 
 
@@ -43,3 +43,19 @@ def test_allreduce_benchmark_smoke(tmp_path):
     assert rows[("big64mb", "torch_flat")]["bytes"] == 64 * 1024 * 1024
     assert abs(rows[("resnet50", "torch_flat")]["ratio_to_flat"] - 1.0) < 1e-9
     assert "resnet50_fusion_ratio_to_flat" in data["targets"]
+
+
+@pytest.mark.timeout(180)
+def test_transports_benchmark_smoke(tmp_path):
+    out_json = tmp_path / "transports.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "transports.py"), "--np", "2",
+           "--workloads", "tiny1000", "--rounds", "1", "--iters", "1", "--warmup", "1",
+           "--json", str(out_json)]
+    proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    table = json.loads(out_json.read_text())["table"]
+    assert {(t["setup"], t["transport"]) for t in table} == {
+        ("np=2, one host", "shared memory"), ("np=2, one host", "Gloo TCP"),
+        ("np=2, one host", "MPI")}
+    for t in table:
+        assert t["ms"] > 0 and t["x_flat"] > 0 and t["speedup_vs_per_tensor"] > 0, t
