@@ -8,17 +8,26 @@ import sys
 import traceback
 
 
-def run_cases(hvd, cases, only=None):
-    hvd.init()
+def run_each(cases, rank, only=None) -> int:
+    """Run each ``name -> fn`` case, printing its line; ``rank()`` names this process.
+    Returns how many failed."""
     failed = 0
     for name, fn in cases.items():
         if only and name not in only:
             continue
         try:
             fn()
-            print(f"OK {name} rank={hvd.rank()}", flush=True)
+            print(f"OK {name} rank={rank()}", flush=True)
         except Exception:
             failed += 1
-            print(f"FAIL {name} rank={hvd.rank()}\n{traceback.format_exc()}", flush=True)
+            print(f"FAIL {name} rank={rank()}\n{traceback.format_exc()}", flush=True)
+    return failed
+
+
+def run_cases(hvd, cases, only=None, **init_kwargs):
+    """init(**init_kwargs), every case, shutdown, exit 1 if any failed."""
+    hvd.init(**init_kwargs)
+    rank = hvd.rank()
+    failed = run_each(cases, lambda: rank, only)
     hvd.shutdown()
     sys.exit(1 if failed else 0)

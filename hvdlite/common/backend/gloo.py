@@ -217,13 +217,7 @@ class GlooBackend(Backend):
         return group
 
     def _cross_allreduce(self, part, op) -> None:
-        wide = _WIDEN.get(part.dtype)
-        target = part.to(wide) if wide is not None else part
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = _REDUCE[op]
-        self._run("cross-host allreduce", self._cross_pg.allreduce([target], opts))
-        if wide is not None:
-            part.copy_(target)
+        _widened_allreduce(self, self._cross_pg, "cross-host allreduce", part, op)
 
     def _one_host_shm(self):
         """The shared-memory group when it connects every rank of the job (one host)."""
@@ -297,13 +291,7 @@ class GlooBackend(Backend):
             cross = self._cross_allreduce if self._cross_pg is not None else None
             self._shm.allreduce_(tensor, op, cross)
             return
-        wide = _WIDEN.get(tensor.dtype)
-        target = tensor.to(wide) if wide is not None else tensor
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = _REDUCE[op]
-        self._run("allreduce", self.pg.allreduce([target], opts))
-        if wide is not None:
-            tensor.copy_(target)
+        _widened_allreduce(self, self.pg, "allreduce", tensor, op)
 
     def stage(self, dtype, count):
         return self._shm.stage(dtype, count) if self._shm is not None else None
@@ -412,6 +400,17 @@ class _Pending(Waitable):
 
     def wait(self):
         self._backend._run("allreduce", self._work)
+
+
+def _widened_allreduce(backend, pg, what: str, tensor, op) -> None:
+    """Allreduce on ``pg`` in place, through a wider copy for dtypes Gloo cannot reduce."""
+    wide = _WIDEN.get(tensor.dtype)
+    target = tensor.to(wide) if wide is not None else tensor
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = _REDUCE[op]
+    backend._run(what, pg.allreduce([target], opts))
+    if wide is not None:
+        tensor.copy_(target)
 
 
 def _as_bytes(tensor):

@@ -184,26 +184,9 @@ class SharedMemoryGroup:
             self._allreduce_chunk(flat[lo:lo + per], op, cross)
 
     def _allreduce_chunk(self, chunk, op: ReduceOp, cross) -> None:
-        torch = lazy_torch()
-        dtype = chunk.dtype
-        n = chunk.numel()
-        nbytes = n * chunk.element_size()
-        s = self._next_set()
-        L = self.local_size
-        mine = self._slot(s, self.local_rank, nbytes).view(dtype)
-        mine.copy_(chunk)
-        self.barrier()
-        part = (n + L - 1) // L
-        lo, hi = min(self.local_rank * part, n), min((self.local_rank + 1) * part, n)
-        if hi > lo:
-            acc = self._slot(s, 0, nbytes).view(dtype)[lo:hi]
-            for r in range(1, L):
-                other = self._slot(s, r, nbytes).view(dtype)[lo:hi]
-                _combine(torch, acc, other, op)
-            if cross is not None:
-                cross(acc, op)
-        self.barrier()
-        chunk.copy_(self._slot(s, 0, nbytes).view(dtype))
+        nbytes = chunk.numel() * chunk.element_size()
+        self._slot(self._set, self.local_rank, nbytes).view(chunk.dtype).copy_(chunk)
+        chunk.copy_(self._reduce_set(chunk.dtype, chunk.numel(), op, 1.0, cross))
 
     def stage(self, dtype, count: int):
         """This rank's slot of the next collective, as ``count`` elements of ``dtype`` (None
@@ -217,11 +200,15 @@ class SharedMemoryGroup:
     def allreduce_staged_(self, staged, op: ReduceOp, scale: float, cross=None):
         """Reduce what :meth:`stage` handed out; returns the result, scaled by ``scale``
         (each rank scales the slice it reduced), valid until the collective after next."""
+        return self._reduce_set(staged.dtype, staged.numel(), op, scale, cross)
+
+    def _reduce_set(self, dtype, n: int, op: ReduceOp, scale: float, cross):
+        """Every rank's slot of the next set holds ``n`` elements: each rank reduces its
+        slice of them into slot 0 (then across hosts with ``cross``, then scales it);
+        returns slot 0, the whole result once every rank passed the second barrier."""
         from hvdlite.common.fusion import scale_
         torch = lazy_torch()
-        dtype = staged.dtype
-        n = staged.numel()
-        nbytes = n * staged.element_size()
+        nbytes = n * _ITEMSIZE[dtype]
         s = self._next_set()
         L = self.local_size
         self.barrier()

@@ -2,12 +2,12 @@
 communicator and with a list of ranks."""
 
 import sys
-import traceback
 
 import torch
 from mpi4py import MPI
 
 from _common import hvd
+from tests.worker_cases import run_each
 
 WORLD = MPI.COMM_WORLD
 ME = WORLD.Get_rank()
@@ -46,12 +46,6 @@ def init_with_rank_list():
     hvd.shutdown()
 
 
-failed = 0
-for fn in (set_from_communicator, init_with_communicator, init_with_rank_list):
-    try:
-        fn()
-        print(f"OK {fn.__name__} rank={ME}", flush=True)
-    except Exception:
-        failed += 1
-        print(f"FAIL {fn.__name__} rank={ME}\n{traceback.format_exc()}", flush=True)
+CASES = (set_from_communicator, init_with_communicator, init_with_rank_list)
+failed = run_each({fn.__name__: fn for fn in CASES}, lambda: ME)
 sys.exit(1 if failed else 0)

@@ -5,12 +5,12 @@
 """
 
 import sys
-import traceback
 
 import torch
 import torch.nn as nn
 
 from _common import assert_close, hvd
+from tests.worker_cases import run_each
 
 torch.set_num_threads(1)
 EVEN, ODD = [0, 2], [1, 3]
@@ -249,14 +249,8 @@ def main():
             "collectives_after_readd": lambda: check_collectives(sets["even"], sets["odd"]),
             "errors": check_errors,
         }
-    failed = 0
-    for name, fn in cases.items():
-        try:
-            fn()
-            print(f"OK {name} rank={hvd.rank()}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {name} rank={hvd.rank()}\n{traceback.format_exc()}", flush=True)
+    rank = hvd.rank()
+    failed = run_each(cases, lambda: rank)
     hvd.shutdown()
     sys.exit(1 if failed else 0)
 
