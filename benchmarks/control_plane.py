@@ -519,7 +519,8 @@ def controller_row(size: int, tensors: int, reps: int) -> dict:
 def fit(xs: List[float], ys: List[float]) -> Optional[dict]:
     """Least squares of y = a + b*n (linear) and of log y = log c + k log n (power law).
 
-    ``preferred`` is the model with the smaller RMS relative residual on the measured points."""
+    ``preferred`` is the model with the smaller RMS relative residual on the measured points
+    (the power law when the line would predict a value <= 0)."""
     pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
     if len(pts) < 3:
         return None
@@ -533,10 +534,12 @@ def fit(xs: List[float], ys: List[float]) -> Optional[dict]:
         return float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
 
     lin_err, pow_err = rel_rms(a + b * x), rel_rms(c * x ** k)
+    # a line that goes negative before the predicted sizes describes noise, not growth
+    lin_ok = all(a + b * n > 0 for n in PREDICT_AT)
     out = {"points": len(pts), "n_range": [int(x.min()), int(x.max())],
            "linear": {"a": float(a), "b": float(b), "rel_rms": lin_err},
            "power": {"c": c, "k": float(k), "rel_rms": pow_err},
-           "preferred": "linear" if lin_err <= pow_err else "power", "predict": {}}
+           "preferred": "linear" if lin_ok and lin_err <= pow_err else "power", "predict": {}}
     for n in PREDICT_AT:
         out["predict"][str(n)] = {"linear": float(a + b * n), "power": float(c * n ** k)}
     return out
@@ -586,10 +589,13 @@ def exact_model(cache_capacity: int, tensors: int, payload_bytes: int) -> List[d
         out.append({
             "np": n,
             "hvdlite_vector_bytes": v,
-            # ring allreduce (Gloo's default): each rank sends and receives 2(n-1)/n of it
+            # ring allreduce (Gloo's default): each rank sends and receives 2(n-1)/n of it,
+            # in at least 2(n-1) neighbour hops one after the other (reduce-scatter, allgather)
             "hvdlite_vector_bytes_on_wire_per_rank": int(2 * (n - 1) / n * v),
-            "gloo_ring_sequential_steps": 2 * (n - 1),
-            "tree_rounds": 2 * math.ceil(math.log2(n)),
+            "ring_sequential_hops": 2 * (n - 1),
+            # latency-optimal alternatives: recursive doubling, or a binomial reduce + broadcast
+            "recursive_doubling_rounds": math.ceil(math.log2(n)),
+            "tree_reduce_broadcast_rounds": 2 * math.ceil(math.log2(n)),
             "horovod_bitvector_bytes": horovod_bitvector_bytes(min(tensors, cache_capacity)),
             "horovod_bitvector_bytes_full_cache": horovod_bitvector_bytes(cache_capacity),
             # a miss: hvdlite allgathers every rank's padded payload to every rank
@@ -649,10 +655,16 @@ def print_table(rows: List[dict], controller: List[dict], fits: Dict[str, dict])
         print("|---|---|---|---|" + "---|" * len(PREDICT_AT))
         for key, f in fits.items():
             lin, pw = f["linear"], f["power"]
-            preds = [f["predict"][str(n)][f["preferred"]] for n in PREDICT_AT]
+            cells = []
+            for n in PREDICT_AT:
+                pred = f["predict"][str(n)]
+                cell = f"{pred[f['preferred']]:.3g}"
+                if "measured" in pred:
+                    cell += f" (measured {pred['measured']:.3g})"
+                cells.append(cell)
             print(f"| {key} | {lin['a']:.3g}, {lin['b']:.3g} ({lin['rel_rms']:.2f}) | "
                   f"{pw['c']:.3g}, {pw['k']:.2f} ({pw['rel_rms']:.2f}) | {f['preferred']} | "
-                  + " | ".join(f"{p:.3g}" for p in preds) + " |")
+                  + " | ".join(cells) + " |")
 
 
 def plot(path: str, rows: List[dict], controller: List[dict], model: List[dict]) -> None:
@@ -742,6 +754,8 @@ def main(argv=None) -> int:
                    help="seconds one job (one size of one harness) may take (default 240)")
     p.add_argument("--quick", action="store_true",
                    help="smoke-test defaults: thread harness at np=2, no processes, few steps")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="measure nothing: reprint, refit and replot the rows of an earlier --json")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -762,7 +776,13 @@ def main(argv=None) -> int:
             setattr(args, name, value)
 
     started = time.perf_counter()
-    rows: List[dict] = []
+    if args.from_json:
+        with open(args.from_json) as f:
+            earlier = json.load(f)
+        rows, controller = earlier["rows"], earlier["controller"]
+        meta = dict(earlier["meta"], refitted_from=os.path.basename(args.from_json))
+        return _report(args, rows, controller, meta)
+    rows = []
     for n in parse_sizes(args.process_np):
         print(f"# process harness np={n} ...", file=sys.stderr, flush=True)
         rows.append(run_process_job(n, args))
@@ -774,23 +794,28 @@ def main(argv=None) -> int:
         rows.append(run_mirror_job(n, args))
     controller = [controller_row(n, args.tensors, args.controller_reps)
                   for n in parse_sizes(args.controller_np)]
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "host": platform.node(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "tensors_per_step": args.tensors,
+            "hit_steps": args.hit_steps, "miss_steps": args.miss_steps,
+            "cache_capacity": Config().cache_capacity,
+            "cycle_time_ms": Config().cycle_time_ms,
+            "process_np": parse_sizes(args.process_np),
+            "thread_np": parse_sizes(args.thread_np),
+            "mirror_np": parse_sizes(args.mirror_np),
+            "seconds": time.perf_counter() - started}
+    return _report(args, rows, controller, meta)
+
+
+def _report(args, rows: List[dict], controller: List[dict], meta: dict) -> int:
+    """Fit, print, and write the JSON and the plot; the exit status."""
     fits = all_fits(rows + controller)
     payload = controller[0]["payload_bytes_per_rank"] if controller else args.payload_len
-    model = exact_model(Config().cache_capacity, args.tensors, payload)
+    model = exact_model(meta.get("cache_capacity", Config().cache_capacity),
+                        meta.get("tensors_per_step", args.tensors), payload)
     print_table(rows, controller, fits)
-    result = {
-        "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                 "host": platform.node(), "cpus": os.cpu_count(),
-                 "python": platform.python_version(), "tensors_per_step": args.tensors,
-                 "hit_steps": args.hit_steps, "miss_steps": args.miss_steps,
-                 "cache_capacity": Config().cache_capacity,
-                 "cycle_time_ms": Config().cycle_time_ms,
-                 "process_np": parse_sizes(args.process_np),
-                 "thread_np": parse_sizes(args.thread_np),
-                 "mirror_np": parse_sizes(args.mirror_np),
-                 "seconds": time.perf_counter() - started},
-        "rows": rows, "controller": controller, "fits": fits, "model": model,
-    }
+    result = {"meta": meta, "rows": rows, "controller": controller, "fits": fits,
+              "model": model}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -68,7 +68,8 @@ def test_control_plane_benchmark_thread_harness(tmp_path):
     assert mirror_fit is None or "measured" in mirror_fit["predict"]["256"]
     model = {m["np"]: m for m in data["model"]}
     assert model[1024]["hvdlite_vector_bytes"] == 4 * (9 + 1024 + 1024)
-    assert model[1024]["gloo_ring_sequential_steps"] == 2046
+    assert model[1024]["ring_sequential_hops"] == 2046
+    assert model[1024]["recursive_doubling_rounds"] == 10
 
 
 @pytest.mark.timeout(120)
