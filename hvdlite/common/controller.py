@@ -74,9 +74,10 @@ class Controller:
 
     def _complete(self, entry: _Pending) -> bool:
         have = entry.requests
-        if len(have) + len(self.joined - have.keys()) < self.size:
-            return False
-        return len(have) > 0
+        if not self.joined:           # the common case, O(1): no set built per request
+            return len(have) == self.size
+        missing = sum(1 for r in self.joined if r not in have)
+        return len(have) > 0 and len(have) + missing >= self.size
 
     def _respond(self, name: str, entry: _Pending) -> Response:
         reqs = entry.requests
