@@ -270,9 +270,11 @@ class GlooBackend(Backend):
 
     def control_allreduce_min(self, vec):
         t = torch.from_numpy(vec)
-        local = self._one_host_shm()
-        if local is not None:
-            local.allreduce_(t, ReduceOp.MIN)
+        if self._shm is not None:
+            # on the host through the segment, then (several hosts) a ring over the hosts
+            # only, not over every rank: the cycle's latency grows with hosts, not ranks
+            cross = self._cross_allreduce if self._cross_pg is not None else None
+            self._shm.allreduce_(t, ReduceOp.MIN, cross)
             return vec
         self._run("control allreduce", self.pg.allreduce([t], _min_opts()))
         return vec
