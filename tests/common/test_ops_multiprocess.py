@@ -51,9 +51,12 @@ SEMANTICS = ["autograd", "autograd_every_op", "join_every_collective", "objects_
 
 
 @pytest.mark.timeout(240)
-def test_op_semantics_at_three_ranks(tmp_path):
+@pytest.mark.parametrize("shared_memory", ["1", "0"])
+def test_op_semantics_at_three_ranks(tmp_path, shared_memory):
+    """Also without shared memory: the control allreduce then runs by dissemination over
+    Gloo's point-to-point exchange (three ranks: not a power of two)."""
     proc = run_job(3, "ops_worker.py", "--only", ",".join(SEMANTICS),
-                   env={"HVD_TEST_DIR": str(tmp_path)})
+                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_SHARED_MEMORY": shared_memory})
     assert_ok(proc, SEMANTICS, [0, 1, 2])
 
 

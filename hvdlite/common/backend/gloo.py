@@ -27,6 +27,8 @@ _REDUCE = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
 _WIDEN = {torch.int16: torch.int32}
 #: the tag of hvdlite's point-to-point messages; nothing else sends on this private group
 _P2P_TAG = 0x41444153
+#: the tag of the control allreduce's exchanges (never concurrent with Adasum's: one thread)
+_CONTROL_TAG = 0x43544C
 
 
 class AuthenticatedStore(dist.Store):
@@ -276,6 +278,9 @@ class GlooBackend(Backend):
             cross = self._cross_allreduce if self._cross_pg is not None else None
             self._shm.allreduce_(t, ReduceOp.MIN, cross)
             return vec
+        if self.size > 2:
+            self._dissemination_min_(t)
+            return vec
         self._run("control allreduce", self.pg.allreduce([t], _min_opts()))
         return vec
 
@@ -357,13 +362,17 @@ class GlooBackend(Backend):
     def sendrecv_(self, send, recv, peer):
         """Gloo's unbound-buffer send and recv, both posted before either is awaited (neither
         blocks), each bounded by the op timeout."""
+        self._exchange(send, recv, peer, peer, _P2P_TAG)
+
+    def _exchange(self, send, recv, dst: int, src: int, tag: int) -> None:
+        """Send ``send`` to ``dst`` while receiving ``src``'s message into ``recv``."""
         works = []
         if recv.numel():
-            works.append(self.pg.recv([_as_bytes(recv)], peer, _P2P_TAG))
+            works.append((self.pg.recv([_as_bytes(recv)], src, tag), src))
         if send.numel():
-            works.append(self.pg.send([_as_bytes(send)], peer, _P2P_TAG))
+            works.append((self.pg.send([_as_bytes(send)], dst, tag), dst))
         timeout = datetime.timedelta(seconds=self._timeout_s)
-        for work in works:
+        for work, peer in works:
             try:
                 done = work.wait(timeout)
             except Exception as exc:
@@ -374,6 +383,19 @@ class GlooBackend(Backend):
             if done is False:
                 raise HvdliteInternalError(
                     f"{self._who}: Gloo exchange with rank {self._job_ranks[peer]} was aborted")
+
+    def _dissemination_min_(self, t) -> None:
+        """MIN over all ranks in ceil(log2 size) rounds of one exchange each, for any size:
+        in round k every rank sends what it has to rank + 2^k and keeps the MIN with what
+        rank - 2^k sent.  Duplicated contributions (size not a power of two) do not change
+        a MIN.  Gloo's ring allreduce needs 2 (size - 1) steps for the same vector."""
+        incoming = torch.empty_like(t)
+        step = 1
+        while step < self.size:
+            self._exchange(t, incoming, (self.rank + step) % self.size,
+                           (self.rank - step) % self.size, _CONTROL_TAG)
+            torch.minimum(t, incoming, out=t)
+            step <<= 1
 
     def close(self):
         group, self._shm = getattr(self, "_shm", None), None
