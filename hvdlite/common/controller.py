@@ -39,8 +39,10 @@ class _Pending:
 class Controller:
     """The message table of one job (identical on every rank)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, ranks: Optional[List[int]] = None):
+        """``ranks``: the job ranks of a process set's members (messages name those)."""
         self.size = size
+        self._job = list(ranks) if ranks is not None else list(range(size))
         self.table: Dict[str, _Pending] = {}
         self.joined: Set[int] = set()
         self.last_joined = -1
@@ -85,7 +87,8 @@ class Controller:
         first = reqs[ranks[0]]
         error = self._validate(name, reqs)
         if error is None and first.op == OpType.BROADCAST and first.root in self.joined:
-            error = f"broadcast of tensor {name!r}: root rank {first.root} has already joined"
+            error = (f"broadcast of tensor {name!r}: root rank {self._job[first.root]} has "
+                     f"already joined")
         if error is not None:
             return Response(name, first.op, first.dtype, first.shape, error=error)
         resp = Response(name, first.op, first.dtype, first.shape, first.root, first.reduce_op,
@@ -109,7 +112,8 @@ class Controller:
                 groups.setdefault(str(value_of(reqs[r])), []).append(r)
             if len(groups) == 1:
                 return None
-            seen = "; ".join(f"ranks {rs} sent {val}" for val, rs in groups.items())
+            seen = "; ".join(f"ranks {[self._job[r] for r in rs]} sent {val}"
+                             for val, rs in groups.items())
             return f"mismatched {what} for tensor {name!r}: {seen}"
 
         checks = [("operation", lambda q: q.op.name.lower()), ("dtype", lambda q: q.dtype)]
@@ -119,7 +123,8 @@ class Controller:
             checks.append(("rank (number of dimensions) or trailing shape",
                            lambda q: ["*"] + list(q.shape[1:]) if q.shape else "scalar"))
         if first.op == OpType.BROADCAST:
-            checks.append(("root_rank", lambda q: q.root))
+            checks.append(("root_rank", lambda q: self._job[q.root]
+                           if 0 <= q.root < self.size else q.root))
         if first.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
             checks.append(("reduce op", lambda q: ReduceOp(q.reduce_op).name.lower()))
             checks.append(("prescale/postscale factors", lambda q: (q.prescale, q.postscale)))
@@ -131,7 +136,8 @@ class Controller:
             for r in ranks:
                 splits = reqs[r].splits
                 if len(splits) != self.size or sum(splits) != reqs[r].shape[0]:
-                    return (f"alltoall of tensor {name!r}: rank {r} sent splits {list(splits)}, "
+                    return (f"alltoall of tensor {name!r}: rank {self._job[r]} sent splits "
+                            f"{list(splits)}, "
                             f"which must have {self.size} entries summing to its first "
                             f"dimension {reqs[r].shape[0]}")
         return None
@@ -156,9 +162,11 @@ class Controller:
         for name in [n for n, e in self.table.items() if e.first_cycle <= cycle]:
             entry = self.table.pop(name)
             first = next(iter(entry.requests.values()))
-            missing = [r for r in range(self.size) if r not in entry.requests]
+            job = self._job
+            missing = [job[r] for r in range(self.size) if r not in entry.requests]
             out.append(Response(name, first.op, first.dtype, first.shape, error=(
-                f"tensor {name!r} stalled: submitted by ranks {sorted(entry.requests)} but "
+                f"tensor {name!r} stalled: submitted by ranks "
+                f"{[job[r] for r in sorted(entry.requests)]} but "
                 f"never by ranks {missing} (stall shutdown time exceeded; see "
                 f"--stall-check-shutdown-time-seconds)"), error_kind="stall"))
         return out

@@ -68,7 +68,7 @@ class Runtime:
         self.ranks = list(ranks) if ranks is not None else list(range(self.size))
         self.label = label or f"rank {self.rank}"
         self.queue = TensorQueue()
-        self.controller = Controller(self.size)
+        self.controller = Controller(self.size, ranks)
         self.cache = ResponseCache(config.cache_capacity)
         #: the live parameters every rank applies (changed only through the control vector)
         self.params = Parameters.from_config(config)

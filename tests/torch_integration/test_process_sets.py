@@ -14,7 +14,8 @@ from hvdlite.common.process_sets import ProcessSet
 from .conftest import REPO, WORKERS, CaseResults, launch
 
 DYNAMIC_CASES = ["collectives", "autograd", "concurrent_training", "objects_and_batchnorm",
-                 "overlapping", "remove_and_readd", "collectives_after_readd", "errors"]
+                 "overlapping", "remove_and_readd", "collectives_after_readd",
+                 "mismatch_names_job_ranks", "errors"]
 STATIC_CASES = ["static_collectives", "static_not_dynamic"]
 MPI_COMM_CASES = ["set_from_communicator", "init_with_communicator", "init_with_rank_list"]
 NO_MPI = find_mpiexec() is None

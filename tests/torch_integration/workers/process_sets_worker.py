@@ -188,6 +188,22 @@ def check_remove_and_readd(even, odd):
     return again, again_odd
 
 
+def check_mismatch_names_job_ranks(even, odd):
+    """A mismatch inside a set is reported on its members naming job ranks, not set ranks."""
+    ps, ranks = _mine(even, odd), _set_ranks()
+    me = hvd.rank()
+    try:
+        hvd.allreduce(torch.ones(2 + ranks.index(me)), name="mismatched", process_set=ps)
+    except RuntimeError as e:
+        msg = str(e)
+        assert f"ranks [{ranks[0]}] sent [2]" in msg and f"ranks [{ranks[1]}] sent [3]" in msg, \
+            msg
+    else:
+        raise AssertionError("a shape mismatch inside a set was accepted")
+    # and the set still works afterwards
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps).item() == 2.0
+
+
 def check_errors():
     me = hvd.rank()
     try:                                    # the ranks disagree: every rank is told
@@ -247,6 +263,8 @@ def main():
                                                                            sets["odd"]),
             "remove_and_readd": readd,
             "collectives_after_readd": lambda: check_collectives(sets["even"], sets["odd"]),
+            "mismatch_names_job_ranks": lambda: check_mismatch_names_job_ranks(sets["even"],
+                                                                               sets["odd"]),
             "errors": check_errors,
         }
     rank = hvd.rank()
