@@ -1,0 +1,271 @@
+"""RayExecutor: the ranks of a job as Ray actors, rendezvousing through the driver.
+
+The driver (the process that calls :meth:`RayExecutor.start`) reserves one Ray
+placement group for the job, starts one actor per rank in it, learns which node
+each actor landed on, numbers the ranks node by node (so local and cross ranks
+mean what they mean under ``hvdlite-run``), and serves the job's authenticated
+rendezvous store on its own node address.  Each actor receives its place, the
+store's address and the job's key as method arguments -- never on a command line
+or in a log -- and the user's function then calls ``hvd.init()`` as under the
+launcher: same runtime, same transport.
+"""
+
+import dataclasses
+import logging
+import uuid
+from typing import Any, Callable, Dict, List, Optional
+
+from hvdlite.common import config as cfg
+from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common.net.framing import new_key
+from hvdlite.ray import placement
+from hvdlite.ray.worker import RankWorker
+from hvdlite.runner.procs import slot_env
+from hvdlite.runner.rendezvous import RendezvousService
+
+log = logging.getLogger(__name__)
+
+
+class HvdliteRayError(HvdliteError):
+    """A rank of a Ray job failed, or the job could not be placed; names rank and node."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySettings:
+    """What :meth:`RayExecutor.create_settings` returns (Horovod's argument names)."""
+
+    #: bound on start-up steps: actors answering, the rendezvous (``--start-timeout``)
+    timeout_s: float = 30.0
+    #: bound on Ray finding room for the job's placement group
+    placement_group_timeout_s: float = 100.0
+
+
+class RayExecutor:
+    """Run a function on every rank of an hvdlite job placed on a Ray cluster.
+
+    ``RayExecutor(settings, num_workers=4, cpus_per_worker=1)`` places 4 ranks wherever
+    Ray finds room (``PACK``: as few nodes as possible); ``num_hosts=2,
+    num_workers_per_host=2`` asks for exactly 2 nodes with 2 ranks each
+    (``STRICT_SPREAD``).  Call :meth:`start`, then :meth:`run` / :meth:`execute` as often
+    as needed, then :meth:`shutdown`.
+    """
+
+    @staticmethod
+    def create_settings(timeout_s: float = 30, ssh_identity_file=None, ssh_str=None,
+                        placement_group_timeout_s: float = 100, nics=None) -> RaySettings:
+        """Settings for :class:`RayExecutor`.  The SSH and NIC arguments of Horovod's
+        version are accepted and unused: actors are placed by Ray, and each rank's Gloo
+        interface is the one holding its node's address."""
+        if not timeout_s > 0 or not placement_group_timeout_s > 0:
+            raise ValueError(f"create_settings: timeout_s={timeout_s} and "
+                             f"placement_group_timeout_s={placement_group_timeout_s} must be "
+                             f"positive seconds")
+        return RaySettings(float(timeout_s), float(placement_group_timeout_s))
+
+    def __init__(self, settings: Optional[RaySettings] = None, num_workers: Optional[int] = None,
+                 num_hosts: Optional[int] = None, num_workers_per_host: int = 1,
+                 cpus_per_worker: float = 1, use_gpu: bool = False,
+                 gpus_per_worker: Optional[int] = None, **elastic):
+        if elastic:
+            raise ValueError(f"RayExecutor: elastic arguments {sorted(elastic)} are not "
+                             f"supported yet; run elastic jobs with hvdlite-run --min-np/--max-np")
+        if use_gpu or gpus_per_worker:
+            raise ValueError("RayExecutor: use_gpu / gpus_per_worker: hvdlite works on CPU "
+                             "tensors")
+        if (num_workers is None) == (num_hosts is None):
+            raise ValueError("RayExecutor: give either num_workers, or num_hosts with "
+                             "num_workers_per_host")
+        count = num_workers if num_workers is not None else num_hosts * num_workers_per_host
+        if count < 1 or num_workers_per_host < 1 or not cpus_per_worker > 0:
+            raise ValueError(f"RayExecutor: num_workers={num_workers}, num_hosts={num_hosts}, "
+                             f"num_workers_per_host={num_workers_per_host}, cpus_per_worker="
+                             f"{cpus_per_worker}: the counts must be positive")
+        self.settings = settings or RaySettings()
+        self.num_workers = count
+        self._num_hosts = num_hosts or 0
+        self._per_host = num_workers_per_host
+        self._cpus = cpus_per_worker
+        self._pg = None
+        self._store: Optional[RendezvousService] = None
+        self.workers: List[Any] = []
+        self._where: List[Dict[str, Any]] = []
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self, executable_cls: Optional[type] = None, executable_args=None,
+              executable_kwargs: Optional[dict] = None,
+              extra_env_vars: Optional[Dict[str, str]] = None) -> None:
+        """Place the ranks, start their actors and give each its place in the job.
+
+        Raises:
+            HvdliteRayError: Ray could not place the job within the placement timeout (not
+                enough CPUs or nodes), or an actor did not start.
+        """
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        if self.workers:
+            raise HvdliteRayError("RayExecutor.start: already started; call shutdown() first")
+        if not ray.is_initialized():
+            ray.init()
+        wanted = placement.bundles(self.num_workers, self._num_hosts, self._per_host,
+                                   self._cpus)
+        strategy = "STRICT_SPREAD" if self._num_hosts else "PACK"
+        self._pg = placement_group(wanted, strategy=strategy)
+        try:
+            ray.get(self._pg.ready(), timeout=self.settings.placement_group_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            total = ray.cluster_resources().get("CPU", 0)
+            self.shutdown()
+            raise HvdliteRayError(
+                f"RayExecutor: Ray could not place {self.num_workers} workers ("
+                f"{self._describe()}, strategy {strategy}) within "
+                f"{self.settings.placement_group_timeout_s:g}s; the cluster has {total:g} CPUs "
+                f"on {len(ray.nodes())} node(s). Lower the counts or add nodes") from None
+        actor = ray.remote(RankWorker)
+        for i in range(self.num_workers):
+            bundle = i // self._per_host if self._num_hosts else i
+            strat = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundle)
+            self.workers.append(actor.options(num_cpus=self._cpus, scheduling_strategy=strat)
+                                .remote())
+        try:
+            self._where = ray.get([w.where.remote() for w in self.workers],
+                                  timeout=self.settings.timeout_s)
+            # the address each node registered with (what the node was started with)
+            for w in self._where:
+                w["node_ip"] = _node_address(w["node_id"], w["node_ip"])
+        except Exception as exc:
+            self.shutdown()
+            raise HvdliteRayError(f"RayExecutor: the workers did not start within "
+                                  f"{self.settings.timeout_s:g}s: {exc}") from exc
+        self._rendezvous(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+
+    def _describe(self) -> str:
+        if self._num_hosts:
+            return (f"{self._num_hosts} nodes x {self._per_host} workers x {self._cpus:g} "
+                    f"CPUs")
+        return f"{self._cpus:g} CPUs each"
+
+    def _rendezvous(self, executable_cls, executable_args, executable_kwargs,
+                    extra_env_vars) -> None:
+        import ray
+        names = _node_names(self._where)
+        slots = placement.slots_by_node([names[w["node_id"]] for w in self._where])
+        key = new_key()
+        driver_ip = _node_address(ray.get_runtime_context().get_node_id(),
+                                  ray.util.get_node_ip_address())
+        self._store = RendezvousService(key, slots, bind_addr=driver_ip)
+        job_env = {
+            cfg.RENDEZVOUS_ADDR: driver_ip,
+            cfg.RENDEZVOUS_PORT: str(self._store.address[1]),
+            cfg.SECRET_KEY: key.hex(),
+            cfg.JOB_ID: uuid.uuid4().hex[:12],
+            cfg.CPU_OPERATIONS: "gloo",
+            cfg.START_TIMEOUT: str(self.settings.timeout_s),
+        }
+        job_env.update(extra_env_vars or {})
+        self._slots = slots
+        calls = [w.setup.remote(slot_env(slot, {}, job_env), where["node_ip"], executable_cls,
+                                executable_args or (), executable_kwargs or {})
+                 for w, slot, where in zip(self.workers, slots, self._where)]
+        self._gather(calls, "start")
+        log.info("RayExecutor: %d ranks on %d node(s), rendezvous at %s:%d", len(slots),
+                 len(set(names.values())), driver_ip, self._store.address[1])
+
+    def shutdown(self) -> None:
+        """End every actor, the placement group and the rendezvous store (idempotent)."""
+        import ray
+        workers, self.workers = self.workers, []
+        for w in workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception as exc:        # already gone
+                log.debug("RayExecutor: kill: %s", exc)
+        if self._pg is not None:
+            try:
+                from ray.util.placement_group import remove_placement_group
+                remove_placement_group(self._pg)
+            except Exception as exc:
+                log.debug("RayExecutor: removing the placement group: %s", exc)
+            self._pg = None
+        if self._store is not None:
+            self._store.shutdown()
+            self._store = None
+
+    # -- running code -------------------------------------------------------------------------
+    def execute(self, fn: Callable[[Any], Any], callbacks=None) -> List[Any]:
+        """``fn(executable)`` on every rank (the object ``executable_cls`` built, or None);
+        returns the results in rank order."""
+        self._check_started("execute")
+        return self._gather([w.execute.remote(fn) for w in self.workers], "execute")
+
+    def run(self, fn: Callable, args=None, kwargs: Optional[dict] = None,
+            callbacks=None) -> List[Any]:
+        """``fn(*args, **kwargs)`` on every rank; returns the results in rank order.
+
+        Raises:
+            HvdliteRayError: a rank raised (its rank, node and traceback are named); the
+                other ranks' actors are ended, so the executor must be started again.
+        """
+        self._check_started("run")
+        return self._gather(self.run_remote(fn, args, kwargs), "run")
+
+    def run_remote(self, fn: Callable, args=None, kwargs: Optional[dict] = None) -> list:
+        """Start ``fn(*args, **kwargs)`` on every rank; returns Ray object refs (rank
+        order) for ``ray.get``."""
+        self._check_started("run_remote")
+        return [w.run.remote(fn, list(args or ()), dict(kwargs or {})) for w in self.workers]
+
+    def execute_single(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(executable)`` on rank 0 only."""
+        self._check_started("execute_single")
+        return self._gather([self.workers[0].execute.remote(fn)], "execute_single")[0]
+
+    def _check_started(self, what: str) -> None:
+        if not self.workers:
+            raise HvdliteRayError(f"RayExecutor.{what}: not started (call start() first; a "
+                                  f"failed run ends the workers)")
+
+    def _gather(self, refs: list, what: str) -> List[Any]:
+        """Results in rank order; the first rank to fail ends them all and is named."""
+        import ray
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as exc:
+                rank = index[done[0]]
+                where = self._where[rank] if rank < len(self._where) else {}
+                self.shutdown()
+                raise HvdliteRayError(
+                    f"RayExecutor.{what}: rank {rank} on node {where.get('node_ip', '?')} "
+                    f"(host {where.get('hostname', '?')}, pid {where.get('pid', '?')}) failed; "
+                    f"the other ranks were ended:\n{_cause(exc)}") from None
+        return ray.get(refs)
+
+
+def _node_address(node_id: str, fallback: str) -> str:
+    """The address Ray knows ``node_id`` by (``--node-ip-address``), else ``fallback``."""
+    import ray
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id and node.get("NodeManagerAddress"):
+            return node["NodeManagerAddress"]
+    return fallback
+
+
+def _node_names(where: List[Dict[str, Any]]) -> Dict[str, str]:
+    """A readable, unique host name per Ray node: its address, plus a short id when two
+    nodes share one (several Ray nodes on one machine)."""
+    ips: Dict[str, set] = {}
+    for w in where:
+        ips.setdefault(w["node_ip"], set()).add(w["node_id"])
+    return {w["node_id"]: w["node_ip"] if len(ips[w["node_ip"]]) == 1
+            else f"{w['node_ip']}-{w['node_id'][:8]}" for w in where}
+
+
+def _cause(exc: BaseException) -> str:
+    """The rank's own error text out of Ray's wrapping."""
+    cause = getattr(exc, "cause", None)
+    text = str(cause) if cause is not None else str(exc)
+    return text.strip()
