@@ -53,7 +53,8 @@ class DriverService(Service):
 
     def __init__(self, key: bytes, job_id: str, hostnames: List[str],
                  ranks_by_host: List[List[int]], bind_addr: str = "0.0.0.0",
-                 elastic: bool = False, on_exit: Optional[Callable[[], None]] = None):
+                 elastic: bool = False, on_exit: Optional[Callable[[], None]] = None,
+                 **limits):
         self.job_id = job_id
         self.hostnames = list(hostnames)
         self._ranks_by_host = [set(r) for r in ranks_by_host]
@@ -65,7 +66,9 @@ class DriverService(Service):
         self.exit_order: List[int] = []
         #: elastic jobs: ((hostname, local_rank), code) in the order the tasks reported them
         self.slot_exits: List[Tuple[Tuple[str, int], int]] = []
-        super().__init__("driver", key, bind_addr)
+        super().__init__("driver", key, bind_addr,
+                         expected_peers=sum(len(r) for r in ranks_by_host) + len(hostnames),
+                         **limits)
 
     def add_host(self, hostname: str) -> int:
         """Make room for one more host's task (elastic jobs); returns its host index."""

@@ -87,7 +87,8 @@ class TaskService(Service):
                  on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], Optional[dict]],
                  on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0",
                  elastic: bool = False,
-                 on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None):
+                 on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None,
+                 **limits):
         self.job_id = job_id
         self.host_index = host_index
         self._on_run = on_run
@@ -96,7 +97,7 @@ class TaskService(Service):
         self.elastic = elastic
         self._lock = threading.Lock()
         self.started = False
-        super().__init__("task service", key, bind_addr)
+        super().__init__("task service", key, bind_addr, **limits)
 
     def handle(self, header, blob, client):
         op = header.get("op")
