@@ -20,6 +20,7 @@ import psutil
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteLaunchError
+from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import SlotInfo
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,11 @@ class WorkerGroup:
                 if self._terminated:
                     return
                 try:
-                    proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            start_new_session=True, cwd=self.cwd)
+                    # a session of its own (tree kills reach its children), tied to our
+                    # life: if we die, even by SIGKILL, the kernel kills the rank
+                    proc = lifeline.popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          start_new_session=True, cwd=self.cwd)
                 except OSError as exc:
                     raise HvdliteLaunchError(
                         f"rank {slot.rank} on host {slot.hostname}: cannot start "

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import paramiko
 import psutil
 
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError, HvdliteTimeoutError
+from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots, resolve
 from hvdlite.runner.procs import kill_tree
 
@@ -112,9 +114,10 @@ def _pump(stream, on_line, name) -> threading.Thread:
 class LocalTask(TaskProcess):
     def __init__(self, host: HostSlots, payload: bytes, python: str):
         self.hostname = host.hostname
-        self._proc = subprocess.Popen([python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      start_new_session=True)
+        # SIGTERM if we die: its workers are tied to the task's life in turn
+        self._proc = lifeline.popen([python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, death_signal=signal.SIGTERM)
         self._proc.stdin.write(payload)
         self._proc.stdin.flush()
 

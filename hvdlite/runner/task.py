@@ -26,6 +26,7 @@ task ends its workers and exits.
 import json
 import logging
 import os
+import select
 import sys
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
@@ -39,6 +40,8 @@ from hvdlite.runner.procs import WorkerGroup, terminate_groups
 from hvdlite.runner.rank_output import OutputSink
 
 log = logging.getLogger("hvdlite.runner.task")
+
+STDIN_FD = 0
 
 _SLOT_FIELDS = {f: int for f in ("rank", "local_rank", "cross_rank", "size", "local_size",
                                  "cross_size")}
@@ -151,6 +154,8 @@ class _Task:
         self.driver_addrs = payload["driver"]
         self.elastic = bool(payload.get("elastic"))
         self.stop = threading.Event()
+        #: set when run() returns: the stdin watcher then ends too
+        self.exiting = threading.Event()
         self.wake = threading.Event()
         self.lock = threading.Lock()
         #: one group per worker, so that one worker can be stopped alone (elastic jobs)
@@ -208,11 +213,22 @@ class _Task:
         self.wake.set()
 
     def _lifeline(self):
-        try:
-            while sys.stdin.buffer.readline():
-                pass
-        except (OSError, ValueError):
-            pass
+        """Watch stdin (the launcher's end of the pipe or SSH channel) until it closes.
+
+        Reads the raw descriptor with ``select`` + ``os.read``, never ``sys.stdin``: a
+        daemon thread blocked inside a buffered reader at interpreter exit makes Python
+        abort ("Fatal Python error: _enter_buffered_busy").  It also stops when the task
+        does, so nothing is left blocked at exit.
+        """
+        while not self.exiting.is_set():
+            try:
+                ready, _, _ = select.select([STDIN_FD], [], [], 0.2)
+                if ready and not os.read(STDIN_FD, 65536):
+                    break
+            except (OSError, ValueError):
+                break
+        else:
+            return
         log.info("stdin closed: the launcher is done or gone")
         self.on_terminate()
 
@@ -241,7 +257,8 @@ class _Task:
     def run(self) -> int:
         service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
                               self.on_terminate, elastic=self.elastic, on_stop=self.on_stop)
-        threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True).start()
+        watcher = threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True)
+        watcher.start()
         try:
             reachable = self._find_driver()
             self.driver.request({"op": "register", "host_index": self.host_index,
@@ -268,6 +285,8 @@ class _Task:
             service.shutdown()
             if self.driver is not None:
                 self.driver.close()
+            self.exiting.set()
+            watcher.join(timeout=2.0)
 
     def _report_exits(self) -> None:
         with self.lock:
@@ -289,8 +308,22 @@ class _Task:
         terminate_groups(groups)
 
 
+def _read_payload_line(limit: int = 1 << 20) -> bytes:
+    """The first line of stdin, read from the raw descriptor (see ``_Task._lifeline``).
+
+    The launcher writes only this line before the stream's end, so nothing is read past
+    it."""
+    data = b""
+    while b"\n" not in data and len(data) < limit:
+        chunk = os.read(STDIN_FD, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
 def main() -> int:
-    line = sys.stdin.buffer.readline()
+    line = _read_payload_line()
     if not line:
         return 2
     try:
