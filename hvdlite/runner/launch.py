@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import importlib.util
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -18,7 +19,7 @@ from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
-from hvdlite.runner import flags, gloo_run
+from hvdlite.runner import flags, gloo_run, validation
 from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.elastic.discovery import FixedHosts, ScriptDiscovery
 from hvdlite.runner.elastic.run import launch_elastic
@@ -102,8 +103,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.config_file:
         given = args.gloo or args.mpi or args.jsrun
-        parser.set_defaults(**config_file_defaults(parser, args.config_file, given))
+        keys: Dict[str, str] = {}
+        parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
+        cli = args
         args = parser.parse_args(argv)
+        # the file's key for each value the command line did not give (for messages)
+        args.config_file_keys = {d: k for d, k in keys.items()
+                                 if getattr(cli, d, None) in (None, False)}
     return args
 
 
@@ -192,6 +198,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
     if hosts:
         assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+    parser = flags.build_parser()
+    validation.check_finite_numbers(args, parser)
     tunable_env = {}
     for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
@@ -207,8 +215,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     tunable_env[cfg.CPU_OPERATIONS] = controller
     start_timeout = args.start_timeout if args.start_timeout is not None \
         else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
-    if start_timeout <= 0:
+    if not start_timeout > 0:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
+    validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
     _check_ssh(args)
     nics = None
     if args.network_interfaces:
@@ -260,10 +269,13 @@ def _env_seconds(name: str, default: float) -> float:
     if raw is None:
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
         raise HvdliteConfigError(
-            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds") from None
+            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds > 0")
+    return value
 
 
 def _check_ssh(args: argparse.Namespace) -> None:
