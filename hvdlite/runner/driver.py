@@ -294,10 +294,14 @@ class Driver:
         dead_since: Dict[int, float] = {}
         with svc.cond:
             while not stop.is_set():
+                early = None                   # a rank that exited 0 before one failed
                 for rank in svc.exit_order:
                     code = svc.exits[rank]
+                    if code == 0 and early is None:
+                        early = (rank, host_of[rank])
                     if code != 0:
-                        return failure_message(rank, host_of[rank], code), exit_status(code)
+                        return (failure_message(rank, host_of[rank], code, left_early=early),
+                                exit_status(code))
                 if len(svc.exits) == size:
                     return None, 0
                 for i, t in enumerate(tasks):

@@ -58,6 +58,8 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
     group = WorkerGroup(slots, command, job_env, sink)
     wake = threading.Event()
     failure = None
+    left_early: Optional[SlotInfo] = None     # the first rank that exited 0
+    silent: Optional[SlotInfo] = None         # a stopped rank when another one failed
     try:
         with StopSignals(wake.set) as sig:
             group.start()
@@ -67,6 +69,10 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
                 for slot, code in group.poll():
                     if code != 0 and failure is None:
                         failure = (slot, code)
+                    elif code == 0 and failure is None and left_early is None:
+                        left_early = slot
+                if failure is not None:
+                    silent = next(iter(group.stopped_slots()), None)
                 if failure is not None or group.all_exited():
                     break
                 wake.wait(0.05)
@@ -78,7 +84,11 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
         store.shutdown()
     if failure is not None:
         slot, code = failure
-        sys.stderr.write(failure_message(slot.rank, slot.hostname, code))
+        sys.stderr.write(failure_message(
+            slot.rank, slot.hostname, code,
+            left_early=(left_early.rank, left_early.hostname) if left_early else None,
+            stopped=(silent.rank, silent.hostname) if silent else None,
+            op_timeout_s=_op_timeout(tunable_env)))
         sys.stderr.flush()
         return exit_status(code)
     if stopped:
@@ -192,6 +202,16 @@ def launch_multi(hosts: List[HostSlots], slots: List[SlotInfo], command: Sequenc
         sys.stderr.write(failure)
         sys.stderr.flush()
     return exit_code
+
+
+def _op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:
+    """The ranks' --op-timeout-seconds, for the message about a silent rank."""
+    try:
+        return cfg.Config.from_env(
+            {k: v for k, v in tunable_env.items() if k == cfg.OP_TIMEOUT}, warn=False
+        ).op_timeout_s
+    except HvdliteError:
+        return None
 
 
 def _task_line(hostname: str, line: bytes) -> None:
