@@ -301,7 +301,7 @@ class Config:
                 variable), or another launcher (torchrun) started this process as one of
                 several ranks without hvdlite's rendezvous (see :func:`check_launcher`).
         """
-        env = os.environ if environ is None else environ
+        env = _with_taken_secrets() if environ is None else environ
         check_launcher(env)
         for name in env if warn else ():
             if name.startswith(PREFIX) and name not in _KNOWN:
@@ -336,7 +336,10 @@ class Config:
         if warn:
             _warn_once(notes)
         try:
-            return cls(**values)
+            config = cls(**values)
+            if environ is None:
+                _take_secrets()
+            return config
         except HvdliteConfigError as exc:
             if not from_horovod:
                 raise
@@ -382,6 +385,30 @@ _RANGES = {
     "stall_check_warning_time_s": (0.0, 1e7, ">= 0 seconds"),
     "stall_check_shutdown_time_s": (0.0, 1e7, ">= 0 seconds (0: never shut down)"),
 }
+
+
+#: variables that hold a secret: once ``from_env`` has read them from ``os.environ`` they
+#: are removed from it (so that children the training script starts -- data-loader
+#: workers, shell commands -- do not inherit them) and kept here for later ``init()``
+#: calls in this process (``shutdown()`` then ``init()``, elastic resets)
+SECRET_VARIABLES = (SECRET_KEY,)
+_TAKEN: Dict[str, str] = {}
+
+
+def _with_taken_secrets() -> Dict[str, str]:
+    """``os.environ`` plus the secrets already taken out of it (the environment wins)."""
+    env = dict(os.environ)
+    for name, value in _TAKEN.items():
+        env.setdefault(name, value)
+    return env
+
+
+def _take_secrets() -> None:
+    """Move the secret variables from ``os.environ`` into this module."""
+    for name in SECRET_VARIABLES:
+        value = os.environ.pop(name, None)
+        if value:
+            _TAKEN[name] = value
 
 
 def _this_host() -> str:

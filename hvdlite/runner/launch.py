@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
+from hvdlite.common.net.framing import new_key
 from hvdlite.runner import flags, gloo_run, validation
 from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.elastic.discovery import FixedHosts, ScriptDiscovery
@@ -307,18 +308,21 @@ def run(settings: Settings) -> int:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
     if settings.controller == "mpi":
-        # passed by name from mpiexec's environment: PATH & co, the user's HVDLITE_* and
-        # HOROVOD_* variables, and the secret ones (never on mpiexec's command line)
-        names = [n for n in os.environ if _forwarded(n)] + sorted(settings.secret_env)
-        env = dict(settings.tunable_env)
-        env.update(settings.user_env)
-        return launch_mpi(settings.np, used, settings.command, env, names,
+        # passed by name from mpiexec's environment, never on its command line (which
+        # `ps` shows to every user): PATH & co, the user's HVDLITE_* and HOROVOD_*
+        # variables, -x NAME=VALUE values, the job key and the other secret variables
+        hidden = dict(settings.user_env)
+        hidden.update(settings.secret_env)
+        hidden[cfg.SECRET_KEY] = new_key().hex()      # signs broadcast_object & co
+        names = [n for n in os.environ if _forwarded(n) and n not in hidden] + sorted(hidden)
+        return launch_mpi(settings.np, used, settings.command, dict(settings.tunable_env),
+                          names,
                           settings.mpi_args, ssh_port=settings.ssh_port
                           if settings.ssh_port != 22 else None,
                           identity_file=settings.ssh_identity_file, verbose=settings.verbose,
                           output_dir=settings.output_dir, timestamp=settings.timestamp_output,
                           binding_args=settings.binding_args,
-                          hidden_env=settings.secret_env)
+                          hidden_env=hidden)
     if all(is_local(h.hostname) for h in used):
         if settings.verbose:
             log.warning("all hosts are local: starting %d ranks without SSH", settings.np)
