@@ -28,6 +28,7 @@ from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.driver import Driver
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
+from hvdlite.runner.nics import loopback_interface
 from hvdlite.runner.procs import StopSignals, WorkerGroup, exit_status, failure_message
 from hvdlite.runner.rank_output import OutputSink
 from hvdlite.runner.rendezvous import RendezvousService
@@ -53,6 +54,8 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
         cfg.SECRET_KEY: key.hex(),
         cfg.JOB_ID: uuid.uuid4().hex[:12],
         cfg.CPU_OPERATIONS: tunable_env.get(cfg.CPU_OPERATIONS) or "gloo",
+        # Gloo's own (unauthenticated) listeners on loopback only, like the store
+        cfg.GLOO_IFACE: loopback_interface(),
     })
     sink = OutputSink(output_dir=output_dir, timestamp=timestamp)
     group = WorkerGroup(slots, command, job_env, sink)

@@ -69,3 +69,15 @@ def test_plain_mpiexec_without_a_key_refuses_to_unpickle():
         assert f"REFUSED rank={rank} broadcast_object: this job has no secret key" in r.stdout, \
             r.stdout + r.stderr
     assert "UNPICKLED" not in r.stdout
+
+
+def test_local_job_binds_gloo_listeners_to_loopback():
+    from hvdlite.runner.nics import loopback_interface
+    lo = loopback_interface()
+    assert lo
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2",
+                        sys.executable, os.path.join(WORKERS, "listen_worker.py")],
+                       capture_output=True, text=True, timeout=110, env=_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"LISTEN rank={rank} iface={lo} ['127.0.0.1']" in r.stdout, r.stdout
