@@ -185,7 +185,8 @@ def test_fuzz_rendezvous_store():
         kv.set("a", b"1")
         kv.add("n", 5)
         before = dict(store._data)
-        errors = _hammer("rendezvous store", store.address, key, {"op": "set", "key": "job/a", "x": 1},
+        errors = _hammer("rendezvous store", store.address, key,
+                         {"op": "set", "key": "job/a", "x": 1},
                          ["set", "get", "add", "check", "wait", "compare_set", "delete",
                           "num_keys"], ["key", "keys", "amount", "timeout_s", "expected"], 1)
         assert errors > N_AUTH * 0.6
