@@ -69,7 +69,8 @@ class RejectLog:
         self.total = 0
 
     def note(self, peer: str, what: str) -> None:
-        """One refused frame or connection from ``peer`` (``what`` says why)."""
+        """One refused frame or connection from ``peer`` (``host:port``; the summary counts
+        by host), ``what`` saying why."""
         with self._lock:
             self.total += 1
             now = time.monotonic()
@@ -84,7 +85,8 @@ class RejectLog:
                                       self._name, self._window_s)
                 return
             self._suppressed += 1
-            self._peers[peer] = self._peers.get(peer, 0) + 1
+            host = peer.rsplit(":", 1)[0] if ":" in peer else peer   # by address, not port
+            self._peers[host] = self._peers.get(host, 0) + 1
 
     def flush(self) -> Optional[str]:
         """Log (and return) the summary of what was not logged yet, if anything."""
