@@ -393,22 +393,30 @@ _RANGES = {
 #: calls in this process (``shutdown()`` then ``init()``, elastic resets)
 SECRET_VARIABLES = (SECRET_KEY,)
 _TAKEN: Dict[str, str] = {}
+#: the variables naming the job the taken secrets belong to: they are given back only to
+#: the same job (a process that is handed another job's variables does not get them)
+_JOB_VARIABLES = (JOB_ID, RENDEZVOUS_ADDR, RENDEZVOUS_PORT)
+_TAKEN_FOR: Tuple[Optional[str], ...] = ()
 
 
 def _with_taken_secrets() -> Dict[str, str]:
-    """``os.environ`` plus the secrets already taken out of it (the environment wins)."""
+    """``os.environ`` plus the secrets already taken out of it for the same job (the
+    environment wins)."""
     env = dict(os.environ)
-    for name, value in _TAKEN.items():
-        env.setdefault(name, value)
+    if _TAKEN and tuple(env.get(v) for v in _JOB_VARIABLES) == _TAKEN_FOR:
+        for name, value in _TAKEN.items():
+            env.setdefault(name, value)
     return env
 
 
 def _take_secrets() -> None:
     """Move the secret variables from ``os.environ`` into this module."""
+    global _TAKEN_FOR
     for name in SECRET_VARIABLES:
         value = os.environ.pop(name, None)
         if value:
             _TAKEN[name] = value
+            _TAKEN_FOR = tuple(os.environ.get(v) for v in _JOB_VARIABLES)
 
 
 def _this_host() -> str:

@@ -104,9 +104,11 @@ class Service(abc.ABC):
     def _accept_loop(self) -> None:
         backoff = limits.ACCEPT_BACKOFF_S[0]
         sock = self._sock
+        poller = select.poll()              # not select(): descriptors may exceed 1024
+        poller.register(sock, select.POLLIN)
         while not self._stopping.is_set():
             try:
-                ready, _, _ = select.select([sock], [], [], 0.2)
+                ready = poller.poll(200)
             except (OSError, ValueError):          # closed under us by shutdown()
                 return
             if not ready:
