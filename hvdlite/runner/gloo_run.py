@@ -186,7 +186,8 @@ def launch_multi(hosts: List[HostSlots], slots: List[SlotInfo], command: Sequenc
             progress("%d workers started on %d hosts", len(slots), len(tasks))
 
             # 5. wait
-            failure, exit_code = driver.wait_for_workers(tasks, stop=sig.stopped)
+            failure, exit_code = driver.wait_for_workers(
+                tasks, stop=sig.stopped, op_timeout_s=_op_timeout(job_env_extra))
             if sig.stopped.is_set() and failure is None:
                 exit_code = 130
     except (HvdliteError, OSError) as exc:

@@ -14,6 +14,8 @@ driver address it can reach, registers this host's interfaces, and serves:
 * ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees (elastic
   jobs); their exits are reported like any other
 * ``terminate``: end the workers' process trees and exit
+* ``stopped`` -> ``{ranks: [...]}``: this host's ranks whose process is stopped (SIGSTOP or
+  a debugger), so that the launcher names a silent rank rather than the one that noticed
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it; an elastic worker keeps the rank it started with); worker exits are
@@ -91,12 +93,13 @@ class TaskService(Service):
                  on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0",
                  elastic: bool = False,
                  on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None,
-                 **limits):
+                 on_stopped: Optional[Callable[[], List[int]]] = None, **limits):
         self.job_id = job_id
         self.host_index = host_index
         self._on_run = on_run
         self._on_terminate = on_terminate
         self._on_stop = on_stop
+        self._on_stopped = on_stopped
         self.elastic = elastic
         self._lock = threading.Lock()
         self.started = False
@@ -140,6 +143,8 @@ class TaskService(Service):
         if op == "terminate":
             self._on_terminate()
             return {}, b""
+        if op == "stopped":
+            return {"ranks": self._on_stopped() if self._on_stopped else []}, b""
         raise ServiceError(f"unknown task operation {op!r}")
 
 
@@ -212,6 +217,11 @@ class _Task:
         self.stop.set()
         self.wake.set()
 
+    def on_stopped(self) -> List[int]:
+        with self.lock:
+            groups = list(self.live.values())
+        return [slot.rank for g in groups for slot in g.stopped_slots()]
+
     def _lifeline(self):
         """Watch stdin (the launcher's end of the pipe or SSH channel) until it closes.
 
@@ -256,7 +266,8 @@ class _Task:
 
     def run(self) -> int:
         service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
-                              self.on_terminate, elastic=self.elastic, on_stop=self.on_stop)
+                              self.on_terminate, elastic=self.elastic, on_stop=self.on_stop,
+                              on_stopped=self.on_stopped)
         watcher = threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True)
         watcher.start()
         try:

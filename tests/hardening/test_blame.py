@@ -22,10 +22,10 @@ pytestmark = [pytest.mark.timeout(90),
               pytest.mark.skipif(not _runtime_works(), reason="hvdlite.torch unavailable")]
 
 
-def _run(mode):
+def _run(mode, hosts=()):
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
                os.environ.get("PATH", ""))
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2",
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", *hosts,
                         "--op-timeout-seconds", "3", sys.executable, LEAVE, mode],
                        capture_output=True, text=True, timeout=80, env=env, cwd=ROOT)
     last = [ln for ln in r.stderr.splitlines() if ln.startswith("hvdlite-run:")]
@@ -46,6 +46,16 @@ def test_stopped_rank_is_named_with_what_was_seen():
     assert line.startswith("hvdlite-run: rank 1 on host "), line
     assert "stopped answering for 3s (--op-timeout-seconds)" in line
     assert "its process is stopped" in line and "rank 0 on host" in line
+
+
+@pytest.mark.parametrize("mode, seen", [
+    ("stop", "stopped answering for 3s (--op-timeout-seconds): its process is stopped"),
+    ("exit0", "exited with code 0 before its peers finished")])
+def test_remote_rank_that_left_or_stopped_is_named(sshd, mode, seen):
+    code, line = _run(mode, ["-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()])
+    assert code != 0
+    assert line.startswith("hvdlite-run: rank 1 on host 127.0.0.2 "), line
+    assert seen in line and "rank 0 on host 127.0.0.1 then failed" in line
 
 
 def test_over_long_name_is_refused_and_the_runtime_keeps_working():
