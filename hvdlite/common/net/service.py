@@ -14,6 +14,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from typing import Any, Dict, Optional, Set, Tuple
 
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteError, HvdliteTimeoutError
@@ -59,7 +60,8 @@ class Service(abc.ABC):
         self.refused = 0
         self.rejections = limits.RejectLog(log, name)
         self._max_connections = max_connections or limits.max_connections_for(expected_peers)
-        self._max_unauth = max_unauthenticated
+        # every rank of a big job may connect at the same moment: room for all of them
+        self._max_unauth = max(max_unauthenticated, 2 * int(expected_peers))
         self._preauth_timeout_s = preauth_timeout_s
         self._count_lock = threading.Lock()
         self._open = 0
@@ -258,9 +260,21 @@ class Client:
         self._chan: Optional[SecureChannel] = None
         self._lock = threading.Lock()
 
+    #: pauses before connecting again when the service dropped us before its nonce (it was
+    #: at its connection cap, e.g. while many ranks connect at once)
+    _RETRY_PAUSES_S = (0.05, 0.2, 0.5, 1.0)
+
     def _connect(self) -> SecureChannel:
+        deadline = time.monotonic() + self._timeout_s
         try:
-            return SecureChannel.connect(self._addr, self._key, self._timeout_s)
+            for pause in self._RETRY_PAUSES_S + (None,):
+                try:
+                    return SecureChannel.connect(self._addr, self._key, self._timeout_s)
+                except (ConnectionResetError, ChannelClosed):
+                    if pause is None or time.monotonic() + pause >= deadline:
+                        raise
+                    time.sleep(pause)
+            raise AssertionError("unreachable")
         except socket.timeout:
             raise HvdliteTimeoutError(
                 f"connecting to the {self._name} at {self._addr[0]}:{self._addr[1]} "
