@@ -30,7 +30,6 @@ import cloudpickle
 import torch
 
 from hvdlite.common import basics
-from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteSerializationError
 from hvdlite.torch import mpi_ops
 
@@ -128,6 +127,7 @@ def _require_key(what: str) -> None:
         HvdliteAuthError: the job has several ranks and no key.
     """
     if not _job_secret() and mpi_ops.size() > 1:
+        from hvdlite.common import config as cfg
         raise HvdliteAuthError(
             f"{what}: this job has no secret key, so objects from other ranks cannot be "
             f"authenticated and are never unpickled; launch with hvdlite-run (--mpi for MPI), "
@@ -200,8 +200,8 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
         HvdliteAuthError: the payload failed verification.
     """
     _check_root(root_rank, "broadcast_object")
-    _require_key("broadcast_object")
     name = name or "broadcast_object"
+    _require_key("broadcast_object")
     data, error = None, None
     if mpi_ops.rank() == root_rank:
         data, error = _dumps(obj)
