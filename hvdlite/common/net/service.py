@@ -41,9 +41,9 @@ class Service(abc.ABC):
     hello frame within ``preauth_timeout_s`` (see :mod:`hvdlite.common.net.limits`
     for every bound a stranger meets); a frame that fails verification closes
     that connection and is noted in a rate-limited log; the service itself keeps
-    running.  Connections over ``max_connections`` (or over
-    ``limits.MAX_UNAUTHENTICATED`` still waiting for their hello) are refused at
-    accept.
+    running.  Connections over ``max_connections``, or over ``max_unauthenticated``
+    (at least two per expected peer) still waiting for their hello, are refused at
+    accept; :class:`Client` connects again when that happens.
 
     ``expected_peers`` sizes the listen backlog and the connection cap for a job of
     that many processes.
@@ -74,7 +74,7 @@ class Service(abc.ABC):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((bind_addr, port))
             sock.listen(limits.backlog_for(expected_peers))
-            sock.setblocking(False)            # accept only after select says so
+            sock.setblocking(False)            # accept only after poll says so
         except OSError:
             sock.close()
             raise
