@@ -13,6 +13,7 @@ each with the reason, instead of being silently dropped.
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
@@ -185,6 +186,21 @@ def log_level_name(level: str) -> str:
     return name
 
 
+class HvdliteSettingError(HvdliteConfigError):
+    """One setting is out of range; ``variable`` names it, so that the launcher can name
+    the flag or file key it came from instead."""
+
+    def __init__(self, variable: str, value, reason: str):
+        super().__init__(f"{variable}={value!r}: {reason}")
+        self.variable = variable
+        self.value = value
+        self.reason = reason
+
+
+#: the int32 control vector carries byte counts and the cycle time in microseconds
+INT32_MAX = 2 ** 31 - 1
+
+
 def _parse_bool(name: str, raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -260,20 +276,13 @@ class Config:
         if not 0 <= self.rank < self.size:
             raise HvdliteConfigError(
                 f"{RANK}={self.rank} is outside 0..{self.size - 1} ({SIZE}={self.size})")
-        if self.fusion_threshold_bytes < 0:
-            raise HvdliteConfigError(f"{FUSION_THRESHOLD} must be >= 0 bytes")
-        if self.fusion_chunk_bytes < 1:
-            raise HvdliteConfigError(f"{FUSION_CHUNK} must be >= 1 byte")
-        if self.inplace_threshold_bytes < 0:
-            raise HvdliteConfigError(f"{INPLACE_THRESHOLD} must be >= 0 bytes")
-        if self.cycle_time_ms < 0:
-            raise HvdliteConfigError(f"{CYCLE_TIME} must be >= 0 ms")
-        if self.cache_capacity < 0:
-            raise HvdliteConfigError(f"{CACHE_CAPACITY} must be >= 0")
-        if self.gloo_threads < 1:
-            raise HvdliteConfigError(f"{GLOO_THREADS} must be at least 1")
-        if self.op_timeout_s <= 0:
-            raise HvdliteConfigError(f"{OP_TIMEOUT} must be > 0 seconds")
+        for field, (lo, hi, what) in _RANGES.items():
+            value = getattr(self, field)
+            var = _FROM_ENV[field][0]
+            if isinstance(value, float) and not math.isfinite(value):
+                raise HvdliteSettingError(var, value, f"must be a finite number ({what})")
+            if value < lo or (hi is not None and value > hi):
+                raise HvdliteSettingError(var, value, f"must be {what}")
         if self.cpu_operations not in ("", "gloo", "mpi", "local"):
             raise HvdliteConfigError(
                 f"{CPU_OPERATIONS}={self.cpu_operations!r}: expected 'gloo' or 'mpi'")
@@ -284,21 +293,23 @@ class Config:
         object.__setattr__(self, "log_level", level)     # Python's name, for setLevel
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None,
+                 warn: bool = True) -> "Config":
         """Build the config from ``HVDLITE_*`` variables, or else their ``HOROVOD_*`` twins.
 
         A variable that is unset or empty leaves the field at its default above.  Unknown
         ``HVDLITE_*`` names are warned about; so are, in one warning naming each with the
-        reason, the ``HOROVOD_*`` variables that have no effect here.
+        reason, the ``HOROVOD_*`` variables that have no effect here (``warn=False``: no
+        warnings, for the launcher's own check of the same values).
 
         Raises:
             HvdliteConfigError: a value does not parse or is out of range (names the
                 variable), or another launcher (torchrun) started this process as one of
                 several ranks without hvdlite's rendezvous (see :func:`check_launcher`).
         """
-        env = os.environ if environ is None else environ
+        env = _with_taken_secrets() if environ is None else environ
         check_launcher(env)
-        for name in env:
+        for name in env if warn else ():
             if name.startswith(PREFIX) and name not in _KNOWN:
                 log.warning("unknown variable %s is ignored (known: %s)",
                             name, ", ".join(sorted(_KNOWN)))
@@ -328,9 +339,13 @@ class Config:
         values.setdefault("hostname", _this_host())
         if values["cpu_operations"] == "gloo" and "rendezvous_addr" not in values:
             _check_gloo_under_mpi(env, _lookup(env, CPU_OPERATIONS, str, [])[1])
-        _warn_once(notes)
+        if warn:
+            _warn_once(notes)
         try:
-            return cls(**values)
+            config = cls(**values)
+            if environ is None:
+                _take_secrets()
+            return config
         except HvdliteConfigError as exc:
             if not from_horovod:
                 raise
@@ -361,6 +376,55 @@ _FROM_ENV = {
     "stall_check_shutdown_time_s": (STALL_CHECK_SHUTDOWN_TIME, float),
     "log_level": (LOG_LEVEL, str),
 }
+
+
+#: field -> (lowest, highest or None, the rule in words) for every numeric tunable; the
+#: byte counts and the cycle time travel in the int32 control vector, hence their bound
+_RANGES = {
+    "fusion_threshold_bytes": (0, INT32_MAX, f"0..{INT32_MAX} bytes (0 turns fusion off)"),
+    "fusion_chunk_bytes": (1, INT32_MAX, f"1..{INT32_MAX} bytes"),
+    "inplace_threshold_bytes": (0, INT32_MAX, f"0..{INT32_MAX} bytes"),
+    "cycle_time_ms": (0.0, INT32_MAX / 1000.0 - 1, f"0..{INT32_MAX // 1000} ms"),
+    "cache_capacity": (0, 1 << 20, f"0..{1 << 20} entries (0 turns the cache off)"),
+    "gloo_threads": (1, 1024, "1..1024 threads"),
+    "op_timeout_s": (1e-3, 1e7, "> 0 seconds"),
+    "start_timeout_s": (1e-3, 1e7, "> 0 seconds"),
+    "elastic_timeout_s": (1e-3, 1e7, "> 0 seconds"),
+    "stall_check_warning_time_s": (0.0, 1e7, ">= 0 seconds"),
+    "stall_check_shutdown_time_s": (0.0, 1e7, ">= 0 seconds (0: never shut down)"),
+}
+
+
+#: variables that hold a secret: once ``from_env`` has read them from ``os.environ`` they
+#: are removed from it (so that children the training script starts -- data-loader
+#: workers, shell commands -- do not inherit them) and kept here for later ``init()``
+#: calls in this process (``shutdown()`` then ``init()``, elastic resets)
+SECRET_VARIABLES = (SECRET_KEY,)
+_TAKEN: Dict[str, str] = {}
+#: the variables naming the job the taken secrets belong to: they are given back only to
+#: the same job (a process that is handed another job's variables does not get them)
+_JOB_VARIABLES = (JOB_ID, RENDEZVOUS_ADDR, RENDEZVOUS_PORT)
+_TAKEN_FOR: Tuple[Optional[str], ...] = ()
+
+
+def _with_taken_secrets() -> Dict[str, str]:
+    """``os.environ`` plus the secrets already taken out of it for the same job (the
+    environment wins)."""
+    env = dict(os.environ)
+    if _TAKEN and tuple(env.get(v) for v in _JOB_VARIABLES) == _TAKEN_FOR:
+        for name, value in _TAKEN.items():
+            env.setdefault(name, value)
+    return env
+
+
+def _take_secrets() -> None:
+    """Move the secret variables from ``os.environ`` into this module."""
+    global _TAKEN_FOR
+    for name in SECRET_VARIABLES:
+        value = os.environ.pop(name, None)
+        if value:
+            _TAKEN[name] = value
+            _TAKEN_FOR = tuple(os.environ.get(v) for v in _JOB_VARIABLES)
 
 
 def _this_host() -> str:

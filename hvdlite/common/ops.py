@@ -179,10 +179,30 @@ def _submit(op: OpType, buffers: Sequence, names: Sequence[str], outputs: Sequen
     handle.names = list(names)
     entries = []
     for i, (buf, nm, out) in enumerate(zip(buffers, names, outputs)):
+        if len(nm) > MAX_NAME_CHARS:
+            check_name_length(nm)
         req = Request(nm, op, buffer_dtype(buf, nm, op), tuple(buf.shape), **fields)
         entries.append(Entry(req, buf, out, handle, i))
     runtime.enqueue(entries)
     return handle
+
+
+#: the longest tensor name accepted: every name travels to every rank in each negotiation
+#: and its size into the int32 control vector, so it is bounded at submission
+MAX_NAME_CHARS = 4096
+
+
+def check_name_length(name: str) -> None:
+    """Refuse an over-long name here, in the caller's thread, with a clear error (rather
+    than overflowing the control vector and failing every later operation).
+
+    Raises:
+        ValueError: ``name`` is longer than :data:`MAX_NAME_CHARS`.
+    """
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"tensor name {name[:60]!r}... is {len(name)} characters long; names "
+                         f"are limited to {MAX_NAME_CHARS} characters (they are sent to every "
+                         f"rank in each negotiation)")
 
 
 def _check_reducible(dt: str, op: ReduceOp, name: str) -> None:
@@ -207,6 +227,8 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
         _check_reducible(dt, op, name)
     if name is None:
         name = auto_name(OpType.ALLREDUCE)
+    elif len(name) > MAX_NAME_CHARS:
+        check_name_length(name)
     handle = Handle(1, finish)
     handle.names = [name]
     req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,

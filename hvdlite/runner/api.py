@@ -51,7 +51,8 @@ class _FunctionService(Service):
         self.results: Dict[int, bytes] = {}
         #: (rank, traceback text) in the order the ranks reported them
         self.failures: List[Tuple[int, str]] = []
-        super().__init__("hvdlite.run function service", key, bind_addr=bind_addr)
+        super().__init__("hvdlite.run function service", key, bind_addr=bind_addr,
+                         expected_peers=np)
 
     def handle(self, header: Header, blob: bytes, client) -> Tuple[Header, bytes]:
         op = header.get("op")

@@ -116,6 +116,8 @@ class _Reader:
         self.by_name = _actions(parser)
         self.by_dest = {a.dest: a for a in parser._actions}
         self.out: Dict[str, Any] = {}
+        #: dest -> the key it was read from, as written in the file
+        self.keys: Dict[str, str] = {}
 
     def error(self, what: str) -> HvdliteConfigError:
         return HvdliteConfigError(f"--config-file {self.path}: {what}")
@@ -140,6 +142,11 @@ class _Reader:
     def set(self, dest: str, value: Any, key: str) -> None:
         """Store ``value`` for ``dest`` after the flag's own type and choice checks."""
         action = self.by_dest[dest]
+        value = self._shape(action, value, key)
+        if isinstance(value, list):                # nargs=N or a repeatable flag: checked
+            self.out[dest] = value
+            self.keys[dest] = key
+            return
         if action.type is not None and action.nargs is None and value is not None:
             if isinstance(value, str):
                 try:
@@ -153,6 +160,41 @@ class _Reader:
         if action.choices is not None and value not in action.choices:
             raise self.error(f"{key}: {value!r} is not one of {', '.join(action.choices)}")
         self.out[dest] = value
+        self.keys[dest] = key
+
+    def _shape(self, action: argparse.Action, value: Any, key: str) -> Any:
+        """A value of the shape the flag takes: a scalar for a plain flag, a list of N for
+        ``nargs=N``, a list of strings for a repeatable one (-x); YAML gives any shape.
+
+        Raises:
+            HvdliteConfigError: a list or mapping where one value belongs, or the reverse.
+        """
+        if isinstance(action, argparse._AppendAction):
+            items = value if isinstance(value, list) else [value]
+            if not all(isinstance(v, str) for v in items):
+                raise self.error(f"{key}: expected a name or a list of names, got {value!r}")
+            return list(items)
+        if isinstance(action.nargs, int) and action.nargs > 0:
+            if not isinstance(value, list) or len(value) != action.nargs:
+                raise self.error(f"{key}: expected a list of {action.nargs} values, got "
+                                 f"{value!r}")
+            out = []
+            for v in value:
+                if action.type in (int, float) and (isinstance(v, bool)
+                                                    or not isinstance(v, (int, float))):
+                    raise self.error(f"{key}: {v!r} is not a number")
+                out.append(action.type(v) if action.type is not None else v)
+            return out
+        if not isinstance(action, argparse._StoreAction):
+            return value                           # a switch's constant (checked by caller)
+        if isinstance(value, (list, dict)):
+            kind = "list" if isinstance(value, list) else "mapping"
+            raise self.error(f"{key}: expected one value, got a {kind} {value!r}")
+        if action.type is None and value is not None and not isinstance(value, str):
+            if isinstance(value, bool):
+                raise self.error(f"{key}: expected text, got {value!r}")
+            value = str(value)                     # e.g. "hosts: 5" is the text "5"
+        return value
 
     def section(self, name: str, entries: Dict[str, Any]) -> None:
         known = HOROVOD_SECTIONS.get(name, {})
@@ -177,11 +219,13 @@ class _Reader:
 
 
 def config_file_defaults(parser: argparse.ArgumentParser, path: str,
-                         controller_given: bool = False) -> Dict[str, Any]:
+                         controller_given: bool = False,
+                         keys: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Read ``--config-file`` into ``{flag dest: value}`` (parser defaults; flags win).
 
     ``controller_given``: --gloo/--mpi/--jsrun is on the command line, so the file's
-    ``controller:`` does not apply (they exclude each other).
+    ``controller:`` does not apply (they exclude each other).  ``keys``, when given, is
+    filled with the file's key for each dest (so later checks can name the key).
 
     Raises:
         HvdliteConfigError: unreadable file, not a mapping, an unknown key or a bad value
@@ -195,6 +239,8 @@ def config_file_defaults(parser: argparse.ArgumentParser, path: str,
             reader.section(str(key), value)
         else:
             reader.flag_entry(key, value, "")
+    if keys is not None:
+        keys.update(reader.keys)
     return reader.out
 
 

@@ -53,7 +53,8 @@ class DriverService(Service):
 
     def __init__(self, key: bytes, job_id: str, hostnames: List[str],
                  ranks_by_host: List[List[int]], bind_addr: str = "0.0.0.0",
-                 elastic: bool = False, on_exit: Optional[Callable[[], None]] = None):
+                 elastic: bool = False, on_exit: Optional[Callable[[], None]] = None,
+                 **limits):
         self.job_id = job_id
         self.hostnames = list(hostnames)
         self._ranks_by_host = [set(r) for r in ranks_by_host]
@@ -65,7 +66,9 @@ class DriverService(Service):
         self.exit_order: List[int] = []
         #: elastic jobs: ((hostname, local_rank), code) in the order the tasks reported them
         self.slot_exits: List[Tuple[Tuple[str, int], int]] = []
-        super().__init__("driver", key, bind_addr)
+        super().__init__("driver", key, bind_addr,
+                         expected_peers=sum(len(r) for r in ranks_by_host) + len(hostnames),
+                         **limits)
 
     def add_host(self, hostname: str) -> int:
         """Make room for one more host's task (elastic jobs); returns its host index."""
@@ -280,21 +283,31 @@ class Driver:
         with ThreadPoolExecutor(max_workers=len(self.hostnames)) as pool:
             list(pool.map(run, range(len(self.hostnames))))
 
-    def wait_for_workers(self, tasks, stop: threading.Event) -> Tuple[Optional[str], int]:
+    def wait_for_workers(self, tasks, stop: threading.Event,
+                         op_timeout_s: Optional[float] = None) -> Tuple[Optional[str], int]:
         """Wait until every rank exited 0, one failed, a task died, or ``stop`` is set.
 
-        Returns ``(failure message or None, exit code)``.
+        Returns ``(failure message or None, exit code)``.  The message names first a rank
+        that exited 0 before its peers finished, or one that a task reports stopped
+        (``op_timeout_s``: how long its peers waited for it), then the rank that failed.
         """
         svc = self.service
         size = sum(len(s) for s in self.slots_by_host)
         host_of = {s.rank: s.hostname for ss in self.slots_by_host for s in ss}
         dead_since: Dict[int, float] = {}
+        failed = None
         with svc.cond:
             while not stop.is_set():
+                early = None                   # a rank that exited 0 before one failed
                 for rank in svc.exit_order:
                     code = svc.exits[rank]
+                    if code == 0 and early is None:
+                        early = (rank, host_of[rank])
                     if code != 0:
-                        return failure_message(rank, host_of[rank], code), exit_status(code)
+                        failed = (rank, code, early)
+                        break
+                if failed is not None:
+                    break
                 if len(svc.exits) == size:
                     return None, 0
                 for i, t in enumerate(tasks):
@@ -308,7 +321,27 @@ class Driver:
                                     f"(code {code}; connection lost?) before ranks {pending} "
                                     f"finished; the other ranks were terminated.\n", 1)
                 svc.cond.wait(0.2)
-        return None, 130
+        if failed is None:
+            return None, 130
+        rank, code, early = failed
+        silent = self._stopped_rank()         # asked outside the lock: tasks answer on it
+        stopped = (silent, host_of[silent]) if silent is not None else None
+        return (failure_message(rank, host_of[rank], code, left_early=early, stopped=stopped,
+                                op_timeout_s=op_timeout_s), exit_status(code))
+
+    def _stopped_rank(self, timeout_s: float = 3.0) -> Optional[int]:
+        """A rank whose process its task sees stopped (SIGSTOP, a debugger), if any."""
+        for i in sorted(self.service.registrations):
+            try:
+                reply, _ = self._client(i, timeout_s).request({"op": "stopped"},
+                                                              timeout_s=timeout_s)
+            except (HvdliteError, OSError) as exc:
+                log.info("stopped ranks on %s: %s", self.hostnames[i], exc)
+                continue
+            ranks = reply.get("ranks")
+            if isinstance(ranks, list) and ranks and isinstance(ranks[0], int):
+                return ranks[0]
+        return None
 
     def terminate_all(self, timeout_s: float) -> None:
         """Ask every registered task to end its workers (best effort, bounded)."""

@@ -28,6 +28,7 @@ from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.driver import Driver
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
+from hvdlite.runner.nics import loopback_interface
 from hvdlite.runner.procs import StopSignals, WorkerGroup, exit_status, failure_message
 from hvdlite.runner.rank_output import OutputSink
 from hvdlite.runner.rendezvous import RendezvousService
@@ -53,11 +54,15 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
         cfg.SECRET_KEY: key.hex(),
         cfg.JOB_ID: uuid.uuid4().hex[:12],
         cfg.CPU_OPERATIONS: tunable_env.get(cfg.CPU_OPERATIONS) or "gloo",
+        # Gloo's own (unauthenticated) listeners on loopback only, like the store
+        cfg.GLOO_IFACE: loopback_interface(),
     })
     sink = OutputSink(output_dir=output_dir, timestamp=timestamp)
     group = WorkerGroup(slots, command, job_env, sink)
     wake = threading.Event()
     failure = None
+    left_early: Optional[SlotInfo] = None     # the first rank that exited 0
+    silent: Optional[SlotInfo] = None         # a stopped rank when another one failed
     try:
         with StopSignals(wake.set) as sig:
             group.start()
@@ -67,6 +72,10 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
                 for slot, code in group.poll():
                     if code != 0 and failure is None:
                         failure = (slot, code)
+                    elif code == 0 and failure is None and left_early is None:
+                        left_early = slot
+                if failure is not None:
+                    silent = next(iter(group.stopped_slots()), None)
                 if failure is not None or group.all_exited():
                     break
                 wake.wait(0.05)
@@ -78,7 +87,11 @@ def launch_local(slots: List[SlotInfo], command: Sequence[str], tunable_env: Dic
         store.shutdown()
     if failure is not None:
         slot, code = failure
-        sys.stderr.write(failure_message(slot.rank, slot.hostname, code))
+        sys.stderr.write(failure_message(
+            slot.rank, slot.hostname, code,
+            left_early=(left_early.rank, left_early.hostname) if left_early else None,
+            stopped=(silent.rank, silent.hostname) if silent else None,
+            op_timeout_s=_op_timeout(tunable_env)))
         sys.stderr.flush()
         return exit_status(code)
     if stopped:
@@ -173,7 +186,8 @@ def launch_multi(hosts: List[HostSlots], slots: List[SlotInfo], command: Sequenc
             progress("%d workers started on %d hosts", len(slots), len(tasks))
 
             # 5. wait
-            failure, exit_code = driver.wait_for_workers(tasks, stop=sig.stopped)
+            failure, exit_code = driver.wait_for_workers(
+                tasks, stop=sig.stopped, op_timeout_s=_op_timeout(job_env_extra))
             if sig.stopped.is_set() and failure is None:
                 exit_code = 130
     except (HvdliteError, OSError) as exc:
@@ -192,6 +206,16 @@ def launch_multi(hosts: List[HostSlots], slots: List[SlotInfo], command: Sequenc
         sys.stderr.write(failure)
         sys.stderr.flush()
     return exit_code
+
+
+def _op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:
+    """The ranks' --op-timeout-seconds, for the message about a silent rank."""
+    try:
+        return cfg.Config.from_env(
+            {k: v for k, v in tunable_env.items() if k == cfg.OP_TIMEOUT}, warn=False
+        ).op_timeout_s
+    except HvdliteError:
+        return None
 
 
 def _task_line(hostname: str, line: bytes) -> None:

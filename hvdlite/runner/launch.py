@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import importlib.util
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -18,7 +19,8 @@ from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
-from hvdlite.runner import flags, gloo_run
+from hvdlite.common.net.framing import new_key
+from hvdlite.runner import flags, gloo_run, validation
 from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.elastic.discovery import FixedHosts, ScriptDiscovery
 from hvdlite.runner.elastic.run import launch_elastic
@@ -102,8 +104,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.config_file:
         given = args.gloo or args.mpi or args.jsrun
-        parser.set_defaults(**config_file_defaults(parser, args.config_file, given))
+        keys: Dict[str, str] = {}
+        parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
+        cli = args
         args = parser.parse_args(argv)
+        # the file's key for each value the command line did not give (for messages)
+        args.config_file_keys = {d: k for d, k in keys.items()
+                                 if getattr(cli, d, None) in (None, False)}
     return args
 
 
@@ -192,6 +199,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
     if hosts:
         assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+    parser = flags.build_parser()
+    validation.check_finite_numbers(args, parser)
     tunable_env = {}
     for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
@@ -208,8 +217,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     tunable_env[cfg.CPU_OPERATIONS] = controller
     start_timeout = args.start_timeout if args.start_timeout is not None \
         else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
-    if start_timeout <= 0:
+    if not start_timeout > 0:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
+    validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
     _check_ssh(args)
     nics = None
     if args.network_interfaces:
@@ -261,10 +271,13 @@ def _env_seconds(name: str, default: float) -> float:
     if raw is None:
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
         raise HvdliteConfigError(
-            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds") from None
+            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds > 0")
+    return value
 
 
 def _check_ssh(args: argparse.Namespace) -> None:
@@ -296,18 +309,21 @@ def run(settings: Settings) -> int:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
     if settings.controller == "mpi":
-        # passed by name from mpiexec's environment: PATH & co, the user's HVDLITE_* and
-        # HOROVOD_* variables, and the secret ones (never on mpiexec's command line)
-        names = [n for n in os.environ if _forwarded(n)] + sorted(settings.secret_env)
-        env = dict(settings.tunable_env)
-        env.update(settings.user_env)
-        return launch_mpi(settings.np, used, settings.command, env, names,
+        # passed by name from mpiexec's environment, never on its command line (which
+        # `ps` shows to every user): PATH & co, the user's HVDLITE_* and HOROVOD_*
+        # variables, -x NAME=VALUE values, the job key and the other secret variables
+        hidden = dict(settings.user_env)
+        hidden.update(settings.secret_env)
+        hidden[cfg.SECRET_KEY] = new_key().hex()      # signs broadcast_object & co
+        names = [n for n in os.environ if _forwarded(n) and n not in hidden] + sorted(hidden)
+        return launch_mpi(settings.np, used, settings.command, dict(settings.tunable_env),
+                          names,
                           settings.mpi_args, ssh_port=settings.ssh_port
                           if settings.ssh_port != 22 else None,
                           identity_file=settings.ssh_identity_file, verbose=settings.verbose,
                           output_dir=settings.output_dir, timestamp=settings.timestamp_output,
                           binding_args=settings.binding_args,
-                          hidden_env=settings.secret_env)
+                          hidden_env=hidden)
     if all(is_local(h.hostname) for h in used):
         if settings.verbose:
             log.warning("all hosts are local: starting %d ranks without SSH", settings.np)

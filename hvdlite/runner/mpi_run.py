@@ -25,6 +25,7 @@ import psutil
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
+from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.procs import StopSignals, describe_exit, exit_status, kill_tree
 from hvdlite.runner.rank_output import wrapper_command
@@ -143,8 +144,9 @@ def launch_mpi(np: int, hosts: List[HostSlots], command: Sequence[str],
     if verbose:
         sys.stderr.write(f"hvdlite-run: {flavor}: {' '.join(shlex.quote(c) for c in cmd)}\n")
     try:
-        proc = subprocess.Popen(cmd, start_new_session=True,
-                                env={**os.environ, **hidden_env} if hidden_env else None)
+        # SIGTERM if we die (even by SIGKILL): mpiexec then ends the ranks it started
+        proc = lifeline.popen(cmd, start_new_session=True, death_signal=signal.SIGTERM,
+                              env={**os.environ, **hidden_env} if hidden_env else None)
     except OSError as exc:
         raise HvdliteLaunchError(f"--mpi: cannot start {mpiexec}: {exc.strerror}") from None
 

@@ -26,3 +26,16 @@ def discover_nics() -> Dict[str, List[str]]:
 def is_loopback(iface: str, addrs: List[str]) -> bool:
     """True for ``lo`` and for an interface whose addresses are all 127.x."""
     return iface == "lo" or all(a.startswith("127.") for a in addrs)
+
+
+def loopback_interface() -> str:
+    """The interface holding 127.0.0.1 (``lo`` on Linux), or "" when there is none.
+
+    A job whose ranks all run on this host binds Gloo's listeners to it: Gloo's default
+    device binds to the address this host's name resolves to, often one that other
+    hosts can reach, and Gloo's own listeners authenticate nothing.
+    """
+    for name, addrs in discover_nics().items():
+        if "127.0.0.1" in addrs:
+            return name
+    return ""

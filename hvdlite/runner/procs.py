@@ -20,6 +20,7 @@ import psutil
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteLaunchError
+from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import SlotInfo
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,27 @@ def exit_status(code: int) -> int:
     return code if code > 0 else 128 - code
 
 
-def failure_message(rank: int, host: str, code: int) -> str:
-    """The launcher's one line about the rank that failed the job."""
+def failure_message(rank: int, host: str, code: int,
+                    left_early: Optional[Tuple[int, str]] = None,
+                    stopped: Optional[Tuple[int, str]] = None,
+                    op_timeout_s: Optional[float] = None) -> str:
+    """The launcher's one line about the rank that failed the job.
+
+    The rank that exits non-zero first is often only the one that *noticed*: its
+    collective failed because a peer left (``left_early``: it exited 0 before its peers
+    finished) or went silent (``stopped``: its process is stopped, e.g. by SIGSTOP).  The
+    line then names that peer first and what was seen, and the noticing rank second.
+    """
+    then = f"rank {rank} on host {host} then failed ({describe_exit(code)})"
+    if stopped is not None:
+        waited = (f" for {op_timeout_s:g}s (--op-timeout-seconds)"
+                  if op_timeout_s is not None else "")
+        return (f"hvdlite-run: rank {stopped[0]} on host {stopped[1]} stopped answering"
+                f"{waited}: its process is stopped (SIGSTOP or a debugger); {then}; "
+                f"the other ranks were terminated.\n")
+    if left_early is not None:
+        return (f"hvdlite-run: rank {left_early[0]} on host {left_early[1]} exited with code 0 "
+                f"before its peers finished; {then}; the other ranks were terminated.\n")
     return (f"hvdlite-run: rank {rank} on host {host} {describe_exit(code)}; "
             f"the other ranks were terminated.\n")
 
@@ -74,6 +94,7 @@ def kill_tree(proc: psutil.Process, grace_s: float = TERMINATE_GRACE_S) -> None:
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGCONT)     # a stopped process acts on SIGTERM only now
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
@@ -123,9 +144,11 @@ class WorkerGroup:
                 if self._terminated:
                     return
                 try:
-                    proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            start_new_session=True, cwd=self.cwd)
+                    # a session of its own (tree kills reach its children), tied to our
+                    # life: if we die, even by SIGKILL, the kernel kills the rank
+                    proc = lifeline.popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          start_new_session=True, cwd=self.cwd)
                 except OSError as exc:
                     raise HvdliteLaunchError(
                         f"rank {slot.rank} on host {slot.hostname}: cannot start "
@@ -146,6 +169,21 @@ class WorkerGroup:
                 self._reported.add(slot.rank)
                 done.append((slot, code))
         return done
+
+    def stopped_slots(self) -> List[SlotInfo]:
+        """Ranks whose process is alive but stopped (SIGSTOP, SIGTSTP, a debugger): they
+        cannot answer their peers, whose collectives then time out."""
+        out = []
+        for slot, proc in zip(self.slots, list(self.procs)):
+            if proc.poll() is not None:
+                continue
+            try:
+                status = psutil.Process(proc.pid).status()
+            except psutil.Error:
+                continue
+            if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                out.append(slot)
+        return out
 
     def all_exited(self) -> bool:
         return len(self._reported) == len(self.slots) or (

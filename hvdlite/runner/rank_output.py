@@ -36,6 +36,7 @@ import time
 from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteLaunchError
+from hvdlite.runner import lifeline
 from hvdlite.runner.procs import describe_exit, exit_status
 
 #: where MPI implementations put the world rank, tried in order:
@@ -155,23 +156,6 @@ def mpi_rank(environ: Mapping[str, str]) -> int:
         f"hvdlite-run --mpi")
 
 
-def _parent_death_signal() -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that has the kernel SIGKILL the child when the wrapper dies.
-
-    Linux only (``prctl(PR_SET_PDEATHSIG)``); ``None`` elsewhere.  libc is
-    looked up here, in the parent, so the child runs only the call.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
-    return lambda: prctl(pr_set_pdeathsig, sigkill, 0, 0, 0)
-
-
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
                                 description="Run one MPI rank's command with its output "
@@ -199,9 +183,9 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
         # close_fds=False: the child gets every descriptor mpiexec gave us (PMI_FD)
-        proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, close_fds=False,
-                                start_new_session=True, preexec_fn=_parent_death_signal())
+        proc = lifeline.popen(list(command), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, close_fds=False,
+                              start_new_session=True)
     except OSError as exc:
         raise HvdliteLaunchError(f"rank {rank} on host {socket.gethostname()}: cannot start "
                                  f"{command[0]!r}: {exc.strerror}") from None
@@ -245,6 +229,9 @@ def _report(text: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    # Hydra's proxy is our parent: if it dies (mpiexec or the launcher was killed), we get
+    # SIGTERM, which ends the child's group below, and the child is tied to us in turn
+    lifeline.set_own_death_signal(signal.SIGTERM)
     try:
         rank = mpi_rank(os.environ)
         sink = OutputSink(output_dir=args.output_dir, timestamp=args.timestamp)

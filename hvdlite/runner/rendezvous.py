@@ -29,10 +29,12 @@ class KVStoreService(Service):
     ``timeout_s`` passes, then answer with an error naming the missing keys.
     """
 
-    def __init__(self, key: bytes, bind_addr: str = "127.0.0.1", port: int = 0):
+    def __init__(self, key: bytes, bind_addr: str = "127.0.0.1", port: int = 0,
+                 expected_peers: int = 0, **limits):
         self._data: Dict[str, bytes] = {}
         self._cond = threading.Condition()
-        super().__init__("rendezvous store", key, bind_addr, port)
+        super().__init__("rendezvous store", key, bind_addr, port,
+                         expected_peers=expected_peers, **limits)
 
     def _wait_for(self, keys: Sequence[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -122,7 +124,7 @@ class RendezvousService(KVStoreService):
         self._repeat_last = repeat_last
         self._round = -1
         self._places: Dict[Tuple[str, int], SlotInfo] = {}
-        super().__init__(key, bind_addr, port)
+        super().__init__(key, bind_addr, port, expected_peers=len(slots))
         if slots:
             self.publish(slots)
 

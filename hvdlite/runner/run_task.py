@@ -100,7 +100,10 @@ def _report_failure(client: Client, rank: int, text: str) -> int:
 
 def main() -> int:
     """Fetch, run, report; returns the exit code."""
-    environ = os.environ
+    environ = dict(os.environ)
+    # the function service's key is ours alone: the user's function and what it starts
+    # (data-loader workers, shell commands) do not inherit it
+    os.environ.pop(cfg.RUN_FUNC_KEY, None)
     rank = this_rank(environ)
     try:
         client, blob = _connect(environ, bytes.fromhex(environ[cfg.RUN_FUNC_KEY]))

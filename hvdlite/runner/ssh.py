@@ -14,20 +14,26 @@ import logging
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, Optional
 
 import paramiko
 import psutil
 
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError, HvdliteTimeoutError
+from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots, resolve
 from hvdlite.runner.procs import kill_tree
 
 log = logging.getLogger(__name__)
+# paramiko logs every failure it raises to us as a traceback from its transport thread;
+# we report each in one line (host, port, what was expected) instead
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 TASK_MODULE = "hvdlite.runner.task"
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
@@ -112,9 +118,10 @@ def _pump(stream, on_line, name) -> threading.Thread:
 class LocalTask(TaskProcess):
     def __init__(self, host: HostSlots, payload: bytes, python: str):
         self.hostname = host.hostname
-        self._proc = subprocess.Popen([python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      start_new_session=True)
+        # SIGTERM if we die: its workers are tied to the task's life in turn
+        self._proc = lifeline.popen([python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, death_signal=signal.SIGTERM)
         self._proc.stdin.write(payload)
         self._proc.stdin.flush()
 
@@ -170,8 +177,9 @@ class SSHTask(TaskProcess):
         client.set_missing_host_key_policy(
             paramiko.RejectPolicy() if opts.strict_host_key_checking else _QuietWarningPolicy())
         user = host.user or getpass.getuser()
+        sock = _open_ssh_socket(host.hostname, opts.port, timeout_s)
         try:
-            client.connect(host.hostname, port=opts.port, username=user,
+            client.connect(host.hostname, port=opts.port, username=user, sock=sock,
                            key_filename=opts.identity_file, timeout=timeout_s,
                            banner_timeout=timeout_s, auth_timeout=timeout_s,
                            allow_agent=opts.identity_file is None,
@@ -251,6 +259,54 @@ class SSHTask(TaskProcess):
 
     def kill(self):
         self._client.close()
+
+
+def _open_ssh_socket(hostname: str, port: int, timeout_s: float) -> socket.socket:
+    """A TCP connection to ``hostname:port`` on which an SSH server has started talking.
+
+    Waits (``MSG_PEEK``, nothing consumed: paramiko reads the banner itself) for the
+    server's first bytes, so that a port that accepts connections but is not an SSH
+    server -- or a server too busy to answer -- is reported in one line, not as
+    paramiko's tracebacks and its misleading "No existing session".
+
+    Raises:
+        HvdliteTimeoutError: no connection, or no banner, within ``timeout_s``.
+        HvdliteLaunchError: the connection is refused or closed before a banner.
+    """
+    target = f"{hostname}:{port}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        sock = socket.create_connection((hostname, port), timeout=timeout_s)
+    except socket.timeout:
+        raise HvdliteTimeoutError(
+            f"SSH to {target}: no answer within {timeout_s:.0f}s (raise --start-timeout, or "
+            f"check the host and -p/--ssh-port)") from None
+    except OSError as exc:
+        reason = "connection refused" if isinstance(exc, ConnectionRefusedError) \
+            else (exc.strerror or str(exc))
+        raise HvdliteLaunchError(
+            f"SSH to {target}: cannot connect: {reason} (is sshd running there? check "
+            f"-p/--ssh-port)") from None
+    try:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        first = sock.recv(4, socket.MSG_PEEK)
+    except socket.timeout:
+        sock.close()
+        raise HvdliteTimeoutError(
+            f"SSH to {target}: the host accepted the TCP connection but sent no SSH banner "
+            f"within {timeout_s:.0f}s (expected an SSH server on port {port}; check "
+            f"-p/--ssh-port, or raise --start-timeout if the host is overloaded)") from None
+    except OSError as exc:
+        sock.close()
+        raise HvdliteLaunchError(f"SSH to {target}: the connection failed before the SSH "
+                                 f"banner: {exc.strerror or exc}") from None
+    if not first:
+        sock.close()
+        raise HvdliteLaunchError(
+            f"SSH to {target}: the host closed the connection without an SSH banner (is "
+            f"this port an SSH server? check -p/--ssh-port)")
+    sock.settimeout(timeout_s)
+    return sock
 
 
 class _QuietWarningPolicy(paramiko.MissingHostKeyPolicy):

@@ -14,6 +14,8 @@ driver address it can reach, registers this host's interfaces, and serves:
 * ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees (elastic
   jobs); their exits are reported like any other
 * ``terminate``: end the workers' process trees and exit
+* ``stopped`` -> ``{ranks: [...]}``: this host's ranks whose process is stopped (SIGSTOP or
+  a debugger), so that the launcher names a silent rank rather than the one that noticed
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it; an elastic worker keeps the rank it started with); worker exits are
@@ -26,6 +28,7 @@ task ends its workers and exits.
 import json
 import logging
 import os
+import select
 import sys
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
@@ -39,6 +42,8 @@ from hvdlite.runner.procs import WorkerGroup, terminate_groups
 from hvdlite.runner.rank_output import OutputSink
 
 log = logging.getLogger("hvdlite.runner.task")
+
+STDIN_FD = 0
 
 _SLOT_FIELDS = {f: int for f in ("rank", "local_rank", "cross_rank", "size", "local_size",
                                  "cross_size")}
@@ -87,16 +92,18 @@ class TaskService(Service):
                  on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], Optional[dict]],
                  on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0",
                  elastic: bool = False,
-                 on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None):
+                 on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None,
+                 on_stopped: Optional[Callable[[], List[int]]] = None, **limits):
         self.job_id = job_id
         self.host_index = host_index
         self._on_run = on_run
         self._on_terminate = on_terminate
         self._on_stop = on_stop
+        self._on_stopped = on_stopped
         self.elastic = elastic
         self._lock = threading.Lock()
         self.started = False
-        super().__init__("task service", key, bind_addr)
+        super().__init__("task service", key, bind_addr, **limits)
 
     def handle(self, header, blob, client):
         op = header.get("op")
@@ -136,6 +143,8 @@ class TaskService(Service):
         if op == "terminate":
             self._on_terminate()
             return {}, b""
+        if op == "stopped":
+            return {"ranks": self._on_stopped() if self._on_stopped else []}, b""
         raise ServiceError(f"unknown task operation {op!r}")
 
 
@@ -150,6 +159,8 @@ class _Task:
         self.driver_addrs = payload["driver"]
         self.elastic = bool(payload.get("elastic"))
         self.stop = threading.Event()
+        #: set when run() returns: the stdin watcher then ends too
+        self.exiting = threading.Event()
         self.wake = threading.Event()
         self.lock = threading.Lock()
         #: one group per worker, so that one worker can be stopped alone (elastic jobs)
@@ -206,12 +217,28 @@ class _Task:
         self.stop.set()
         self.wake.set()
 
+    def on_stopped(self) -> List[int]:
+        with self.lock:
+            groups = list(self.live.values())
+        return [slot.rank for g in groups for slot in g.stopped_slots()]
+
     def _lifeline(self):
-        try:
-            while sys.stdin.buffer.readline():
-                pass
-        except (OSError, ValueError):
-            pass
+        """Watch stdin (the launcher's end of the pipe or SSH channel) until it closes.
+
+        Reads the raw descriptor with ``select`` + ``os.read``, never ``sys.stdin``: a
+        daemon thread blocked inside a buffered reader at interpreter exit makes Python
+        abort ("Fatal Python error: _enter_buffered_busy").  It also stops when the task
+        does, so nothing is left blocked at exit.
+        """
+        while not self.exiting.is_set():
+            try:
+                ready, _, _ = select.select([STDIN_FD], [], [], 0.2)
+                if ready and not os.read(STDIN_FD, 65536):
+                    break
+            except (OSError, ValueError):
+                break
+        else:
+            return
         log.info("stdin closed: the launcher is done or gone")
         self.on_terminate()
 
@@ -239,8 +266,10 @@ class _Task:
 
     def run(self) -> int:
         service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
-                              self.on_terminate, elastic=self.elastic, on_stop=self.on_stop)
-        threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True).start()
+                              self.on_terminate, elastic=self.elastic, on_stop=self.on_stop,
+                              on_stopped=self.on_stopped)
+        watcher = threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True)
+        watcher.start()
         try:
             reachable = self._find_driver()
             self.driver.request({"op": "register", "host_index": self.host_index,
@@ -267,6 +296,8 @@ class _Task:
             service.shutdown()
             if self.driver is not None:
                 self.driver.close()
+            self.exiting.set()
+            watcher.join(timeout=2.0)
 
     def _report_exits(self) -> None:
         with self.lock:
@@ -288,8 +319,22 @@ class _Task:
         terminate_groups(groups)
 
 
+def _read_payload_line(limit: int = 1 << 20) -> bytes:
+    """The first line of stdin, read from the raw descriptor (see ``_Task._lifeline``).
+
+    The launcher writes only this line before the stream's end, so nothing is read past
+    it."""
+    data = b""
+    while b"\n" not in data and len(data) < limit:
+        chunk = os.read(STDIN_FD, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
 def main() -> int:
-    line = sys.stdin.buffer.readline()
+    line = _read_payload_line()
     if not line:
         return 2
     try:

@@ -14,8 +14,9 @@
 Trust: the object functions unpickle bytes that come from another rank of the
 same job.  When the job has a secret key (every job started by
 ``hvdlite-run``), the sender signs the pickle with HMAC-SHA256 under the job's
-key and the receiver checks the signature before unpickling.  The optimizer
-state's structure travels as JSON, never as a pickle.
+key and the receiver checks the signature before unpickling; a job of several
+ranks without a key (plain ``mpiexec``) is refused rather than trusted.  The
+optimizer state's structure travels as JSON, never as a pickle.
 """
 
 import hashlib
@@ -119,9 +120,28 @@ def _sign(payload: bytes) -> bytes:
     return mac + payload
 
 
+def _require_key(what: str) -> None:
+    """Refuse, on every rank alike and before any exchange, to move pickles between ranks
+    of a job without a key: they could not be authenticated, and unpickling unauthenticated
+    bytes runs whatever code they name.  (Only a job started by plain ``mpiexec`` lacks a
+    key; ``hvdlite-run`` gives every job one, ``--mpi`` included.)
+
+    Raises:
+        HvdliteAuthError: the job has several ranks and no key.
+    """
+    if not _job_secret() and mpi_ops.size() > 1:
+        from hvdlite.common import config as cfg
+        raise HvdliteAuthError(
+            f"{what}: this job has no secret key, so objects from other ranks cannot be "
+            f"authenticated and are never unpickled; launch with hvdlite-run (--mpi for MPI), "
+            f"or give every rank the same random hex key in {cfg.SECRET_KEY} through the "
+            f"environment (not on a command line)")
+
+
 def _verify(blob: bytes, what: str, sender: int) -> bytes:
     mac, payload = blob[:_MAC_BYTES], blob[_MAC_BYTES:]
     key = _job_secret()
+    _require_key(what)
     if key:
         want = hmac.new(key, payload, hashlib.sha256).digest()
         if not hmac.compare_digest(mac, want):
@@ -184,6 +204,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     """
     _check_root(root_rank, "broadcast_object", process_set)
     name = name or "broadcast_object"
+    _require_key("broadcast_object")
     data, error = None, None
     if mpi_ops.rank() == root_rank:
         data, error = _dumps(obj)
@@ -203,6 +224,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
         HvdliteSerializationError: on every rank, when some rank cannot pickle its object.
         HvdliteAuthError: a payload failed verification.
     """
+    _require_key("allgather_object")
     name = name or "allgather_object"
     mine, error = _dumps(obj)
     kw = _ps_kw(process_set)

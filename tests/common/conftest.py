@@ -35,6 +35,9 @@ def run_job(np, script, *args, env=None, timeout=180, launcher="hvdlite"):
         if mpiexec is None:
             pytest.fail("mpiexec not found: `pip install mpich` is part of make install")
         cmd = [mpiexec, "-n", str(np), sys.executable, path, *args]
+        # plain mpiexec gives no job key (hvdlite-run --mpi does): object collectives
+        # refuse to unpickle without one, so give these jobs one the way a user would
+        env = {"HVDLITE_SECRET_KEY": os.urandom(32).hex(), **(env or {})}
     else:
         cmd = [sys.executable, path, *args]
     try:

@@ -9,6 +9,12 @@ connection) is rejected without being interpreted.
 
 Bodies are explicit: a JSON header (plain data, never code) plus optional raw
 bytes.  Nothing here unpickles anything.
+
+Before authentication a stranger gets almost nothing: the client's first frame
+is a small *hello* (at most :data:`HELLO_MAX_BYTES`) that proves it holds the
+key, and it must arrive within a deadline.  Only after that does the server
+accept frames up to :data:`MAX_FRAME_BYTES`; so a peer without the key can
+make the server hold a few KiB for a few seconds, never a 256 MiB buffer.
 """
 
 import hashlib
@@ -17,6 +23,7 @@ import json
 import os
 import socket
 import struct
+import time
 from typing import Any, Dict, Optional, Tuple
 
 from hvdlite.common.exceptions import HvdliteAuthError
@@ -25,6 +32,10 @@ KEY_BYTES = 32
 NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_FRAME_BYTES = 256 * 1024 * 1024
+#: the largest first frame a server reads from a peer that has not yet proved the key
+HELLO_MAX_BYTES = 1024
+#: what the hello frame's header says (a version, so a future change is refused clearly)
+HELLO = {"hello": 1}
 _LEN = struct.Struct("!I")
 _SEQ = struct.Struct("!Q")
 
@@ -38,9 +49,16 @@ class ChannelClosed(ConnectionError):
     """The peer closed the connection (cleanly or mid-frame)."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
+    """``n`` bytes; with a ``deadline`` (monotonic) the whole read, not each chunk, is
+    bounded, so a peer trickling one byte at a time cannot hold us past it."""
     chunks = []
     while n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            sock.settimeout(left)
         chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
             raise ChannelClosed("connection closed by peer")
@@ -80,6 +98,8 @@ class SecureChannel:
         self._recv_tag = b"C" if is_server else b"S"
         self._send_seq = 0
         self._recv_seq = 0
+        #: server side: the peer has sent a verified hello (proved the key)
+        self.authenticated = not is_server
 
     @classmethod
     def accept(cls, sock: socket.socket, key: bytes) -> "SecureChannel":
@@ -90,15 +110,33 @@ class SecureChannel:
 
     @classmethod
     def connect(cls, addr: Tuple[str, int], key: bytes, timeout_s: float) -> "SecureChannel":
-        """Client side: connect and read the server's nonce, within ``timeout_s``."""
+        """Client side: connect, read the server's nonce and send the hello that proves
+        the key, within ``timeout_s``.  The hello needs no answer (no extra round trip)."""
         sock = socket.create_connection(addr, timeout=timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            nonce = _recv_exact(sock, NONCE_BYTES)
+            nonce = _recv_exact(sock, NONCE_BYTES, time.monotonic() + timeout_s)
+            chan = cls(sock, key, nonce, is_server=False)
+            chan.send(HELLO)
         except BaseException:
             sock.close()
             raise
-        return cls(sock, key, nonce, is_server=False)
+        return chan
+
+    def expect_hello(self, timeout_s: float) -> None:
+        """Server side: read the peer's first frame, at most :data:`HELLO_MAX_BYTES` and
+        within ``timeout_s`` in all, and check it is a verified hello.
+
+        Raises:
+            HvdliteAuthError: a bigger first frame, a bad MAC or not a hello.
+            socket.timeout: the hello did not arrive in time.
+            ChannelClosed: the peer left.
+        """
+        header, blob = self.recv(deadline=time.monotonic() + timeout_s,
+                                 max_bytes=HELLO_MAX_BYTES)
+        if header != HELLO or blob:
+            raise HvdliteAuthError("the first frame is not a hello")
+        self.authenticated = True
 
     def _mac(self, tag: bytes, seq: int, body: bytes) -> bytes:
         return hmac.new(self._key, tag + self._nonce + _SEQ.pack(seq) + body,
@@ -110,14 +148,21 @@ class SecureChannel:
         self._send_seq += 1
         self.sock.sendall(_LEN.pack(len(body)) + mac + body)
 
-    def recv(self, timeout_s: Optional[float] = None) -> Tuple[Dict[str, Any], bytes]:
-        """Read one frame; raise HvdliteAuthError before decoding anything unverified."""
+    def recv(self, timeout_s: Optional[float] = None, deadline: Optional[float] = None,
+             max_bytes: int = MAX_FRAME_BYTES) -> Tuple[Dict[str, Any], bytes]:
+        """Read one frame; raise HvdliteAuthError before decoding anything unverified.
+
+        ``timeout_s`` bounds each read from the socket, ``deadline`` (monotonic) the
+        whole frame; a declared length over ``max_bytes`` is refused before its body is
+        read.
+        """
         self.sock.settimeout(timeout_s)
-        (length,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
-        if length > MAX_FRAME_BYTES:
-            raise HvdliteAuthError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
-        mac = _recv_exact(self.sock, MAC_BYTES)
-        body = _recv_exact(self.sock, length)
+        (length,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, deadline))
+        if length > max_bytes:
+            raise HvdliteAuthError(f"frame of {length} bytes exceeds {max_bytes}"
+                                   + ("" if self.authenticated else " (before the hello)"))
+        mac = _recv_exact(self.sock, MAC_BYTES, deadline)
+        body = _recv_exact(self.sock, length, deadline)
         if not hmac.compare_digest(mac, self._mac(self._recv_tag, self._recv_seq, body)):
             raise HvdliteAuthError("message failed HMAC verification "
                                    "(wrong job key, forged, replayed or reordered)")

@@ -8,18 +8,25 @@ rendezvous store are all built on it; workers use :class:`Client` (through
 """
 
 import abc
+import errno
 import logging
+import select
 import socket
-import socketserver
+import struct
 import threading
-from typing import Any, Dict, Optional, Tuple
+import time
+from typing import Any, Dict, Optional, Set, Tuple
 
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteError, HvdliteTimeoutError
+from hvdlite.common.net import limits
 from hvdlite.common.net.framing import ChannelClosed, SecureChannel
 
 log = logging.getLogger(__name__)
 
 Header = Dict[str, Any]
+
+#: accept() failures that mean "out of descriptors or memory": back off, then retry
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class ServiceError(HvdliteError):
@@ -27,36 +34,64 @@ class ServiceError(HvdliteError):
 
 
 class Service(abc.ABC):
-    """A threaded TCP server that answers authenticated requests.
+    """A TCP server that answers authenticated requests.
 
     Each connection is served on its own thread, requests on one connection
-    one at a time.  A frame that fails verification closes that connection and
-    is logged; the service itself keeps running.
+    one at a time.  A new connection first has to prove the key with a small
+    hello frame within ``preauth_timeout_s`` (see :mod:`hvdlite.common.net.limits`
+    for every bound a stranger meets); a frame that fails verification closes
+    that connection and is noted in a rate-limited log; the service itself keeps
+    running.  Connections over ``max_connections``, or over ``max_unauthenticated``
+    (at least two per expected peer) still waiting for their hello, are refused at
+    accept; :class:`Client` connects again when that happens.
+
+    ``expected_peers`` sizes the listen backlog and the connection cap for a job of
+    that many processes.
     """
 
-    def __init__(self, name: str, key: bytes, bind_addr: str = "127.0.0.1", port: int = 0):
+    def __init__(self, name: str, key: bytes, bind_addr: str = "127.0.0.1", port: int = 0,
+                 expected_peers: int = 0, max_connections: Optional[int] = None,
+                 max_unauthenticated: int = limits.MAX_UNAUTHENTICATED,
+                 preauth_timeout_s: float = limits.PREAUTH_TIMEOUT_S):
         self.name = name
         self._key = key
         self.rejected = 0          # frames that failed verification, for tests and logs
-        service = self
-
-        class _Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                service._serve_connection(self.request, self.client_address)
-
-        class _Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = _Server((bind_addr, port), _Handler)
-        self._address = self._server.server_address[:2]
-        self._thread = threading.Thread(target=self._server.serve_forever,
+        #: connections refused at accept because a cap was reached
+        self.refused = 0
+        self.rejections = limits.RejectLog(log, name)
+        self._max_connections = max_connections or limits.max_connections_for(expected_peers)
+        # every rank of a big job may connect at the same moment: room for all of them
+        self._max_unauth = max(max_unauthenticated, 2 * int(expected_peers))
+        self._preauth_timeout_s = preauth_timeout_s
+        self._count_lock = threading.Lock()
+        self._open = 0
+        self._unauth = 0
+        self._conns: Set[socket.socket] = set()
+        self._stopping = threading.Event()
+        family = socket.AF_INET6 if ":" in bind_addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((bind_addr, port))
+            sock.listen(limits.backlog_for(expected_peers))
+            sock.setblocking(False)            # accept only after poll says so
+        except OSError:
+            sock.close()
+            raise
+        self._sock: Optional[socket.socket] = sock
+        self._address = sock.getsockname()[:2]
+        self._thread = threading.Thread(target=self._accept_loop,
                                         name=f"{name}-service", daemon=True)
         self._thread.start()
 
     @property
     def address(self) -> Tuple[str, int]:
         return self._address
+
+    def connection_counts(self) -> Tuple[int, int]:
+        """``(open connections, of which still unauthenticated)``."""
+        with self._count_lock:
+            return self._open, self._unauth
 
     @abc.abstractmethod
     def handle(self, header: Header, blob: bytes, client: Tuple[str, int]) -> Tuple[Header, bytes]:
@@ -68,22 +103,104 @@ class Service(abc.ABC):
         it; the connection stays open.
         """
 
-    def _serve_connection(self, sock: socket.socket, client) -> None:
+    def _accept_loop(self) -> None:
+        backoff = limits.ACCEPT_BACKOFF_S[0]
+        sock = self._sock
+        poller = select.poll()              # not select(): descriptors may exceed 1024
+        poller.register(sock, select.POLLIN)
+        while not self._stopping.is_set():
+            try:
+                ready = poller.poll(200)
+            except (OSError, ValueError):          # closed under us by shutdown()
+                return
+            if not ready:
+                continue
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue
+            except OSError as exc:
+                if self._stopping.is_set():
+                    return
+                if exc.errno in _RESOURCE_ERRNOS:
+                    # the queued connection stays queued: sleep instead of spinning on it
+                    self.rejections.note("(accept)", f"accept failed ({exc.strerror}); "
+                                         f"backing off {backoff:.2f}s")
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, limits.ACCEPT_BACKOFF_S[1])
+                    continue
+                log.warning("%s: accept failed: %s", self.name, exc)
+                self._stopping.wait(backoff)
+                continue
+            backoff = limits.ACCEPT_BACKOFF_S[0]
+            with self._count_lock:
+                full = (self._open >= self._max_connections
+                        or self._unauth >= self._max_unauth)
+                if not full:
+                    self._open += 1
+                    self._unauth += 1
+                    self._conns.add(conn)
+            if full:
+                self.refused += 1
+                self.rejections.note(f"{peer[0]}:{peer[1]}",
+                                     "refused a connection (too many open or unauthenticated)")
+                _drop(conn)
+                continue
+            try:
+                threading.Thread(target=self._serve_connection_counted, args=(conn, peer),
+                                 name=f"{self.name}-conn", daemon=True).start()
+            except RuntimeError:                   # no more threads: refuse this one
+                self._release(conn, authenticated=False)
+                _drop(conn)
+
+    def _release(self, conn: socket.socket, authenticated: bool) -> None:
+        with self._count_lock:
+            if conn in self._conns:
+                self._conns.discard(conn)
+                self._open -= 1
+                if not authenticated:
+                    self._unauth -= 1
+
+    def _serve_connection_counted(self, sock: socket.socket, client) -> None:
+        state = {"authenticated": False}
+        try:
+            self._serve_connection(sock, client, state)
+        finally:
+            self._release(sock, state["authenticated"])
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _reject(self, client, exc: Exception) -> None:
+        self.rejected += 1
+        self.rejections.note(f"{client[0]}:{client[1]}", f"rejected a frame ({exc})")
+
+    def _serve_connection(self, sock: socket.socket, client, state) -> None:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             chan = SecureChannel.accept(sock, self._key)
-        except OSError:
+            chan.expect_hello(self._preauth_timeout_s)
+        except HvdliteAuthError as exc:
+            self._reject(client, exc)
             return
+        except socket.timeout:
+            self.rejections.note(f"{client[0]}:{client[1]}",
+                                 f"closed a connection that did not prove the key within "
+                                 f"{self._preauth_timeout_s:g}s")
+            return
+        except OSError:                           # ChannelClosed included
+            return
+        with self._count_lock:
+            self._unauth -= 1
+        state["authenticated"] = True
         while True:
             try:
                 header, blob = chan.recv(timeout_s=None)
             except ChannelClosed:
                 return
             except HvdliteAuthError as exc:
-                self.rejected += 1
-                log.warning("%s: rejected a frame from %s:%s: %s", self.name, client[0],
-                            client[1], exc)
-                chan.close()
+                self._reject(client, exc)
                 return
             except OSError:
                 return
@@ -102,13 +219,30 @@ class Service(abc.ABC):
                 return
 
     def shutdown(self) -> None:
-        """Stop accepting and close the listening socket (idempotent)."""
-        if self._server is None:
+        """Stop accepting, close the listening socket and log the summary of rejections
+        (idempotent)."""
+        if self._sock is None:
             return
-        server, self._server = self._server, None
-        server.shutdown()
-        server.server_close()
+        sock, self._sock = self._sock, None
+        self._stopping.set()
         self._thread.join(timeout=5)
+        try:
+            sock.close()
+        except OSError:
+            pass
+        self.rejections.flush()
+
+
+def _drop(conn: socket.socket) -> None:
+    """Close a refused connection at once (RST: no TIME_WAIT, the peer learns now)."""
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    try:
+        conn.close()
+    except OSError:
+        pass
 
 
 class Client:
@@ -126,9 +260,21 @@ class Client:
         self._chan: Optional[SecureChannel] = None
         self._lock = threading.Lock()
 
+    #: pauses before connecting again when the service dropped us before its nonce (it was
+    #: at its connection cap, e.g. while many ranks connect at once)
+    _RETRY_PAUSES_S = (0.05, 0.2, 0.5, 1.0)
+
     def _connect(self) -> SecureChannel:
+        deadline = time.monotonic() + self._timeout_s
         try:
-            return SecureChannel.connect(self._addr, self._key, self._timeout_s)
+            for pause in self._RETRY_PAUSES_S + (None,):
+                try:
+                    return SecureChannel.connect(self._addr, self._key, self._timeout_s)
+                except (ConnectionResetError, ChannelClosed):
+                    if pause is None or time.monotonic() + pause >= deadline:
+                        raise
+                    time.sleep(pause)
+            raise AssertionError("unreachable")
         except socket.timeout:
             raise HvdliteTimeoutError(
                 f"connecting to the {self._name} at {self._addr[0]}:{self._addr[1]} "

@@ -27,6 +27,7 @@ from typing import List, Optional
 import psutil
 
 from hvdlite.common.exceptions import HvdliteLaunchError
+from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots
 
 log = logging.getLogger(__name__)
@@ -143,9 +144,10 @@ class ScriptDiscovery(HostDiscovery):
             if self._closed:
                 raise HostDiscoveryError("host discovery was closed")
             try:
-                proc = subprocess.Popen([self.script], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True)
+                # tied to our life like the workers: a killed launcher leaves no script
+                proc = lifeline.popen([self.script], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True)
             except OSError as exc:
                 raise HostDiscoveryError(
                     f"--host-discovery-script {self.script}: cannot run it: "

@@ -23,6 +23,7 @@ from hvdlite.runner.elastic.settings import ElasticSettings
 from hvdlite.runner.elastic.tasks import TaskWorkers
 from hvdlite.runner.elastic.workers import LocalWorkers, SlotId, WorkerLauncher
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
+from hvdlite.runner.nics import loopback_interface
 from hvdlite.runner.procs import StopSignals
 from hvdlite.runner.rank_output import OutputSink
 from hvdlite.runner.rendezvous import RendezvousService
@@ -134,6 +135,8 @@ def launch_elastic(settings: ElasticSettings, discovery: HostDiscovery, command:
         })
         if with_key:                 # a task adds the key itself: it never crosses the wire
             env[cfg.SECRET_KEY] = key.hex()
+            # local workers: Gloo's own (unauthenticated) listeners on loopback only
+            env[cfg.GLOO_IFACE] = loopback_interface()
         return env
 
     workers = AutoWorkers(

@@ -1,0 +1,109 @@
+"""What a listener grants a peer that has not proved the job key, and how it reports them.
+
+Every control-plane listener (driver, task service, rendezvous store, the
+``hvdlite.run`` function service) may be reachable by strangers: the driver and
+task services listen on all addresses.  The limits here keep what a stranger
+can make us spend small and bounded:
+
+* time: the hello must arrive within :data:`PREAUTH_TIMEOUT_S`;
+* memory: the hello is at most ``framing.HELLO_MAX_BYTES``;
+* threads and descriptors: at most :data:`MAX_UNAUTHENTICATED` connections per
+  listener wait for their hello, and at most ``max_connections`` are open at once;
+  the rest are refused at accept;
+* log volume: rejections are logged a few at a time, then summarised
+  (:class:`RejectLog`), so 40,000 forged frames make a handful of lines.
+"""
+
+import logging
+import socket
+import threading
+import time
+from typing import Dict, Optional
+
+#: how long a new connection may take to prove the key (its whole hello frame)
+PREAUTH_TIMEOUT_S = 10.0
+#: connections per listener that may wait for their hello at once
+MAX_UNAUTHENTICATED = 64
+#: connections per listener, authenticated or not (a job needs about one per rank)
+MIN_MAX_CONNECTIONS = 512
+#: pending connections the kernel queues before accept (the real bound is also capped by
+#: net.core.somaxconn); a job of N ranks may connect N at once
+MIN_BACKLOG = 128
+#: how long the accept loop sleeps (doubling up to the cap) when accept fails for want of
+#: descriptors or memory, instead of spinning
+ACCEPT_BACKOFF_S = (0.05, 1.0)
+
+
+def backlog_for(expected_peers: int) -> int:
+    """A listen backlog for a listener that ``expected_peers`` processes connect to at once."""
+    return min(socket.SOMAXCONN, max(MIN_BACKLOG, 2 * int(expected_peers)))
+
+
+def max_connections_for(expected_peers: int) -> int:
+    """A connection cap that leaves every expected peer room for a few connections."""
+    return max(MIN_MAX_CONNECTIONS, 4 * int(expected_peers))
+
+
+class RejectLog:
+    """Rate-limited warnings about refused peers.
+
+    The first ``burst`` events of each ``window_s`` are logged one by one; the rest are
+    counted, and a summary (how many, from which addresses) is logged when the window
+    ends (at the next event or at :meth:`flush`, which a listener calls when it shuts
+    down).
+    """
+
+    def __init__(self, logger: logging.Logger, name: str, burst: int = 5,
+                 window_s: float = 10.0, max_peers: int = 8):
+        self._log = logger
+        self._name = name
+        self._burst = burst
+        self._window_s = window_s
+        self._max_peers = max_peers
+        self._lock = threading.Lock()
+        self._window_start = time.monotonic()
+        self._logged = 0
+        self._suppressed = 0
+        self._peers: Dict[str, int] = {}
+        #: every event ever noted (for tests and the final summary)
+        self.total = 0
+
+    def note(self, peer: str, what: str) -> None:
+        """One refused frame or connection from ``peer`` (``host:port``; the summary counts
+        by host), ``what`` saying why."""
+        with self._lock:
+            self.total += 1
+            now = time.monotonic()
+            if now - self._window_start >= self._window_s:
+                self._summary_locked()
+                self._window_start = now
+            if self._logged < self._burst:
+                self._logged += 1
+                self._log.warning("%s: %s from %s", self._name, what, peer)
+                if self._logged == self._burst:
+                    self._log.warning("%s: further rejections are summarised every %.0fs",
+                                      self._name, self._window_s)
+                return
+            self._suppressed += 1
+            host = peer.rsplit(":", 1)[0] if ":" in peer else peer   # by address, not port
+            self._peers[host] = self._peers.get(host, 0) + 1
+
+    def flush(self) -> Optional[str]:
+        """Log (and return) the summary of what was not logged yet, if anything."""
+        with self._lock:
+            return self._summary_locked()
+
+    def _summary_locked(self) -> Optional[str]:
+        if not self._suppressed:
+            self._logged = 0
+            return None
+        top = sorted(self._peers.items(), key=lambda kv: -kv[1])[:self._max_peers]
+        more = len(self._peers) - len(top)
+        peers = ", ".join(f"{p} ({n})" for p, n in top) + (f" and {more} more" if more else "")
+        text = (f"{self._name}: {self._suppressed} more rejected frames or connections not "
+                f"logged one by one, from {peers}")
+        self._log.warning("%s", text)
+        self._suppressed = 0
+        self._peers = {}
+        self._logged = 0
+        return text

@@ -1,0 +1,97 @@
+"""Every setting checked once, in the launcher, with one message naming the flag or file key.
+
+Without this, a bad value (``--op-timeout-seconds nan``, ``--gloo-threads 0``,
+``--fusion-threshold-mb -1``) reaches the ranks, and every rank prints its own
+traceback.  The rules themselves live in one place, ``common.config.Config``
+(which also applies them to variables set directly, for 1-rank runs); here the
+launcher builds that Config from exactly what the ranks will get, the user's
+exported ``HVDLITE_*`` / ``HOROVOD_*`` variables overridden by the flags, and
+turns a refused variable back into the flag or ``--config-file`` key it came from.
+"""
+
+import argparse
+import math
+import os
+from typing import Dict, Mapping, Optional
+
+from hvdlite.common import config as cfg
+from hvdlite.common.exceptions import HvdliteConfigError
+
+
+def flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
+    """The flag a user most likely typed for ``dest`` (its longest spelling)."""
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            return max(action.option_strings, key=len)
+    return dest
+
+
+def _where(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> str:
+    """``--flag`` or ``--config-file FILE: key`` for the setting ``dest``."""
+    keys: Mapping[str, str] = getattr(args, "config_file_keys", None) or {}
+    if dest in keys:
+        return f"--config-file {args.config_file}: {keys[dest]}"
+    return flag_name(parser, dest)
+
+
+def _show(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(_show(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def check_finite_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Every number-valued flag given is a finite number (argparse's ``float`` takes
+    ``nan`` and ``inf``; so does YAML's ``.nan``).
+
+    Raises:
+        HvdliteConfigError: names the flag (or file key) and the value.
+    """
+    for action in parser._actions:
+        if action.type not in (int, float):
+            continue
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise HvdliteConfigError(
+                    f"{_where(args, parser, action.dest)} {_show(value)}: must be a finite "
+                    f"number")
+
+
+def check_tunables(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                   tunable_flags: Mapping[str, tuple], tunable_env: Mapping[str, str],
+                   environ: Optional[Mapping[str, str]] = None) -> cfg.Config:
+    """Build the ranks' Config from the launcher's side and refuse it as the ranks would.
+
+    ``tunable_flags`` maps flag dests to (variable, conversion) (``flags.TUNABLE_FLAGS``);
+    ``tunable_env`` is what the flags set.
+
+    Raises:
+        HvdliteConfigError: names the flag or file key, or else the exported variable.
+    """
+    env = os.environ if environ is None else environ
+    merged: Dict[str, str] = {
+        k: v for k, v in env.items()
+        if (k.startswith(cfg.PREFIX) or k.startswith(cfg.HOROVOD_PREFIX))
+        and k not in _IDENTITY}
+    merged.update(tunable_env)
+    try:
+        return cfg.Config.from_env(merged, warn=False)
+    except cfg.HvdliteSettingError as exc:
+        for dest, (var, _) in tunable_flags.items():
+            value = getattr(args, dest, None)
+            if var == exc.variable and value is not None:
+                raise HvdliteConfigError(
+                    f"{_where(args, parser, dest)} {_show(value)}: the value must be "
+                    f"{exc.reason.replace('must be ', '')} (it is {_show(exc.value)})") \
+                    from None
+        raise HvdliteConfigError(f"{exc} (set in this environment)") from None
+
+
+#: per-rank and per-job facts, set by the launcher itself: never validated from our env
+_IDENTITY = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
+             cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
+             cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC,
+             cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS} | set(
+    cfg.HOROVOD_ALIASES.values())

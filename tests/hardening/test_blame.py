@@ -1,0 +1,72 @@
+"""The launcher names the rank that left or went silent, not the rank that noticed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LEAVE = os.path.join(ROOT, "tests", "hardening", "workers", "leave_worker.py")
+
+
+def _runtime_works():
+    try:
+        import hvdlite.torch  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.skipif(not _runtime_works(), reason="hvdlite.torch unavailable")]
+
+
+def _run(mode, hosts=()):
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
+               os.environ.get("PATH", ""))
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", *hosts,
+                        "--op-timeout-seconds", "3", sys.executable, LEAVE, mode],
+                       capture_output=True, text=True, timeout=80, env=env, cwd=ROOT)
+    last = [ln for ln in r.stderr.splitlines() if ln.startswith("hvdlite-run:")]
+    return r.returncode, last[-1] if last else r.stderr
+
+
+def test_rank_that_exits_0_early_is_named():
+    code, line = _run("exit0")
+    assert code != 0
+    assert line.startswith("hvdlite-run: rank 1 on host "), line
+    assert "exited with code 0 before its peers finished" in line
+    assert "rank 0 on host" in line and "then failed" in line
+
+
+def test_stopped_rank_is_named_with_what_was_seen():
+    code, line = _run("stop")
+    assert code != 0
+    assert line.startswith("hvdlite-run: rank 1 on host "), line
+    assert "stopped answering for 3s (--op-timeout-seconds)" in line
+    assert "its process is stopped" in line and "rank 0 on host" in line
+
+
+@pytest.mark.parametrize("mode, seen", [
+    ("stop", "stopped answering for 3s (--op-timeout-seconds): its process is stopped"),
+    ("exit0", "exited with code 0 before its peers finished")])
+def test_remote_rank_that_left_or_stopped_is_named(sshd, mode, seen):
+    code, line = _run(mode, ["-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()])
+    assert code != 0
+    assert line.startswith("hvdlite-run: rank 1 on host 127.0.0.2 "), line
+    assert seen in line and "rank 0 on host 127.0.0.1 then failed" in line
+
+
+def test_over_long_name_is_refused_and_the_runtime_keeps_working():
+    worker = os.path.join(ROOT, "tests", "hardening", "workers", "long_name_worker.py")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
+               os.environ.get("PATH", ""))
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2",
+                        sys.executable, worker], capture_output=True, text=True, timeout=80,
+                       env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:REFUSED" in r.stdout and "limited to 4096" in r.stdout
+        assert f"[{rank}]<stdout>:SUM 2" in r.stdout
+    assert "ACCEPTED" not in r.stdout
