@@ -56,6 +56,15 @@ STALL_CHECK_DISABLE = "HVDLITE_STALL_CHECK_DISABLE"
 STALL_CHECK_WARNING_TIME = "HVDLITE_STALL_CHECK_TIME_SECONDS"
 STALL_CHECK_SHUTDOWN_TIME = "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS"
 LOG_LEVEL = "HVDLITE_LOG_LEVEL"
+# --- timeline and autotuning (each has a launcher flag) ---
+TIMELINE = "HVDLITE_TIMELINE"
+TIMELINE_MARK_CYCLES = "HVDLITE_TIMELINE_MARK_CYCLES"
+AUTOTUNE = "HVDLITE_AUTOTUNE"
+AUTOTUNE_LOG = "HVDLITE_AUTOTUNE_LOG"
+AUTOTUNE_WARMUP_SAMPLES = "HVDLITE_AUTOTUNE_WARMUP_SAMPLES"
+AUTOTUNE_STEPS_PER_SAMPLE = "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE"
+AUTOTUNE_BAYES_OPT_MAX_SAMPLES = "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"
+AUTOTUNE_GAUSSIAN_PROCESS_NOISE = "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"
 
 # --- hvdlite.run (set by ``hvdlite.run`` for the workers it starts) ---
 #: hex key of the function service; travels like the job key, never on a command line
@@ -101,6 +110,14 @@ HOROVOD_FALLBACKS: Dict[str, str] = {
     "HOROVOD_CONTROLLER": CPU_OPERATIONS,
     "HOROVOD_START_TIMEOUT": START_TIMEOUT,
     "HOROVOD_ELASTIC_TIMEOUT": ELASTIC_TIMEOUT,
+    "HOROVOD_TIMELINE": TIMELINE,
+    "HOROVOD_TIMELINE_MARK_CYCLES": TIMELINE_MARK_CYCLES,
+    "HOROVOD_AUTOTUNE": AUTOTUNE,
+    "HOROVOD_AUTOTUNE_LOG": AUTOTUNE_LOG,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": AUTOTUNE_WARMUP_SAMPLES,
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": AUTOTUNE_STEPS_PER_SAMPLE,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": AUTOTUNE_BAYES_OPT_MAX_SAMPLES,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": AUTOTUNE_GAUSSIAN_PROCESS_NOISE,
 }
 #: the values of Horovod's controller variables that hvdlite has (Horovod also knows CCL)
 _HOROVOD_CONTROLLERS = ("gloo", "mpi")
@@ -109,21 +126,11 @@ _HOROVOD_CONTROLLERS = ("gloo", "mpi")
 #: (a variable set to Horovod's default, e.g. HOROVOD_HIERARCHICAL_ALLREDUCE=0, asks for
 #: nothing hvdlite lacks)
 _ANY, _ON, _OFF = "any", "on", "off"
-_NO_TIMELINE = "hvdlite has no timeline yet"
-_NO_AUTOTUNE = "hvdlite has no autotuner yet"
 _FLAT = "hvdlite's collectives run flat over all ranks; there is no hierarchical variant"
 _CPU_ONLY = "GPU only; hvdlite works on CPU tensors"
 
 #: Horovod's runtime variables that change nothing in hvdlite: name -> (when, why).
 HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
-    "HOROVOD_TIMELINE": (_ANY, _NO_TIMELINE),
-    "HOROVOD_TIMELINE_MARK_CYCLES": (_ON, _NO_TIMELINE),
-    "HOROVOD_AUTOTUNE": (_ON, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_LOG": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": (_ANY, _NO_AUTOTUNE),
     "HOROVOD_HIERARCHICAL_ALLREDUCE": (_ON, _FLAT),
     "HOROVOD_HIERARCHICAL_ALLGATHER": (_ON, _FLAT),
     "HOROVOD_TORUS_ALLREDUCE": (_ON, _FLAT),
@@ -247,6 +254,22 @@ class Config:
     #: 0 means never fail on a stall, only warn.
     stall_check_shutdown_time_s: float = 0.0
     log_level: str = "WARNING"
+    #: rank 0 writes a Chrome-trace JSON of every tensor's phases here ("" = no timeline)
+    timeline_filename: str = ""
+    #: also mark each background-loop cycle in the timeline
+    timeline_mark_cycles: bool = False
+    #: rank 0 searches the live parameters (Bayesian optimisation) during the first steps
+    autotune: bool = False
+    #: CSV of every autotuning sample ("" = none)
+    autotune_log_file: str = ""
+    #: samples discarded before the search starts (the job is still warming up)
+    autotune_warmup_samples: int = 3
+    #: training steps (a repeat of a tensor name ends one) measured per sample
+    autotune_steps_per_sample: int = 10
+    #: samples the Bayesian optimisation takes before it keeps the best
+    autotune_bayes_opt_max_samples: int = 20
+    #: noise (alpha) of the Gaussian process on normalised scores
+    autotune_gaussian_process_noise: float = 0.8
 
     def __post_init__(self):
         if self.size < 1:
@@ -271,6 +294,14 @@ class Config:
         if self.cpu_operations not in ("", "gloo", "mpi", "local"):
             raise HvdliteConfigError(
                 f"{CPU_OPERATIONS}={self.cpu_operations!r}: expected 'gloo' or 'mpi'")
+        if self.autotune_warmup_samples < 0:
+            raise HvdliteConfigError(f"{AUTOTUNE_WARMUP_SAMPLES} must be >= 0")
+        if self.autotune_steps_per_sample < 1:
+            raise HvdliteConfigError(f"{AUTOTUNE_STEPS_PER_SAMPLE} must be >= 1")
+        if self.autotune_bayes_opt_max_samples < 1:
+            raise HvdliteConfigError(f"{AUTOTUNE_BAYES_OPT_MAX_SAMPLES} must be >= 1")
+        if not self.autotune_gaussian_process_noise > 0:
+            raise HvdliteConfigError(f"{AUTOTUNE_GAUSSIAN_PROCESS_NOISE} must be > 0")
         try:
             level = log_level_name(self.log_level)
         except HvdliteConfigError as exc:
@@ -352,6 +383,12 @@ _FROM_ENV = {
     "stall_check_warning_time_s": (STALL_CHECK_WARNING_TIME, float),
     "stall_check_shutdown_time_s": (STALL_CHECK_SHUTDOWN_TIME, float),
     "log_level": (LOG_LEVEL, str),
+    "timeline_filename": (TIMELINE, str), "timeline_mark_cycles": (TIMELINE_MARK_CYCLES, bool),
+    "autotune": (AUTOTUNE, bool), "autotune_log_file": (AUTOTUNE_LOG, str),
+    "autotune_warmup_samples": (AUTOTUNE_WARMUP_SAMPLES, int),
+    "autotune_steps_per_sample": (AUTOTUNE_STEPS_PER_SAMPLE, int),
+    "autotune_bayes_opt_max_samples": (AUTOTUNE_BAYES_OPT_MAX_SAMPLES, int),
+    "autotune_gaussian_process_noise": (AUTOTUNE_GAUSSIAN_PROCESS_NOISE, float),
 }
 
 

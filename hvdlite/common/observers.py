@@ -1,0 +1,111 @@
+"""Which recorders watch the live runtime: the caller's, rank 0's timeline and autotuner.
+
+Kept apart from ``basics.py`` so that init/shutdown only call :func:`attach` and
+:func:`detach`; the timeline can also be started and stopped while the job runs
+(``hvd.start_timeline`` / ``hvd.stop_timeline``).  Only rank 0 writes a timeline
+and only rank 0 tunes (its decisions travel to the others in the control vector).
+"""
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from hvdlite.common.recorder import NULL, Recorder, combine
+
+log = logging.getLogger(__name__)
+
+
+class _Observers:
+    def __init__(self, runtime, user: Recorder):
+        self.runtime = runtime
+        self.user = user
+        self.timeline = None
+        self.autotuner = None
+
+    def install(self) -> None:
+        self.runtime.set_recorder(combine(
+            [r for r in (self.user, self.timeline, self.autotuner) if r is not None]))
+
+
+_LOCK = threading.Lock()
+_CURRENT: Optional[_Observers] = None
+
+
+def attach(runtime, config, user: Recorder = NULL) -> None:
+    """Give a new (not yet started) runtime its recorders, as ``config`` asks.
+
+    Raises:
+        HvdliteConfigError: the timeline file cannot be written, or autotuning lacks
+            scikit-optimize.
+    """
+    global _CURRENT
+    obs = _Observers(runtime, user)
+    try:
+        if runtime.rank == 0 and config.timeline_filename:
+            obs.timeline = _new_timeline(runtime, config.timeline_filename,
+                                         config.timeline_mark_cycles)
+        if runtime.rank == 0 and config.autotune:
+            from hvdlite.common.autotune import Autotuner
+            obs.autotuner = Autotuner(config, runtime.propose_parameters, runtime.params)
+    except BaseException:
+        if obs.timeline is not None:
+            obs.timeline.close()
+        runtime.backend.close()       # the runtime never started; nothing else owns it
+        raise
+    with _LOCK:
+        _CURRENT = obs
+    if obs.timeline or obs.autotuner:
+        obs.install()
+
+
+def _new_timeline(runtime, path: str, mark_cycles: bool):
+    from hvdlite.common.timeline import Timeline
+    return Timeline(path, mark_cycles=mark_cycles,
+                    backend_name=getattr(runtime.backend, "name", ""))
+
+
+def detach() -> None:
+    """The runtime stopped: finish the timeline file and stop the tuner."""
+    global _CURRENT
+    with _LOCK:
+        obs, _CURRENT = _CURRENT, None
+    if obs is None:
+        return
+    if obs.autotuner is not None:
+        obs.autotuner.close()
+    if obs.timeline is not None:
+        obs.timeline.close()
+
+
+def current():
+    """The live observers (tests and benchmarks read ``.timeline`` / ``.autotuner``)."""
+    return _CURRENT
+
+
+def start_timeline(runtime, path: str, mark_cycles: bool = False) -> None:
+    """Start (or restart into ``path``) rank 0's timeline; other ranks do nothing."""
+    if runtime.rank != 0:
+        return
+    stop_timeline(runtime)
+    with _LOCK:
+        obs = _CURRENT
+        if obs is None or obs.runtime is not runtime:
+            return
+        obs.timeline = _new_timeline(runtime, path, mark_cycles)
+        obs.install()
+
+
+def stop_timeline(runtime, timeout_s: float = 2.0) -> None:
+    """Stop rank 0's timeline and close its file (complete JSON); idempotent."""
+    with _LOCK:
+        obs = _CURRENT
+        if obs is None or obs.runtime is not runtime or obs.timeline is None:
+            return
+        timeline, obs.timeline = obs.timeline, None
+        obs.install()
+    deadline = time.monotonic() + timeout_s
+    while runtime.running() and not runtime.recorder_switched() and \
+            time.monotonic() < deadline:
+        time.sleep(0.002)
+    timeline.close()
