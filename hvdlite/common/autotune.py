@@ -9,7 +9,9 @@ first-touch); the next measures the parameters the job started with, so the
 best found is never worse than them by more than the measurement noise.  Then
 scikit-optimize's Gaussian-process ``Optimizer`` (expected improvement, fixed
 noise ``gaussian_process_noise`` on normalised scores) proposes
-``bayes_opt_max_samples`` candidates; at the end the best measured one is kept.
+``bayes_opt_max_samples`` candidates; then the starting parameters and the two
+best candidates are measured once more and the best mean is kept (one noisy
+sample flatters whoever won it).
 
 Candidates go through :meth:`Runtime.propose_parameters`, so every rank switches
 in the same cycle; a sample starts at the first step boundary after the switch.
@@ -44,6 +46,9 @@ SPACE = (("fusion_threshold_mb", 1.0, 256.0), ("cycle_time_ms", 0.2, 20.0),
 CSV_FIELDS = ("sample", "kind", "fusion_threshold_bytes", "fusion_chunk_bytes",
               "inplace_threshold_bytes", "cycle_time_ms", "cache_enabled", "steps",
               "seconds", "bytes", "score_bytes_per_s")
+
+#: candidates measured a second time before the best is kept (the starting one included)
+CONFIRM = 3
 
 # sampling states
 _WAIT_SWITCH, _ALIGN, _MEASURE, _THINK, _DONE = range(5)
@@ -112,6 +117,7 @@ class Autotuner(Recorder):
         self._t_start = 0.0
         self._bytes = 0
         self._steps = 0
+        self._confirm: List[Parameters] = []
         self._inbox: "queue.Queue" = queue.Queue()
         self._csv = None
         if self.log_file:
@@ -195,16 +201,33 @@ class Autotuner(Recorder):
         if kind in ("initial", "bayes"):
             self._optimizer.tell(to_point(params), -score / 1e9)
         tuned = [s for s in self.samples if s[0] == "bayes"]
-        if len(tuned) < self.max_samples:
+        if kind != "confirm" and len(tuned) < self.max_samples:
             x = self._optimizer.ask()
             self._measure("bayes", from_point(self.initial, x))
             return
-        measured = [s for s in self.samples if s[0] in ("initial", "bayes")]
-        best = max(measured, key=lambda s: s[5])
-        self.best = best[1]
+        if kind != "confirm":
+            # one noisy sample flatters its winner: measure the best few (the starting
+            # parameters always among them) once more and keep the best mean
+            measured = [s for s in self.samples if s[0] in ("initial", "bayes")]
+            ranked = sorted(measured[1:], key=lambda s: -s[5])[:CONFIRM - 1]
+            self._confirm = [measured[0][1]] + [s[1] for s in ranked]
+        if self._confirm:
+            self._measure("confirm", self._confirm.pop(0))
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        scores: Dict[Parameters, List[float]] = {}
+        for kind, params, *_, score in self.samples:
+            if kind in ("initial", "bayes", "confirm"):
+                scores.setdefault(params, []).append(score)
+        confirmed = {s[1] for s in self.samples if s[0] == "confirm"}
+        mean = {p: sum(v) / len(v) for p, v in scores.items() if p in confirmed}
+        self.best = max(mean, key=mean.get)
+        start = mean.get(self.initial, 0.0)
         log.info("autotune: keeping %s (%.3f GB/s; the starting parameters gave %.3f GB/s)",
-                 self.best, best[5] / 1e9, measured[0][5] / 1e9)
-        self._log("best", self.best, best[2], best[3], best[4], best[5])
+                 self.best, mean[self.best] / 1e9, start / 1e9)
+        self._log("best", self.best, 0, 0.0, 0, mean[self.best])
         self._state = _DONE
         self._switch(self.best)
         self.finished.set()

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from hvdlite.common.config import TIMELINE
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
 
@@ -64,7 +65,7 @@ class Timeline(Recorder):
         except OSError as exc:
             raise HvdliteConfigError(
                 f"timeline: cannot write {path!r} ({exc.strerror}); check --timeline-filename "
-                f"/ HVDLITE_TIMELINE") from None
+                f"/ {TIMELINE}") from None
         self._t0 = time.monotonic()
         self._events: collections.deque = collections.deque()
         # writer-thread state

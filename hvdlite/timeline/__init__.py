@@ -153,7 +153,8 @@ def plot_summary(s: Summary, path: str, top: int = 20) -> None:
                         fontsize=7)
     ax1.set_xlabel("ms in the trace")
     ax1.set_title(f"where each tensor's time went (top {len(names)} of {len(s.phase_s)})")
-    ax1.legend(loc="lower right", fontsize=8)
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08 - 1.0 / max(4, len(names))),
+               ncol=len(PHASES), fontsize=8)
     ranks = sorted(s.waited)
     ax2.bar([str(r) for r in ranks], [1e3 * s.waited[r][1] for r in ranks], color="#f2a541")
     ax2.set_xlabel("rank")
@@ -162,6 +163,8 @@ def plot_summary(s: Summary, path: str, top: int = 20) -> None:
     if not ranks:
         ax2.text(0.5, 0.5, "nobody: all ranks\nasked together", ha="center", va="center",
                  transform=ax2.transAxes)
+        ax2.set_xticks([])
+        ax2.set_yticks([])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
