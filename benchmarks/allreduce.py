@@ -13,7 +13,9 @@ Workloads (all fp32, op = Sum):
 * ``bert``      BERT-base gradients (embeddings, 12 encoder layers, pooler; 199 tensors, ~109.5 M
   params, ~418 MiB); ``--bert-layers`` shrinks it;
 * ``tiny1000``  1000 tensors of 256 floats (1000 KiB in all);
-* ``big64mb``   one 64 MiB tensor.
+* ``big64mb``   one 64 MiB tensor;
+* ``msg<BYTES>`` a message of BYTES bytes split into up to 16 equal tensors (at least 256 B
+  each), e.g. ``msg4096`` or ``msg268435456``: the message-size sweep of ``report.py``.
 
 Implementations:
 
@@ -119,6 +121,10 @@ def workload_shapes(name, args):
         return [(256,)] * 1000
     if name == "big64mb":
         return [(64 * MiB // 4,)]
+    if is_msg(name):
+        total = int(name[3:]) // 4
+        parts = max(1, min(16, total // 64))
+        return [(total // parts,)] * parts
     raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
@@ -132,6 +138,18 @@ IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "torch_per_tensor", "torch_per_te
 OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune")
 ALL_IMPLS = IMPLS + OPT_IN_IMPLS
 RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
+
+
+def is_msg(name):
+    return name.startswith("msg") and name[3:].isdigit() and int(name[3:]) >= 4
+
+
+def default_iters(name):
+    """(warmup, iters) of a workload: its table entry, or by size for ``msg<BYTES>``."""
+    if name in DEFAULT_ITERS:
+        return DEFAULT_ITERS[name]
+    nbytes = int(name[3:])
+    return (1, 3) if nbytes >= 128 * MiB else (1, 5) if nbytes >= 16 * MiB else (2, 10)
 
 
 def numel(shape):
@@ -321,7 +339,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     for w in args.workloads:
-        if w not in WORKLOADS:
+        if w not in WORKLOADS and not is_msg(w):
             p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     impls = [i for i in args.impls.split(",") if i]
     for i in impls:
@@ -410,8 +428,8 @@ def main(argv=None):
     cycle_ms = basics.config().cycle_time_ms
 
     shapes = {w: workload_shapes(w, args) for w in args.workloads}
-    iters = {w: (DEFAULT_ITERS[w][0] if args.warmup is None else args.warmup,
-                 DEFAULT_ITERS[w][1] if args.iters is None else args.iters)
+    iters = {w: (default_iters(w)[0] if args.warmup is None else args.warmup,
+                 default_iters(w)[1] if args.iters is None else args.iters)
              for w in args.workloads}
 
     # phases: raw torch.distributed with hvdlite shut down, then hvdlite with each fusion setting

@@ -134,3 +134,16 @@ def test_autotuner_measures_steps_and_keeps_the_best(tmp_path):
     best = max(s[5] for s in tuner.samples if s[1] == tuner.best)
     assert best >= initial and tuner.best.fusion_threshold_bytes >= 32 << 20, tuner.samples
     assert log.read_text().count("\n") == 1 + len(tuner.samples) + 1
+
+
+def test_summary_tool_needs_no_framework_launcher_or_plotting_to_start():
+    """The summary runs wherever the trace was copied: no torch, no launcher, matplotlib
+    and scikit-optimize only when asked for."""
+    import subprocess
+    code = ("import sys, hvdlite.timeline, hvdlite.timeline.__main__; "
+            "print(sorted(m.split('.')[0] for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'matplotlib', 'skopt') "
+            "or m.startswith('hvdlite.runner')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
