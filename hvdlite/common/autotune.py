@@ -28,7 +28,6 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hvdlite.common.exceptions import HvdliteConfigError
@@ -96,8 +95,10 @@ class Autotuner(Recorder):
 
     active = True
 
-    def __init__(self, config, propose: Callable[..., Parameters], initial: Parameters):
+    def __init__(self, config, propose: Callable[..., Parameters], initial: Parameters,
+                 on_finish: Optional[Callable[[], None]] = None):
         self.propose = propose
+        self.on_finish = on_finish
         self.initial = initial
         self.warmup_samples = config.autotune_warmup_samples
         self.steps_per_sample = config.autotune_steps_per_sample
@@ -231,6 +232,8 @@ class Autotuner(Recorder):
         self._state = _DONE
         self._switch(self.best)
         self.finished.set()
+        if self.on_finish is not None:
+            self.on_finish()
 
     def _measure(self, kind: str, params: Parameters) -> None:
         self._kind = kind

@@ -6,14 +6,11 @@ Kept apart from ``basics.py`` so that init/shutdown only call :func:`attach` and
 and only rank 0 tunes (its decisions travel to the others in the control vector).
 """
 
-import logging
 import threading
 import time
 from typing import Optional
 
 from hvdlite.common.recorder import NULL, Recorder, combine
-
-log = logging.getLogger(__name__)
 
 
 class _Observers:
@@ -23,9 +20,25 @@ class _Observers:
         self.timeline = None
         self.autotuner = None
 
-    def install(self) -> None:
-        self.runtime.set_recorder(combine(
-            [r for r in (self.user, self.timeline, self.autotuner) if r is not None]))
+    def install(self, timeout_s: float = 2.0) -> None:
+        """Hand the runtime the recorders now wanted (a finished autotuner no longer is) and
+        wait until its thread took them, so two swaps never race."""
+        tuner = self.autotuner
+        if tuner is not None and tuner.finished.is_set():
+            tuner = None
+        runtime = self.runtime
+        runtime.set_recorder(combine(
+            [r for r in (self.user, self.timeline, tuner) if r is not None]))
+        deadline = time.monotonic() + timeout_s
+        while runtime.running() and not runtime.recorder_switched() and \
+                time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def retire_autotuner(self) -> None:
+        """The tuner kept its best: stop paying for its events (it stays for inspection)."""
+        with _LOCK:
+            if _CURRENT is self:
+                self.install()
 
 
 _LOCK = threading.Lock()
@@ -47,7 +60,8 @@ def attach(runtime, config, user: Recorder = NULL) -> None:
                                          config.timeline_mark_cycles)
         if runtime.rank == 0 and config.autotune:
             from hvdlite.common.autotune import Autotuner
-            obs.autotuner = Autotuner(config, runtime.propose_parameters, runtime.params)
+            obs.autotuner = Autotuner(config, runtime.propose_parameters, runtime.params,
+                                      on_finish=obs.retire_autotuner)
     except BaseException:
         if obs.timeline is not None:
             obs.timeline.close()
@@ -103,9 +117,5 @@ def stop_timeline(runtime, timeout_s: float = 2.0) -> None:
         if obs is None or obs.runtime is not runtime or obs.timeline is None:
             return
         timeline, obs.timeline = obs.timeline, None
-        obs.install()
-    deadline = time.monotonic() + timeout_s
-    while runtime.running() and not runtime.recorder_switched() and \
-            time.monotonic() < deadline:
-        time.sleep(0.002)
+        obs.install(timeout_s)            # returns once the loop no longer calls it
     timeline.close()

@@ -114,7 +114,8 @@ def test_autotuner_measures_steps_and_keeps_the_best(tmp_path):
         switched.set()
         return Parameters(**changes)
 
-    tuner = autotune.Autotuner(config, propose, start)
+    retired = threading.Event()
+    tuner = autotune.Autotuner(config, propose, start, on_finish=retired.set)
     now, params = 0.0, start
     for _ in range(400):
         if tuner.finished.is_set():
@@ -127,6 +128,7 @@ def test_autotuner_measures_steps_and_keeps_the_best(tmp_path):
             tuner.done(f"t{i}", now, None)
         time.sleep(0.002)                                  # let the decision thread think
     assert tuner.finished.wait(10), "the tuner never finished"
+    assert retired.wait(5), "the tuner did not ask to stop receiving events"
     tuner.close()
     kinds = [s[0] for s in tuner.samples]
     assert kinds == ["warmup", "initial"] + ["bayes"] * 5 + ["confirm"] * 3
