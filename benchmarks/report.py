@@ -104,7 +104,8 @@ def plan(args):
                      "hvdlite_fusion,hvdlite_timeline,hvdlite_autotune",
                      "--rounds", "3" if args.quick else "8", "--iters", "9" if args.quick else "40",
                      "--max-seconds", "20" if args.quick else "80",
-                     "--autotune-samples", "6" if args.quick else "12"], 600))
+                     "--autotune-samples", "6" if args.quick else "12",
+                     "--autotune-steps", "3" if args.quick else "5"], 600))
     jobs.append(Job("timeline_tiny", 2, "gloo", "allreduce.py",
                     ["--workloads", "tiny1000", "--impls", "hvdlite_fusion,hvdlite_timeline",
                      "--rounds", "3" if args.quick else "6", "--iters", "9" if args.quick else "30",
