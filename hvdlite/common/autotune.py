@@ -3,7 +3,8 @@
 Why this shape: the score that matters is what the job achieves, so the tuner
 watches the background loop (it is a :class:`Recorder` on rank 0) and measures
 bytes reduced per second over whole training steps (a step ends when a tensor
-name comes back).  Each sample runs ``steps_per_sample`` steps under one
+name comes back): a step's bytes over the sample's median step time, so one step
+slowed by a neighbour on a shared machine does not decide a sample.  Each sample runs ``steps_per_sample`` steps under one
 candidate; the first ``warmup_samples`` are thrown away (caches, allocator,
 first-touch); the next measures the parameters the job started with, so the
 best found is never worse than them by more than the measurement noise.  Then
@@ -90,6 +91,14 @@ def make_optimizer(noise: float, seed: int = 0, initial_points: int = 3):
                      initial_point_generator="random", random_state=seed)
 
 
+def _median_step(ends: List[float]) -> float:
+    steps = sorted(b - a for a, b in zip(ends, ends[1:]))
+    n = len(steps)
+    if not n:
+        return 0.0
+    return steps[n // 2] if n % 2 else (steps[n // 2 - 1] + steps[n // 2]) / 2
+
+
 class Autotuner(Recorder):
     """Rank 0's tuner; ``propose(**changes)`` is :meth:`Runtime.propose_parameters`."""
 
@@ -116,6 +125,7 @@ class Autotuner(Recorder):
         self._sizes: Dict[str, int] = {}
         self._step_names: set = set()
         self._t_start = 0.0
+        self._step_ends: List[float] = []
         self._bytes = 0
         self._steps = 0
         self._confirm: List[Parameters] = []
@@ -156,12 +166,15 @@ class Autotuner(Recorder):
             if state == _ALIGN:
                 self._state = _MEASURE
                 self._t_start, self._bytes, self._steps = end, 0, 0
+                self._step_ends = [end]
             elif state == _MEASURE:
                 self._steps += 1
+                self._step_ends.append(end)
                 if self._steps >= self.steps_per_sample:
                     self._state = _THINK
                     self._inbox.put((self._kind, self._current, self._steps,
-                                     end - self._t_start, self._bytes))
+                                     end - self._t_start, self._bytes,
+                                     _median_step(self._step_ends)))
         names.add(name)
         if self._state == _MEASURE:
             self._bytes += self._sizes.get(name, 0)
@@ -188,8 +201,10 @@ class Autotuner(Recorder):
             self.finished.set()
 
     def _take(self, kind: str, params: Parameters, steps: int, seconds: float,
-              nbytes: int) -> None:
-        score = nbytes / seconds if seconds > 0 else 0.0
+              nbytes: int, median_step_s: float) -> None:
+        # bytes of a step over the median step time: a step slowed by a neighbour on a
+        # shared machine does not decide the sample
+        score = nbytes / steps / median_step_s if median_step_s > 0 else 0.0
         self.samples.append((kind, params, steps, seconds, nbytes, score))
         self._log(kind, params, steps, seconds, nbytes, score)
         if kind == "warmup":
