@@ -6,9 +6,10 @@ Kept apart from ``basics.py`` so that init/shutdown only call :func:`attach` and
 and only rank 0 tunes (its decisions travel to the others in the control vector).
 """
 
+import os
 import threading
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 from hvdlite.common.recorder import NULL, Recorder, combine
 
@@ -43,6 +44,20 @@ class _Observers:
 
 _LOCK = threading.Lock()
 _CURRENT: Optional[_Observers] = None
+#: timeline paths this process has written from the configuration, and how often
+_CONFIGURED_PATHS: Dict[str, int] = {}
+
+
+def _fresh_path(path: str) -> str:
+    """``path`` the first time; ``trace.1.json``, ``trace.2.json``, ... at later ``init()``s of
+    this process (an elastic reset, a benchmark's restart), so a new runtime never
+    overwrites the trace of the one before."""
+    n = _CONFIGURED_PATHS.get(path, 0)
+    _CONFIGURED_PATHS[path] = n + 1
+    if n == 0:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.{n}{ext}"
 
 
 def attach(runtime, config, user: Recorder = NULL) -> None:
@@ -56,7 +71,7 @@ def attach(runtime, config, user: Recorder = NULL) -> None:
     obs = _Observers(runtime, user)
     try:
         if runtime.rank == 0 and config.timeline_filename:
-            obs.timeline = _new_timeline(runtime, config.timeline_filename,
+            obs.timeline = _new_timeline(runtime, _fresh_path(config.timeline_filename),
                                          config.timeline_mark_cycles)
         if runtime.rank == 0 and config.autotune:
             from hvdlite.common.autotune import Autotuner

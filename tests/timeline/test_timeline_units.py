@@ -149,3 +149,11 @@ def test_summary_tool_needs_no_framework_launcher_or_plotting_to_start():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_second_init_of_a_process_writes_a_new_file(tmp_path, monkeypatch):
+    from hvdlite.common import observers
+    monkeypatch.setattr(observers, "_CONFIGURED_PATHS", {})
+    path = str(tmp_path / "trace.json")
+    assert [observers._fresh_path(path) for _ in range(3)] == [
+        path, str(tmp_path / "trace.1.json"), str(tmp_path / "trace.2.json")]
