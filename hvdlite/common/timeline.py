@@ -42,6 +42,9 @@ RUNTIME_ROW = "(runtime: cycles, parameters, fused responses)"
 #: how many tensor names a fused slice lists in its args
 _NAMES_SHOWN = 64
 
+#: events the writer formats before it lets other threads run
+_YIELD_EVERY = 64
+
 # event kinds in the deque
 _Q, _N, _S, _D, _C, _P = range(6)
 
@@ -161,7 +164,14 @@ class Timeline(Recorder):
     def _flush(self) -> None:
         events = self._events
         out: List[str] = []
+        budget = _YIELD_EVERY
         while events:
+            budget -= 1
+            if not budget:
+                # give the GIL away now and then: otherwise the background loop, back from
+                # a collective, may wait a whole switch interval (5 ms) for this thread
+                budget = _YIELD_EVERY
+                time.sleep(0)
             ev = events.popleft()
             kind = ev[0]
             if kind == _S:
