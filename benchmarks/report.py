@@ -310,6 +310,15 @@ def write_report(jobs, args, started, elapsed, out_path):
         for k, v in targets.items():
             lines.append(f"* `{k}`: **{v['value']:.3f}** (want {v['target']}: "
                          f"{'met' if v['met'] else 'missed'})")
+        best = []
+        for w, impl in (("resnet50", "hvdlite_timeline"), ("resnet50", "hvdlite_autotune"),
+                        ("tiny1000", "hvdlite_timeline")):
+            if (w, impl) in by and (w, "hvdlite_fusion") in by:
+                best.append(f"{w} {impl} / hvdlite_fusion = "
+                            f"{by[(w, impl)]['ms_min'] / by[(w, 'hvdlite_fusion')]['ms_min']:.3f}")
+        if best:
+            lines += ["", "The same by best step (min ms; the quietest moment each row saw): " +
+                      "; ".join(best) + "."]
         at = tuned.result["meta"].get("autotuned")
         if at:
             lines += ["", f"Autotuning on resnet50 took {at['tuning_s']:.1f} s "

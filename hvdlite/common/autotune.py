@@ -12,7 +12,8 @@ scikit-optimize's Gaussian-process ``Optimizer`` (expected improvement, fixed
 noise ``gaussian_process_noise`` on normalised scores) proposes
 ``bayes_opt_max_samples`` candidates; then the starting parameters and the two
 best candidates are measured once more and the best mean is kept (one noisy
-sample flatters whoever won it).
+sample flatters whoever won it), but only if it beats the starting parameters'
+mean by ``KEEP_MARGIN`` (5%): otherwise the job keeps what it started with.
 
 Candidates go through :meth:`Runtime.propose_parameters`, so every rank switches
 in the same cycle; a sample starts at the first step boundary after the switch.
@@ -49,6 +50,9 @@ CSV_FIELDS = ("sample", "kind", "fusion_threshold_bytes", "fusion_chunk_bytes",
 
 #: candidates measured a second time before the best is kept (the starting one included)
 CONFIRM = 3
+#: a candidate replaces the starting parameters only if its mean score beats theirs by this
+#: much: single samples on a shared machine swing by more than that
+KEEP_MARGIN = 0.05
 
 # sampling states
 _WAIT_SWITCH, _ALIGN, _MEASURE, _THINK, _DONE = range(5)
@@ -239,8 +243,11 @@ class Autotuner(Recorder):
                 scores.setdefault(params, []).append(score)
         confirmed = {s[1] for s in self.samples if s[0] == "confirm"}
         mean = {p: sum(v) / len(v) for p, v in scores.items() if p in confirmed}
+        start_params = next(s[1] for s in self.samples if s[0] == "initial")
+        start = mean[start_params]
         self.best = max(mean, key=mean.get)
-        start = mean.get(self.initial, 0.0)
+        if mean[self.best] < start * (1.0 + KEEP_MARGIN):
+            self.best = start_params      # not clearly better: a change is a risk, not a gain
         log.info("autotune: keeping %s (%.3f GB/s; the starting parameters gave %.3f GB/s)",
                  self.best, mean[self.best] / 1e9, start / 1e9)
         self._log("best", self.best, 0, 0.0, 0, mean[self.best])
