@@ -13,7 +13,9 @@ Workloads (all fp32, op = Sum):
 * ``bert``      BERT-base gradients (embeddings, 12 encoder layers, pooler; 199 tensors, ~109.5 M
   params, ~418 MiB); ``--bert-layers`` shrinks it;
 * ``tiny1000``  1000 tensors of 256 floats (1000 KiB in all);
-* ``big64mb``   one 64 MiB tensor.
+* ``big64mb``   one 64 MiB tensor;
+* ``msg<BYTES>`` a message of BYTES bytes split into up to 16 equal tensors (at least 256 B
+  each), e.g. ``msg4096`` or ``msg268435456``: the message-size sweep of ``report.py``.
 
 Implementations:
 
@@ -27,7 +29,12 @@ Implementations:
   ``all_reduce(t, async_op=True)`` for every tensor, then ``wait()`` on all;
 * ``torch_per_tensor_sync`` the same, one blocking ``all_reduce`` at a time;
 * ``torch_flat``       one ``all_reduce`` of a single pre-flattened tensor holding all the bytes:
-  the limit of this transport (no packing cost at all).
+  the limit of this transport (no packing cost at all);
+* ``hvdlite_timeline`` (opt-in) ``hvdlite_fusion`` with ``hvd.start_timeline`` writing a trace
+  the whole time: its ratio to ``hvdlite_fusion`` in the same run is the timeline's cost;
+* ``hvdlite_autotune`` (opt-in) ``hvdlite_fusion`` with the parameters ``--autotune`` chose: the
+  first round tunes on ``--autotune-workload`` (untimed) until rank 0 keeps its best, every
+  round then runs with those parameters.
 
 Each (workload, impl) cell is timed step by step: all ranks meet in a barrier on the raw group
 (outside the timed region), then rank 0 times one step.  The hvdlite runtime is shut down while
@@ -45,6 +52,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -115,6 +123,10 @@ def workload_shapes(name, args):
         return [(256,)] * 1000
     if name == "big64mb":
         return [(64 * MiB // 4,)]
+    if is_msg(name):
+        total = int(name[3:]) // 4
+        parts = max(1, min(16, total // 64))
+        return [(total // parts,)] * parts
     raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
@@ -124,11 +136,22 @@ WORKLOADS = ("resnet50", "bert", "tiny1000", "big64mb")
 DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big64mb": (2, 10)}
 IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
          "torch_per_tensor_sync", "torch_flat")
-#: the hvdlite variants: the variables each restarts the runtime with (None: the launch's)
-HVDLITE_VARIANTS = {"hvdlite_fusion": {},
-                    "hvdlite_nofusion": {"HVDLITE_FUSION_THRESHOLD": "0"},
-                    "hvdlite_noshm": {"HVDLITE_SHARED_MEMORY": "0"}}
+#: run only when named in --impls (they cost a trace file / a tuning phase)
+OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune")
+ALL_IMPLS = IMPLS + OPT_IN_IMPLS
 RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
+
+
+def is_msg(name):
+    return name.startswith("msg") and name[3:].isdigit() and int(name[3:]) >= 4
+
+
+def default_iters(name):
+    """(warmup, iters) of a workload: its table entry, or by size for ``msg<BYTES>``."""
+    if name in DEFAULT_ITERS:
+        return DEFAULT_ITERS[name]
+    nbytes = int(name[3:])
+    return (1, 3) if nbytes >= 128 * MiB else (1, 5) if nbytes >= 16 * MiB else (2, 10)
 
 
 def numel(shape):
@@ -212,6 +235,7 @@ def step_torch_flat(tensors, names):
 
 STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
          "hvdlite_noshm": step_hvdlite,
+         "hvdlite_timeline": step_hvdlite, "hvdlite_autotune": step_hvdlite,
          "torch_per_tensor": step_torch_per_tensor,
          "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
 
@@ -284,8 +308,16 @@ def parse_args(argv=None):
     p.add_argument("--workloads", default=",".join(WORKLOADS),
                    help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)")
     p.add_argument("--impls", default=",".join(IMPLS),
-                   help=f"comma-separated subset of {','.join(IMPLS)} (default: all; "
-                        f"torch_flat is always run since ratios refer to it)")
+                   help=f"comma-separated subset of {','.join(ALL_IMPLS)} (default: "
+                        f"{','.join(IMPLS)}; torch_flat is always run since ratios refer to it)")
+    p.add_argument("--timeline-file", default=None,
+                   help="hvdlite_timeline: where the trace goes (default: a temporary file)")
+    p.add_argument("--autotune-workload", default="resnet50",
+                   help="hvdlite_autotune: the workload tuned on (default resnet50)")
+    p.add_argument("--autotune-samples", type=int, default=12,
+                   help="hvdlite_autotune: --autotune-bayes-opt-max-samples (default 12)")
+    p.add_argument("--autotune-steps", type=int, default=3,
+                   help="hvdlite_autotune: --autotune-steps-per-sample (default 3)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed steps per cell (default per workload: " +
                         ", ".join(f"{k} {v[1]}" for k, v in DEFAULT_ITERS.items()) + ")")
@@ -310,15 +342,17 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     for w in args.workloads:
-        if w not in WORKLOADS:
+        if w not in WORKLOADS and not is_msg(w):
             p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     impls = [i for i in args.impls.split(",") if i]
     for i in impls:
-        if i not in IMPLS:
+        if i not in ALL_IMPLS:
             p.error(f"unknown impl {i!r}; choose from {', '.join(IMPLS)}")
     if "torch_flat" not in impls:
         impls.append("torch_flat")
-    args.impls = [i for i in IMPLS if i in impls]
+    args.impls = [i for i in ALL_IMPLS if i in impls]
+    if "hvdlite_autotune" in args.impls and args.autotune_workload not in args.workloads:
+        p.error(f"--autotune-workload {args.autotune_workload} is not among --workloads")
     for flag in ("iters", "warmup"):
         v = getattr(args, flag)
         if v is not None and v < (1 if flag == "iters" else 0):
@@ -328,21 +362,61 @@ def parse_args(argv=None):
     return args
 
 
-def restart_hvdlite(overrides):
-    """shutdown -> the launch's HVDLITE_* settings with ``overrides`` on top -> init."""
+#: the live parameters a tuned run sets through the environment (restored afterwards)
+TUNED_VARS = ("HVDLITE_FUSION_THRESHOLD", "HVDLITE_FUSION_CHUNK_BYTES",
+              "HVDLITE_INPLACE_THRESHOLD", "HVDLITE_CYCLE_TIME", "HVDLITE_CACHE_CAPACITY",
+              "HVDLITE_AUTOTUNE", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES",
+              "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+              "HVDLITE_SHARED_MEMORY")
+_LAUNCH_ENV = {k: os.environ.get(k) for k in TUNED_VARS}
+
+
+def restart_hvdlite(fusion_threshold, extra_env=None):
+    """shutdown -> set HVDLITE_FUSION_THRESHOLD (None: the launcher's) and ``extra_env``, the
+    other tuned variables back to the launcher's -> init."""
     if hvd.is_initialized():
         hvd.shutdown()
-    for name in {n for v in HVDLITE_VARIANTS.values() for n in v}:
-        if name in overrides:
-            os.environ[name] = overrides[name]
-        elif _LAUNCH_ENV.get(name) is None:
-            os.environ.pop(name, None)
+    env = dict(_LAUNCH_ENV)
+    if fusion_threshold is not None:
+        env["HVDLITE_FUSION_THRESHOLD"] = str(fusion_threshold)
+    env.update(extra_env or {})
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
         else:
-            os.environ[name] = _LAUNCH_ENV[name]
+            os.environ[k] = v
     hvd.init()
 
 
-_LAUNCH_ENV = {n: os.environ.get(n) for v in HVDLITE_VARIANTS.values() for n in v}
+def tune(args, shapes, rank):
+    """Runs steps of the tuned workload under --autotune until rank 0 keeps its best; returns
+    (environment that sets those parameters, a description, seconds spent, samples)."""
+    from hvdlite.common import basics, observers
+    restart_hvdlite(None, {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "1",
+                           "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": str(args.autotune_steps),
+                           "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(args.autotune_samples)})
+    tuner = observers.current().autotuner if rank == 0 else None
+    w = args.autotune_workload
+    tensors = [torch.ones(s, dtype=torch.float32) for s in shapes[w]]
+    names = [f"bench.{w}.{i}" for i in range(len(tensors))]
+    t0 = time.perf_counter()
+    extra = 3        # steps after the decision, so every rank has switched to the best
+    while barrier_and_decide(rank, extra > 0):
+        step_hvdlite(tensors, names)
+        for t in tensors:
+            t.fill_(1.0)
+        if tuner is None or tuner.finished.is_set():
+            extra -= 1
+    elapsed = time.perf_counter() - t0
+    p = basics.runtime().params
+    env = {"HVDLITE_FUSION_THRESHOLD": str(p.fusion_threshold_bytes),
+           "HVDLITE_FUSION_CHUNK_BYTES": str(p.fusion_chunk_bytes),
+           "HVDLITE_INPLACE_THRESHOLD": str(p.inplace_threshold_bytes),
+           "HVDLITE_CYCLE_TIME": str(p.cycle_time_ms),
+           "HVDLITE_CACHE_CAPACITY": "1024" if p.cache_enabled else "0"}
+    samples = len(tuner.samples) if tuner is not None else None
+    hvd.shutdown()
+    return env, str(p), elapsed, samples
 
 
 def main(argv=None):
@@ -358,15 +432,22 @@ def main(argv=None):
     cycle_ms = basics.config().cycle_time_ms
 
     shapes = {w: workload_shapes(w, args) for w in args.workloads}
-    iters = {w: (DEFAULT_ITERS[w][0] if args.warmup is None else args.warmup,
-                 DEFAULT_ITERS[w][1] if args.iters is None else args.iters)
+    iters = {w: (default_iters(w)[0] if args.warmup is None else args.warmup,
+                 default_iters(w)[1] if args.iters is None else args.iters)
              for w in args.workloads}
 
     # phases: raw torch.distributed with hvdlite shut down, then hvdlite with each fusion setting
     phases = [("raw", [i for i in args.impls if i in RAW_IMPLS], False)]
-    for impl, overrides in HVDLITE_VARIANTS.items():
+    # each hvdlite phase: (fusion threshold or None for the launch's, extra variables)
+    variants = {"hvdlite_fusion": (None, {}), "hvdlite_nofusion": (0, {}),
+                "hvdlite_noshm": (None, {"HVDLITE_SHARED_MEMORY": "0"}),
+                "hvdlite_timeline": (None, {}), "hvdlite_autotune": (None, {})}
+    for impl, restart in variants.items():
         if impl in args.impls:
-            phases.append((impl, [impl], overrides))
+            phases.append((impl, [impl], restart))
+    timeline_file = args.timeline_file or os.path.join(
+        tempfile.gettempdir(), f"hvdlite-bench-timeline-{os.getpid()}.json")
+    tuned = None          # (env, description, seconds, samples) once tuned
 
     # Load on this machine changes over seconds (other jobs share its 2 cores), so every phase is
     # run in ``--rounds`` rounds, interleaved, and the steps of all rounds are pooled.  Restarting
@@ -383,8 +464,14 @@ def main(argv=None):
             if overrides is False:
                 if hvd.is_initialized():
                     hvd.shutdown()
+            elif phase == "hvdlite_autotune":
+                if tuned is None:
+                    tuned = tune(args, shapes, rank)
+                restart_hvdlite(None, tuned[0])
             else:
-                restart_hvdlite(overrides)
+                restart_hvdlite(*overrides)
+            if phase == "hvdlite_timeline":
+                hvd.start_timeline(timeline_file)
             for w in args.workloads:
                 warmup, n = iters[w]
                 share = -(-n // rounds) if rnd < n % rounds or n % rounds == 0 else n // rounds
@@ -405,6 +492,8 @@ def main(argv=None):
                         print(f"  round {rnd + 1}/{rounds} {w:>9s} {impl:<22s} "
                               f"{1e3 * statistics.median(times):9.2f} ms (n={len(times)})",
                               flush=True)
+            if phase == "hvdlite_timeline":
+                hvd.stop_timeline()
         if rank == 0:
             print(f"round {rnd + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)",
                   flush=True)
@@ -440,12 +529,21 @@ def main(argv=None):
 
     if rank == 0:
         print_table(rows, size, fusion_cfg, cycle_ms, elapsed)
+        if tuned is not None:
+            print(f"autotuned on {args.autotune_workload} in {tuned[2]:.1f} s "
+                  f"({tuned[3]} samples): {tuned[1]}")
         if args.json:
             meta = {"size": size, "torch": torch.__version__, "python": platform.python_version(),
                     "host": platform.node(), "cpus": os.cpu_count(),
                     "fusion_threshold_bytes": fusion_cfg, "cycle_time_ms": cycle_ms,
                     "bert_layers": args.bert_layers, "rounds": args.rounds, "max_seconds": args.max_seconds,
                     "elapsed_s": elapsed, "argv": sys.argv[1:]}
+            if tuned is not None:
+                meta["autotuned"] = {"parameters": tuned[1], "tuning_s": tuned[2],
+                                     "samples": tuned[3], "env": tuned[0]}
+            if "hvdlite_timeline" in args.impls:
+                meta["timeline_file"] = timeline_file
+                meta["timeline_bytes"] = os.path.getsize(timeline_file)
             with open(args.json, "w") as f:
                 json.dump({"meta": meta, "rows": rows, "targets": targets(rows)}, f, indent=2)
     dist.barrier()
@@ -464,6 +562,21 @@ def targets(rows):
             v = r["paired_ratio_to_flat"]
             out["resnet50_fusion_paired_ratio_to_flat"] = {"value": v, "target": "<= 1.25",
                                                        "met": v <= 1.25}
+    for w in sorted({r["workload"] for r in rows}):
+        base = by.get((w, "hvdlite_fusion"))
+        tl, at = by.get((w, "hvdlite_timeline")), by.get((w, "hvdlite_autotune"))
+        if base and tl:
+            v = _same_run_ratio(tl, base)
+            out[f"{w}_timeline_overhead_ratio"] = {"value": v, "target": "<= 1.05",
+                                                  "met": v <= 1.05}
+        if at:
+            v = at.get("paired_ratio_to_flat") or at["ratio_to_flat"]
+            out[f"{w}_autotune_paired_ratio_to_flat"] = {"value": v, "target": "<= 1.10",
+                                                        "met": v <= 1.10}
+        if base and at:
+            v = _same_run_ratio(at, base)
+            out[f"{w}_autotune_vs_defaults"] = {"value": v, "target": "<= 1.0",
+                                               "met": v <= 1.0}
     r, raw = by.get(("tiny1000", "hvdlite_fusion")), by.get(("tiny1000", "torch_per_tensor"))
     raw_sync = by.get(("tiny1000", "torch_per_tensor_sync"))
     if r and (raw or raw_sync):
@@ -473,6 +586,14 @@ def targets(rows):
                 out[f"tiny1000_fusion_speedup_{key}"] = {"value": v, "target": ">= 30",
                                                          "met": v >= 30}
     return out
+
+
+def _same_run_ratio(row, base):
+    """``row`` against ``base`` in this run: through their paired torch_flat steps when both
+    have them (load swings cancel), else the ratio of medians."""
+    if row.get("paired_ratio_to_flat") and base.get("paired_ratio_to_flat"):
+        return row["paired_ratio_to_flat"] / base["paired_ratio_to_flat"]
+    return row["ms_median"] / base["ms_median"]
 
 
 def print_table(rows, size, fusion_cfg, cycle_ms, elapsed):

@@ -18,6 +18,7 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
+from hvdlite.common import observers
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
@@ -107,6 +108,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
                                 cross_rank=backend.cross_rank, cross_size=backend.cross_size)
         _STATE.last_round = getattr(backend, "round", _STATE.last_round)
         runtime = Runtime(config, backend, recorder)
+        observers.attach(runtime, config, recorder)
         runtime.start()
         _STATE.runtime = runtime
         _STATE.config = config
@@ -121,7 +123,9 @@ def _shutdown_locked() -> None:
         return
     _run_reset_hooks()
     wait_s = runtime.config.op_timeout_s + 5.0
-    if not runtime.stop(wait_s):
+    stopped = runtime.stop(wait_s)
+    observers.detach()
+    if not stopped:
         raise HvdliteInternalError(
             f"rank {runtime.rank}: the background thread did not exit within {wait_s:.0f}s of "
             f"shutdown(); a peer may be hung (see --op-timeout-seconds)")
@@ -131,6 +135,17 @@ def shutdown() -> None:
     """Stop the runtime on this rank (and tell the other ranks); idempotent."""
     with _STATE.lock:
         _shutdown_locked()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing rank 0's timeline to ``file_path`` (as ``--timeline-filename`` does);
+    a running timeline is finished first.  Other ranks do nothing."""
+    observers.start_timeline(runtime(), file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop rank 0's timeline and finish its file; idempotent."""
+    observers.stop_timeline(runtime())
 
 
 def is_initialized() -> bool:

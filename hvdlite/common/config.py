@@ -61,6 +61,15 @@ LOG_LEVEL = "HVDLITE_LOG_LEVEL"
 SHARED_MEMORY = "HVDLITE_SHARED_MEMORY"
 #: "1": process sets may be added and removed while the job runs (hvd.add_process_set)
 DYNAMIC_PROCESS_SETS = "HVDLITE_DYNAMIC_PROCESS_SETS"
+# --- timeline and autotuning (each has a launcher flag) ---
+TIMELINE = "HVDLITE_TIMELINE"
+TIMELINE_MARK_CYCLES = "HVDLITE_TIMELINE_MARK_CYCLES"
+AUTOTUNE = "HVDLITE_AUTOTUNE"
+AUTOTUNE_LOG = "HVDLITE_AUTOTUNE_LOG"
+AUTOTUNE_WARMUP_SAMPLES = "HVDLITE_AUTOTUNE_WARMUP_SAMPLES"
+AUTOTUNE_STEPS_PER_SAMPLE = "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE"
+AUTOTUNE_BAYES_OPT_MAX_SAMPLES = "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"
+AUTOTUNE_GAUSSIAN_PROCESS_NOISE = "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"
 
 # --- hvdlite.run (set by ``hvdlite.run`` for the workers it starts) ---
 #: hex key of the function service; travels like the job key, never on a command line
@@ -107,6 +116,14 @@ HOROVOD_FALLBACKS: Dict[str, str] = {
     "HOROVOD_CONTROLLER": CPU_OPERATIONS,
     "HOROVOD_START_TIMEOUT": START_TIMEOUT,
     "HOROVOD_ELASTIC_TIMEOUT": ELASTIC_TIMEOUT,
+    "HOROVOD_TIMELINE": TIMELINE,
+    "HOROVOD_TIMELINE_MARK_CYCLES": TIMELINE_MARK_CYCLES,
+    "HOROVOD_AUTOTUNE": AUTOTUNE,
+    "HOROVOD_AUTOTUNE_LOG": AUTOTUNE_LOG,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": AUTOTUNE_WARMUP_SAMPLES,
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": AUTOTUNE_STEPS_PER_SAMPLE,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": AUTOTUNE_BAYES_OPT_MAX_SAMPLES,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": AUTOTUNE_GAUSSIAN_PROCESS_NOISE,
 }
 #: the values of Horovod's controller variables that hvdlite has (Horovod also knows CCL)
 _HOROVOD_CONTROLLERS = ("gloo", "mpi")
@@ -115,21 +132,11 @@ _HOROVOD_CONTROLLERS = ("gloo", "mpi")
 #: (a variable set to Horovod's default, e.g. HOROVOD_HIERARCHICAL_ALLREDUCE=0, asks for
 #: nothing hvdlite lacks)
 _ANY, _ON, _OFF = "any", "on", "off"
-_NO_TIMELINE = "hvdlite has no timeline yet"
-_NO_AUTOTUNE = "hvdlite has no autotuner yet"
 _FLAT = "hvdlite has no torus allreduce; its shared-memory path is already hierarchical"
 _CPU_ONLY = "GPU only; hvdlite works on CPU tensors"
 
 #: Horovod's runtime variables that change nothing in hvdlite: name -> (when, why).
 HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
-    "HOROVOD_TIMELINE": (_ANY, _NO_TIMELINE),
-    "HOROVOD_TIMELINE_MARK_CYCLES": (_ON, _NO_TIMELINE),
-    "HOROVOD_AUTOTUNE": (_ON, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_LOG": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": (_ANY, _NO_AUTOTUNE),
-    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": (_ANY, _NO_AUTOTUNE),
     "HOROVOD_TORUS_ALLREDUCE": (_ON, _FLAT),
     "HOROVOD_DISABLE_GROUP_FUSION": (
         _ON, "hvdlite fuses grouped tensors like any others; keeping groups apart is not "
@@ -269,6 +276,22 @@ class Config:
     shared_memory: bool = True
     #: process sets may be added / removed after init (Horovod's dynamic process sets)
     dynamic_process_sets: bool = False
+    #: rank 0 writes a Chrome-trace JSON of every tensor's phases here ("" = no timeline)
+    timeline_filename: str = ""
+    #: also mark each background-loop cycle in the timeline
+    timeline_mark_cycles: bool = False
+    #: rank 0 searches the live parameters (Bayesian optimisation) during the first steps
+    autotune: bool = False
+    #: CSV of every autotuning sample ("" = none)
+    autotune_log_file: str = ""
+    #: samples discarded before the search starts (the job is still warming up)
+    autotune_warmup_samples: int = 3
+    #: training steps (a repeat of a tensor name ends one) measured per sample
+    autotune_steps_per_sample: int = 10
+    #: samples the Bayesian optimisation takes before it keeps the best
+    autotune_bayes_opt_max_samples: int = 20
+    #: noise (alpha) of the Gaussian process on normalised scores
+    autotune_gaussian_process_noise: float = 0.8
 
     def __post_init__(self):
         if self.size < 1:
@@ -286,6 +309,14 @@ class Config:
         if self.cpu_operations not in ("", "gloo", "mpi", "local"):
             raise HvdliteConfigError(
                 f"{CPU_OPERATIONS}={self.cpu_operations!r}: expected 'gloo' or 'mpi'")
+        if self.autotune_warmup_samples < 0:
+            raise HvdliteConfigError(f"{AUTOTUNE_WARMUP_SAMPLES} must be >= 0")
+        if self.autotune_steps_per_sample < 1:
+            raise HvdliteConfigError(f"{AUTOTUNE_STEPS_PER_SAMPLE} must be >= 1")
+        if self.autotune_bayes_opt_max_samples < 1:
+            raise HvdliteConfigError(f"{AUTOTUNE_BAYES_OPT_MAX_SAMPLES} must be >= 1")
+        if not self.autotune_gaussian_process_noise > 0:
+            raise HvdliteConfigError(f"{AUTOTUNE_GAUSSIAN_PROCESS_NOISE} must be > 0")
         try:
             level = log_level_name(self.log_level)
         except HvdliteConfigError as exc:
@@ -375,6 +406,12 @@ _FROM_ENV = {
     "stall_check_warning_time_s": (STALL_CHECK_WARNING_TIME, float),
     "stall_check_shutdown_time_s": (STALL_CHECK_SHUTDOWN_TIME, float),
     "log_level": (LOG_LEVEL, str),
+    "timeline_filename": (TIMELINE, str), "timeline_mark_cycles": (TIMELINE_MARK_CYCLES, bool),
+    "autotune": (AUTOTUNE, bool), "autotune_log_file": (AUTOTUNE_LOG, str),
+    "autotune_warmup_samples": (AUTOTUNE_WARMUP_SAMPLES, int),
+    "autotune_steps_per_sample": (AUTOTUNE_STEPS_PER_SAMPLE, int),
+    "autotune_bayes_opt_max_samples": (AUTOTUNE_BAYES_OPT_MAX_SAMPLES, int),
+    "autotune_gaussian_process_noise": (AUTOTUNE_GAUSSIAN_PROCESS_NOISE, float),
 }
 
 

@@ -26,8 +26,9 @@ class Recorder:
     def cycle(self, cycle: int, start: float) -> None:
         """A background-loop cycle began (cycle numbers are the same on every rank)."""
 
-    def queued(self, name: str, op: str, submitted: float) -> None:
-        """The background thread took ``name`` from the queue; it was submitted at ``submitted``."""
+    def queued(self, name: str, op: str, submitted: float, nbytes: int = 0) -> None:
+        """The background thread took ``name`` (``nbytes`` of this rank's input) from the
+        queue; it was submitted at ``submitted``."""
 
     def negotiated(self, name: str, end: float, waited_for: Sequence[int]) -> None:
         """Every rank has asked for ``name``; ``waited_for`` are the ranks that asked last
@@ -47,3 +48,44 @@ class Recorder:
 
 #: the shared do-nothing recorder
 NULL = Recorder()
+
+
+class Tee(Recorder):
+    """Hands every event to several recorders (a timeline and an autotuner watch the same
+    loop); inactive, so free, when none of them is active."""
+
+    def __init__(self, recorders: Sequence[Recorder]):
+        self.recorders = [r for r in recorders if r.active]
+        self.active = bool(self.recorders)
+
+    def cycle(self, cycle, start):
+        for r in self.recorders:
+            r.cycle(cycle, start)
+
+    def queued(self, name, op, submitted, nbytes=0):
+        for r in self.recorders:
+            r.queued(name, op, submitted, nbytes)
+
+    def negotiated(self, name, end, waited_for):
+        for r in self.recorders:
+            r.negotiated(name, end, waited_for)
+
+    def span(self, phase, names, start, end, chunk=0):
+        for r in self.recorders:
+            r.span(phase, names, start, end, chunk)
+
+    def done(self, name, end, error):
+        for r in self.recorders:
+            r.done(name, end, error)
+
+    def parameters(self, cycle, params):
+        for r in self.recorders:
+            r.parameters(cycle, params)
+
+
+def combine(recorders: Sequence[Recorder]) -> Recorder:
+    """One recorder for ``recorders``: NULL for none active, itself for one, else a Tee."""
+    active = [r for r in recorders if r.active]
+    if not active:
+        return NULL
+    return active[0] if len(active) == 1 else Tee(active)

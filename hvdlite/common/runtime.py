@@ -75,6 +75,7 @@ class Runtime:
         self._params_version = 0
         self._proposed = (0, self.params)         # rank 0: (version, parameters) it offers
         self._rec = recorder if recorder.active else None
+        self._next_rec: Optional[Recorder] = None   # set_recorder's, taken at a cycle start
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
@@ -123,6 +124,21 @@ class Runtime:
         self._proposed = (version + 1, params)
         self._wake.set()
         return params
+
+    def set_recorder(self, recorder: Recorder) -> None:
+        """Replace the recorder (a timeline started or stopped at run time).  The background
+        thread switches at its next cycle start, so no group is reported half.  Any thread."""
+        self._next_rec = recorder
+        self._wake.set()
+
+    def recorder_switched(self) -> bool:
+        """True once the background thread took the last :meth:`set_recorder`'s recorder."""
+        return self._next_rec is None
+
+    def _take_recorder(self) -> None:
+        rec, self._next_rec = self._next_rec, None
+        self._rec = rec if rec.active else None
+        self.executor._rec = self._rec
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -183,12 +199,15 @@ class Runtime:
     def _cycle_once(self) -> bool:
         self._cycle += 1
         now = time.monotonic()
+        if self._next_rec is not None:
+            self._take_recorder()
         rec = self._rec
         if rec is not None:
             rec.cycle(self._cycle, now)
             for entry in self.queue.drain():
                 self._unsent[entry.request.name] = entry
-                rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at)
+                rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
+                           getattr(entry.tensor, "nbytes", 0))
         else:
             for entry in self.queue.drain():
                 self._unsent[entry.request.name] = entry

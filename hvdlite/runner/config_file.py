@@ -5,8 +5,8 @@ relative to the section (``params: {fusion_threshold_mb: 32}``,
 ``stall_check: {enabled: false}``, ``logging: {level: INFO}``, ...).  hvdlite
 reads those with Horovod's meaning, and also any long flag name (dashes or
 underscores), at the top level or inside any section (``elastic: {min-np: 2}``).
-Each value lands on the flag it belongs to, so a refused feature (a timeline,
-autotuning) is refused with the same message as its flag.
+Each value lands on the flag it belongs to, so a refused feature (a hierarchical
+allreduce, NCCL streams) is refused with the same message as its flag.
 """
 
 import argparse

@@ -42,22 +42,21 @@ TUNABLE_FLAGS = {
     "hierarchical_allgather": (cfg.SHARED_MEMORY, lambda v: "1" if v else None),
     # after the hierarchical flags: an explicit --no-shared-memory wins
     "shared_memory": (cfg.SHARED_MEMORY, lambda v: "1" if v else "0"),
+    # timeline and autotuning: rank 0 writes the trace / decides the parameters
+    "timeline_filename": (cfg.TIMELINE, str),
+    "timeline_mark_cycles": (cfg.TIMELINE_MARK_CYCLES, lambda v: "1" if v else "0"),
+    "autotune": (cfg.AUTOTUNE, lambda v: "1" if v else "0"),
+    "autotune_log_file": (cfg.AUTOTUNE_LOG, str),
+    "autotune_warmup_samples": (cfg.AUTOTUNE_WARMUP_SAMPLES, str),
+    "autotune_steps_per_sample": (cfg.AUTOTUNE_STEPS_PER_SAMPLE, str),
+    "autotune_bayes_opt_max_samples": (cfg.AUTOTUNE_BAYES_OPT_MAX_SAMPLES, str),
+    "autotune_gaussian_process_noise": (cfg.AUTOTUNE_GAUSSIAN_PROCESS_NOISE, str),
 }
 
-_NO_TIMELINE = "hvdlite does not offer a timeline yet"
-_NO_AUTOTUNE = "hvdlite does not offer autotuning yet"
 #: horovodrun flags for what hvdlite does not do: parsed, so that Horovod users get the
 #: reason instead of argparse's "unrecognized arguments", then refused when the parsed value
 #: asks for the feature (anything but unset or False).  dest -> (flag, reason)
 REFUSED_FLAGS: Dict[str, Tuple[str, str]] = {
-    "timeline_filename": ("--timeline-filename", _NO_TIMELINE),
-    "timeline_mark_cycles": ("--timeline-mark-cycles", _NO_TIMELINE),
-    "autotune": ("--autotune", _NO_AUTOTUNE),
-    "autotune_log_file": ("--autotune-log-file", _NO_AUTOTUNE),
-    "autotune_warmup_samples": ("--autotune-warmup-samples", _NO_AUTOTUNE),
-    "autotune_steps_per_sample": ("--autotune-steps-per-sample", _NO_AUTOTUNE),
-    "autotune_bayes_opt_max_samples": ("--autotune-bayes-opt-max-samples", _NO_AUTOTUNE),
-    "autotune_gaussian_process_noise": ("--autotune-gaussian-process-noise", _NO_AUTOTUNE),
     "num_nccl_streams": ("--num-nccl-streams",
                          "NCCL is GPU only and hvdlite is a CPU build without NCCL"),
     "thread_affinity": ("--thread-affinity", "hvdlite's background loop is a Python thread "
@@ -80,8 +79,6 @@ NO_OP_FLAGS: Dict[str, str] = {
                                    "share memory (turn that off with --no-shared-memory)",
     "--no-hierarchical-allgather": "Horovod's default; hvdlite's ranks on one host still "
                                    "share memory (turn that off with --no-shared-memory)",
-    "--no-autotune": "hvdlite does not autotune",
-    "--no-timeline-mark-cycles": "hvdlite has no timeline",
     "--no-mpi-threads-disable": "hvdlite keeps MPI's thread support",
     "--log-without-timestamp": "hvdlite's log lines carry no timestamp",
     "--log-hide-timestamp": "hvdlite's log lines carry no timestamp",
@@ -225,13 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
                         action="store_const", const=False,
                         help=_no_op(f"--no-hierarchical-{kind}"))
 
-    tl = p.add_argument_group("timeline parameters", "horovodrun's timeline flags; refused: "
-                              "hvdlite does not offer a timeline yet")
-    tl.add_argument("--timeline-filename", metavar="FILE", help="refused")
+    tl = p.add_argument_group("timeline parameters", "rank 0 writes a Chrome-trace JSON "
+                              "(open it in Perfetto or chrome://tracing; summarise it with "
+                              "'python -m hvdlite.timeline summary FILE')")
+    tl.add_argument("--timeline-filename", metavar="FILE",
+                    help="write the timeline of every tensor's phases to FILE (on rank 0)")
     tlc = tl.add_mutually_exclusive_group()
-    tlc.add_argument("--timeline-mark-cycles", action="store_const", const=True, help="refused")
+    tlc.add_argument("--timeline-mark-cycles", action="store_const", const=True,
+                     help="also mark each background-loop cycle in the timeline")
     tlc.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
-                     action="store_const", const=False, help=argparse.SUPPRESS)
+                     action="store_const", const=False, help="do not mark cycles (the default)")
 
     el = p.add_argument_group(
         "elastic arguments", "any of --min-np, --max-np, --host-discovery-script makes the "
@@ -264,18 +264,27 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--stall-check-warning-time-seconds", type=float, metavar="SECONDS")
     st.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="SECONDS")
 
-    at = p.add_argument_group("autotune parameters", "horovodrun's autotune flags; refused: "
-                              "hvdlite does not offer autotuning yet")
+    at = p.add_argument_group("autotune parameters", "rank 0 searches the fusion threshold, "
+                              "cycle time, in-place threshold, chunk size and response-cache "
+                              "use by Bayesian optimisation during the first steps, then keeps "
+                              "the best; every rank switches in the same cycle")
     ax = at.add_mutually_exclusive_group()
-    ax.add_argument("--autotune", action="store_const", const=True, help="refused")
+    ax.add_argument("--autotune", action="store_const", const=True,
+                    help="tune the live parameters while the job runs")
     ax.add_argument("--no-autotune", dest="autotune", action="store_const", const=False,
-                    help=argparse.SUPPRESS)
-    at.add_argument("--autotune-log-file", metavar="FILE", help="refused")
-    at.add_argument("--autotune-warmup-samples", type=int, metavar="N", help="refused")
-    at.add_argument("--autotune-steps-per-sample", type=int, metavar="N", help="refused")
-    at.add_argument("--autotune-bayes-opt-max-samples", type=int, metavar="N", help="refused")
+                    help="keep the parameters as given (the default)")
+    at.add_argument("--autotune-log-file", metavar="FILE",
+                    help="write every sample (parameters, score in bytes/s) as CSV to FILE")
+    at.add_argument("--autotune-warmup-samples", type=int, metavar="N",
+                    help="samples discarded before the search starts (default 3)")
+    at.add_argument("--autotune-steps-per-sample", type=int, metavar="N",
+                    help="training steps measured per sample (default 10)")
+    at.add_argument("--autotune-bayes-opt-max-samples", type=int, metavar="N",
+                    help="samples of the Bayesian optimisation before it keeps the best "
+                         "(default 20)")
     at.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
-                    help="refused")
+                    help="noise (alpha) of the Gaussian process on normalised scores "
+                         "(default 0.8)")
 
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the training command: 'python train.py ...' or 'train.py ...'")

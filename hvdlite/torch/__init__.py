@@ -10,12 +10,13 @@ from hvdlite.torch.functions import (allgather_object, broadcast_object,  # noqa
 from hvdlite.torch.optimizer import DistributedOptimizer  # noqa: F401
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from hvdlite.torch import elastic  # noqa: F401,E402
+from hvdlite.common.basics import start_timeline, stop_timeline  # noqa: F401,E402
 
 #: the name Horovod users catch in elastic training loops
 HorovodInternalError = HvdliteInternalError
 
 __all__ = list(_ops_all) + [
     "HvdliteError", "HvdliteInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
-    "elastic",
+    "elastic", "start_timeline", "stop_timeline",
     "Compression", "DistributedOptimizer", "SyncBatchNorm", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object"]

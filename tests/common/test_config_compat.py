@@ -51,6 +51,14 @@ def horovod_warnings(caplog):
     ("HOROVOD_START_TIMEOUT", "90", "start_timeout_s", 90.0),
     ("HOROVOD_ELASTIC_TIMEOUT", "120", "elastic_timeout_s", 120.0),
     ("HOROVOD_DYNAMIC_PROCESS_SETS", "1", "dynamic_process_sets", True),
+    ("HOROVOD_TIMELINE", "/tmp/tl.json", "timeline_filename", "/tmp/tl.json"),
+    ("HOROVOD_TIMELINE_MARK_CYCLES", "1", "timeline_mark_cycles", True),
+    ("HOROVOD_AUTOTUNE", "1", "autotune", True),
+    ("HOROVOD_AUTOTUNE_LOG", "/tmp/a.csv", "autotune_log_file", "/tmp/a.csv"),
+    ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "5", "autotune_warmup_samples", 5),
+    ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "7", "autotune_steps_per_sample", 7),
+    ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "11", "autotune_bayes_opt_max_samples", 11),
+    ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.3", "autotune_gaussian_process_noise", 0.3),
 ])
 def test_horovod_variable_is_a_fallback(horovod, value, field, expected, warnings_seen):
     assert getattr(Config.from_env({horovod: value}), field) == expected
@@ -62,7 +70,11 @@ def test_every_fallback_is_tested_and_maps_to_a_known_variable():
               "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL",
               "HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER",
-              "HOROVOD_START_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT",
+              "HOROVOD_START_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_TIMELINE",
+              "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG",
+              "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+              "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+              "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
               "HOROVOD_DYNAMIC_PROCESS_SETS"}
     assert set(cfg.HOROVOD_FALLBACKS) == tested
     assert set(cfg.HOROVOD_FALLBACKS.values()) <= cfg._KNOWN
@@ -107,16 +119,13 @@ def test_env_value_for_the_launcher():
 
 
 def test_no_effect_variables_are_named_in_one_warning_with_reasons(warnings_seen):
-    env = {"HOROVOD_TIMELINE": "/tmp/tl.json", "HOROVOD_AUTOTUNE": "1",
-           "HOROVOD_TORUS_ALLREDUCE": "1", "HOROVOD_NUM_NCCL_STREAMS": "2",
+    env = {"HOROVOD_TORUS_ALLREDUCE": "1", "HOROVOD_NUM_NCCL_STREAMS": "2",
            "HOROVOD_CPU_OPERATIONS": "ccl", "HOROVOD_THREAD_AFFINITY": "0",
            "HOROVOD_MPI_THREADS_DISABLE": "1",
            "HOROVOD_BATCH_D2D_MEMCOPIES": "0", "HOROVOD_DISABLE_GROUP_FUSION": "1"}
     c = Config.from_env(env)
     assert c.cpu_operations == ""              # ccl is not honoured: automatic choice
     [message] = horovod_warnings(warnings_seen)
-    assert "HOROVOD_TIMELINE=/tmp/tl.json (hvdlite has no timeline yet)" in message
-    assert "HOROVOD_AUTOTUNE=1 (hvdlite has no autotuner yet)" in message
     assert "HOROVOD_TORUS_ALLREDUCE=1 (hvdlite has no torus allreduce" in message
     assert "HOROVOD_NUM_NCCL_STREAMS=2 (NCCL is GPU only" in message
     assert "HOROVOD_CPU_OPERATIONS=ccl (hvdlite runs its collectives through Gloo or MPI" \

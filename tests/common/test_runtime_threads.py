@@ -150,7 +150,7 @@ class _Log(Recorder):
         self.events = []          # (phase, name, time, extra)
         self.changes = []         # (cycle, parameters)
 
-    def queued(self, name, op, submitted):
+    def queued(self, name, op, submitted, nbytes=0):
         self.events.append((QUEUED, name, submitted, op))
 
     def negotiated(self, name, end, waited_for):

@@ -54,23 +54,28 @@ def test_default_start_timeout_is_the_workers_default():
     assert settings(["-np", "1", KV]).start_timeout_s == cfg.Config.start_timeout_s
 
 
-@pytest.mark.parametrize("args, flag, feature", [
-    (["--timeline-filename", "/tmp/t.json"], "--timeline-filename", "a timeline"),
-    (["--timeline-mark-cycles"], "--timeline-mark-cycles", "a timeline"),
-    (["--autotune"], "--autotune", "autotuning"),
-    (["--autotune-log-file", "/tmp/a.csv"], "--autotune-log-file", "autotuning"),
+@pytest.mark.parametrize("args, var, value", [
+    (["--timeline-filename", "/tmp/t.json"], cfg.TIMELINE, "/tmp/t.json"),
+    (["--timeline-mark-cycles"], cfg.TIMELINE_MARK_CYCLES, "1"),
+    (["--autotune"], cfg.AUTOTUNE, "1"),
+    (["--no-autotune"], cfg.AUTOTUNE, "0"),
+    (["--autotune-log-file", "/tmp/a.csv"], cfg.AUTOTUNE_LOG, "/tmp/a.csv"),
+    (["--autotune-warmup-samples", "2"], cfg.AUTOTUNE_WARMUP_SAMPLES, "2"),
+    (["--autotune-steps-per-sample", "4"], cfg.AUTOTUNE_STEPS_PER_SAMPLE, "4"),
+    (["--autotune-bayes-opt-max-samples", "9"], cfg.AUTOTUNE_BAYES_OPT_MAX_SAMPLES, "9"),
+    (["--autotune-gaussian-process-noise", "0.5"], cfg.AUTOTUNE_GAUSSIAN_PROCESS_NOISE, "0.5"),
 ])
-def test_flags_for_missing_features_are_refused(args, flag, feature, capsys):
-    assert launch.main(["-np", "1", *args, KV]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"hvdlite-run: error: {flag}: hvdlite does not offer {feature} yet")
+def test_timeline_and_autotune_flags_set_their_variables(args, var, value):
+    env = settings(["-np", "1", *args, KV]).tunable_env
+    assert env[var] == value
+    cfg.Config.from_env(env)                      # the runtime understands every value
 
 
-def test_refused_flag_in_config_file(tmp_path, capsys):
+def test_timeline_in_config_file(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("timeline:\n  timeline-filename: /tmp/tl.json\n")
-    assert launch.main(["--config-file", str(f), "-np", "1", KV]) == 2
-    assert "--timeline-filename: hvdlite does not offer a timeline" in capsys.readouterr().err
+    env = settings(["--config-file", str(f), "-np", "1", KV]).tunable_env
+    assert env[cfg.TIMELINE] == "/tmp/tl.json"
 
 
 def test_command_that_cannot_start_is_a_launch_error(tmp_path, capsys):
@@ -113,7 +118,7 @@ def test_version_check_build_and_help():
     assert "TensorFlow" not in r.stdout
     r = run_launcher(["--help"])
     assert r.returncode == 0
-    assert "does not offer a timeline" in r.stdout and "does not offer autotuning" in r.stdout
+    assert "--timeline-filename" in r.stdout and "--autotune-log-file" in r.stdout
     for group in ("host arguments", "SSH", "controller parameters", "tunable parameters",
                   "timeline parameters", "stall check parameters", "autotune parameters"):
         assert group in r.stdout

@@ -40,18 +40,18 @@ HOROVODRUN_FLAGS = [
     (["--hierarchical-allreduce"], OK), (["--no-hierarchical-allreduce"], OK),
     (["--hierarchical-allgather"], OK), (["--no-hierarchical-allgather"], OK),
     (["--shared-memory"], OK), (["--no-shared-memory"], OK),
-    (["--autotune"], REFUSED), (["--no-autotune"], OK),
-    (["--autotune-log-file", "a.csv"], REFUSED),
-    (["--autotune-warmup-samples", "3"], REFUSED),
-    (["--autotune-steps-per-sample", "10"], REFUSED),
-    (["--autotune-bayes-opt-max-samples", "20"], REFUSED),
-    (["--autotune-gaussian-process-noise", "0.8"], REFUSED),
+    (["--autotune"], OK), (["--no-autotune"], OK),
+    (["--autotune-log-file", "a.csv"], OK),
+    (["--autotune-warmup-samples", "3"], OK),
+    (["--autotune-steps-per-sample", "10"], OK),
+    (["--autotune-bayes-opt-max-samples", "20"], OK),
+    (["--autotune-gaussian-process-noise", "0.8"], OK),
     (["--min-np", "1"], OK), (["--max-np", "2"], OK),
     (["--slots-per-host", "1", "--min-np", "1"], OK),
     (["--elastic-timeout", "60", "--min-np", "1"], OK),
     (["--reset-limit", "2", "--min-np", "1"], OK),
     (["--blacklist-cooldown-range", "1", "5", "--min-np", "1"], OK),
-    (["--timeline-filename", "t.json"], REFUSED), (["--timeline-mark-cycles"], REFUSED),
+    (["--timeline-filename", "t.json"], OK), (["--timeline-mark-cycles"], OK),
     (["--no-timeline-mark-cycles"], OK),
     (["--no-stall-check"], OK), (["--stall-check"], OK),
     (["--stall-check-warning-time-seconds", "30"], OK),
@@ -196,7 +196,7 @@ def test_workers_use_horovod_variables_and_warn_once_each():
     r = run_launcher(["-np", "2", "--cycle-time-ms", "3", worker("config_worker.py")],
                      timeout=100, env={"HOROVOD_FUSION_THRESHOLD": "1048576",
                                        "HOROVOD_CYCLE_TIME": "9", "HOROVOD_CACHE_CAPACITY": "7",
-                                       "HOROVOD_TIMELINE": "/tmp/never.json"})
+                                       "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in (0, 1):
         assert f"[{rank}]<stdout>:CONFIG rank={rank} size=2 fusion=1048576 cycle=3.0 cache=7" \
@@ -205,7 +205,7 @@ def test_workers_use_horovod_variables_and_warn_once_each():
                           r.stderr, re.M)
     assert sorted(warnings) == ["0", "1"], r.stderr
     line = [x for x in r.stderr.splitlines() if "no effect" in x][0]
-    assert "HOROVOD_TIMELINE=/tmp/never.json (hvdlite has no timeline yet)" in line
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (hvdlite's collectives run flat" in line
     assert f"HOROVOD_CYCLE_TIME=9 ({cfg.CYCLE_TIME}=3.0 is set and wins)" in line
 
 
@@ -279,8 +279,6 @@ def test_horovod_yaml_is_read_as_is(tmp_path):
 
 
 @pytest.mark.parametrize("yaml_text, flag", [
-    ("autotune:\n  enabled: true\n", "--autotune"),
-    ("timeline:\n  filename: t.json\n", "--timeline-filename"),
     ("library_options:\n  num_nccl_streams: 2\n", "--num-nccl-streams"),
     ("library_options:\n  thread_affinity: 1\n", "--thread-affinity"),
     ("library_options:\n  mpi_threads_disable: true\n", "--mpi-threads-disable"),

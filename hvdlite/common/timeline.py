@@ -1,0 +1,282 @@
+"""Chrome-trace JSON of every tensor's phases, written by rank 0 while the job runs.
+
+Why a recorder plus its own writer thread: the background loop only appends a
+tuple to a deque per event (no formatting, no I/O), and the ``hvdlite-timeline``
+thread turns them into one JSON object per line every ``flush_interval_s``.
+The file is a JSON array whose closing ``]`` is written at :meth:`Timeline.close`;
+a job killed before then leaves every line flushed so far, which chrome://tracing
+and Perfetto load as they are, and :func:`load_events` reads too.
+
+Rows (Chrome "threads" of process 0): row 0 is the runtime (cycle marks,
+parameter changes, one async slice per fused response and phase over all its
+tensors, listed in its args); each
+tensor name gets its own row with ``QUEUED``, ``NEGOTIATE_<OP>`` (args: the
+ranks waited for), and ``<OP>`` holding ``MEMCPY_IN_FUSION_BUFFER``, the
+collective (``<BACKEND>_<OP>``) and ``MEMCPY_OUT_FUSION_BUFFER``, one slice per
+pipelined chunk.
+"""
+
+import collections
+import dataclasses
+import json
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from hvdlite.common.config import TIMELINE
+from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
+
+log = logging.getLogger(__name__)
+
+#: the phase names in the trace (Horovod's spelling where it has one)
+QUEUED_NAME = "QUEUED"
+NEGOTIATE_PREFIX = "NEGOTIATE_"
+COPY_IN_NAME = "MEMCPY_IN_FUSION_BUFFER"
+COPY_OUT_NAME = "MEMCPY_OUT_FUSION_BUFFER"
+CYCLE_NAME = "CYCLE_START"
+PARAMETERS_NAME = "PARAMETERS"
+#: row 0: the runtime's own events and the fused responses
+RUNTIME_ROW = "(runtime: cycles, parameters, fused responses)"
+#: how many tensor names a fused slice lists in its args
+_NAMES_SHOWN = 64
+
+#: events the writer formats before it lets other threads run
+_YIELD_EVERY = 64
+
+# event kinds in the deque
+_Q, _N, _S, _D, _C, _P = range(6)
+
+
+class Timeline(Recorder):
+    """A recorder that writes a Chrome trace to ``path`` (call :meth:`close` to finish it).
+
+    Raises:
+        HvdliteConfigError: ``path`` cannot be opened for writing (names it).
+    """
+
+    active = True
+
+    def __init__(self, path: str, mark_cycles: bool = False, backend_name: str = "",
+                 flush_interval_s: float = 0.1):
+        self.path = path
+        self.mark_cycles = mark_cycles
+        self._collective_prefix = (backend_name.upper() + "_") if backend_name else ""
+        try:
+            self._file = open(path, "w", encoding="utf-8")
+        except OSError as exc:
+            raise HvdliteConfigError(
+                f"timeline: cannot write {path!r} ({exc.strerror}); check --timeline-filename "
+                f"/ {TIMELINE}") from None
+        self._t0 = time.monotonic()
+        self._events: collections.deque = collections.deque()
+        # writer-thread state
+        self._rows: Dict[str, int] = {}
+        self._ops: Dict[str, str] = {}          # name -> op, from queued
+        self._drained: Dict[str, float] = {}    # name -> when taken from the queue
+        self._started: Dict[str, float] = {}    # name -> negotiation end (its op begins)
+        self._cycle_start = self._t0
+        self._fused = 0                         # id of the last fused (async) slice
+        self._interval = flush_interval_s
+        self._stop = threading.Event()
+        self._closed = False
+        self._file.write("[\n")
+        self._emit_meta(0, RUNTIME_ROW)
+        self._file.write(json.dumps({"name": "process_name", "ph": "M", "pid": 0,
+                                     "args": {"name": "hvdlite rank 0"}}) + ",\n")
+        self._file.flush()
+        self._thread = threading.Thread(target=self._run, name="hvdlite-timeline", daemon=True)
+        self._thread.start()
+
+    # -- recorder side: the background thread; append only ---------------------------------
+    def cycle(self, cycle, start):
+        self._cycle_start = start
+        if self.mark_cycles:
+            self._events.append((_C, cycle, start))
+
+    def queued(self, name, op, submitted, nbytes=0):
+        self._events.append((_Q, name, op, submitted, self._cycle_start, nbytes))
+
+    def negotiated(self, name, end, waited_for):
+        self._events.append((_N, name, end, waited_for))
+
+    def span(self, phase, names, start, end, chunk=0):
+        self._events.append((_S, phase, names, start, end, chunk))
+
+    def done(self, name, end, error):
+        self._events.append((_D, name, end, error))
+
+    def parameters(self, cycle, params):
+        self._events.append((_P, cycle, time.monotonic(), params))
+
+    # -- writer thread ------------------------------------------------------------------------
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is left and the closing bracket; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self._flush()
+        self._file.write(json.dumps({"name": "timeline_end", "ph": "i", "s": "g", "pid": 0,
+                                     "tid": 0, "ts": self._us(time.monotonic())}) + "\n]\n")
+        self._file.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._flush()
+            except Exception:  # noqa: BLE001 -- a broken disk must not end the job; say so
+                log.exception("timeline %s: writing failed; the timeline stops here", self.path)
+                return
+
+    def _us(self, t: float) -> float:
+        return round(max(0.0, t - self._t0) * 1e6, 1)
+
+    def _emit_meta(self, tid: int, label: str) -> None:
+        self._file.write(json.dumps({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+                                     "args": {"name": label}}) + ",\n")
+        self._file.write(json.dumps({"name": "thread_sort_index", "ph": "M", "pid": 0,
+                                     "tid": tid, "args": {"sort_index": tid}}) + ",\n")
+
+    def _row(self, name: str) -> int:
+        tid = self._rows.get(name)
+        if tid is None:
+            tid = self._rows[name] = len(self._rows) + 1
+            self._emit_meta(tid, name)
+        return tid
+
+    def _slice(self, out: List[str], tid: int, label: str, start: float, end: float,
+               args: Optional[str] = None) -> None:
+        # %-formatting, not json.dumps: labels are our own constants (no escaping needed)
+        # and this runs ~1000 times per training step of a ResNet-50
+        t0 = self._t0
+        ts = (start - t0) * 1e6 if start > t0 else 0.0
+        dur = (end - start) * 1e6 if end > start else 0.0
+        if args is None:
+            out.append('{"name": "%s", "ph": "X", "pid": 0, "tid": %d, "ts": %.1f, "dur": %.1f}'
+                       % (label, tid, ts, dur))
+        else:
+            out.append('{"name": "%s", "ph": "X", "pid": 0, "tid": %d, "ts": %.1f, "dur": %.1f, '
+                       '"args": %s}' % (label, tid, ts, dur, args))
+
+    def _flush(self) -> None:
+        events = self._events
+        out: List[str] = []
+        budget = _YIELD_EVERY
+        while events:
+            budget -= 1
+            if not budget:
+                # give the GIL away now and then: otherwise the background loop, back from
+                # a collective, may wait a whole switch interval (5 ms) for this thread
+                budget = _YIELD_EVERY
+                time.sleep(0)
+            ev = events.popleft()
+            kind = ev[0]
+            if kind == _S:
+                self._write_span(out, *ev[1:])
+            elif kind == _Q:
+                _, name, op, submitted, drained, nbytes = ev
+                op = op.upper()
+                self._ops[name] = op
+                self._drained[name] = drained
+                self._slice(out, self._row(name), QUEUED_NAME, min(submitted, drained), drained,
+                            '{"bytes": %d}' % nbytes if nbytes else None)
+            elif kind == _N:
+                _, name, end, waited_for = ev
+                op = self._ops.get(name, "OP")
+                start = self._drained.pop(name, end)
+                self._started[name] = end
+                self._slice(out, self._row(name), NEGOTIATE_PREFIX + op, start, end,
+                            '{"waited_for": [%s]}' % ", ".join(str(int(r)) for r in waited_for))
+            elif kind == _D:
+                _, name, end, error = ev
+                start = self._started.pop(name, None)
+                op = self._ops.pop(name, "OP")
+                if start is not None:
+                    self._slice(out, self._row(name), op, start, end,
+                                json.dumps({"error": str(error)}) if error is not None else None)
+            elif kind == _C:
+                out.append(json.dumps({"name": CYCLE_NAME, "ph": "i", "s": "g", "pid": 0,
+                                       "tid": 0, "ts": self._us(ev[2]),
+                                       "args": {"cycle": ev[1]}}))
+            elif kind == _P:
+                _, cycle, t, params = ev
+                out.append(json.dumps({"name": PARAMETERS_NAME, "ph": "i", "s": "p", "pid": 0,
+                                       "tid": 0, "ts": self._us(t),
+                                       "args": {"cycle": cycle, **_params_dict(params)}}))
+        if out:
+            self._file.write(",\n".join(out) + ",\n")
+            self._file.flush()
+
+    def _write_span(self, out: List[str], phase: str, names: Sequence[str], start: float,
+                    end: float, chunk: int) -> None:
+        op = self._ops.get(names[0], "OP") if names else "OP"
+        if phase == COPY_IN:
+            label = COPY_IN_NAME
+        elif phase == COPY_OUT:
+            label = COPY_OUT_NAME
+        elif phase == COLLECTIVE:
+            label = self._collective_prefix + op
+        else:
+            label = phase.upper()
+        if len(names) > 1:
+            # one slice over the whole fused response; an async slice, since the chunks of
+            # a pipelined buffer overlap (chunk k on the wire while k+1 is packed)
+            self._fused += 1
+            head = {"name": f"{label} ({len(names)} tensors)", "cat": "fused", "id": self._fused,
+                    "pid": 0, "tid": 0}
+            out.append(json.dumps({**head, "ph": "b", "ts": self._us(start),
+                                   "args": {"chunk": chunk, "tensors": list(names[:_NAMES_SHOWN]),
+                                            "more": max(0, len(names) - _NAMES_SHOWN)}}))
+            out.append(json.dumps({**head, "ph": "e", "ts": self._us(end)}))
+        rest = ('", "ph": "X", "pid": 0, "tid": %%d, "ts": %.1f, "dur": %.1f, "args": '
+                '{"chunk": %d, "fused": %d}}' % (self._us(start), max(0.0, end - start) * 1e6,
+                                                 chunk, len(names)))
+        head = '{"name": "' + label
+        row = self._row
+        for name in names:
+            out.append(head + rest % row(name))
+
+
+def _params_dict(params) -> dict:
+    try:
+        return dataclasses.asdict(params)
+    except TypeError:
+        return {"value": str(params)}
+
+
+def load_events(path: str) -> List[dict]:
+    """Every event of a timeline file, complete or cut short (the job was killed).
+
+    A file without its closing ``]`` is read line by line and a last line cut in
+    the middle is dropped, as chrome://tracing does.
+
+    Raises:
+        ValueError: not a timeline (names the file and the line that does not parse).
+    """
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = json.loads(text)
+        return data["traceEvents"] if isinstance(data, dict) else list(data)
+    except ValueError:
+        pass
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "[":
+        raise ValueError(f"{path}: not a Chrome-trace JSON array (first line "
+                         f"{lines[0][:40] if lines else ''!r})")
+    events = []
+    last = len(lines) - 1
+    for i, line in enumerate(lines[1:], start=1):
+        line = line.strip().rstrip(",")
+        if not line or line == "]":
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            if i == last:
+                break               # cut in the middle of its last write
+            raise ValueError(f"{path}:{i + 1}: not a trace event: {line[:80]!r}") from None
+    return events

@@ -1,0 +1,31 @@
+"""``python -m hvdlite.timeline summary trace.json [--plot out.png] [--top N]``."""
+
+import argparse
+import sys
+
+from hvdlite.timeline import format_summary, plot_summary, summary_of_file
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hvdlite.timeline",
+                                description="Summarise an hvdlite timeline (Chrome trace).")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("summary", help="time per tensor and phase, and the ranks waited for")
+    s.add_argument("trace", help="timeline file (complete, or cut short by a killed job)")
+    s.add_argument("--plot", metavar="PNG", help="also draw the summary into this PNG file")
+    s.add_argument("--top", type=int, default=20, help="tensors shown (default 20)")
+    args = p.parse_args(argv)
+    try:
+        summary = summary_of_file(args.trace)
+    except (OSError, ValueError) as exc:
+        print(f"python -m hvdlite.timeline: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary, args.top))
+    if args.plot:
+        plot_summary(summary, args.plot, args.top)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
