@@ -4,8 +4,8 @@ Why this shape: the score that matters is what the job achieves, so the tuner
 watches the background loop (it is a :class:`Recorder` on rank 0) and measures
 bytes reduced per second over whole training steps (a step ends when a tensor
 name comes back): a step's bytes over the sample's median step time, so one step
-slowed by a neighbour on a shared machine does not decide a sample.  Each sample runs ``steps_per_sample`` steps under one
-candidate; the first ``warmup_samples`` are thrown away (caches, allocator,
+slowed by a neighbour on a shared machine does not decide a sample.  Each sample
+runs ``steps_per_sample`` steps under one candidate; the first ``warmup_samples`` are thrown away (caches, allocator,
 first-touch); the next measures the parameters the job started with, so the
 best found is never worse than them by more than the measurement noise.  Then
 scikit-optimize's Gaussian-process ``Optimizer`` (expected improvement, fixed
