@@ -11,8 +11,9 @@ module only does what is TensorFlow's own:
 * **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
   runs the eager code.  py_function nodes are stateful, so ``tf.function``'s automatic control
   dependencies run them in program order on every rank.  An unnamed op gets its name when it
-  is traced, from the graph's name and the input tensor's name (unique in a graph, the same on
-  every rank that traces the same program), as Horovod names its graph ops.
+  is traced, from the graph's name and the input tensor's name, made unique by the graph's
+  numbering (the same on every rank that traces the same program), as Horovod names its
+  graph ops.
 * **Gradients** (``tf.custom_gradient``) are those of the sum over ranks of every rank's loss,
   as Horovod's registered TensorFlow gradients: allreduce's is an allreduce with the same op
   and scaling, allgather's this rank's rows of a Sum-allreduce, broadcast's a Sum-allreduce
@@ -128,8 +129,10 @@ def _run(fn, inputs, touts):
 
 
 def _graph_name(kind: str, t) -> str:
+    """``<kind>.<graph>/<input tensor>``, made unique in the graph (several collectives may
+    read one tensor) by the graph's own deterministic numbering."""
     graph = tf.compat.v1.get_default_graph()
-    return f"{kind}.{getattr(graph, 'name', 'graph')}.{t.name}"
+    return graph.unique_name(f"{kind}.{getattr(graph, 'name', 'graph')}/{t.name}")
 
 
 def _name(kind: str, name, t):

@@ -27,8 +27,9 @@ def broadcast_model(model, root_rank, process_set=global_process_set) -> None:
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Makes every rank start from ``root_rank``'s model and optimizer state.
 
-    Broadcasts when training begins (Keras 3 builds the model and the optimizer's slots
-    before ``on_train_begin``), or after the first batch if they were not built then.
+    Broadcasts when training begins (building the optimizer's slots from the model's
+    trainable variables first, as Keras's first train step would), or after the first
+    batch when the model was not built yet (no ``Input`` shape before the first batch).
     """
 
     def __init__(self, root_rank, device="", process_set=global_process_set):
@@ -42,10 +43,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
+        if self.broadcast_done or not self.model.built:
+            return
         opt = getattr(self.model, "optimizer", None)
-        if not self.broadcast_done and self.model.built and \
-                (opt is None or getattr(opt, "built", True)):
-            self._broadcast()
+        if opt is not None and not opt.built:
+            # Keras builds it from the same variables in the first train step; building it
+            # now lets the first step start from the root's slots too
+            opt.build(self.model.trainable_variables)
+        self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
