@@ -81,6 +81,9 @@ def check_allreduce():
                                       hvd.allreduce(b, op=hvd.Max)), b)
         assert lo.numpy().tolist() == [True, n == 1, False], lo
         assert hi.numpy().tolist() == [True, True, False], hi
+        # Adasum of equal vectors is that vector (power-of-two sizes)
+        a = run(mode, lambda v: hvd.allreduce(v, op=hvd.Adasum), tf.constant([1.0, -2.0, 3.0]))
+        close(f"{mode} allreduce adasum", a, [1.0, -2.0, 3.0], 1e-6)
         # fp16 compression keeps the dtype
         x, _ = value(r, tf.float32)
         c = run(mode, lambda x: hvd.allreduce(x, compression=hvd.Compression.fp16), x)
