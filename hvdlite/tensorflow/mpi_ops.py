@@ -6,8 +6,9 @@ module only does what is TensorFlow's own:
 * **The crossing.**  An eager CPU tensor becomes a *buffer* (a contiguous CPU
   ``torch.Tensor``) through ``np.asarray`` (TensorFlow's own read-only view of the tensor's
   memory, no copy) and ``torch.from_numpy`` (no copy).  bfloat16 travels as its int16 bit
-  pattern viewed back as torch's bfloat16.  A result buffer comes back through ``.numpy()``
-  and ``tf.convert_to_tensor`` (one copy into TensorFlow's allocator).
+  pattern viewed back as torch's bfloat16.  A result buffer comes back through DLPack (no
+  copy) when it is 64-byte aligned, as TensorFlow requires, else through ``.numpy()`` and
+  ``tf.convert_to_tensor`` (one copy).
 * **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
   runs the eager code.  py_function nodes are stateful, so ``tf.function``'s automatic control
   dependencies run them in program order on every rank.  An unnamed op gets its name when it
@@ -27,6 +28,9 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 import torch
+from torch.utils.dlpack import to_dlpack as _to_dlpack
+
+_from_dlpack = tf.experimental.dlpack.from_dlpack
 
 from hvdlite.common import ops
 from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled,
@@ -109,8 +113,16 @@ def to_buffer(t) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
+#: TensorFlow's kernels assume this alignment (an unaligned tensor aborts the process)
+_TF_ALIGN = 64
+
+
 def from_buffer(b: torch.Tensor) -> tf.Tensor:
-    """A TensorFlow tensor holding a result buffer's values."""
+    """A TensorFlow tensor over a result buffer: the buffer's own memory through DLPack
+    when it is aligned as TensorFlow needs (the runtime hands each result buffer over for
+    good; the capsule keeps it alive), else a copy."""
+    if b.is_contiguous() and b.data_ptr() % _TF_ALIGN == 0:
+        return _from_dlpack(_to_dlpack(b))
     if b.dtype == torch.bfloat16:
         return tf.convert_to_tensor(b.view(torch.int16).numpy().view(_BF16_NP))
     return tf.convert_to_tensor(b.numpy())

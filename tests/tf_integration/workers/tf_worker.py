@@ -202,6 +202,12 @@ def check_misc():
         hvd.broadcast_variables([v], root_rank=0)
     bcast()
     close("broadcast_variables in tf.function", v, [0] * 3)
+    # result buffers cross back without a copy when aligned, by copy when not
+    from hvdlite.tensorflow.mpi_ops import from_buffer
+    for buf in (torch.arange(1001.0)[1:], torch.arange(8, dtype=torch.bfloat16)[1:],
+                torch.arange(8.0)):
+        close(f"from_buffer offset {buf.storage_offset()}",
+              tf.reduce_sum(tf.cast(from_buffer(buf), tf.float64)), float(buf.double().sum()))
     # a rank that feeds another shape gets the same clear error as in torch
     try:
         hvd.allreduce(tf.ones([2 + r]), name="tf.mismatch")
