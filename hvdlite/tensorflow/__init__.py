@@ -13,11 +13,13 @@ from hvdlite.tensorflow.compression import Compression  # noqa: F401
 from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,  # noqa: F401
                                           broadcast_variables)
 from hvdlite.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from hvdlite.tensorflow import elastic  # noqa: F401,E402
 
 #: the name Horovod users catch in elastic training loops
 HorovodInternalError = HvdliteInternalError
 
 __all__ = list(_ops_all) + [
     "HvdliteError", "HvdliteInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "elastic",
     "Compression", "DistributedGradientTape", "broadcast_variables", "broadcast_object",
     "allgather_object"]

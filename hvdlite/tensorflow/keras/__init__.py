@@ -19,9 +19,9 @@ from hvdlite.tensorflow import (Adasum, Compression, ProcessSet, Sum,  # noqa: F
                                 cross_rank, cross_size, init, is_initialized, join, local_rank,
                                 local_size, rank, remove_process_set, shutdown, size)
 from hvdlite.tensorflow.gradient_tape import reduce_gradients
-from hvdlite.tensorflow.keras import callbacks  # noqa: F401
+from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
 
-__all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "init",
+__all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "elastic", "init",
            "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "is_initialized", "allreduce", "allgather", "broadcast", "join", "barrier",
            "broadcast_object", "allgather_object", "Compression", "Average", "Sum"]

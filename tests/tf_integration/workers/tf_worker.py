@@ -410,6 +410,46 @@ def check_keras_lr_callbacks():
     close("schedule", rec.lrs, [0.1] * 4 + [0.05] * 4 + [0.025] * 4, 1e-7)
 
 
+def check_elastic_state():
+    """TensorFlowState / KerasState save, restore and sync; the Keras elastic callbacks
+    (the reset path itself runs in test_tf_elastic.py)."""
+    r = hvd.rank()
+    v = tf.Variable([float(r), 1.0])
+    state = hvd.elastic.TensorFlowState([v], step=r)
+    state.sync()                             # every rank takes rank 0's values
+    close("TensorFlowState sync", v, [0.0, 1.0])
+    assert state.step == 0, state.step
+    v.assign([5.0, 5.0])
+    state.step = 3
+    state.commit()
+    v.assign([7.0, 7.0])
+    state.step = 4
+    state.restore()
+    close("TensorFlowState restore", v, [5.0, 5.0])
+    assert state.step == 3
+    X, y = _data(16)
+    model = _model(200 + r)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    kstate = hvdk.elastic.KerasState(model, batch=0, epoch=0)
+    kstate.sync()
+    first = hvd.allgather_object([w.tolist() for w in model.get_weights()])
+    assert first[0] == first[-1], "KerasState.sync left the ranks' weights apart"
+    commits = []
+    orig_commit = kstate.commit
+    kstate.commit = lambda: (commits.append(1), orig_commit())
+    model.fit(X, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdk.elastic.UpdateBatchStateCallback(kstate),
+                         hvdk.elastic.UpdateEpochStateCallback(kstate),
+                         hvdk.elastic.CommitStateCallback(kstate, batches_per_commit=2)])
+    assert (kstate.epoch, kstate.batch, len(commits)) == (2, 0, 4), \
+        (kstate.epoch, kstate.batch, len(commits))
+    saved = [w.copy() for w in model.get_weights()]
+    model.set_weights([w + 1 for w in saved])
+    kstate.restore()
+    for a, b in zip(model.get_weights(), saved):
+        close("KerasState restore", a, b)
+
+
 CASES = {
     "allreduce": check_allreduce, "grouped_allreduce": check_grouped_allreduce,
     "allgather": check_allgather, "broadcast": check_broadcast, "alltoall": check_alltoall,
@@ -417,6 +457,7 @@ CASES = {
     "process_set": check_process_set, "indexed_slices": check_indexed_slices,
     "gradients": check_gradients, "gradient_tape_training": check_gradient_tape_training,
     "keras_fit": check_keras_fit, "keras_lr_callbacks": check_keras_lr_callbacks,
+    "elastic_state": check_elastic_state,
 }
 
 if __name__ == "__main__":
