@@ -15,11 +15,11 @@ module only does what is TensorFlow's own:
   is traced, from the graph's name and the input tensor's name, made unique by the graph's
   numbering (the same on every rank that traces the same program), as Horovod names its
   graph ops.
-* **Gradients** (``tf.custom_gradient``) are those of the sum over ranks of every rank's loss,
-  as Horovod's registered TensorFlow gradients: allreduce's is an allreduce with the same op
-  and scaling, allgather's this rank's rows of a Sum-allreduce, broadcast's a Sum-allreduce
-  kept on the root (zeros elsewhere), alltoall's the reverse alltoall, reducescatter's an
-  allgather (divided by the set's size for Average).
+* **Gradients** (``tf.custom_gradient``) are Horovod's registered TensorFlow gradients (and
+  ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
+  this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
+  (zeros elsewhere), alltoall's the reverse alltoall, reducescatter's an allgather (times the
+  set's size for Sum, and the pre/post factors).
 """
 
 import warnings
@@ -243,7 +243,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                      name=None, process_set=global_process_set, ignore_name_scope=False):
+                      process_set=global_process_set, ignore_name_scope=False, name=None):
     """Reduce a list of tensors as one operation (fused together); a list of new tensors.
 
     IndexedSlices in the list are reduced as in :func:`allreduce`, beside the group.
@@ -315,7 +315,7 @@ def _allgather(tensors, name, grouped, process_set):
             rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])[None, :]
 
             def backward(rows, *gs):
-                summed = _allreduce_eager(gs, _sub(name, "grad"), grouped, Sum, 1.0, 1.0,
+                summed = _allreduce_eager(gs, _sub(name, "grad"), grouped, Average, 1.0, 1.0,
                                           process_set)
                 allrows = _rows_before_me(rows, _sub(name, "grad.rows"), process_set)
                 me = ops.process_set_rank(process_set)
@@ -332,7 +332,7 @@ def _allgather(tensors, name, grouped, process_set):
     return list(op(*tensors))
 
 
-def allgather(tensor, name=None, process_set=global_process_set, ignore_name_scope=False):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along dim 0 (first dimensions may differ).
 
     IndexedSlices are gathered as IndexedSlices.  Differentiable.
@@ -341,15 +341,15 @@ def allgather(tensor, name=None, process_set=global_process_set, ignore_name_sco
         if not tf.executing_eagerly() and name is None:
             name = _graph_name("allgather", tensor.values)
         return tf.IndexedSlices(
-            allgather(tensor.values, _sub(name, "values"), process_set),
-            allgather(tensor.indices, _sub(name, "indices"), process_set),
+            allgather(tensor.values, _sub(name, "values"), process_set=process_set),
+            allgather(tensor.indices, _sub(name, "indices"), process_set=process_set),
             dense_shape=tensor.dense_shape)
     tensor = _check(tensor, name, "allgather")
     return _allgather([tensor], _name("allgather", name, tensor), False, process_set)[0]
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set,
-                      ignore_name_scope=False):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
     """:func:`allgather` of several tensors as one operation; a list."""
     tensors = [_check(t, name, "grouped_allgather") for t in tensors]
     if not tensors:
@@ -366,8 +366,8 @@ def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
                                                            process_set)))
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
-              ignore_name_scope=False):
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
     """The root's ``tensor`` on every rank of the set, in a new tensor (differentiable)."""
     tensor = _check(tensor, name, "broadcast")
     name = _name("broadcast", name, tensor)
@@ -384,8 +384,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
     @tf.custom_gradient
     def op(x):
         def grad(dy):
-            [s] = _allreduce_dense([tf.convert_to_tensor(dy)], _sub(name, "grad"), False, Sum,
-                                   1.0, 1.0, process_set)
+            [s] = _allreduce_dense([tf.convert_to_tensor(dy)], _sub(name, "grad"), False,
+                                   Average, 1.0, 1.0, process_set)
             return s if rank() == root_rank else tf.zeros_like(s)
         return compute(x), grad
 
@@ -408,8 +408,9 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Send ``splits[r]`` rows of ``tensor`` to set rank r (even splits by default).
 
-    Returns ``(rows received, in rank order; received_splits)`` as Horovod's TensorFlow
-    alltoall does.  Differentiable.
+    Returns the rows received, in rank order, and, when ``splits`` is given, the received
+    splits too (``(tensor, received_splits)``), as Horovod's TensorFlow alltoall.
+    Differentiable.
     """
     tensor = _check(tensor, name, "alltoall")
     name = _name("alltoall", name, tensor)
@@ -424,7 +425,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         return out, received
 
     if not _differentiable([tensor]):
-        return compute(tensor, *split_in)
+        out, received = compute(tensor, *split_in)
+        return out if splits is None else (out, received)
 
     holder = {}
 
@@ -442,7 +444,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         return (out, tf.stop_gradient(received)), grad
 
     out, received = op(tensor)
-    return out, received
+    return out if splits is None else (out, received)
 
 
 def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
@@ -469,8 +471,8 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
             dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
                    for d, o in zip(dys, outs)]
             factor = pre * post
-            if rop == Average:
-                factor /= ops.process_set_size(process_set)
+            if rop == Sum:
+                factor *= ops.process_set_size(process_set)
             gathered = _allgather(dys, _sub(name, "grad"), True, process_set)
             return [g * tf.cast(factor, g.dtype) if factor != 1.0 else g for g in gathered]
         return outs, grad
@@ -494,9 +496,9 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     return compression.decompress(out, ctx) if compression is not None else out
 
 
-def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
-                          process_set=global_process_set, ignore_name_scope=False,
-                          prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None, ignore_name_scope=False):
     """:func:`reducescatter` of several tensors as one operation; a list."""
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
     tensors = [_check(t, name, "grouped_reducescatter") for t in tensors]

@@ -154,7 +154,8 @@ def check_alltoall():
             close(f"{mode} alltoall {dt.name}", got, want)
             assert received.numpy().tolist() == [k + r + 1 for k in range(n)], received
         x = tf.constant(np.arange(2 * n, dtype=np.float32) + 100 * r)
-        got, received = run(mode, hvd.alltoall, x)
+        got = run(mode, hvd.alltoall, x)
+        assert isinstance(got, tf.Tensor), type(got)
         close(f"{mode} alltoall even", got, [100 * k + 2 * r + i for k in range(n)
                                              for i in range(2)])
 
@@ -262,7 +263,7 @@ def check_indexed_slices():
         close(f"{mode} IndexedSlices", dense, [[(1.0 + k) / n, 2.0 / n] for k in range(n)])
 
 
-# -- gradients (those of the sum over ranks of every rank's loss) ------------------------------
+# -- gradients (Horovod's: allgather's and broadcast's average over ranks) ----------------------
 def check_gradients():
     r, n = hvd.rank(), hvd.size()
     ws = [np.arange(6.0).reshape(3, 2) + 10 * k for k in range(n)]   # each rank's weights
@@ -293,15 +294,22 @@ def check_gradients():
         close(f"{mode} grad allgather",
               g(lambda x: tf.reduce_sum(tf.constant(wg[r]) * hvd.allgather(x)),
                 np.ones((r + 1, 2))),
-              np.sum(wg, 0)[start:start + r + 1])
+              np.mean(wg, 0)[start:start + r + 1])
         close(f"{mode} grad broadcast",
               g(lambda x: tf.reduce_sum(w * hvd.broadcast(x, 0)), x0),
-              np.sum(ws, 0) if r == 0 else np.zeros((3, 2)))
+              np.mean(ws, 0) if r == 0 else np.zeros((3, 2)))
         wr = [np.arange(2.0).reshape(1, 2) + k for k in range(n)] if n == 2 else None
         if n == 2:
             close(f"{mode} grad reducescatter",
                   g(lambda x: tf.reduce_sum(tf.constant(wr[r]) * hvd.reducescatter(x)),
-                    np.ones((2, 2))), np.concatenate(wr) / n)
+                    np.ones((2, 2))), np.concatenate(wr))
+            close(f"{mode} grad reducescatter sum",
+                  g(lambda x: tf.reduce_sum(tf.constant(wr[r]) * hvd.reducescatter(
+                      x, op=hvd.Sum)), np.ones((2, 2))), np.concatenate(wr) * n)
+            splits = tf.constant([1, 1])
+            close(f"{mode} grad alltoall",
+                  g(lambda x: tf.reduce_sum(tf.constant(wr[r]) * hvd.alltoall(x, splits)[0]),
+                    np.ones((2, 2))), np.concatenate(wr))   # row j went to rank j
 
 
 # -- training equal to one process on the full batch -------------------------------------------
@@ -450,6 +458,40 @@ def check_elastic_state():
         close("KerasState restore", a, b)
 
 
+#: horovod.tensorflow's parameters, in its order (ours may add keyword parameters after them)
+_AR = ["average", "device_dense", "device_sparse", "compression", "op", "prescale_factor",
+       "postscale_factor"]
+HOROVOD_TF = {
+    "allreduce": ["tensor"] + _AR + ["name", "process_set", "ignore_name_scope"],
+    "grouped_allreduce": ["tensors"] + _AR + ["process_set", "ignore_name_scope", "name"],
+    "allgather": ["tensor", "name", "ignore_name_scope", "process_set"],
+    "grouped_allgather": ["tensors", "name", "ignore_name_scope", "process_set"],
+    "broadcast": ["tensor", "root_rank", "name", "ignore_name_scope", "process_set"],
+    "alltoall": ["tensor", "splits", "name", "ignore_name_scope", "process_set"],
+    "reducescatter": ["tensor", "device_dense", "compression", "op", "name", "process_set",
+                      "ignore_name_scope", "prescale_factor", "postscale_factor"],
+    "grouped_reducescatter": ["tensors", "device_dense", "compression", "op", "process_set",
+                              "prescale_factor", "postscale_factor"],
+    "broadcast_variables": ["variables", "root_rank", "process_set", "inplace"],
+    "broadcast_object": ["obj", "root_rank", "session", "name", "process_set"],
+    "allgather_object": ["obj", "session", "name", "process_set"],
+    "DistributedGradientTape": ["gradtape", "device_dense", "device_sparse", "compression",
+                                "sparse_as_dense", "op", "gradient_predivide_factor",
+                                "num_groups", "groups", "process_set",
+                                "scale_local_gradients"],
+    "join": [], "barrier": ["process_set"],
+}
+
+
+def check_signatures():
+    import inspect
+    for fn, want in HOROVOD_TF.items():
+        got = list(inspect.signature(getattr(hvd, fn)).parameters)[:len(want)]
+        assert got == want, f"hvd.{fn}: parameters {got}, Horovod's are {want}"
+    got = list(inspect.signature(hvdk.DistributedOptimizer).parameters)[:2]
+    assert got == ["optimizer", "name"], got
+
+
 CASES = {
     "allreduce": check_allreduce, "grouped_allreduce": check_grouped_allreduce,
     "allgather": check_allgather, "broadcast": check_broadcast, "alltoall": check_alltoall,
@@ -457,7 +499,7 @@ CASES = {
     "process_set": check_process_set, "indexed_slices": check_indexed_slices,
     "gradients": check_gradients, "gradient_tape_training": check_gradient_tape_training,
     "keras_fit": check_keras_fit, "keras_lr_callbacks": check_keras_lr_callbacks,
-    "elastic_state": check_elastic_state,
+    "elastic_state": check_elastic_state, "signatures": check_signatures,
 }
 
 if __name__ == "__main__":
