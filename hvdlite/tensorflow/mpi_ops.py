@@ -159,7 +159,18 @@ def _sub(name, what: str):
     return None if name is None else f"{name}.{what}"
 
 
+try:                                      # TensorFlow's own test, private: fall back to "yes"
+    from tensorflow.python.eager.record import could_possibly_record as _could_record
+except ImportError:                       # pragma: no cover
+    def _could_record():
+        return True
+
+
 def _differentiable(tensors) -> bool:
+    """Whether to wrap the op in ``tf.custom_gradient``: floating inputs, and (eager) some
+    gradient tape recording, since the wrapper costs about as much as the crossing."""
+    if tf.executing_eagerly() and not _could_record():
+        return False
     return any(t.dtype.is_floating for t in tensors)
 
 
