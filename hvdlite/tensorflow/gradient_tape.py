@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from hvdlite.common import ops
-from hvdlite.common.ops import Average, Sum
+from hvdlite.common.ops import Average
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import mpi_ops
 
@@ -17,7 +17,7 @@ def reduce_gradients(grads, compression=None, sparse_as_dense=False, op=Average,
 
     ``tf.IndexedSlices`` are allgathered, or densified first when ``sparse_as_dense``.
     ``gradient_predivide_factor`` f splits Average's division: by f before the sum and by
-    size/f after it, as Horovod does.
+    size/f after it, as Horovod does (the size is read when the reduction runs).
     """
     grads = list(grads)
     at = [i for i, g in enumerate(grads) if g is not None]
@@ -30,9 +30,8 @@ def reduce_gradients(grads, compression=None, sparse_as_dense=False, op=Average,
     if gradient_predivide_factor != 1.0:
         if rop != Average:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average")
-        rop = Sum
-        pre = 1.0 / gradient_predivide_factor
-        post = gradient_predivide_factor / ops.process_set_size(process_set)
+        # Average divides by the size when it runs (a traced step survives elastic resizes)
+        pre, post = 1.0 / gradient_predivide_factor, gradient_predivide_factor
     reduced = mpi_ops.grouped_allreduce(todo, compression=compression, op=rop,
                                         prescale_factor=pre, postscale_factor=post,
                                         name=name, process_set=process_set) if todo else []

@@ -166,6 +166,16 @@ except ImportError:                       # pragma: no cover
         return True
 
 
+def _scaled_by_size(t, process_set, power: int):
+    """``t * size**power`` with the set's size read when the op runs, not when it is traced
+    (an elastic job's size changes under a traced ``tf.function``)."""
+    def fn(v):
+        return [v * tf.cast(float(ops.process_set_size(process_set)) ** power, v.dtype)]
+    [out] = _run(fn, [t], [t.dtype])
+    out.set_shape(t.shape)
+    return out
+
+
 def _differentiable(tensors) -> bool:
     """Whether to wrap the op in ``tf.custom_gradient``: floating inputs, and (eager) some
     gradient tape recording, since the wrapper costs about as much as the crossing."""
@@ -224,7 +234,7 @@ def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
     values = allgather(slices.values, name=_sub(name, "values"), process_set=process_set)
     indices = allgather(slices.indices, name=_sub(name, "indices"), process_set=process_set)
     if rop == Average:
-        values = values / tf.cast(ops.process_set_size(process_set), values.dtype)
+        values = _scaled_by_size(values, process_set, -1)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -395,9 +405,13 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     @tf.custom_gradient
     def op(x):
         def grad(dy):
-            [s] = _allreduce_dense([tf.convert_to_tensor(dy)], _sub(name, "grad"), False,
-                                   Average, 1.0, 1.0, process_set)
-            return s if rank() == root_rank else tf.zeros_like(s)
+            def backward(g):
+                [s] = _allreduce_eager([g], _sub(name, "grad"), False, Average, 1.0, 1.0,
+                                       process_set)
+                return [s if rank() == root_rank else tf.zeros_like(s)]
+            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype])
+            s.set_shape(x.shape)
+            return s
         return compute(x), grad
 
     return op(tensor)
@@ -482,10 +496,12 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
             dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
                    for d, o in zip(dys, outs)]
             factor = pre * post
-            if rop == Sum:
-                factor *= ops.process_set_size(process_set)
             gathered = _allgather(dys, _sub(name, "grad"), True, process_set)
-            return [g * tf.cast(factor, g.dtype) if factor != 1.0 else g for g in gathered]
+            if factor != 1.0:
+                gathered = [g * tf.cast(factor, g.dtype) for g in gathered]
+            if rop == Sum:
+                gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
+            return gathered
         return outs, grad
 
     return list(op(*tensors))
