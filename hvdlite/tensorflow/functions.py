@@ -58,6 +58,7 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
                                f"broadcast_variables.{i}", "broadcast_variables")
         buf = mpi_ops.to_buffer(value)
         out = buf.clone() if me == root_rank else torch.empty(buf.shape, dtype=buf.dtype)
+        # ``value`` stays in ``pending``: the runtime reads its memory until the handle is done
         pending.append((v, value, ops.broadcast_async(
             buf, out, root_rank, f"broadcast_variables.{i}", process_set)))
     for v, _value, h in pending:

@@ -23,7 +23,7 @@ module only does what is TensorFlow's own:
 """
 
 import warnings
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import tensorflow as tf

@@ -24,7 +24,8 @@ from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
 __all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "elastic", "init",
            "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "is_initialized", "allreduce", "allgather", "broadcast", "join", "barrier",
-           "broadcast_object", "allgather_object", "Compression", "Average", "Sum"]
+           "broadcast_object", "allgather_object", "broadcast_variables", "Compression",
+           "Average", "Sum", "Adasum", "ProcessSet", "add_process_set", "remove_process_set"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
