@@ -191,6 +191,7 @@ def check_misc():
     assert obj["from"] == 0 and obj["f"](1) == 2
     assert hvd.allgather_object(("r", r)) == [("r", k) for k in range(n)]
     hvd.barrier()
+    tf.function(lambda: hvd.barrier())()
     v = tf.Variable(tf.fill([3], float(r)))
     w = tf.Variable(tf.fill([2, 2], r + 1), dtype=tf.int32)
     hvd.broadcast_variables([v, w], root_rank=n - 1)
@@ -253,6 +254,25 @@ def check_process_set():
 
 def check_indexed_slices():
     r, n = hvd.rank(), hvd.size()
+    # a gather's gradient is IndexedSlices: the tape allgathers it, or densifies on request
+    table = tf.Variable(tf.ones([4, 2]))
+    ids = tf.constant([r, 3])
+
+    def grads(sparse_as_dense):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, ids) * float(r + 1))
+        tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+        return tape.gradient(loss, [table])[0]
+
+    want = np.zeros((4, 2))
+    for k in range(n):
+        want[k] += (k + 1) / n
+        want[3] += (k + 1) / n
+    for mode in MODES:
+        for dense in (False, True):
+            g = run(mode, lambda: grads(dense))
+            assert isinstance(g, tf.IndexedSlices) != dense, (mode, dense, type(g))
+            close(f"{mode} tape IndexedSlices dense={dense}", tf.convert_to_tensor(g), want)
     s = tf.IndexedSlices(tf.constant([[1.0 + r, 2.0]]), tf.constant([r]),
                          dense_shape=tf.constant([n, 2]))
     for mode in MODES:
