@@ -13,6 +13,8 @@ $(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
 	# torch pinned: 2.13.0 is the CPU build on this machine's disk (never a CUDA download)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements.txt
+	# TensorFlow (extra `tensorflow`) pinned; torch stays pinned too so pip never swaps it
+	$(PIP) install -q tensorflow-cpu==2.21.0 torch==2.13.0
 	$(PIP) install -q --no-deps -e .
 	touch $@
 

@@ -1,19 +1,18 @@
 """Online tuning of the live parameters by Bayesian optimisation, decided on rank 0.
 
-Why this shape: the score that matters is what the job achieves, so the tuner
-watches the background loop (it is a :class:`Recorder` on rank 0) and measures
-bytes reduced per second over whole training steps (a step ends when a tensor
-name comes back): a step's bytes over the sample's median step time, so one step
-slowed by a neighbour on a shared machine does not decide a sample.  Each sample
-runs ``steps_per_sample`` steps under one candidate; the first ``warmup_samples`` are thrown away (caches, allocator,
-first-touch); the next measures the parameters the job started with, so the
-best found is never worse than them by more than the measurement noise.  Then
-scikit-optimize's Gaussian-process ``Optimizer`` (expected improvement, fixed
-noise ``gaussian_process_noise`` on normalised scores) proposes
-``bayes_opt_max_samples`` candidates; then the starting parameters and the two
-best candidates are measured once more and the best mean is kept (one noisy
-sample flatters whoever won it), but only if it beats the starting parameters'
-mean by ``KEEP_MARGIN`` (5%): otherwise the job keeps what it started with.
+Why this shape: the score that matters is what the job achieves, so the tuner watches the
+background loop (it is a :class:`Recorder` on rank 0) and measures bytes reduced per second
+over whole training steps (a step ends when a tensor name comes back): a step's bytes over
+the sample's median step time, so one step slowed by a neighbour on a shared machine does
+not decide a sample. Each sample runs ``steps_per_sample`` steps under one candidate; the
+first ``warmup_samples`` are thrown away (caches, allocator, first-touch); the next measures
+the parameters the job started with, so the best found is never worse than them by more than
+the measurement noise. Then scikit-optimize's Gaussian-process ``Optimizer`` (expected
+improvement, fixed noise ``gaussian_process_noise`` on normalised scores) proposes
+``bayes_opt_max_samples`` candidates; then the starting parameters and the two best
+candidates are measured once more and the best mean is kept (one noisy sample flatters
+whoever won it), but only if it beats the starting parameters' mean by ``KEEP_MARGIN`` (5%):
+otherwise the job keeps what it started with.
 
 Candidates go through :meth:`Runtime.propose_parameters`, so every rank switches
 in the same cycle; a sample starts at the first step boundary after the switch.

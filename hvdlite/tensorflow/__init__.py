@@ -1,0 +1,25 @@
+"""hvdlite for TensorFlow 2: the horovod.tensorflow API (``import hvdlite.tensorflow as hvd``).
+
+It runs on the same runtime as ``hvdlite.torch`` (background thread, negotiation, fusion,
+process sets); the Gloo transport and the runtime's buffers come from torch, which must be
+installed beside TensorFlow.  A process uses one framework at a time.
+"""
+
+from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteError,  # noqa: F401
+                                       HvdliteInternalError)
+from hvdlite.tensorflow.mpi_ops import *  # noqa: F401,F403
+from hvdlite.tensorflow.mpi_ops import __all__ as _ops_all
+from hvdlite.tensorflow.compression import Compression  # noqa: F401
+from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,  # noqa: F401
+                                          broadcast_variables)
+from hvdlite.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from hvdlite.tensorflow import elastic  # noqa: F401,E402
+
+#: the name Horovod users catch in elastic training loops
+HorovodInternalError = HvdliteInternalError
+
+__all__ = list(_ops_all) + [
+    "HvdliteError", "HvdliteInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "elastic",
+    "Compression", "DistributedGradientTape", "broadcast_variables", "broadcast_object",
+    "allgather_object"]

@@ -1,0 +1,136 @@
+"""Elastic training for TensorFlow 2: ``hvd.elastic.run``, ``TensorFlowState``,
+``TensorFlowKerasState``, with the names and semantics of ``horovod.tensorflow.elastic``::
+
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        ...
+        state.commit()
+
+The reset loop is framework-neutral (:mod:`hvdlite.common.elastic`).  A collective that fails
+inside ``tf.function`` (Keras' compiled train step included) reaches Python as TensorFlow's
+``UnknownError`` wrapping the runtime's error; :func:`run` turns it back into
+``HvdliteInternalError`` so the loop restores and resets as it does in eager mode.
+"""
+
+import functools
+
+import tensorflow as tf
+
+from hvdlite.common.elastic import ObjectState, State, run_fn
+from hvdlite.common.exceptions import HvdliteInternalError
+from hvdlite.tensorflow.functions import broadcast_object, broadcast_variables
+
+__all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
+
+_INTERNAL = HvdliteInternalError.__name__
+
+
+def run(func):
+    """Decorate ``train(state, ...)`` so it survives dead workers and host changes."""
+
+    @functools.wraps(func)
+    def unwrapped(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as exc:
+            text = exc.message or ""
+            if _INTERNAL not in text:
+                raise
+            # the runtime's own message, without TensorFlow's graph traceback around it
+            line = next((ln for ln in text.splitlines() if ln.startswith(_INTERNAL + ":")),
+                        text)
+            raise HvdliteInternalError(line[len(_INTERNAL) + 1:].strip() or text) from exc
+
+    return run_fn(unwrapped)
+
+
+def _bcast(obj):
+    return broadcast_object(obj, root_rank=0, name="elastic.state")
+
+
+def _values(variables):
+    return [tf.identity(v) for v in variables]
+
+
+def _assign(variables, values):
+    for v, value in zip(variables, values):
+        v.assign(value)
+
+
+class TensorFlowState(ObjectState):
+    """``variables`` (a list of ``tf.Variable``) and plain values that survive resets.
+
+    ``save`` keeps a copy of every variable's value, ``restore`` assigns it back, ``sync``
+    broadcasts rank 0's variables (then the plain values, as ``ObjectState``).
+
+    Raises:
+        ValueError: ``variables`` not given (TensorFlow 2 has no global collection).
+    """
+
+    def __init__(self, variables=None, session=None, **kwargs):
+        if variables is None:
+            raise ValueError("TensorFlowState: pass variables= (a list of tf.Variable); "
+                             "TensorFlow 2 has no global variable collection")
+        self.variables = list(variables)
+        self._saved_values = _values(self.variables)
+        super().__init__(_bcast, **kwargs)
+
+    def save(self) -> None:
+        self._saved_values = _values(self.variables)
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self.variables, self._saved_values)
+        super().restore()
+
+    def sync(self) -> None:
+        if self.variables:
+            broadcast_variables(self.variables, root_rank=0)
+        super().sync()
+
+
+class TensorFlowKerasState(ObjectState):
+    """A built Keras 3 model, its optimizer and plain values that survive resets.
+
+    The optimizer's variables are kept once it is built (Keras builds it in the first train
+    step, or ``BroadcastGlobalVariablesCallback`` does).
+
+    Raises:
+        ValueError: the model is not built yet.
+    """
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        if not model.built:
+            raise ValueError("TensorFlowKerasState: the model must be built first (give it an "
+                             "Input, call model.build(input_shape) or run it on a batch)")
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else \
+            getattr(model, "optimizer", None)
+        self._save_model()
+        super().__init__(_bcast, **kwargs)
+
+    def _optimizer_variables(self):
+        opt = self.optimizer
+        return list(opt.variables) if opt is not None and opt.built else []
+
+    def _save_model(self) -> None:
+        self._saved_model = _values(self.model.variables)
+        self._saved_optimizer = _values(self._optimizer_variables())
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self.model.variables, self._saved_model)
+        opt_vars = self._optimizer_variables()
+        if len(opt_vars) == len(self._saved_optimizer):
+            _assign(opt_vars, self._saved_optimizer)
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(list(self.model.variables) + self._optimizer_variables(),
+                            root_rank=0)
+        super().sync()

@@ -1,0 +1,564 @@
+"""The horovod.tensorflow collective API: TensorFlow's adapter over :mod:`hvdlite.common.ops`.
+
+Every function has the name and semantics of its ``horovod.tensorflow`` counterpart.  This
+module only does what is TensorFlow's own:
+
+* **The crossing.**  An eager CPU tensor becomes a *buffer* (a contiguous CPU
+  ``torch.Tensor``) through ``np.asarray`` (TensorFlow's own read-only view of the tensor's
+  memory, no copy) and ``torch.from_numpy`` (no copy).  bfloat16 travels as its int16 bit
+  pattern viewed back as torch's bfloat16.  A result buffer comes back through DLPack (no
+  copy) when it is 64-byte aligned, as TensorFlow requires, else through ``.numpy()`` and
+  ``tf.convert_to_tensor`` (one copy).
+* **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
+  runs the eager code.  py_function nodes are stateful, so ``tf.function``'s automatic control
+  dependencies run them in program order on every rank.  An unnamed op gets its name when it
+  is traced, from the graph's name and the input tensor's name, made unique by the graph's
+  numbering (the same on every rank that traces the same program), as Horovod names its
+  graph ops.
+* **Gradients** (``tf.custom_gradient``) are Horovod's registered TensorFlow gradients (and
+  ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
+  this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
+  (zeros elsewhere), alltoall's the reverse alltoall, reducescatter's an allgather (times the
+  set's size for Sum, and the pre/post factors).
+"""
+
+import warnings
+from typing import List
+
+import numpy as np
+import tensorflow as tf
+import torch
+from torch.utils.dlpack import to_dlpack as _to_dlpack
+
+from hvdlite.common import ops
+from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled,
+                                   is_homogeneous, is_initialized, local_rank, local_size,
+                                   mpi_built, mpi_enabled, mpi_threads_supported, rank,
+                                   shutdown, size)
+from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
+                                Sum, add_process_set, global_process_set, init,
+                                remove_process_set)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "gloo_enabled", "mpi_enabled", "gloo_built",
+    "mpi_built", "mpi_threads_supported", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
+]
+
+# np.asarray of an eager tensor is read-only; the runtime never writes into an input buffer.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                        category=UserWarning)
+
+_from_dlpack = tf.experimental.dlpack.from_dlpack
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+# -- the crossing ----------------------------------------------------------------------------
+_BF16_NP = tf.bfloat16.as_numpy_dtype
+_SUPPORTED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32,
+              tf.int64, tf.uint8, tf.bool)
+
+
+def _label(name) -> str:
+    return f"tensor {name!r}" if name is not None else "an unnamed tensor"
+
+
+def _check(t, name, what: str):
+    """``t`` as a tensor the runtime can carry (dense, a supported dtype).
+
+    Raises:
+        TypeError: an unsupported dtype or not a tensor.
+    """
+    if isinstance(t, tf.IndexedSlices):
+        raise TypeError(f"{what} of {_label(name)}: IndexedSlices are handled by allreduce "
+                        f"only; densify with tf.convert_to_tensor")
+    t = tf.convert_to_tensor(t)
+    if t.dtype not in _SUPPORTED:
+        raise TypeError(f"{what} of {_label(name)}: dtype {t.dtype.name} is not supported "
+                        f"(supported: {', '.join(d.name for d in _SUPPORTED)})")
+    return t
+
+
+def to_buffer(t) -> torch.Tensor:
+    """The runtime's buffer over an eager tensor's memory (no copy where TF allows it)."""
+    a = np.asarray(t)
+    if a.dtype == _BF16_NP:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if not a.flags.c_contiguous:          # never for a TF tensor; numpy scalars are fine
+        a = np.ascontiguousarray(a)
+    return torch.from_numpy(a)
+
+
+#: TensorFlow's kernels assume this alignment (an unaligned tensor aborts the process)
+_TF_ALIGN = 64
+
+
+def from_buffer(b: torch.Tensor) -> tf.Tensor:
+    """A TensorFlow tensor over a result buffer: the buffer's own memory through DLPack
+    when it is aligned as TensorFlow needs (the runtime hands each result buffer over for
+    good; the capsule keeps it alive), else a copy."""
+    if b.is_contiguous() and b.data_ptr() % _TF_ALIGN == 0:
+        return _from_dlpack(_to_dlpack(b))
+    if b.dtype == torch.bfloat16:
+        return tf.convert_to_tensor(b.view(torch.int16).numpy().view(_BF16_NP))
+    return tf.convert_to_tensor(b.numpy())
+
+
+def _empty_like(b: torch.Tensor) -> torch.Tensor:
+    return torch.empty(b.shape, dtype=b.dtype)
+
+
+# -- eager or graph --------------------------------------------------------------------------
+def _run(fn, inputs, touts):
+    """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list."""
+    if tf.executing_eagerly():
+        return list(fn(*inputs))
+    return list(tf.py_function(fn, list(inputs), list(touts)))
+
+
+def _graph_name(kind: str, t) -> str:
+    """``<kind>.<graph>/<input tensor>``, made unique in the graph (several collectives may
+    read one tensor) by the graph's own deterministic numbering."""
+    graph = tf.compat.v1.get_default_graph()
+    return graph.unique_name(f"{kind}.{getattr(graph, 'name', 'graph')}/{t.name}")
+
+
+def _name(kind: str, name, t):
+    """The op's name: the given one; None (numbered by the op layer) when eager; else a
+    name fixed at trace time that every rank tracing the same program agrees on."""
+    if name is not None or tf.executing_eagerly():
+        return name
+    return _graph_name(kind, t)
+
+
+def _sub(name, what: str):
+    return None if name is None else f"{name}.{what}"
+
+
+try:                                      # TensorFlow's own test, private: fall back to "yes"
+    from tensorflow.python.eager.record import could_possibly_record as _could_record
+except ImportError:                       # pragma: no cover
+    def _could_record():
+        return True
+
+
+def _scaled_by_size(t, process_set, power: int):
+    """``t * size**power`` with the set's size read when the op runs, not when it is traced
+    (an elastic job's size changes under a traced ``tf.function``)."""
+    def fn(v):
+        return [v * tf.cast(float(ops.process_set_size(process_set)) ** power, v.dtype)]
+    [out] = _run(fn, [t], [t.dtype])
+    out.set_shape(t.shape)
+    return out
+
+
+def _differentiable(tensors) -> bool:
+    """Whether to wrap the op in ``tf.custom_gradient``: floating inputs, and (eager) some
+    gradient tape recording, since the wrapper costs about as much as the crossing."""
+    if tf.executing_eagerly() and not _could_record():
+        return False
+    return any(t.dtype.is_floating for t in tensors)
+
+
+# -- allreduce -------------------------------------------------------------------------------
+def _allreduce_eager(tensors, name, grouped, rop, pre, post, process_set) -> List[tf.Tensor]:
+    bufs = [to_buffer(t) for t in tensors]
+    outs = [_empty_like(b) for b in bufs]
+    h = ops.allreduce_async(bufs, outs, name, grouped, rop, pre, post, process_set,
+                            list if grouped else None)
+    res = ops.synchronize(h)
+    return [from_buffer(r) for r in (res if grouped else [res])]
+
+
+def _allreduce_dense(tensors, name, grouped, rop, pre, post, process_set):
+    """Reduce dense tensors (one op, or one grouped op); differentiable."""
+
+    def forward(*xs):
+        return _allreduce_eager(xs, name, grouped, rop, pre, post, process_set)
+
+    def compute(*xs):
+        outs = _run(forward, xs, [x.dtype for x in xs])
+        for o, x in zip(outs, xs):
+            o.set_shape(x.shape)
+        return outs
+
+    if not _differentiable(tensors):
+        return compute(*tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        outs = compute(*xs)
+
+        def grad(*dys):
+            if rop not in (Average, Sum):
+                raise NotImplementedError("the gradient of allreduce is defined for "
+                                          "hvd.Average and hvd.Sum only")
+            dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d)
+                   for d, x in zip(dys, xs)]
+            return _allreduce_dense(dys, _sub(name, "grad"), grouped, rop, pre, post,
+                                    process_set)
+        return outs, grad
+
+    return list(op(*tensors))
+
+
+def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
+    """Horovod's sparse allreduce: allgather the values and indices (Average divides)."""
+    if rop not in (Average, Sum):
+        raise ValueError(f"allreduce of IndexedSlices {_label(name)}: only hvd.Average and "
+                         f"hvd.Sum are supported (or densify with sparse_as_dense=True)")
+    values = allgather(slices.values, name=_sub(name, "values"), process_set=process_set)
+    indices = allgather(slices.indices, name=_sub(name, "indices"), process_set=process_set)
+    if rop == Average:
+        values = _scaled_by_size(values, process_set, -1)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
+              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+              process_set=global_process_set, ignore_name_scope=False):
+    """Reduce ``tensor`` over the process set's ranks (default: average); a new tensor.
+
+    ``tf.IndexedSlices`` are allgathered (values divided by the size for Average), as
+    Horovod does.  ``compression`` (e.g. ``hvd.Compression.fp16``) compresses before the
+    reduction and restores the dtype after.  Differentiable (Average and Sum).
+    """
+    rop = ops.reduce_op(average, op, name or "allreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        if not tf.executing_eagerly() and name is None:
+            name = _graph_name("allreduce", tensor.values)
+        return _allreduce_sparse(tensor, name, rop, process_set)
+    tensor = _check(tensor, name, "allreduce")
+    name = _name("allreduce", name, tensor)
+    ctx = None
+    if compression is not None:
+        tensor, ctx = compression.compress(tensor)
+    [out] = _allreduce_dense([tensor], name, False, rop, prescale_factor, postscale_factor,
+                             process_set)
+    return compression.decompress(out, ctx) if compression is not None else out
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set, ignore_name_scope=False, name=None):
+    """Reduce a list of tensors as one operation (fused together); a list of new tensors.
+
+    IndexedSlices in the list are reduced as in :func:`allreduce`, beside the group.
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    rop = ops.reduce_op(average, op, name or "grouped_allreduce")
+    dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    dense = [_check(tensors[i], name, "grouped_allreduce") for i in dense_at]
+    out: list = [None] * len(tensors)
+    if not tf.executing_eagerly() and name is None:
+        first = dense[0] if dense else tensors[0].values
+        name = _graph_name("grouped_allreduce", first)
+    if dense:
+        ctxs = None
+        if compression is not None:
+            pairs = [compression.compress(t) for t in dense]
+            dense, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
+        reduced = _allreduce_dense(dense, name, True, rop, prescale_factor, postscale_factor,
+                                   process_set)
+        if compression is not None:
+            reduced = [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
+        for i, r in zip(dense_at, reduced):
+            out[i] = r
+    for i, t in enumerate(tensors):
+        if out[i] is None:
+            out[i] = _allreduce_sparse(t, _sub(name, f"sparse{i}"), rop, process_set)
+    return out
+
+
+# -- allgather -------------------------------------------------------------------------------
+def _allgather_eager(tensors, name, grouped, process_set) -> List[tf.Tensor]:
+    bufs = [to_buffer(t) for t in tensors]
+    for b, t in zip(bufs, tensors):
+        if b.dim() == 0:
+            raise ValueError(f"allgather of {_label(name)}: a scalar has no first dimension to "
+                             f"concatenate; reshape it to [1]")
+    res = ops.synchronize(ops.allgather_async(bufs, name, grouped, process_set,
+                                              list if grouped else None))
+    return [from_buffer(r) for r in (res if grouped else [res])]
+
+
+def _rows_before_me(rows: tf.Tensor, name, process_set) -> np.ndarray:
+    """Every set rank's first dimensions ([set size, k]), gathered."""
+    return np.asarray(_allgather_eager([rows], name, False, process_set)[0])
+
+
+def _allgather(tensors, name, grouped, process_set):
+    def forward(*xs):
+        return _allgather_eager(xs, name, grouped, process_set)
+
+    def compute(*xs):
+        outs = _run(forward, xs, [x.dtype for x in xs])
+        for o, x in zip(outs, xs):
+            o.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+        return outs
+
+    if not _differentiable(tensors):
+        return compute(*tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        outs = compute(*xs)
+
+        def grad(*dys):
+            dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
+                   for d, o in zip(dys, outs)]
+            rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])[None, :]
+
+            def backward(rows, *gs):
+                summed = _allreduce_eager(gs, _sub(name, "grad"), grouped, Average, 1.0, 1.0,
+                                          process_set)
+                allrows = _rows_before_me(rows, _sub(name, "grad.rows"), process_set)
+                me = ops.process_set_rank(process_set)
+                offsets = allrows[:me].sum(0)
+                return [s[int(o):int(o) + int(n)]
+                        for s, o, n in zip(summed, offsets, allrows[me])]
+
+            res = _run(backward, [rows] + dys, [x.dtype for x in xs])
+            for r, x in zip(res, xs):
+                r.set_shape(x.shape)
+            return res
+        return outs, grad
+
+    return list(op(*tensors))
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate every rank's ``tensor`` along dim 0 (first dimensions may differ).
+
+    IndexedSlices are gathered as IndexedSlices.  Differentiable.
+    """
+    if isinstance(tensor, tf.IndexedSlices):
+        if not tf.executing_eagerly() and name is None:
+            name = _graph_name("allgather", tensor.values)
+        return tf.IndexedSlices(
+            allgather(tensor.values, _sub(name, "values"), process_set=process_set),
+            allgather(tensor.indices, _sub(name, "indices"), process_set=process_set),
+            dense_shape=tensor.dense_shape)
+    tensor = _check(tensor, name, "allgather")
+    return _allgather([tensor], _name("allgather", name, tensor), False, process_set)[0]
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """:func:`allgather` of several tensors as one operation; a list."""
+    tensors = [_check(t, name, "grouped_allgather") for t in tensors]
+    if not tensors:
+        return []
+    return _allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
+                      process_set)
+
+
+# -- broadcast -------------------------------------------------------------------------------
+def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
+    buf = to_buffer(t)
+    out = buf.clone() if rank() == root_rank else _empty_like(buf)
+    return from_buffer(ops.synchronize(ops.broadcast_async(buf, out, root_rank, name,
+                                                           process_set)))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """The root's ``tensor`` on every rank of the set, in a new tensor (differentiable)."""
+    tensor = _check(tensor, name, "broadcast")
+    name = _name("broadcast", name, tensor)
+
+    def compute(x):
+        [o] = _run(lambda v: [_broadcast_eager(v, root_rank, name, process_set)], [x],
+                   [x.dtype])
+        o.set_shape(x.shape)
+        return o
+
+    if not _differentiable([tensor]):
+        return compute(tensor)
+
+    @tf.custom_gradient
+    def op(x):
+        def grad(dy):
+            def backward(g):
+                [s] = _allreduce_eager([g], _sub(name, "grad"), False, Average, 1.0, 1.0,
+                                       process_set)
+                return [s if rank() == root_rank else tf.zeros_like(s)]
+            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype])
+            s.set_shape(x.shape)
+            return s
+        return compute(x), grad
+
+    return op(tensor)
+
+
+# -- alltoall / reducescatter ----------------------------------------------------------------
+def _alltoall_eager(t, splits, name, process_set):
+    buf = to_buffer(t)
+    if buf.dim() == 0:
+        raise ValueError(f"alltoall of {_label(name)}: a scalar has no first dimension to "
+                         f"split; reshape it to [1]")
+    if splits is not None:
+        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    out, received = ops.synchronize(ops.alltoall_async(buf, splits, name, process_set))
+    return [from_buffer(out), tf.convert_to_tensor(np.asarray(received, dtype=np.int32))]
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Send ``splits[r]`` rows of ``tensor`` to set rank r (even splits by default).
+
+    Returns the rows received, in rank order, and, when ``splits`` is given, the received
+    splits too (``(tensor, received_splits)``), as Horovod's TensorFlow alltoall.
+    Differentiable.
+    """
+    tensor = _check(tensor, name, "alltoall")
+    name = _name("alltoall", name, tensor)
+    split_in = [] if splits is None else [tf.cast(tf.convert_to_tensor(splits), tf.int32)]
+
+    def compute(x, *sp):
+        out, received = _run(
+            lambda v, *s: _alltoall_eager(v, s[0] if s else None, name, process_set),
+            [x, *sp], [x.dtype, tf.int32])
+        out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+        received.set_shape([None])
+        return out, received
+
+    if not _differentiable([tensor]):
+        out, received = compute(tensor, *split_in)
+        return out if splits is None else (out, received)
+
+    holder = {}
+
+    @tf.custom_gradient
+    def op(x):
+        out, received = compute(x, *split_in)
+        holder["received"] = received
+
+        def grad(dy, _unused=None):
+            [back, _] = _run(
+                lambda g, s: _alltoall_eager(g, s, _sub(name, "grad"), process_set),
+                [tf.convert_to_tensor(dy), received], [x.dtype, tf.int32])
+            back.set_shape(x.shape)
+            return back
+        return (out, tf.stop_gradient(received)), grad
+
+    out, received = op(tensor)
+    return out if splits is None else (out, received)
+
+
+def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
+    def forward(*xs):
+        bufs = [to_buffer(x) for x in xs]
+        res = ops.synchronize(ops.reducescatter_async(bufs, rop, name, grouped, pre, post,
+                                                      process_set, list if grouped else None))
+        return [from_buffer(r) for r in (res if grouped else [res])]
+
+    def compute(*xs):
+        outs = _run(forward, xs, [x.dtype for x in xs])
+        for o, x in zip(outs, xs):
+            o.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+        return outs
+
+    if not _differentiable(tensors):
+        return compute(*tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        outs = compute(*xs)
+
+        def grad(*dys):
+            dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
+                   for d, o in zip(dys, outs)]
+            factor = pre * post
+            gathered = _allgather(dys, _sub(name, "grad"), True, process_set)
+            if factor != 1.0:
+                gathered = [g * tf.cast(factor, g.dtype) for g in gathered]
+            if rop == Sum:
+                gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
+            return gathered
+        return outs, grad
+
+    return list(op(*tensors))
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's slice (dim 0; earlier ranks get the extra rows) of the reduction of
+    ``tensor`` over the set.  ``op``: hvd.Average or hvd.Sum.  Differentiable."""
+    rop = ops.reduce_op(None, op, name or "reducescatter")
+    tensor = _check(tensor, name, "reducescatter")
+    name = _name("reducescatter", name, tensor)
+    ctx = None
+    if compression is not None:
+        tensor, ctx = compression.compress(tensor)
+    [out] = _reducescatter([tensor], name, False, rop, prescale_factor, postscale_factor,
+                           process_set)
+    return compression.decompress(out, ctx) if compression is not None else out
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None, ignore_name_scope=False):
+    """:func:`reducescatter` of several tensors as one operation; a list."""
+    rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
+    tensors = [_check(t, name, "grouped_reducescatter") for t in tensors]
+    if not tensors:
+        return []
+    name = _name("grouped_reducescatter", name, tensors[0])
+    ctxs = None
+    if compression is not None:
+        pairs = [compression.compress(t) for t in tensors]
+        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
+    outs = _reducescatter(tensors, name, True, rop, prescale_factor, postscale_factor,
+                          process_set)
+    if compression is not None:
+        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+    return outs
+
+
+# -- join, barrier ---------------------------------------------------------------------------
+def join() -> int:
+    """Block until every rank has joined; returns the rank that joined last (eager only).
+
+    While this rank waits it takes part in the others' allreduces with neutral values.
+    """
+    if not tf.executing_eagerly():
+        return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32])[0]
+    return ops.join()
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Block until every rank of the process set reached the barrier."""
+    if not tf.executing_eagerly():
+        def fn():
+            ops.barrier(process_set)
+            return [tf.constant(0, tf.int32)]
+        return _run(fn, [], [tf.int32])[0]
+    ops.barrier(process_set)
