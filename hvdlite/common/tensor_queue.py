@@ -98,12 +98,14 @@ class TensorQueue:
                 self._in_flight[name] = e
                 self._incoming.append(e)
                 return
-            for i, e in enumerate(entries):
+            seen = set()
+            for e in entries:
                 name = e.request.name
-                if name in self._in_flight or any(o.request.name == name for o in entries[:i]):
+                if name in self._in_flight or name in seen:
                     raise HvdliteDuplicateNameError(
                         f"tensor name {name!r} is already in flight; wait for its handle or "
                         f"give each concurrent operation a distinct name")
+                seen.add(name)
             for e in entries:
                 e.enqueued_at = now
                 self._in_flight[e.request.name] = e
