@@ -196,7 +196,7 @@ def test_workers_use_horovod_variables_and_warn_once_each():
     r = run_launcher(["-np", "2", "--cycle-time-ms", "3", worker("config_worker.py")],
                      timeout=100, env={"HOROVOD_FUSION_THRESHOLD": "1048576",
                                        "HOROVOD_CYCLE_TIME": "9", "HOROVOD_CACHE_CAPACITY": "7",
-                                       "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
+                                       "HOROVOD_TORUS_ALLREDUCE": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in (0, 1):
         assert f"[{rank}]<stdout>:CONFIG rank={rank} size=2 fusion=1048576 cycle=3.0 cache=7" \
@@ -205,7 +205,7 @@ def test_workers_use_horovod_variables_and_warn_once_each():
                           r.stderr, re.M)
     assert sorted(warnings) == ["0", "1"], r.stderr
     line = [x for x in r.stderr.splitlines() if "no effect" in x][0]
-    assert "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (hvdlite's collectives run flat" in line
+    assert "HOROVOD_TORUS_ALLREDUCE=1 (hvdlite has no torus allreduce" in line
     assert f"HOROVOD_CYCLE_TIME=9 ({cfg.CYCLE_TIME}=3.0 is set and wins)" in line
 
 
