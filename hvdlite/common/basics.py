@@ -239,6 +239,14 @@ def mpi_built() -> bool:
     return mpi_available()
 
 
+def nccl_built() -> bool:
+    """hvdlite is a CPU build: no NCCL, DDL, oneCCL, CUDA or ROCm (Horovod's probes)."""
+    return False
+
+
+ddl_built = ccl_built = cuda_built = rocm_built = nccl_built
+
+
 def mpi_threads_supported() -> bool:
     """Whether MPI runs with full thread support (MPI_THREAD_MULTIPLE); False off MPI."""
     if not mpi_enabled():

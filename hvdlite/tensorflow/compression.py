@@ -7,32 +7,9 @@ with the same two static methods works too.
 
 import tensorflow as tf
 
+from hvdlite.common.compression import Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
-
-
-class Compressor:
-    """Base of all compressors: override both static methods (``compress`` must not modify
-    its input; ``ctx`` is what ``decompress`` needs, typically the dtype)."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """No compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):

@@ -31,10 +31,11 @@ import torch
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from hvdlite.common import ops
-from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled,
-                                   is_homogeneous, is_initialized, local_rank, local_size,
-                                   mpi_built, mpi_enabled, mpi_threads_supported, rank,
-                                   shutdown, size)
+from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
+                                   ddl_built, gloo_built, gloo_enabled, is_homogeneous,
+                                   is_initialized, local_rank, local_size, mpi_built,
+                                   mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                   rocm_built, shutdown, size)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
@@ -55,26 +56,6 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
                         category=UserWarning)
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
 
 
 # -- the crossing ----------------------------------------------------------------------------

@@ -9,37 +9,9 @@ so a user-defined class with the same two static methods works too.
 
 import torch
 
+from hvdlite.common.compression import Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
-
-
-class Compressor:
-    """Base of all compressors: override both static methods.
-
-    ``compress`` must not modify its input.  ``ctx`` is whatever
-    ``decompress`` needs to restore the original tensor (typically its dtype).
-    """
-
-    @staticmethod
-    def compress(tensor):
-        """Return ``(compressed_tensor, ctx)``."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Return the tensor restored from ``compress``'s output and ``ctx``."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are (identity; no copy)."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):

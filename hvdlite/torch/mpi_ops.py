@@ -13,10 +13,11 @@ from typing import Optional
 import torch
 
 from hvdlite.common import ops
-from hvdlite.common.basics import (cross_rank, cross_size, gloo_built, gloo_enabled,
-                                   is_homogeneous, is_initialized, local_rank, local_size,
-                                   mpi_built, mpi_enabled, mpi_threads_supported, rank,
-                                   shutdown, size)
+from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
+                                   ddl_built, gloo_built, gloo_enabled, is_homogeneous,
+                                   is_initialized, local_rank, local_size, mpi_built,
+                                   mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                   rocm_built, shutdown, size)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init, poll,
                                 remove_process_set, synchronize)
@@ -37,26 +38,6 @@ __all__ = [
     "synchronize", "poll", "join",
     "barrier", "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
 ]
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def _checked(tensor, name: Optional[str], what: str):
