@@ -74,6 +74,12 @@ class Entry:
         self.enqueued_at = 0.0
 
 
+#: the most request bytes (their wire bound) one rank may have in flight: a negotiation
+#: sends them all in one payload whose length travels in the int32 control vector, and
+#: every rank allocates a row that long for the allgather
+MAX_IN_FLIGHT_WIRE_BYTES = 256 * 1024 * 1024
+
+
 class TensorQueue:
     """Thread-safe inbox of entries with duplicate-name detection."""
 
@@ -82,6 +88,16 @@ class TensorQueue:
         self._incoming: List[Entry] = []
         self._in_flight: Dict[str, Entry] = {}
         self._closed_error: Optional[BaseException] = None
+        self._wire = 0          # wire bound of every request in flight
+
+    def _reserve(self, wire: int, count: int) -> None:
+        if self._wire + wire > MAX_IN_FLIGHT_WIRE_BYTES:
+            raise ValueError(
+                f"{count + len(self._in_flight)} operations in flight would need "
+                f"{(self._wire + wire) >> 20} MiB of requests in one negotiation (at most "
+                f"{MAX_IN_FLIGHT_WIRE_BYTES >> 20} MiB); synchronize some handles first, or "
+                f"use shorter names")
+        self._wire += wire
 
     def push(self, entries: List[Entry], now: float) -> None:
         with self._lock:
@@ -94,6 +110,7 @@ class TensorQueue:
                     raise HvdliteDuplicateNameError(
                         f"tensor name {name!r} is already in flight; wait for its handle or "
                         f"give each concurrent operation a distinct name")
+                self._reserve(e.request.wire_bound(), 1)
                 e.enqueued_at = now
                 self._in_flight[name] = e
                 self._incoming.append(e)
@@ -106,6 +123,7 @@ class TensorQueue:
                         f"tensor name {name!r} is already in flight; wait for its handle or "
                         f"give each concurrent operation a distinct name")
                 seen.add(name)
+            self._reserve(sum(e.request.wire_bound() for e in entries), len(entries))
             for e in entries:
                 e.enqueued_at = now
                 self._in_flight[e.request.name] = e
@@ -121,7 +139,9 @@ class TensorQueue:
         with self._lock:
             pop = self._in_flight.pop
             for name in names:
-                pop(name, None)
+                e = pop(name, None)
+                if e is not None:
+                    self._wire -= e.request.wire_bound()
 
     def close(self, error: BaseException) -> List[Entry]:
         """Refuse new work with ``error``; return every entry still in flight."""
@@ -129,6 +149,7 @@ class TensorQueue:
             self._closed_error = error
             left = list(self._in_flight.values())
             self._in_flight.clear()
+            self._wire = 0
             self._incoming = []
         return left
 

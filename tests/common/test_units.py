@@ -131,3 +131,23 @@ def test_common_imports_no_framework_at_module_level():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_requests_in_flight_are_bounded_and_released():
+    """The sum of in-flight requests' wire bounds stays under the negotiation payload's
+    bound (its length travels in the int32 control vector): past it, push refuses."""
+    from hvdlite.common import tensor_queue as tq
+    q = tq.TensorQueue()
+    handle = tq.Handle(1)
+    name = "n" * 4096
+    per = Request(f"{name}.{0:06d}", OpType.ALLREDUCE, "float32", (4,)).wire_bound()
+    fits = tq.MAX_IN_FLIGHT_WIRE_BYTES // per
+    for i in range(fits):
+        q.push([tq.Entry(Request(f"{name}.{i:06d}", OpType.ALLREDUCE, "float32", (4,)),
+                         None, None, handle, 0)], 0.0)
+    extra = tq.Entry(Request(f"{name}.xxxxxx", OpType.ALLREDUCE, "float32", (4,)), None,
+                     None, handle, 0)
+    with pytest.raises(ValueError, match="synchronize some handles first"):
+        q.push([extra], 0.0)
+    q.finish([f"{name}.{0:06d}"])             # a completed one makes room again
+    q.push([extra], 0.0)
