@@ -274,7 +274,10 @@ class Runtime:
 
         responses: List[Response] = []
         if agreed[_STALL] != _INT_MAX:
-            responses.extend(self.controller.fail_older_than(int(agreed[_STALL])))
+            # rank 0 sent an age in cycles (every rank counts cycles alike): a cycle number
+            # itself would overflow the int32 vector after 2^31 cycles
+            responses.extend(self.controller.fail_older_than(self._cycle -
+                                                             int(agreed[_STALL])))
         if agreed[_NEED] == 0:
             # 4a. full negotiation: everybody sends every unsent request
             if not need_full:
@@ -387,14 +390,15 @@ class Runtime:
                         "an error)", name, have, missing, waited)
 
     def _stall_cutoff(self) -> int:
-        """Rank 0's verdict: the last cycle whose tensors have waited too long, or INT_MAX."""
+        """Rank 0's verdict: how many cycles ago the last cycle whose tensors have waited too
+        long was, or INT_MAX."""
         limit = self.config.stall_check_shutdown_time_s
         if not self.config.stall_check or limit <= 0 or not self.controller.table:
             return _INT_MAX
         horizon = time.monotonic() - limit
         expired = [e.first_cycle for e in self.controller.table.values()
                    if e.first_time <= horizon]
-        return max(expired) if expired else _INT_MAX
+        return min(self._cycle - max(expired), _INT_MAX - 1) if expired else _INT_MAX
 
 
 def _nbytes(resp: Response) -> int:
