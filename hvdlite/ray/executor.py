@@ -19,7 +19,10 @@ from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import new_key
 from hvdlite.ray import placement
+from hvdlite.ray.elastic import RayNodeDiscovery, RayWorkers, elastic_env
 from hvdlite.ray.worker import RankWorker
+from hvdlite.runner.elastic import settings as elastic_settings
+from hvdlite.runner.elastic.driver import ElasticDriver
 from hvdlite.runner.procs import slot_env
 from hvdlite.runner.rendezvous import RendezvousService
 
@@ -65,13 +68,25 @@ class RayExecutor:
     def __init__(self, settings: Optional[RaySettings] = None, num_workers: Optional[int] = None,
                  num_hosts: Optional[int] = None, num_workers_per_host: int = 1,
                  cpus_per_worker: float = 1, use_gpu: bool = False,
-                 gpus_per_worker: Optional[int] = None, **elastic):
-        if elastic:
-            raise ValueError(f"RayExecutor: elastic arguments {sorted(elastic)} are not "
-                             f"supported yet; run elastic jobs with hvdlite-run --min-np/--max-np")
+                 gpus_per_worker: Optional[int] = None, min_workers: Optional[int] = None,
+                 max_workers: Optional[int] = None, reset_limit: Optional[int] = None,
+                 cooldown_range=None, elastic_timeout: float = 600,
+                 override_discovery: bool = True):
         if use_gpu or gpus_per_worker:
             raise ValueError("RayExecutor: use_gpu / gpus_per_worker: hvdlite works on CPU "
                              "tensors")
+        self._elastic = None
+        if min_workers is not None or max_workers is not None:
+            if num_hosts is not None:
+                raise ValueError("RayExecutor: an elastic job (min_workers / max_workers) "
+                                 "places its workers on Ray's nodes itself; drop num_hosts")
+            first = num_workers if num_workers is not None else (min_workers or 1)
+            self._elastic = elastic_settings.validate(
+                np=first, min_np=min_workers, max_np=max_workers,
+                elastic_timeout_s=elastic_timeout, reset_limit=reset_limit,
+                cooldown_range=cooldown_range, slots_per_host=None, discovery_script=None,
+                fixed_hosts=False, mpi=False)
+            num_workers = first
         if (num_workers is None) == (num_hosts is None):
             raise ValueError("RayExecutor: give either num_workers, or num_hosts with "
                              "num_workers_per_host")
@@ -107,6 +122,13 @@ class RayExecutor:
             raise HvdliteRayError("RayExecutor.start: already started; call shutdown() first")
         if not ray.is_initialized():
             ray.init()
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise ValueError("RayExecutor.start: executable_cls is not supported in an "
+                                 "elastic job (workers come and go); use run()")
+            self._extra_env = dict(extra_env_vars or {})
+            self._started = True
+            return
         wanted = placement.bundles(self.num_workers, self._num_hosts, self._per_host,
                                    self._cpus)
         strategy = "STRICT_SPREAD" if self._num_hosts else "PACK"
@@ -206,8 +228,55 @@ class RayExecutor:
             HvdliteRayError: a rank raised (its rank, node and traceback are named); the
                 other ranks' actors are ended, so the executor must be started again.
         """
+        if self._elastic is not None:
+            if not getattr(self, "_started", False):
+                raise HvdliteRayError("RayExecutor.run: not started (call start() first)")
+            return self._run_elastic(fn, args, kwargs)
         self._check_started("run")
         return self._gather(self.run_remote(fn, args, kwargs), "run")
+
+    def _run_elastic(self, fn, args, kwargs) -> List[Any]:
+        """Run ``fn`` under the elastic driver until the job succeeds; the results of the
+        last round's workers, in its rank order.
+
+        Raises:
+            HvdliteRayError: the job failed (too few workers within the elastic timeout, the
+                reset limit, ...); names the failed workers and why.
+        """
+        import ray
+        key = new_key()
+        driver_node = ray.get_runtime_context().get_node_id()
+        driver_ip = _node_address(driver_node, ray.util.get_node_ip_address())
+        rounds = RendezvousService(key, repeat_last=False, bind_addr=driver_ip)
+        job_env = {cfg.RENDEZVOUS_ADDR: driver_ip, cfg.RENDEZVOUS_PORT: str(rounds.address[1]),
+                   cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: uuid.uuid4().hex[:12],
+                   cfg.CPU_OPERATIONS: "gloo", cfg.START_TIMEOUT: str(self.settings.timeout_s)}
+        job_env.update(self._extra_env)
+        job_env = elastic_env(job_env, self._elastic.elastic_timeout_s)
+        discovery = RayNodeDiscovery(self._cpus, driver_node)
+        driver = None
+
+        def wake():
+            if driver is not None:
+                driver.wake()
+
+        workers = RayWorkers(discovery, fn, args, kwargs, lambda: job_env, self._cpus,
+                             driver_ip, wake)
+        driver = ElasticDriver(self._elastic, discovery, workers, rounds)
+        self._elastic_workers = workers
+        try:
+            code = driver.run()
+        finally:
+            workers.stop_all()
+            rounds.shutdown()
+        if code != 0:
+            why = "; ".join(f"{h}:{lr}: {w.splitlines()[0] if w else '?'}"
+                            for (h, lr), w in workers.failures.items())
+            raise HvdliteRayError(f"RayExecutor.run (elastic): the job failed with code {code}: "
+                                  f"{driver.error or 'a worker failed'}"
+                                  + (f" (worker failures: {why})" if why else ""))
+        by_rank = sorted(driver.round_slots, key=lambda s: s.rank)
+        return [workers.results.get((s.hostname, s.local_rank)) for s in by_rank]
 
     def run_remote(self, fn: Callable, args=None, kwargs: Optional[dict] = None) -> list:
         """Start ``fn(*args, **kwargs)`` on every rank; returns Ray object refs (rank

@@ -1,0 +1,163 @@
+"""Elastic jobs on Ray: the launcher's elastic driver with Ray nodes as its hosts and Ray
+actors as its workers.
+
+The driver (:class:`hvdlite.runner.elastic.driver.ElasticDriver`) is the one
+``hvdlite-run --min-np`` uses; only its two ports change.  :class:`RayNodeDiscovery`
+answers which hosts exist: every live Ray node, with as many slots as it has CPUs for
+workers.  :class:`RayWorkers` starts a worker as an actor pinned to its slot's node,
+runs the user's function in it, and reports the function's end as an exit (0 when it
+returned, 1 when it raised, 137 when the actor or its node died).
+"""
+
+import logging
+import threading
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from hvdlite.common import config as cfg
+from hvdlite.ray.worker import RankFailed, RankWorker
+from hvdlite.runner.elastic.discovery import HostDiscovery, HostDiscoveryError
+from hvdlite.runner.elastic.workers import SlotId, WorkerLauncher, slot_id
+from hvdlite.runner.hosts import HostSlots, SlotInfo
+from hvdlite.runner.procs import slot_env
+
+log = logging.getLogger(__name__)
+
+#: the exit code reported for a worker whose actor (or node) died
+ACTOR_DIED = 137
+
+
+class RayNodeDiscovery(HostDiscovery):
+    """The live Ray nodes, each with ``CPU // cpus_per_worker`` slots; the driver's node
+    first, the others in a stable order."""
+
+    def __init__(self, cpus_per_worker: float, driver_node: str):
+        self._cpus = cpus_per_worker
+        self._driver_node = driver_node
+        self._names: Dict[str, str] = {}      # node id -> host name, stable for the job
+        self.node_of: Dict[str, str] = {}     # host name -> node id (for pinning actors)
+        self.address_of: Dict[str, str] = {}
+
+    def find(self) -> List[HostSlots]:
+        import ray
+        try:
+            nodes = [n for n in ray.nodes() if n.get("Alive")]
+        except Exception as exc:
+            raise HostDiscoveryError(f"Ray's node list is unavailable: {exc}") from exc
+        # a node keeps the name it was first given (the driver knows workers by it): a later
+        # node on an address already named gets the address plus its short id
+        nodes.sort(key=lambda n: (n["NodeID"] != self._driver_node, n["NodeID"]))
+        for n in nodes:
+            node = n["NodeID"]
+            if node not in self._names:
+                taken = set(self._names.values())
+                ip = n["NodeManagerAddress"]
+                self._names[node] = ip if ip not in taken else f"{ip}-{node[:8]}"
+        names = self._names
+        hosts = []
+        for n in nodes:                      # the driver's node first
+            slots = int(n.get("Resources", {}).get("CPU", 0) // self._cpus)
+            if slots < 1:
+                continue
+            name = names[n["NodeID"]]
+            self.node_of[name] = n["NodeID"]
+            self.address_of[name] = n["NodeManagerAddress"]
+            hosts.append(HostSlots(hostname=name, slots=slots))
+        return hosts
+
+
+class RayWorkers(WorkerLauncher):
+    """Workers as actors pinned to their slot's node, each running the user's function."""
+
+    def __init__(self, discovery: RayNodeDiscovery, fn: Callable, args, kwargs,
+                 job_env: Callable[[], Dict[str, str]], cpus_per_worker: float,
+                 rendezvous_addr: str, on_exit: Callable[[], None]):
+        self._discovery = discovery
+        self._fn, self._args, self._kwargs = fn, list(args or ()), dict(kwargs or {})
+        self._job_env = job_env
+        self._cpus = cpus_per_worker
+        self._addr = rendezvous_addr
+        self._on_exit = on_exit
+        self._lock = threading.Lock()
+        self._live: Dict[SlotId, Any] = {}
+        self._exits: List[Tuple[SlotId, int]] = []
+        #: slot id -> the function's result, for workers that returned
+        self.results: Dict[SlotId, Any] = {}
+        #: slot id -> why the worker failed (its traceback, or the actor's death)
+        self.failures: Dict[SlotId, str] = {}
+
+    @property
+    def rendezvous_addr(self) -> str:
+        return self._addr
+
+    def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        failed: Dict[SlotId, str] = {}
+        env = self._job_env()
+        actor = ray.remote(RankWorker)
+        for slot in slots:
+            sid = slot_id(slot)
+            node = self._discovery.node_of.get(slot.hostname)
+            if node is None:
+                failed[sid] = f"no Ray node is known as {slot.hostname}"
+                continue
+            strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            worker = actor.options(num_cpus=self._cpus, scheduling_strategy=strategy).remote()
+            worker.setup.remote(slot_env(slot, {}, env),
+                                self._discovery.address_of.get(slot.hostname, ""))
+            ref = worker.run.remote(self._fn, self._args, self._kwargs)
+            with self._lock:
+                self._live[sid] = worker
+            threading.Thread(target=self._watch, args=(sid, ref), daemon=True,
+                             name=f"ray-elastic-watch-{sid[0]}-{sid[1]}").start()
+        return failed
+
+    def _watch(self, sid: SlotId, ref) -> None:
+        import ray
+        try:
+            result = ray.get(ref)
+            code = 0
+            self.results[sid] = result
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            code = 1
+            self.failures[sid] = str(cause if isinstance(cause, RankFailed) else exc)
+        except Exception as exc:                    # the actor or its node died
+            code = ACTOR_DIED
+            self.failures[sid] = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            self._live.pop(sid, None)
+            self._exits.append((sid, code))
+        self._on_exit()
+
+    def stop(self, ids: Sequence[SlotId]) -> None:
+        import ray
+        with self._lock:
+            workers = [self._live[i] for i in ids if i in self._live]
+        for w in workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception as exc:
+                log.debug("ray elastic: kill: %s", exc)
+
+    def poll(self) -> List[Tuple[SlotId, int]]:
+        with self._lock:
+            out, self._exits = self._exits, []
+        return out
+
+    def stop_all(self) -> None:
+        with self._lock:
+            ids = list(self._live)
+        self.stop(ids)
+
+    def live_actors(self) -> List[Any]:
+        with self._lock:
+            return list(self._live.values())
+
+
+def elastic_env(job_env: Dict[str, str], elastic_timeout_s: float) -> Dict[str, str]:
+    """The job's variables plus what an elastic worker needs."""
+    env = dict(job_env)
+    env[cfg.ELASTIC] = "1"
+    env[cfg.ELASTIC_TIMEOUT] = repr(float(elastic_timeout_s))
+    return env
