@@ -48,9 +48,10 @@ def should_die(step: int) -> bool:
     return me == (host, local_rank) and step == int(at)
 
 
-def main():
+def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die):
+    """Build the model and run the elastic loop (after ``hvd.init()``); ``die(step)`` says
+    whether this worker kills itself during that step's gradient allreduce."""
     torch.set_num_threads(1)
-    hvd.init()
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
@@ -65,24 +66,30 @@ def main():
     @hvd.elastic.run
     def train(state):
         print(f"TRAIN rank={hvd.rank()} size={hvd.size()} step={state.step}", flush=True)
-        while state.step < STEPS:
+        while state.step < steps:
             x, y = batch(state.step)
             shard = slice(hvd.rank() * GLOBAL_BATCH // hvd.size(),
                           (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size())
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
             loss.backward()                       # gradient allreduce starts here
-            if should_die(state.step):
+            if die(state.step):
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.step()
             state.history.append(state.step)
             state.sizes.append(hvd.size())
             state.step += 1
-            if SLEEP_S:
-                time.sleep(SLEEP_S)
+            if sleep_s:
+                time.sleep(sleep_s)
             state.commit()
 
     train(state)
+    return model, state
+
+
+def main():
+    hvd.init()
+    model, state = run_training()
     if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
         with open(os.environ["ELASTIC_OUT"], "w") as f:
             json.dump({"weight": model.weight.detach().view(-1).tolist(),
