@@ -227,7 +227,7 @@ class Runtime:
                 need_full = True
             else:
                 bits.append(slot)
-                bound += entry.request.wire_bound()
+                bound += entry.wire               # computed once, at submission
         vec[_LEN] = 0
         vec[self._bits_base:] = 0
         if bits:

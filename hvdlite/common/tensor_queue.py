@@ -63,7 +63,7 @@ class Handle:
 class Entry:
     """One tensor of an operation: the request plus the local buffers."""
 
-    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at")
+    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "wire")
 
     def __init__(self, request: Request, tensor: Any, output: Any, handle: Handle, index: int):
         self.request = request
@@ -72,6 +72,7 @@ class Entry:
         self.handle = handle
         self.index = index
         self.enqueued_at = 0.0
+        self.wire = 0                  # the request's wire bound, counted while in flight
 
 
 #: the most request bytes (their wire bound) one rank may have in flight: a negotiation
@@ -110,7 +111,8 @@ class TensorQueue:
                     raise HvdliteDuplicateNameError(
                         f"tensor name {name!r} is already in flight; wait for its handle or "
                         f"give each concurrent operation a distinct name")
-                self._reserve(e.request.wire_bound(), 1)
+                e.wire = e.request.wire_bound()
+                self._reserve(e.wire, 1)
                 e.enqueued_at = now
                 self._in_flight[name] = e
                 self._incoming.append(e)
@@ -123,7 +125,9 @@ class TensorQueue:
                         f"tensor name {name!r} is already in flight; wait for its handle or "
                         f"give each concurrent operation a distinct name")
                 seen.add(name)
-            self._reserve(sum(e.request.wire_bound() for e in entries), len(entries))
+            for e in entries:
+                e.wire = e.request.wire_bound()
+            self._reserve(sum(e.wire for e in entries), len(entries))
             for e in entries:
                 e.enqueued_at = now
                 self._in_flight[e.request.name] = e
@@ -141,7 +145,7 @@ class TensorQueue:
             for name in names:
                 e = pop(name, None)
                 if e is not None:
-                    self._wire -= e.request.wire_bound()
+                    self._wire -= e.wire
 
     def close(self, error: BaseException) -> List[Entry]:
         """Refuse new work with ``error``; return every entry still in flight."""

@@ -165,6 +165,37 @@ def _differentiable(tensors) -> bool:
     return any(t.dtype.is_floating for t in tensors)
 
 
+def _collective(tensors, forward, shape_of, backward):
+    """``forward(*xs)`` (eager, on the runtime) as one node whose outputs get
+    ``shape_of(x)``; differentiable through ``backward(xs, outs, dys)`` (missing output
+    gradients are zeros) when :func:`_differentiable` says so."""
+
+    def compute(*xs):
+        outs = _run(forward, xs, [x.dtype for x in xs])
+        for o, x in zip(outs, xs):
+            o.set_shape(shape_of(x))
+        return outs
+
+    if not _differentiable(tensors):
+        return compute(*tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        outs = compute(*xs)
+
+        def grad(*dys):
+            dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
+                   for d, o in zip(dys, outs)]
+            return backward(xs, outs, dys)
+        return outs, grad
+
+    return list(op(*tensors))
+
+
+def _rows_shape(x):
+    return tf.TensorShape([None]).concatenate(x.shape[1:])
+
+
 # -- allreduce -------------------------------------------------------------------------------
 def _allreduce_eager(tensors, name, grouped, rop, pre, post, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
@@ -181,30 +212,14 @@ def _allreduce_dense(tensors, name, grouped, rop, pre, post, process_set):
     def forward(*xs):
         return _allreduce_eager(xs, name, grouped, rop, pre, post, process_set)
 
-    def compute(*xs):
-        outs = _run(forward, xs, [x.dtype for x in xs])
-        for o, x in zip(outs, xs):
-            o.set_shape(x.shape)
-        return outs
+    def backward(xs, outs, dys):
+        if rop not in (Average, Sum):
+            raise NotImplementedError("the gradient of allreduce is defined for "
+                                      "hvd.Average and hvd.Sum only")
+        return _allreduce_dense(dys, _sub(name, "grad"), grouped, rop, pre, post,
+                                process_set)
 
-    if not _differentiable(tensors):
-        return compute(*tensors)
-
-    @tf.custom_gradient
-    def op(*xs):
-        outs = compute(*xs)
-
-        def grad(*dys):
-            if rop not in (Average, Sum):
-                raise NotImplementedError("the gradient of allreduce is defined for "
-                                          "hvd.Average and hvd.Sum only")
-            dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d)
-                   for d, x in zip(dys, xs)]
-            return _allreduce_dense(dys, _sub(name, "grad"), grouped, rop, pre, post,
-                                    process_set)
-        return outs, grad
-
-    return list(op(*tensors))
+    return _collective(tensors, forward, lambda x: x.shape, backward)
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
@@ -298,40 +313,24 @@ def _allgather(tensors, name, grouped, process_set):
     def forward(*xs):
         return _allgather_eager(xs, name, grouped, process_set)
 
-    def compute(*xs):
-        outs = _run(forward, xs, [x.dtype for x in xs])
-        for o, x in zip(outs, xs):
-            o.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
-        return outs
+    def backward(xs, outs, dys):
+        rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])[None, :]
 
-    if not _differentiable(tensors):
-        return compute(*tensors)
+        def gradients(rows, *gs):
+            summed = _allreduce_eager(gs, _sub(name, "grad"), grouped, Average, 1.0, 1.0,
+                                      process_set)
+            allrows = _rows_before_me(rows, _sub(name, "grad.rows"), process_set)
+            me = ops.process_set_rank(process_set)
+            offsets = allrows[:me].sum(0)
+            return [s[int(o):int(o) + int(n)]
+                    for s, o, n in zip(summed, offsets, allrows[me])]
 
-    @tf.custom_gradient
-    def op(*xs):
-        outs = compute(*xs)
+        res = _run(gradients, [rows] + dys, [x.dtype for x in xs])
+        for r, x in zip(res, xs):
+            r.set_shape(x.shape)
+        return res
 
-        def grad(*dys):
-            dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
-                   for d, o in zip(dys, outs)]
-            rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])[None, :]
-
-            def backward(rows, *gs):
-                summed = _allreduce_eager(gs, _sub(name, "grad"), grouped, Average, 1.0, 1.0,
-                                          process_set)
-                allrows = _rows_before_me(rows, _sub(name, "grad.rows"), process_set)
-                me = ops.process_set_rank(process_set)
-                offsets = allrows[:me].sum(0)
-                return [s[int(o):int(o) + int(n)]
-                        for s, o, n in zip(summed, offsets, allrows[me])]
-
-            res = _run(backward, [rows] + dys, [x.dtype for x in xs])
-            for r, x in zip(res, xs):
-                r.set_shape(x.shape)
-            return res
-        return outs, grad
-
-    return list(op(*tensors))
+    return _collective(tensors, forward, _rows_shape, backward)
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -460,32 +459,16 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
                                                       process_set, list if grouped else None))
         return [from_buffer(r) for r in (res if grouped else [res])]
 
-    def compute(*xs):
-        outs = _run(forward, xs, [x.dtype for x in xs])
-        for o, x in zip(outs, xs):
-            o.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
-        return outs
+    def backward(xs, outs, dys):
+        factor = pre * post
+        gathered = _allgather(dys, _sub(name, "grad"), True, process_set)
+        if factor != 1.0:
+            gathered = [g * tf.cast(factor, g.dtype) for g in gathered]
+        if rop == Sum:
+            gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
+        return gathered
 
-    if not _differentiable(tensors):
-        return compute(*tensors)
-
-    @tf.custom_gradient
-    def op(*xs):
-        outs = compute(*xs)
-
-        def grad(*dys):
-            dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
-                   for d, o in zip(dys, outs)]
-            factor = pre * post
-            gathered = _allgather(dys, _sub(name, "grad"), True, process_set)
-            if factor != 1.0:
-                gathered = [g * tf.cast(factor, g.dtype) for g in gathered]
-            if rop == Sum:
-                gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
-            return gathered
-        return outs, grad
-
-    return list(op(*tensors))
+    return _collective(tensors, forward, _rows_shape, backward)
 
 
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
