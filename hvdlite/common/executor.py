@@ -183,7 +183,8 @@ class Executor:
         # chunk k+1 is; each chunk's handles complete as soon as its data is back.
         in_flight = []
         rec = self._rec
-        chunk_elems = self.params.fusion_chunk_bytes // itemsize(first.dtype)
+        chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // \
+            itemsize(first.dtype)
         dtype = buf.dtype
         for chunk, (lo, hi, off, count) in enumerate(_chunks(sizes, chunk_elems)):
             staged = self.backend.stage(dtype, count)

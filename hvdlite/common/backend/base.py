@@ -80,6 +80,12 @@ class Backend(abc.ABC):
         self.allreduce_(tensor, op)
         return _DONE
 
+    def pipeline_chunk_bytes(self, requested: int) -> int:
+        """The chunk size a packed allreduce is pipelined in, given the configured one
+        (``fusion_chunk_bytes``): a transport whose copies are cheaper in cache-sized
+        chunks asks for smaller ones."""
+        return requested
+
     def stage(self, dtype, count: int):
         """Where to pack ``count`` elements of ``dtype`` for :meth:`allreduce_staged_`, saving
         the copy a plain allreduce makes (e.g. this rank's shared-memory slot); None when

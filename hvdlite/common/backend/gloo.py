@@ -300,6 +300,11 @@ class GlooBackend(Backend):
             return
         _widened_allreduce(self, self.pg, "allreduce", tensor, op)
 
+    def pipeline_chunk_bytes(self, requested):
+        if self._shm is None:
+            return requested
+        return min(requested, self._shm.piece_bytes(self._cross_pg is not None))
+
     def stage(self, dtype, count):
         return self._shm.stage(dtype, count) if self._shm is not None else None
 

@@ -51,6 +51,14 @@ def check_many_fused():
     for i, h in enumerate(handles):
         got = hvd.synchronize(h)
         assert torch.equal(got, torch.full((37 + i,), float(sum(k + i for k in range(n)))))
+    # with default slots: tensors of several 1 MiB pieces reduced where they lie, and a
+    # fused group (each tensor under the in-place threshold) pipelined in several chunks
+    sizes = [700_001, 1_048_577] + [150_000 + i for i in range(8)]
+    handles = [hvd.allreduce_async(values(r, m, torch.float32), op=hvd.Sum, name=f"big.{m}")
+               for m in sizes]
+    for m, h in zip(sizes, handles):
+        want = sum(values(k, m, torch.float64) for k in range(n)).float()
+        assert torch.equal(hvd.synchronize(h), want), m
 
 
 def check_broadcast_allgather_alltoall():
