@@ -45,7 +45,9 @@ _CHECK_PEERS_S = 0.1
 #: on one host, big tensors are reduced a piece of this many bytes at a time: the piece's
 #: copy in, reduction and copy out then stay in the CPU's caches (a slot-sized piece made
 #: every one of the three passes go to memory: BERT-base's 418 MiB took 105 ms, in 1 MiB
-#: pieces 76 ms at np=2); between hosts the slot size stays, so each Gloo message is big
+#: pieces 72 ms at np=2).  Between hosts the slot size stays, so each Gloo message is big,
+#: and so it does when the host's ranks outnumber its cores: every piece costs two
+#: barriers, and a barrier then waits for the scheduler to run each rank in turn
 PIECE_BYTES = 1 << 20
 
 
@@ -75,6 +77,7 @@ class SharedMemoryGroup:
         self.slot_bytes = (slot_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
         self.job_ranks = job_ranks
         self.timeout_s = timeout_s
+        self._oversubscribed = local_size > _cores()
         total = _HEADER + 2 * local_size * self.slot_bytes
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
@@ -178,7 +181,9 @@ class SharedMemoryGroup:
 
     def piece_bytes(self, across_hosts: bool) -> int:
         """How much of a big tensor one reduction step takes (see ``PIECE_BYTES``)."""
-        return self.slot_bytes if across_hosts else min(self.slot_bytes, PIECE_BYTES)
+        if across_hosts or self._oversubscribed:
+            return self.slot_bytes
+        return min(self.slot_bytes, PIECE_BYTES)
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce_(self, tensor, op: ReduceOp, cross=None) -> None:
@@ -295,6 +300,14 @@ class _Itemsize(dict):
 
 
 _ITEMSIZE = _Itemsize()
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _process_gone(pid: int) -> bool:
