@@ -12,6 +12,7 @@ at every ``init()`` and ``shutdown()``.
 """
 
 import atexit
+import gc
 import inspect
 import logging
 import threading
@@ -112,6 +113,8 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         runtime.start()
         _STATE.runtime = runtime
         _STATE.config = config
+        if config.gc_freeze:
+            gc.freeze()
         if not _STATE.atexit_registered:
             atexit.register(shutdown)
             _STATE.atexit_registered = True

@@ -42,6 +42,7 @@ TUNABLE_FLAGS = {
     "hierarchical_allgather": (cfg.SHARED_MEMORY, lambda v: "1" if v else None),
     # after the hierarchical flags: an explicit --no-shared-memory wins
     "shared_memory": (cfg.SHARED_MEMORY, lambda v: "1" if v else "0"),
+    "gc_freeze": (cfg.GC_FREEZE, lambda v: "1" if v else "0"),
     # timeline and autotuning: rank 0 writes the trace / decides the parameters
     "timeline_filename": (cfg.TIMELINE, str),
     "timeline_mark_cycles": (cfg.TIMELINE_MARK_CYCLES, lambda v: "1" if v else "0"),
@@ -213,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "across hosts (the default, Gloo mode)")
     sm.add_argument("--no-shared-memory", dest="shared_memory", action="store_const",
                     const=False, help="ranks on one host exchange through Gloo's TCP loopback")
+    gf = t.add_mutually_exclusive_group()
+    gf.add_argument("--gc-freeze", dest="gc_freeze", action="store_const", const=True,
+                    help="at init, put the objects alive then out of the garbage collector's "
+                         "reach, so its full passes stay short (the default)")
+    gf.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_const", const=False,
+                    help="leave Python's garbage collector as it is")
     for kind in ("allreduce", "allgather"):
         hg = t.add_mutually_exclusive_group()
         hg.add_argument(f"--hierarchical-{kind}", action="store_const", const=True,

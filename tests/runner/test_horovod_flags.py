@@ -40,6 +40,7 @@ HOROVODRUN_FLAGS = [
     (["--hierarchical-allreduce"], OK), (["--no-hierarchical-allreduce"], OK),
     (["--hierarchical-allgather"], OK), (["--no-hierarchical-allgather"], OK),
     (["--shared-memory"], OK), (["--no-shared-memory"], OK),
+    (["--gc-freeze"], OK), (["--no-gc-freeze"], OK),
     (["--autotune"], OK), (["--no-autotune"], OK),
     (["--autotune-log-file", "a.csv"], OK),
     (["--autotune-warmup-samples", "3"], OK),
