@@ -2,10 +2,18 @@
 gradients, DistributedGradientTape and Keras 3 training equal to one process on the full batch.
 
 One launch runs every case (TensorFlow's import is slow); ``sys.argv[1:]`` may name cases.
+With ``--no-torch`` (run under ``--mpi``) torch is blocked before anything is imported, so the
+whole suite runs as on a machine without torch, and the last case checks it stayed out.
 """
 
 import os
 import sys
+
+NO_TORCH = "--no-torch" in sys.argv
+if NO_TORCH:
+    sys.argv.remove("--no-torch")
+    from tests.tf_integration.no_torch import block_torch, torch_modules
+    block_torch()
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -18,14 +26,16 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import keras  # noqa: E402
-import torch  # noqa: E402
 
 import hvdlite.tensorflow as hvd  # noqa: E402
 import hvdlite.tensorflow.keras as hvdk  # noqa: E402
+from hvdlite.common import arrays  # noqa: E402
 from hvdlite.common.exceptions import HvdliteMismatchError  # noqa: E402
 from tests.worker_cases import run_cases  # noqa: E402
 
-torch.set_num_threads(1)
+if arrays.have_torch():
+    import torch  # noqa: E402
+    torch.set_num_threads(1)
 
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8]
 OPS = {"avg": hvd.Average, "sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max,
@@ -206,10 +216,15 @@ def check_misc():
     close("broadcast_variables in tf.function", v, [0] * 3)
     # result buffers cross back without a copy when aligned, by copy when not
     from hvdlite.tensorflow.mpi_ops import from_buffer
-    for buf in (torch.arange(1001.0)[1:], torch.arange(8, dtype=torch.bfloat16)[1:],
-                torch.arange(8.0)):
-        close(f"from_buffer offset {buf.storage_offset()}",
-              tf.reduce_sum(tf.cast(from_buffer(buf), tf.float64)), float(buf.double().sum()))
+    k = arrays.kind()
+    bf16 = arrays.numpy_dtype("bfloat16")
+    for what, buf in (("offset 1", k.from_numpy(np.arange(1001.0))[1:]),
+                      ("bfloat16 offset 1", k.from_numpy(np.arange(8).astype(bf16))[1:]),
+                      ("bfloat16", k.from_numpy(np.arange(8).astype(bf16))),
+                      ("whole", k.from_numpy(np.arange(8.0)))):
+        close(f"from_buffer {what} ({k.name} buffers)",
+              tf.reduce_sum(tf.cast(from_buffer(buf), tf.float64)),
+              float(k.to_numpy(buf).astype(np.float64).sum()))
     # a rank that feeds another shape gets the same clear error as in torch
     try:
         hvd.allreduce(tf.ones([2 + r]), name="tf.mismatch")
@@ -512,6 +527,15 @@ def check_signatures():
     assert got == ["optimizer", "name"], got
 
 
+def check_no_torch():
+    """Without torch (``--no-torch``): numpy buffers on MPI, and torch never imported."""
+    if not NO_TORCH:
+        return
+    assert arrays.kind().name == "numpy", arrays.kind().name
+    assert hvd.mpi_enabled() and not hvd.gloo_built()
+    assert not torch_modules(), f"torch was imported: {torch_modules()[:5]}"
+
+
 CASES = {
     "allreduce": check_allreduce, "grouped_allreduce": check_grouped_allreduce,
     "allgather": check_allgather, "broadcast": check_broadcast, "alltoall": check_alltoall,
@@ -520,6 +544,7 @@ CASES = {
     "gradients": check_gradients, "gradient_tape_training": check_gradient_tape_training,
     "keras_fit": check_keras_fit, "keras_lr_callbacks": check_keras_lr_callbacks,
     "elastic_state": check_elastic_state, "signatures": check_signatures,
+    "no_torch": check_no_torch,
 }
 
 if __name__ == "__main__":
