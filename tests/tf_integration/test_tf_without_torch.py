@@ -49,6 +49,18 @@ def test_launch_exit_code_without_torch(results):
     assert results.rc == 0, results.output[-6000:]
 
 
+@needs_tf
+@pytest.mark.timeout(120)
+def test_one_process_without_torch():
+    """No launcher: the local backend on numpy buffers."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "one_process_without_torch.py")],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=110,
+                          env=dict(os.environ, **ENV))
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+
+
 @pytest.mark.timeout(60)
 def test_gloo_without_torch_fails_at_once_with_one_clear_line():
     start = time.monotonic()
