@@ -21,7 +21,8 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "tf
 
 CASES = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
          "reducescatter", "misc", "process_set", "indexed_slices", "gradients",
-         "gradient_tape_training", "keras_fit", "keras_lr_callbacks", "elastic_state", "signatures"]
+         "gradient_tape_training", "keras_fit", "keras_backward_passes",
+         "keras_lr_callbacks", "elastic_state", "signatures"]
 
 
 @pytest.fixture(scope="module")

@@ -432,6 +432,53 @@ def check_keras_fit():
                                                                  for q in range(n)]), 1e-6)
 
 
+def check_keras_backward_passes():
+    """backward_passes_per_step=2: two passes on half batches then one reduction equal one
+    pass on the full batch (model.fit's tf.function, and eager apply calls)."""
+    r, n = hvd.rank(), hvd.size()
+    X, y = _data(16)
+    ref = _model(0)
+    model = _model(100 + r)                 # different on every rank until the callback
+    ref.set_weights(hvd.broadcast_object(model.get_weights(), 0))
+    start = ref.get_weights()
+    ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    ref.fit(X, y, batch_size=8, epochs=2, shuffle=False, verbose=0)      # 4 updates
+    # global batch b (rows 8b..8b+8): rank r holds its half, fed as 2 passes of 8/(2n) rows
+    idx = np.concatenate([np.arange(8 * b + 8 * r // n, 8 * b + 8 * (r + 1) // n)
+                          for b in range(2)])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                    backward_passes_per_step=2,
+                                    average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(X[idx], y[idx], batch_size=4 // n, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        close("keras fit, backward_passes_per_step=2", a, b, 1e-5)
+    assert int(opt.iterations) == 8, int(opt.iterations)          # every batch counts
+    # eager: sums (no averaging) with half the learning rate make the same update
+    eager = _model(0)
+    eager.set_weights(start)
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.025, momentum=0.9),
+                                    backward_passes_per_step=2)
+    for b in range(4):                       # 2 updates of global batches 0 and 1
+        rows = idx[b * len(idx) // 4:(b + 1) * len(idx) // 4]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((eager(X[rows]) - y[rows]) ** 2)
+        opt.apply(tape.gradient(loss, eager.trainable_variables), eager.trainable_variables)
+    ref2 = _model(0)
+    ref2.set_weights(start)
+    ref2.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    ref2.fit(X, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(eager.get_weights(), ref2.get_weights()):
+        close("eager apply, backward_passes_per_step=2", a, b, 1e-5)
+    try:
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=0)
+    except ValueError as exc:
+        assert "backward_passes_per_step" in str(exc), exc
+    else:
+        raise AssertionError("backward_passes_per_step=0 did not raise")
+
+
 def check_keras_lr_callbacks():
     n = hvd.size()
     X, y = _data(16)
@@ -542,7 +589,8 @@ CASES = {
     "reducescatter": check_reducescatter, "misc": check_misc,
     "process_set": check_process_set, "indexed_slices": check_indexed_slices,
     "gradients": check_gradients, "gradient_tape_training": check_gradient_tape_training,
-    "keras_fit": check_keras_fit, "keras_lr_callbacks": check_keras_lr_callbacks,
+    "keras_fit": check_keras_fit, "keras_backward_passes": check_keras_backward_passes,
+    "keras_lr_callbacks": check_keras_lr_callbacks,
     "elastic_state": check_elastic_state, "signatures": check_signatures,
     "no_torch": check_no_torch,
 }
