@@ -24,6 +24,7 @@ module only does what is TensorFlow's own:
   set's size for Sum, and the pre/post factors).
 """
 
+import re
 import warnings
 from typing import List
 
@@ -121,11 +122,20 @@ def _run(fn, inputs, touts):
     return list(tf.py_function(fn, list(inputs), list(touts)))
 
 
+#: the process-wide counter TensorFlow appends to a control-flow branch's graph name
+#: (``cond_true_5120``, ``while_body_77``): it differs between ranks whose earlier code
+#: differed, so it is left out of op names
+_BRANCH_UID = re.compile(r"_(true|false|body|cond)_\d+$")
+
+
 def _graph_name(kind: str, t) -> str:
     """``<kind>.<graph>/<input tensor>``, made unique in the graph (several collectives may
-    read one tensor) by the graph's own deterministic numbering."""
+    read one tensor) by the graph's own deterministic numbering.  A ``tf.cond`` /
+    ``tf.while_loop`` branch is named without TensorFlow's process-wide counter; the name
+    scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart."""
     graph = tf.compat.v1.get_default_graph()
-    return graph.unique_name(f"{kind}.{getattr(graph, 'name', 'graph')}/{t.name}")
+    label = _BRANCH_UID.sub(r"_\1", getattr(graph, "name", "graph"))
+    return graph.unique_name(f"{kind}.{label}/{t.name}")
 
 
 def _name(kind: str, name, t):

@@ -9,6 +9,7 @@ these run in the project's one environment.  The TF suite is one launch of
 import importlib.util
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,8 @@ from hvdlite.runner.mpi_run import find_mpiexec
 from tests.tf_integration.test_tensorflow import CASES
 from tests.torch_integration.conftest import REPO, CaseResults, launch
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+# a Path: launch() names the script (``.name``) when it times out
+HERE = Path(__file__).resolve().parent / "workers"
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
@@ -29,7 +31,7 @@ needs_mpi = pytest.mark.skipif(find_mpiexec() is None or
 
 @pytest.fixture(scope="module")
 def results():
-    rc, out = launch(os.path.join(HERE, "tf_worker.py"), args=["--no-torch"], np=2,
+    rc, out = launch(HERE / "tf_worker.py", args=["--no-torch"], np=2,
                      timeout_s=280, env=ENV, launcher_args=["--mpi"])
     return CaseResults(rc, out, np=2)
 
@@ -55,7 +57,7 @@ def test_one_process_without_torch():
     """No launcher: the local backend on numpy buffers."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "one_process_without_torch.py")],
+    proc = subprocess.run([sys.executable, str(HERE / "one_process_without_torch.py")],
                           cwd=str(REPO), capture_output=True, text=True, timeout=110,
                           env=dict(os.environ, **ENV))
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-4000:]
@@ -64,7 +66,7 @@ def test_one_process_without_torch():
 @pytest.mark.timeout(60)
 def test_gloo_without_torch_fails_at_once_with_one_clear_line():
     start = time.monotonic()
-    rc, out = launch(os.path.join(HERE, "gloo_without_torch.py"), np=2, timeout_s=50, env=ENV)
+    rc, out = launch(HERE / "gloo_without_torch.py", np=2, timeout_s=50, env=ENV)
     took = time.monotonic() - start
     assert rc != 0, out[-3000:]
     assert "init returned" not in out, out[-3000:]

@@ -446,6 +446,9 @@ def check_keras_backward_passes():
     # global batch b (rows 8b..8b+8): rank r holds its half, fed as 2 passes of 8/(2n) rows
     idx = np.concatenate([np.arange(8 * b + 8 * r // n, 8 * b + 8 * (r + 1) // n)
                           for b in range(2)])
+    if r == 1:     # advance TensorFlow's branch-graph counter on one rank only: the
+        # reduction inside the optimizer's tf.cond must still get the same name on every rank
+        tf.function(lambda: tf.cond(tf.constant(True), lambda: 1, lambda: 2))()
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
                                     backward_passes_per_step=2,
                                     average_aggregated_gradients=True)
