@@ -150,6 +150,27 @@ def test_common_imports_no_launcher_or_framework_binding(graph):
     assert not bad, "hvdlite.common imports a layer above it:\n" + _edges(bad)
 
 
+#: the only modules of hvdlite.common that import torch when they are imported: Gloo is
+#: torch.distributed's transport (basics refuses it first when torch is missing)
+_TORCH_AT_IMPORT = ("hvdlite.common.backend.gloo",)
+
+
+def test_common_and_tensorflow_run_without_torch(graph):
+    """A TensorFlow job under MPI must not need torch: hvdlite.common imports torch only
+    lazily (through common/arrays.py, which falls back to numpy) except in the Gloo
+    backend, and hvdlite.tensorflow never imports it, nor does common import TensorFlow."""
+    torch = ("torch",)
+    bad = [(m, i) for m, imps in graph.items() for i in imps
+           if _within(i.target, torch) and (
+               (_within(m, ["hvdlite.common"]) and not i.in_function
+                and m not in _TORCH_AT_IMPORT)
+               or _within(m, ["hvdlite.tensorflow"]))]
+    bad += [(m, i) for m, imps in graph.items() if _within(m, ["hvdlite.common"])
+            for i in imps if _within(i.target, ("tensorflow", "keras"))]
+    assert not bad, "an import that needs torch (or TensorFlow) where it must not:\n" + \
+        _edges(bad)
+
+
 def test_launcher_imports_no_framework(graph):
     bad = [(m, i) for m, imps in graph.items() if _within(m, ["hvdlite.runner"])
            for i in imps if _within(i.target, _FRAMEWORKS)]

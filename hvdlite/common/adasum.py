@@ -31,7 +31,7 @@ norms are always summed in float64.
 import bisect
 from typing import List, Optional, Sequence, Tuple
 
-from hvdlite.common.fusion import dtype_name, lazy_torch
+from hvdlite.common import arrays
 
 #: storage dtype -> the dtype pieces are combined in
 _COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
@@ -67,8 +67,9 @@ def check(size: int, dtype: str, name: str) -> None:
 def allreduce_(backend, buffer, counts: Sequence[int], name: str = "adasum") -> None:
     """Replace flat ``buffer`` by the Adasum of every rank's ``buffer``, tensor by tensor.
 
-    ``buffer`` is a contiguous 1-D CPU tensor holding tensors of ``counts`` elements back to
-    back; every rank passes the same ``counts``.  ``name`` only labels errors.
+    ``buffer`` is a contiguous 1-D CPU buffer (either array kind) holding tensors of
+    ``counts`` elements back to back; every rank passes the same ``counts``.  ``name``
+    only labels errors.
 
     Raises:
         TypeError: ``buffer`` is not floating.
@@ -76,17 +77,20 @@ def allreduce_(backend, buffer, counts: Sequence[int], name: str = "adasum") -> 
         HvdliteInternalError: the backend failed (a peer died or timed out).
     """
     size, rank = backend.size, backend.rank
-    check(size, dtype_name(buffer.dtype), name)
+    k = arrays.kind()
+    dtype = k.dtype_name(buffer)
+    check(size, dtype, name)
     if size == 1:
         return
     offsets = [0]
     for c in counts:
         offsets.append(offsets[-1] + c)
-    if offsets[-1] != buffer.numel():
+    total = k.numel(buffer)
+    if offsets[-1] != total:
         raise ValueError(f"Adasum of {name!r}: counts {list(counts)} do not add up to the "
-                         f"buffer's {buffer.numel()} elements")
-    scratch = lazy_torch().empty((buffer.numel() + 1) // 2, dtype=buffer.dtype)
-    lo, n = 0, buffer.numel()            # the region of the buffer this rank holds
+                         f"buffer's {total} elements")
+    scratch = k.empty((total + 1) // 2, dtype)
+    lo, n = 0, total            # the region of the buffer this rank holds
     held: List[Tuple[int, int, bool]] = []   # the region before each level, and the side
     level = 1
     while level < size:
@@ -130,25 +134,28 @@ def _segments(offsets: List[int], lo: int, n: int) -> List[Tuple[int, int, int]]
 def _combine(backend, mine, theirs, segments, tensors: int, left: bool, block: int) -> None:
     """``mine`` := adasum(mine, theirs), with each tensor's dot product and norms summed over
     the ``block`` ranks that hold the pieces of the two operands."""
-    torch = lazy_torch()
-    compute = getattr(torch, _COMPUTE[dtype_name(mine.dtype)])
-    a = mine if mine.dtype == compute else mine.to(compute)
-    b = theirs if theirs.dtype == compute else theirs.to(compute)
-    a64, b64 = a.double(), b.double()
+    k = arrays.kind()
+    stored = k.dtype_name(mine)
+    compute = _COMPUTE[stored]
+    a = mine if stored == compute else k.astype(mine, compute)
+    b = theirs if stored == compute else k.astype(theirs, compute)
+    a64 = a if compute == "float64" else k.astype(a, "float64")
+    b64 = b if compute == "float64" else k.astype(b, "float64")
     # per tensor: [a.b, |left operand|^2, |right operand|^2], so partial sums line up
-    stats = torch.zeros(tensors, 3, dtype=torch.float64)
+    stats = k.zeros((tensors, 3), "float64")
     na, nb = (1, 2) if left else (2, 1)
     for i, start, count in segments:
         x, y = a64[start:start + count], b64[start:start + count]
         row = stats[i]
-        row[0] = torch.dot(x, y)
-        row[na] = torch.dot(x, x)
-        row[nb] = torch.dot(y, y)
-    backend.block_allreduce_(stats.view(-1), block)
-    dot, norm_a, norm_b = stats[:, 0], stats[:, na], stats[:, nb]
-    coeff_a = torch.where(norm_a > 0, 1.0 - dot / (2.0 * norm_a), 1.0).tolist()
-    coeff_b = torch.where(norm_b > 0, 1.0 - dot / (2.0 * norm_b), 1.0).tolist()
+        row[0] = k.dot(x, y)
+        row[na] = k.dot(x, x)
+        row[nb] = k.dot(y, y)
+    backend.block_allreduce_(k.flat(stats), block)
+    # a few numbers per tensor: plain float64 arithmetic, the same bits in either kind
+    rows = stats.tolist()
+    coeff_a = [1.0 - r[0] / (2.0 * r[na]) if r[na] > 0 else 1.0 for r in rows]
+    coeff_b = [1.0 - r[0] / (2.0 * r[nb]) if r[nb] > 0 else 1.0 for r in rows]
     for i, start, count in segments:
-        a[start:start + count].mul_(coeff_a[i]).add_(b[start:start + count], alpha=coeff_b[i])
+        k.axpby_(a[start:start + count], coeff_a[i], b[start:start + count], coeff_b[i])
     if a is not mine:
-        mine.copy_(a)
+        k.copy_(mine, a)

@@ -19,11 +19,12 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import observers
+from hvdlite.common import arrays, observers
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
-from hvdlite.common.exceptions import HvdliteInternalError, HvdliteNotInitializedError
+from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
+                                       HvdliteNotInitializedError)
 from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.runtime import Runtime
 
@@ -83,9 +84,25 @@ def _make_backend(config: Config, comm=None):
                          f"{choice!r} (start it with hvdlite-run --mpi or mpiexec; under Gloo "
                          f"use process sets for subsets of ranks)")
     if choice == "gloo" and (config.size > 1 or config.rendezvous_addr is not None):
+        _require_torch_for_gloo(config)
         from hvdlite.common.backend.gloo import GlooBackend
         return GlooBackend(config, _STATE.last_round)
     return LocalBackend(config)
+
+
+def _require_torch_for_gloo(config: Config) -> None:
+    """Refuse Gloo at once, on every rank alike, when torch is missing: the transport is
+    torch.distributed's, so the job could only fail later (or hang on a peer that has it).
+
+    Raises:
+        HvdliteConfigError: torch cannot be imported.
+    """
+    if arrays.have_torch():
+        return
+    raise HvdliteConfigError(
+        f"rank {config.rank}: the Gloo transport comes from torch.distributed, and torch is "
+        f"not installed here; install torch (pip install torch), or run the job on MPI "
+        f"(hvdlite-run --mpi ..., or mpiexec)")
 
 
 def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) -> None:

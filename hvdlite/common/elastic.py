@@ -22,10 +22,9 @@ import functools
 import logging
 from typing import Any, Callable, Dict, List
 
-from hvdlite.common import basics, ops
+from hvdlite.common import arrays, basics, ops
 from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteInternalError,
                                        HvdliteRemovedError)
-from hvdlite.common.fusion import lazy_torch
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ class State:
             return
         mine = basics.rendezvous_round()
         asked = basics.newest_rendezvous_round() if basics.rank() == 0 else mine
-        buf = lazy_torch().tensor([asked], dtype=lazy_torch().int64)
+        buf = arrays.kind().tensor([asked], "int64")
         ops.synchronize(ops.allreduce_one(buf, buf, "elastic.check_host_updates", ops.Max))
         newest = int(buf.item())
         if newest > mine:

@@ -8,9 +8,9 @@ entry; a name without an entry is one this rank contributes a neutral value to
 import time
 from typing import Callable, Dict, List, Optional
 
-from hvdlite.common import adasum, fusion
+from hvdlite.common import adasum, arrays, fusion
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
-from hvdlite.common.fusion import itemsize, lazy_torch, numel
+from hvdlite.common.fusion import itemsize, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
@@ -38,6 +38,9 @@ class Executor:
     pipelining granularity of packed allreduces (``fusion_chunk_bytes``) and the size from
     which a fused tensor is reduced where it lies (``inplace_threshold_bytes``; 0: always
     packed).  ``recorder`` (None: off) receives the copy and collective spans.
+
+    Buffers are the process's array kind (:mod:`hvdlite.common.arrays`); its functions are
+    bound here once, so the per-tensor loops pay no lookup.
     """
 
     def __init__(self, backend, buffers: fusion.FusionBuffers, params: Parameters,
@@ -48,6 +51,9 @@ class Executor:
         self.rank = backend.rank
         self.size = backend.size
         self._rec = recorder
+        k = self._kind = buffers._kind if hasattr(buffers, "_kind") else arrays.kind()
+        self._flat, self._copy, self._clone = k.flat, k.copy_, k.clone
+        self._pack, self._unpack, self._scale = k.pack, k.unpack, k.scale_
 
     def _span(self, phase: str, group, start: float, chunk: int = 0) -> float:
         """Report ``group``'s names in ``phase`` from ``start`` until now; returns now."""
@@ -57,7 +63,7 @@ class Executor:
 
     def enter_thread(self) -> None:
         """Set up the background thread: its copies and reductions are never autograd ops."""
-        lazy_torch().set_grad_enabled(False)
+        self._kind.enter_thread()
 
     def run(self, group: List[Response], entries: Dict[str, object],
             complete: Callable, fail: Callable) -> None:
@@ -102,21 +108,20 @@ class Executor:
         return factor
 
     def _reduce(self, buf, resp: Response) -> None:
-        fusion.scale_(buf, resp.prescale)
+        self._scale(buf, resp.prescale)
         op = resp.reduce_op
         self.backend.allreduce_(buf, ReduceOp.SUM if op == ReduceOp.AVERAGE else ReduceOp(op))
-        fusion.scale_(buf, self._post_factor(resp))
+        self._scale(buf, self._post_factor(resp))
 
-    @staticmethod
-    def _target(resp: Response, entry):
+    def _target(self, resp: Response, entry):
         """The flat tensor this rank reduces for ``resp``: its output holding its input, or
         a neutral stand-in (result discarded) when this rank has joined."""
         if entry is None:
-            return lazy_torch().full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
-                                     dtype=fusion.dtype_of(resp.dtype))
+            return self._kind.full(resp.numel, fusion.neutral(resp.dtype, resp.reduce_op),
+                                   resp.dtype)
         if entry.output is not entry.tensor:
-            entry.output.copy_(entry.tensor)
-        return entry.output.view(-1)
+            self._copy(entry.output, entry.tensor)
+        return self._flat(entry.output)
 
     def _allreduce(self, group, entries, complete) -> None:
         first = group[0]
@@ -146,7 +151,7 @@ class Executor:
                     continue
                 entry = entries.get(resp.name)
                 flat = self._target(resp, entry)
-                fusion.scale_(flat, first.prescale)
+                self._scale(flat, first.prescale)
                 in_flight_direct.append((self.backend.allreduce_async_(flat, op), flat, entry,
                                          resp))
             group = packed
@@ -156,28 +161,28 @@ class Executor:
             work.wait()
             if rec is not None:
                 self._span(COLLECTIVE, [resp], start)
-            fusion.scale_(flat, post)
+            self._scale(flat, post)
             if entry is not None:
                 complete(entry, entry.output)
 
     def _allreduce_packed(self, group, entries, complete, op, post) -> None:
-        torch = lazy_torch()
         first = group[0]
         sizes = [r.numel for r in group]
+        flat_of = self._flat
         buf = self.buffers.get(first.dtype, sum(sizes))
         flats, out_flats, done = [], [], []
         for resp in group:
             entry = entries.get(resp.name)
             if entry is None:           # joined: contribute a neutral value, discard the result
-                flat = torch.full((resp.numel,), fusion.neutral(resp.dtype, resp.reduce_op),
-                                  dtype=fusion.dtype_of(resp.dtype))
+                flat = self._kind.full(resp.numel, fusion.neutral(resp.dtype, resp.reduce_op),
+                                       resp.dtype)
                 flats.append(flat)
                 out_flats.append(flat)
                 done.append(None)
             else:
-                flat = entry.tensor.view(-1)
+                flat = flat_of(entry.tensor)
                 flats.append(flat)
-                out_flats.append(flat if entry.output is entry.tensor else entry.output.view(-1))
+                out_flats.append(flat if entry.output is entry.tensor else flat_of(entry.output))
                 done.append(entry)
         # Pipeline: pack chunk k+1 while chunk k is on the wire, unpack chunk k while
         # chunk k+1 is; each chunk's handles complete as soon as its data is back.
@@ -186,6 +191,7 @@ class Executor:
         chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // \
             itemsize(first.dtype)
         dtype = buf.dtype
+        pack, scale = self._pack, self._scale
         for chunk, (lo, hi, off, count) in enumerate(_chunks(sizes, chunk_elems)):
             staged = self.backend.stage(dtype, count)
             if staged is not None:
@@ -194,8 +200,8 @@ class Executor:
                 continue
             region = buf[off:off + count]
             start = time.monotonic() if rec is not None else 0.0
-            fusion.pack(flats[lo:hi], region)
-            fusion.scale_(region, first.prescale)
+            pack(flats[lo:hi], region)
+            scale(region, first.prescale)
             if rec is not None:
                 start = self._span(COPY_IN, group[lo:hi], start, chunk)
             in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi, chunk,
@@ -212,14 +218,14 @@ class Executor:
         and unpacked straight from where the result lies: two copies fewer."""
         rec = self._rec
         start = time.monotonic() if rec is not None else 0.0
-        fusion.pack(flats[lo:hi], staged)
-        fusion.scale_(staged, group[0].prescale)
+        self._pack(flats[lo:hi], staged)
+        self._scale(staged, group[0].prescale)
         if rec is not None:
             start = self._span(COPY_IN, group[lo:hi], start, chunk)
         result = self.backend.allreduce_staged_(staged, op, post)
         if rec is not None:
             start = self._span(COLLECTIVE, group[lo:hi], start, chunk)
-        fusion.unpack(result, out_flats[lo:hi], sizes[lo:hi])
+        self._unpack(result, out_flats[lo:hi], sizes[lo:hi])
         if rec is not None:
             self._span(COPY_OUT, group[lo:hi], start, chunk)
         for e in done[lo:hi]:
@@ -231,8 +237,8 @@ class Executor:
         work.wait()
         if self._rec is not None:
             start = self._span(COLLECTIVE, group[lo:hi], start, chunk)
-        fusion.scale_(region, post)
-        fusion.unpack(region, out_flats[lo:hi], sizes[lo:hi])
+        self._scale(region, post)
+        self._unpack(region, out_flats[lo:hi], sizes[lo:hi])
         if self._rec is not None:
             self._span(COPY_OUT, group[lo:hi], start, chunk)
         for e in done[lo:hi]:
@@ -265,19 +271,19 @@ class Executor:
             for resp in group:
                 entry = entries.get(resp.name)
                 if entry is None:     # joined: a zero vector, which Adasum leaves out
-                    flat = lazy_torch().zeros(resp.numel, dtype=fusion.dtype_of(resp.dtype))
+                    flat = self._kind.zeros(resp.numel, resp.dtype)
                     flats.append(flat)
                     outs.append(flat)
                 else:
-                    flats.append(entry.tensor.view(-1))
-                    outs.append(entry.output.view(-1))
+                    flats.append(self._flat(entry.tensor))
+                    outs.append(self._flat(entry.output))
                 done.append(entry)
-            fusion.pack(flats, buf)
-        fusion.scale_(buf, first.prescale)
+            self._pack(flats, buf)
+        self._scale(buf, first.prescale)
         adasum.allreduce_(self.backend, buf, sizes, first.name)
-        fusion.scale_(buf, first.postscale)
+        self._scale(buf, first.postscale)
         if outs:
-            fusion.unpack(buf, outs, sizes)
+            self._unpack(buf, outs, sizes)
         if self._rec is not None:
             self._span(COLLECTIVE, group, start)
         for entry in done:
@@ -286,27 +292,26 @@ class Executor:
 
     # -- allgather ------------------------------------------------------------------------
     def _allgather(self, group, entries, complete) -> None:
-        torch = lazy_torch()
+        k = self._kind
         row_bytes = [numel(r.shape[1:]) * itemsize(r.dtype) for r in group]
         counts = [sum(r.first_dims[rank] * rb for r, rb in zip(group, row_bytes))
                   for rank in range(self.size)]
         pieces = []
         for resp in group:
             entry = entries.get(resp.name)
-            if entry is not None and entry.tensor.numel():
-                pieces.append(entry.tensor.reshape(-1).view(torch.uint8))
+            if entry is not None and k.numel(entry.tensor):
+                pieces.append(k.as_bytes(entry.tensor))
         if len(pieces) == 1:
             send = pieces[0]
         elif pieces:
-            send = torch.cat(pieces)
+            send = k.cat(pieces)
         else:
-            send = torch.empty(0, dtype=torch.uint8)
+            send = k.empty(0, "uint8")
         chunks = self.backend.allgather_bytes(send, counts)
         offsets = [0] * self.size
         for resp, rb in zip(group, row_bytes):
             entry = entries.get(resp.name)
             total_rows = sum(resp.first_dims)
-            dtype = fusion.dtype_of(resp.dtype)
             parts = []
             for rank in range(self.size):
                 n = resp.first_dims[rank] * rb
@@ -314,24 +319,24 @@ class Executor:
                 offsets[rank] += n
             if entry is None:
                 continue
-            flat = parts[0] if self.size == 1 else torch.cat(parts)
-            out = flat.view(dtype).reshape((total_rows,) + tuple(resp.shape[1:]))
-            complete(entry, out.clone() if self.size == 1 else out)
+            flat = parts[0] if self.size == 1 else k.cat(parts)
+            out = k.view_as(flat, resp.dtype).reshape((total_rows,) + tuple(resp.shape[1:]))
+            complete(entry, k.clone(out) if self.size == 1 else out)
 
     # -- broadcast ------------------------------------------------------------------------
     def _broadcast(self, group, entries, complete) -> None:
-        torch = lazy_torch()
+        k = self._kind
         root = group[0].root
         if len(group) == 1:
             resp = group[0]
             entry = entries.get(resp.name)
             if entry is None:
-                scratch = torch.empty(resp.shape, dtype=fusion.dtype_of(resp.dtype))
+                scratch = k.empty(tuple(resp.shape), resp.dtype)
                 self.backend.broadcast_(scratch, root)
                 return
             out = entry.output
             if out is not entry.tensor and self.rank == root:
-                out.copy_(entry.tensor)
+                k.copy_(out, entry.tensor)
             self.backend.broadcast_(out, root)
             complete(entry, out)
             return
@@ -339,43 +344,41 @@ class Executor:
         buf = self.buffers.get("uint8", sum(sizes))
         present = [entries.get(r.name) for r in group]
         if self.rank == root:
-            fusion.pack([e.tensor.reshape(-1).view(torch.uint8) for e in present], buf)
+            k.pack([k.as_bytes(e.tensor) for e in present], buf)
         self.backend.broadcast_(buf, root)
         offset = 0
         for entry, n in zip(present, sizes):
             if entry is not None:
                 if self.rank != root or entry.output is not entry.tensor:
-                    entry.output.reshape(-1).view(torch.uint8).copy_(buf[offset:offset + n])
+                    k.copy_(k.as_bytes(entry.output), buf[offset:offset + n])
                 complete(entry, entry.output)
             offset += n
 
     # -- alltoall / reducescatter -----------------------------------------------------------
     def _alltoall(self, resp, entry, complete) -> None:
-        torch = lazy_torch()
+        k = self._kind
         rb = numel(resp.shape[1:]) * itemsize(resp.dtype)
         send_rows = resp.splits[self.rank]
         recv_rows = [resp.splits[r][self.rank] for r in range(self.size)]
         if entry is None:            # joined: send nothing, take in (and drop) what comes
-            send = torch.empty(0, dtype=torch.uint8)
+            send = k.empty(0, "uint8")
         else:
-            send = entry.tensor.reshape(-1).view(torch.uint8)
+            send = k.as_bytes(entry.tensor)
         out = self.backend.alltoall_bytes(send, [n * rb for n in send_rows],
                                           [n * rb for n in recv_rows])
         if entry is None:
             return
-        result = out.view(fusion.dtype_of(resp.dtype)).reshape(
-            (sum(recv_rows),) + tuple(resp.shape[1:]))
-        complete(entry, (result, torch.tensor(recv_rows, dtype=torch.int32)))
+        result = k.view_as(out, resp.dtype).reshape((sum(recv_rows),) + tuple(resp.shape[1:]))
+        complete(entry, (result, k.tensor(recv_rows, "int32")))
 
     def _reducescatter(self, resp, entry, complete) -> None:
         if entry is None:            # joined: contribute zeros, drop this rank's slice
-            self._reduce(lazy_torch().zeros(resp.numel, dtype=fusion.dtype_of(resp.dtype)),
-                         resp)
+            self._reduce(self._kind.zeros(resp.numel, resp.dtype), resp)
             return
-        full = entry.tensor.clone()
-        self._reduce(full.view(-1), resp)
+        full = self._clone(entry.tensor)
+        self._reduce(self._flat(full), resp)
         rows = resp.shape[0] if resp.shape else 1
         base, extra = divmod(rows, self.size)
         start = self.rank * base + min(self.rank, extra)
         count = base + (1 if self.rank < extra else 0)
-        complete(entry, full[start:start + count].clone())
+        complete(entry, self._clone(full[start:start + count]))

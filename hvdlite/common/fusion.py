@@ -2,17 +2,23 @@
 
 Buffers are kept per dtype and reused across cycles (grown, never shrunk
 below the largest group seen), so a steady-state step allocates nothing.
-Packing is one ``torch.cat(out=...)`` and unpacking one ``_foreach_copy_``.
-torch is imported lazily: ``common`` stays importable without it.
+Packing, unpacking and scaling are the array kind's (:mod:`hvdlite.common.arrays`: torch,
+or numpy in a job without torch); these functions are kept for callers outside the hot
+path, which binds the kind's functions once.
 """
 
 from typing import Dict, List, Sequence
+
+import numpy as np
+
+from hvdlite.common import arrays
 
 _torch = None
 
 
 def lazy_torch():
-    """torch, imported on first use so that ``common`` imports without it."""
+    """torch, imported on first use (Gloo's shared-memory path); the runtime itself asks
+    :func:`hvdlite.common.arrays.kind` instead, which works without torch."""
     global _torch
     if _torch is None:
         import torch
@@ -29,6 +35,7 @@ def dtype_name(dtype) -> str:
 
 
 def dtype_of(name: str):
+    """torch's dtype of a wire name (torch jobs only)."""
     return getattr(lazy_torch(), name)
 
 
@@ -50,56 +57,43 @@ def numel(shape: Sequence[int]) -> int:
 class FusionBuffers:
     """One growable flat buffer per dtype, owned by the background thread."""
 
-    def __init__(self):
+    def __init__(self, kind: arrays.ArrayKind = None):
+        self._kind = kind or arrays.kind()
         self._buffers: Dict[str, object] = {}
 
     def get(self, dtype: str, count: int):
         buf = self._buffers.get(dtype)
-        if buf is None or buf.numel() < count:
-            buf = lazy_torch().empty(count, dtype=dtype_of(dtype))
+        if buf is None or self._kind.numel(buf) < count:
+            buf = self._kind.empty(count, dtype)
             self._buffers[dtype] = buf
         return buf[:count]
 
 
 def pack(flats: List, out) -> None:
-    lazy_torch().cat(flats, out=out)
+    arrays.kind().pack(flats, out)
 
 
 def unpack(buffer, flat_outputs: List, sizes: List[int]) -> None:
     """Copy consecutive pieces of ``buffer`` (``sizes`` elements each) into flat outputs."""
-    # split_with_sizes, not Tensor.split: the Python wrapper of the latter costs ~5x more
-    # with a thousand sizes
-    lazy_torch()._foreach_copy_(flat_outputs, list(buffer.split_with_sizes(sizes)))
+    arrays.kind().unpack(buffer, flat_outputs, sizes)
 
 
 def scale_(tensor, factor: float) -> None:
-    """Multiply in place, as Horovod scales: integers in float64, truncated toward zero when
-    cast back; 16-bit floats in float32 (CPU half arithmetic loses more)."""
-    if factor == 1.0:
-        return
-    dtype = tensor.dtype
-    torch = lazy_torch()
-    if dtype in (torch.float16, torch.bfloat16):
-        tensor.copy_(tensor.float().mul_(factor))
-    elif tensor.is_floating_point():
-        tensor.mul_(factor)
-    else:
-        tensor.copy_(tensor.double().mul_(factor).trunc_())
+    """Multiply in place, as Horovod scales (see :meth:`arrays.ArrayKind.scale_`)."""
+    arrays.kind().scale_(tensor, factor)
 
 
 def neutral(dtype: str, reduce_op: int):
     """The value a joined rank contributes so it does not change the reduction."""
     from hvdlite.common.message import ReduceOp
-    torch = lazy_torch()
-    dt = dtype_of(dtype)
     if reduce_op == ReduceOp.PRODUCT:
         return 1
     if reduce_op in (ReduceOp.MIN, ReduceOp.MAX):
         high = reduce_op == ReduceOp.MIN
-        if dt == torch.bool:
+        if dtype == "bool":
             return high
-        if dt.is_floating_point:
+        if dtype.startswith(("float", "bfloat")):
             return float("inf") if high else float("-inf")
-        info = torch.iinfo(dt)
-        return info.max if high else info.min
+        info = np.iinfo(dtype)
+        return int(info.max) if high else int(info.min)
     return 0

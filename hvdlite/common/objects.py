@@ -17,10 +17,9 @@ from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
-from hvdlite.common import basics, ops, process_sets
+from hvdlite.common import arrays, basics, ops, process_sets
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteSerializationError
-from hvdlite.common.fusion import lazy_torch
 from hvdlite.common.process_sets import global_process_set
 
 _MAC_BYTES = 32
@@ -79,9 +78,7 @@ def _verify(blob: bytes, what: str, sender: int) -> bytes:
 
 
 def _bytes_to_buffer(data: bytes):
-    torch = lazy_torch()
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
-        torch.empty(0, dtype=torch.uint8)
+    return arrays.kind().from_bytes(data)
 
 
 def _dumps(obj: Any) -> Tuple[bytes, Optional[BaseException]]:
@@ -109,17 +106,17 @@ def _broadcast_bytes(data: Optional[bytes], failed: bool, root_rank: int, name: 
                      process_set) -> Tuple[bytes, bool]:
     """Send ``data`` (given on the root only) to every rank; a negative length tells the
     others that ``data`` is the root's error text instead of a payload."""
-    torch = lazy_torch()
+    k = arrays.kind()
     is_root = basics.rank() == root_rank
     n = len(data) if is_root else 0
-    length = torch.tensor([-n - 1 if is_root and failed else n], dtype=torch.int64)
+    length = k.tensor([-n - 1 if is_root and failed else n], "int64")
     _broadcast_(length, root_rank, name + ".len", process_set)
     code = int(length.item())
     n = -code - 1 if code < 0 else code
-    buf = _bytes_to_buffer(data) if is_root else torch.empty(n, dtype=torch.uint8)
+    buf = _bytes_to_buffer(data) if is_root else k.empty(n, "uint8")
     if n:
         _broadcast_(buf, root_rank, name + ".data", process_set)
-    return buf.numpy().tobytes(), code < 0
+    return k.to_numpy(buf).tobytes(), code < 0
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
@@ -157,7 +154,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
         HvdliteSerializationError: on every rank, when some rank cannot pickle its object.
         HvdliteAuthError: a payload failed verification, or the job has no key.
     """
-    torch = lazy_torch()
+    k = arrays.kind()
     require_key("allgather_object")
     name = name or "allgather_object"
     mine, error = _dumps(obj)
@@ -165,11 +162,11 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     job = list(range(basics.size())) if process_sets.is_global(process_set) \
         else process_set.ranks
     sizes = ops.synchronize(ops.allgather_async(
-        [torch.tensor([-len(mine) - 1 if error else len(mine)], dtype=torch.int64)],
+        [k.tensor([-len(mine) - 1 if error else len(mine)], "int64")],
         name + ".sizes", False, process_set))
     data = ops.synchronize(ops.allgather_async([_bytes_to_buffer(mine)], name + ".data",
                                                False, process_set))
-    raw = data.numpy().tobytes()
+    raw = k.to_numpy(data).tobytes()
     out, offset, bad, messages = [], 0, [], []
     for sender, code in enumerate(sizes.tolist()):
         n = -code - 1 if code < 0 else code

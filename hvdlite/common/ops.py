@@ -1,9 +1,9 @@
 """The op layer every framework adapts: names, requests, validation, handles, synchronize, join.
 
-A framework adapter (``hvdlite.torch``, later ``hvdlite.tensorflow``) turns its
+A framework adapter (``hvdlite.torch``, ``hvdlite.tensorflow``) turns its
 tensors into *buffers* at the edge and calls the functions here.  A buffer is a
-contiguous CPU ``torch.Tensor`` (torch serves as the runtime's array type; a
-TensorFlow adapter wraps its numpy views with ``torch.from_numpy``): the op layer
+contiguous CPU array of the process's array kind (:mod:`hvdlite.common.arrays`: a
+``torch.Tensor`` whenever torch is installed, else a numpy array): the op layer
 reads its ``dtype``, ``shape`` and data, and the background thread writes results
 into the output buffers the adapter allocated (allreduce, broadcast) or returns
 new buffers (allgather, alltoall, reducescatter).  Each ``*_async`` function is
@@ -19,13 +19,12 @@ import json
 import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
-from hvdlite.common import basics
+from hvdlite.common import arrays, basics
 from hvdlite.common import process_sets as _sets
 from hvdlite.common.basics import _STATE       # read on the hot path without a call
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.fusion import lazy_torch
 from hvdlite.common.process_sets import ProcessSet, global_process_set  # noqa: F401
 from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.fusion import DTYPE_NAMES, dtype_name
@@ -165,7 +164,7 @@ def check_root(root_rank, name: str, runtime=None) -> int:
 
 
 def _check_has_rows(buf, name: str, op: OpType) -> None:
-    if buf.dim() == 0:
+    if len(buf.shape) == 0:
         raise ValueError(f"{op.name.lower()} of tensor {name!r}: a scalar has no first "
                          f"dimension to split or concatenate; reshape it to [1]")
 
@@ -387,17 +386,17 @@ def _agree(kind: str, sets: Sequence[ProcessSet]) -> List[List[int]]:
     Raises:
         ValueError: the ranks asked for different changes, or a set's ranks are not valid.
     """
-    torch = lazy_torch()
+    k = arrays.kind()
     me, n = basics.rank(), basics.size()
     mine = {"kind": kind, "sets": [_set_ranks_seen_here(ps) for ps in sets]}
     blob = json.dumps(mine).encode()
-    lens = synchronize(allgather_async([torch.tensor([len(blob)], dtype=torch.int64)],
-                                       _AGREE_NAME + ".len", False))
-    width = int(lens.max())
-    row = torch.zeros((1, width), dtype=torch.uint8)
-    row[0, :len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    lens = synchronize(allgather_async([k.tensor([len(blob)], "int64")],
+                                       _AGREE_NAME + ".len", False)).tolist()
+    width = max(lens)
+    row = k.zeros((1, width), "uint8")
+    row[0, :len(blob)] = k.from_bytes(blob)
     rows = synchronize(allgather_async([row], _AGREE_NAME + ".data", False))
-    asked = [json.loads(rows[r, :int(lens[r])].numpy().tobytes()) for r in range(n)]
+    asked = [json.loads(k.to_numpy(rows[r, :lens[r]]).tobytes()) for r in range(n)]
     shapes = {(a["kind"], len(a["sets"])) for a in asked}
     if len(shapes) > 1:
         said = "; ".join(f"rank {r}: {a['kind']} {len(a['sets'])} set(s)"

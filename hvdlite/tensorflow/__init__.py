@@ -1,8 +1,10 @@
 """hvdlite for TensorFlow 2: the horovod.tensorflow API (``import hvdlite.tensorflow as hvd``).
 
 It runs on the same runtime as ``hvdlite.torch`` (background thread, negotiation, fusion,
-process sets); the Gloo transport and the runtime's buffers come from torch, which must be
-installed beside TensorFlow.  A process uses one framework at a time.
+process sets).  torch is optional: with it, the runtime's buffers are torch tensors and
+Gloo (torch.distributed's transport) is available; without it, run on MPI
+(``hvdlite-run --mpi``) and the buffers are numpy arrays.  A process uses one framework at a
+time.
 """
 
 from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteError,  # noqa: F401

@@ -7,9 +7,8 @@ in a multi-rank job without one), with Horovod's TensorFlow signatures.
 from typing import Any, List, Optional
 
 import tensorflow as tf
-import torch
 
-from hvdlite.common import basics, objects, ops
+from hvdlite.common import arrays, basics, objects, ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import mpi_ops
 
@@ -37,7 +36,7 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
         value = mpi_ops._check(v.read_value() if hasattr(v, "read_value") else v,
                                f"broadcast_variables.{i}", "broadcast_variables")
         buf = mpi_ops.to_buffer(value)
-        out = buf.clone() if me == root_rank else torch.empty(buf.shape, dtype=buf.dtype)
+        out = arrays.kind().clone(buf) if me == root_rank else mpi_ops._empty_like(buf)
         # ``value`` stays in ``pending``: the runtime reads its memory until the handle is done
         pending.append((v, value, ops.broadcast_async(
             buf, out, root_rank, f"broadcast_variables.{i}", process_set)))

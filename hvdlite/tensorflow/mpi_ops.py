@@ -3,12 +3,14 @@
 Every function has the name and semantics of its ``horovod.tensorflow`` counterpart.  This
 module only does what is TensorFlow's own:
 
-* **The crossing.**  An eager CPU tensor becomes a *buffer* (a contiguous CPU
-  ``torch.Tensor``) through ``np.asarray`` (TensorFlow's own read-only view of the tensor's
-  memory, no copy) and ``torch.from_numpy`` (no copy).  bfloat16 travels as its int16 bit
-  pattern viewed back as torch's bfloat16.  A result buffer comes back through DLPack (no
-  copy) when it is 64-byte aligned, as TensorFlow requires, else through ``.numpy()`` and
-  ``tf.convert_to_tensor`` (one copy).
+* **The crossing.**  An eager CPU tensor becomes a *buffer* of the runtime's array kind
+  (:mod:`hvdlite.common.arrays`) through ``np.asarray`` (TensorFlow's own read-only view of
+  the tensor's memory, no copy): with torch installed ``torch.from_numpy`` wraps it (no
+  copy; bfloat16 travels as its int16 bit pattern viewed back as torch's bfloat16), without
+  torch the numpy array is the buffer.  A result buffer comes back through DLPack (no copy)
+  when it is 64-byte aligned, as TensorFlow requires, else (or for numpy's bfloat16, which
+  numpy cannot export) through ``tf.convert_to_tensor`` of a numpy view (one copy).  torch
+  is never imported here: a TensorFlow job under MPI runs without it.
 * **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
   runs the eager code.  py_function nodes are stateful, so ``tf.function``'s automatic control
   dependencies run them in program order on every rank.  An unnamed op gets its name when it
@@ -22,15 +24,14 @@ module only does what is TensorFlow's own:
   set's size for Sum, and the pre/post factors).
 """
 
+import re
 import warnings
 from typing import List
 
 import numpy as np
 import tensorflow as tf
-import torch
-from torch.utils.dlpack import to_dlpack as _to_dlpack
 
-from hvdlite.common import ops
+from hvdlite.common import arrays, ops
 from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
                                    ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
@@ -51,7 +52,8 @@ __all__ = [
     "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
 ]
 
-# np.asarray of an eager tensor is read-only; the runtime never writes into an input buffer.
+# np.asarray of an eager tensor is read-only; the runtime never writes into an input buffer
+# (torch warns when it wraps one).
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
                         category=UserWarning)
 
@@ -59,7 +61,6 @@ _from_dlpack = tf.experimental.dlpack.from_dlpack
 
 
 # -- the crossing ----------------------------------------------------------------------------
-_BF16_NP = tf.bfloat16.as_numpy_dtype
 _SUPPORTED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32,
               tf.int64, tf.uint8, tf.bool)
 
@@ -84,33 +85,33 @@ def _check(t, name, what: str):
     return t
 
 
-def to_buffer(t) -> torch.Tensor:
+def to_buffer(t):
     """The runtime's buffer over an eager tensor's memory (no copy where TF allows it)."""
     a = np.asarray(t)
-    if a.dtype == _BF16_NP:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     if not a.flags.c_contiguous:          # never for a TF tensor; numpy scalars are fine
         a = np.ascontiguousarray(a)
-    return torch.from_numpy(a)
+    return arrays.kind().from_numpy(a)
 
 
 #: TensorFlow's kernels assume this alignment (an unaligned tensor aborts the process)
 _TF_ALIGN = 64
 
 
-def from_buffer(b: torch.Tensor) -> tf.Tensor:
+def from_buffer(b) -> tf.Tensor:
     """A TensorFlow tensor over a result buffer: the buffer's own memory through DLPack
     when it is aligned as TensorFlow needs (the runtime hands each result buffer over for
     good; the capsule keeps it alive), else a copy."""
-    if b.is_contiguous() and b.data_ptr() % _TF_ALIGN == 0:
-        return _from_dlpack(_to_dlpack(b))
-    if b.dtype == torch.bfloat16:
-        return tf.convert_to_tensor(b.view(torch.int16).numpy().view(_BF16_NP))
-    return tf.convert_to_tensor(b.numpy())
+    k = arrays.kind()
+    if k.is_contiguous(b) and k.data_ptr(b) % _TF_ALIGN == 0:
+        capsule = k.dlpack(b)
+        if capsule is not None:
+            return _from_dlpack(capsule)
+    return tf.convert_to_tensor(k.to_numpy(b))
 
 
-def _empty_like(b: torch.Tensor) -> torch.Tensor:
-    return torch.empty(b.shape, dtype=b.dtype)
+def _empty_like(b):
+    k = arrays.kind()
+    return k.empty(tuple(b.shape), k.dtype_name(b))
 
 
 # -- eager or graph --------------------------------------------------------------------------
@@ -121,11 +122,20 @@ def _run(fn, inputs, touts):
     return list(tf.py_function(fn, list(inputs), list(touts)))
 
 
+#: the process-wide counter TensorFlow appends to a control-flow branch's graph name
+#: (``cond_true_5120``, ``while_body_77``): it differs between ranks whose earlier code
+#: differed, so it is left out of op names
+_BRANCH_UID = re.compile(r"_(true|false|body|cond)_\d+$")
+
+
 def _graph_name(kind: str, t) -> str:
     """``<kind>.<graph>/<input tensor>``, made unique in the graph (several collectives may
-    read one tensor) by the graph's own deterministic numbering."""
+    read one tensor) by the graph's own deterministic numbering.  A ``tf.cond`` /
+    ``tf.while_loop`` branch is named without TensorFlow's process-wide counter; the name
+    scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart."""
     graph = tf.compat.v1.get_default_graph()
-    return graph.unique_name(f"{kind}.{getattr(graph, 'name', 'graph')}/{t.name}")
+    label = _BRANCH_UID.sub(r"_\1", getattr(graph, "name", "graph"))
+    return graph.unique_name(f"{kind}.{label}/{t.name}")
 
 
 def _name(kind: str, name, t):
@@ -296,7 +306,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 def _allgather_eager(tensors, name, grouped, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     for b, t in zip(bufs, tensors):
-        if b.dim() == 0:
+        if len(b.shape) == 0:
             raise ValueError(f"allgather of {_label(name)}: a scalar has no first dimension to "
                              f"concatenate; reshape it to [1]")
     res = ops.synchronize(ops.allgather_async(bufs, name, grouped, process_set,
@@ -362,7 +372,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 # -- broadcast -------------------------------------------------------------------------------
 def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
     buf = to_buffer(t)
-    out = buf.clone() if rank() == root_rank else _empty_like(buf)
+    out = arrays.kind().clone(buf) if rank() == root_rank else _empty_like(buf)
     return from_buffer(ops.synchronize(ops.broadcast_async(buf, out, root_rank, name,
                                                            process_set)))
 
@@ -400,7 +410,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 # -- alltoall / reducescatter ----------------------------------------------------------------
 def _alltoall_eager(t, splits, name, process_set):
     buf = to_buffer(t)
-    if buf.dim() == 0:
+    if len(buf.shape) == 0:
         raise ValueError(f"alltoall of {_label(name)}: a scalar has no first dimension to "
                          f"split; reshape it to [1]")
     if splits is not None:

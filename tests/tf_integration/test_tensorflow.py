@@ -8,6 +8,7 @@ is one test here, naming the ranks it failed on.  Skipped when TensorFlow is not
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +18,13 @@ if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make "
                 "install)", allow_module_level=True)
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "tf_worker.py")
+# a Path: launch() names the script (``.name``) when it times out
+WORKER = Path(__file__).resolve().parent / "workers" / "tf_worker.py"
 
 CASES = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
          "reducescatter", "misc", "process_set", "indexed_slices", "gradients",
-         "gradient_tape_training", "keras_fit", "keras_lr_callbacks", "elastic_state", "signatures"]
+         "gradient_tape_training", "keras_fit", "keras_backward_passes",
+         "keras_lr_callbacks", "elastic_state", "signatures"]
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,10 @@
 
 One backend object belongs to one ``init()``; every method is called from the
 runtime's background thread only (never concurrently), on contiguous CPU
-tensors.  Implementations: :mod:`.gloo` (torch.distributed's Gloo),
-:mod:`.mpi` (mpi4py) and :mod:`.local` (a 1-rank job).
+buffers of the process's array kind (:mod:`hvdlite.common.arrays`: torch tensors, or numpy
+arrays in a job without torch, which only the MPI and local backends serve).
+Implementations: :mod:`.gloo` (torch.distributed's Gloo), :mod:`.mpi` (mpi4py) and
+:mod:`.local` (a 1-rank job).
 """
 
 import abc
@@ -12,6 +14,7 @@ from typing import List
 
 import numpy as np
 
+from hvdlite.common import arrays
 from hvdlite.common.message import ReduceOp
 
 _LEN = struct.Struct("!I")
@@ -148,11 +151,12 @@ class Backend(abc.ABC):
                              f"power of two dividing the job's {self.size} ranks")
         if block == 1:
             return
-        incoming = tensor.clone()
+        k = arrays.kind()
+        incoming = k.clone(tensor)
         distance = 1
         while distance < block:
             self.sendrecv_(tensor, incoming, self.rank ^ distance)
-            tensor.add_(incoming)
+            k.combine_(tensor, incoming, ReduceOp.SUM)
             distance <<= 1
 
     def process_set(self, ranks: List[int], set_id: int) -> "Backend":

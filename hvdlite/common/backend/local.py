@@ -1,6 +1,7 @@
 """The backend of a 1-rank job (a script run without the launcher)."""
 
 
+from hvdlite.common import arrays
 from hvdlite.common.backend.base import Backend
 
 
@@ -30,10 +31,10 @@ class LocalBackend(Backend):
         pass
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
-        return send.clone()
+        return arrays.kind().clone(send)
 
     def sendrecv_(self, send, recv, peer):
         """The only peer is this rank itself: what is sent comes back."""
         if peer != 0:
             raise ValueError(f"sendrecv_ with rank {peer} in a 1-rank job")
-        recv.copy_(send)
+        arrays.kind().copy_(recv, send)

@@ -12,7 +12,7 @@ import numpy as np
 
 from hvdlite.common.backend.base import Backend
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.fusion import lazy_torch
+from hvdlite.common import arrays
 from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,11 @@ class MPIBackend(Backend):
 
     def _set_types(self):
         MPI = self._MPI
-        torch = lazy_torch()
-        # dtypes MPI has no reduction for travel as float32 (numpy cannot even view bfloat16)
-        self._widen = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+        # the buffers' array kind (torch, or numpy without torch); its MPI crossing widens
+        # the dtypes MPI has no reduction for to float32
+        k = self._kind = arrays.kind()
+        self._reducible, self._copy, self._np, self._empty = (k.mpi_reducible, k.copy_,
+                                                              k.to_numpy, k.empty)
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
                      ReduceOp.PRODUCT: MPI.PROD}
 
@@ -131,43 +133,36 @@ class MPIBackend(Backend):
         return out
 
     def allreduce_(self, tensor, op):
-        torch = lazy_torch()
-        wide = self._widen.get(tensor.dtype)
-        target = tensor.to(wide) if wide is not None else tensor
-        if target.dtype == torch.bool:
-            target = target.view(torch.uint8)
-        arr = target.numpy()
+        arr, staged = self._reducible(tensor)
         self._call("allreduce", self.comm.Allreduce, self._MPI.IN_PLACE, arr, self._ops[op])
-        if wide is not None:
-            tensor.copy_(target)
+        if staged is not None:
+            self._copy(tensor, staged)
 
     def allgather_bytes(self, send, counts):
-        torch = lazy_torch()
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
-        out = torch.empty(sum(counts), dtype=torch.uint8)
-        self._call("allgather", self.comm.Allgatherv, send.numpy(),
-                   [out.numpy(), list(counts), displs, self._MPI.BYTE])
+        out = self._empty(sum(counts), "uint8")
+        self._call("allgather", self.comm.Allgatherv, self._np(send),
+                   [self._np(out), list(counts), displs, self._MPI.BYTE])
         return [out[d:d + c] for d, c in zip(displs, counts)]
 
     def broadcast_(self, tensor, root):
-        flat = tensor.view(-1).view(lazy_torch().uint8)
-        self._call("broadcast", self.comm.Bcast, flat.numpy(), root)
+        self._call("broadcast", self.comm.Bcast, self._np(self._kind.as_bytes(tensor)), root)
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
-        torch = lazy_torch()
-        out = torch.empty(sum(recv_counts), dtype=torch.uint8)
+        out = self._empty(sum(recv_counts), "uint8")
         sd = np.concatenate(([0], np.cumsum(send_counts)[:-1])).astype(np.int64).tolist()
         rd = np.concatenate(([0], np.cumsum(recv_counts)[:-1])).astype(np.int64).tolist()
         self._call("alltoall", self.comm.Alltoallv,
-                   [send.numpy(), list(send_counts), sd, self._MPI.BYTE],
-                   [out.numpy(), list(recv_counts), rd, self._MPI.BYTE])
+                   [self._np(send), list(send_counts), sd, self._MPI.BYTE],
+                   [self._np(out), list(recv_counts), rd, self._MPI.BYTE])
         return out
 
     def sendrecv_(self, send, recv, peer):
         """One MPI_Sendrecv of raw bytes (MPI has no bfloat16; no arithmetic is needed)."""
         MPI = self._MPI
-        self._call("sendrecv", self.comm.Sendrecv, [_as_bytes(send), MPI.BYTE], peer, _P2P_TAG,
-                   [_as_bytes(recv), MPI.BYTE], peer, _P2P_TAG)
+        k = self._kind
+        self._call("sendrecv", self.comm.Sendrecv, [k.to_numpy(k.as_bytes(send)), MPI.BYTE],
+                   peer, _P2P_TAG, [k.to_numpy(k.as_bytes(recv)), MPI.BYTE], peer, _P2P_TAG)
 
     def block_allreduce_(self, tensor, block):
         """MPI_Allreduce on the block's own communicator, as Horovod's Adasum reduction
@@ -184,7 +179,7 @@ class MPIBackend(Backend):
             comm = self.comm if block == self.size else self._call(
                 "communicator split", self.comm.Split, self.rank // block, self.rank)
             self._blocks[block] = comm
-        self._call("block allreduce", comm.Allreduce, self._MPI.IN_PLACE, tensor.numpy(),
+        self._call("block allreduce", comm.Allreduce, self._MPI.IN_PLACE, self._np(tensor),
                    self._MPI.SUM)
 
     def close(self):
@@ -239,8 +234,3 @@ def _job_communicator(MPI, comm):
     finally:
         members.Free()
         group.Free()
-
-
-def _as_bytes(tensor):
-    """A contiguous tensor's storage as a flat uint8 numpy array (shares memory)."""
-    return tensor.view(-1).view(lazy_torch().uint8).numpy()

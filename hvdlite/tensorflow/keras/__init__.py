@@ -10,6 +10,7 @@ supports only Keras 2.  Here: :func:`DistributedOptimizer` and the callbacks of
 """
 
 import keras
+import tensorflow as tf
 
 from hvdlite.common.ops import Average
 from hvdlite.common.process_sets import global_process_set
@@ -38,13 +39,22 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     ``apply_gradients`` first reduce the gradients over the process set (one grouped
     allreduce; ``op`` hvd.Average by default), as ``horovod.tensorflow.keras``'s.
 
+    ``backward_passes_per_step`` N > 1 aggregates locally: each call adds the gradients to
+    accumulators (optimizer variables, so they are saved and broadcast with it), and every
+    N-th call reduces the sums over the ranks -- divided by N first when
+    ``average_aggregated_gradients`` -- and applies them; the other calls only count the
+    step (``iterations`` counts every batch, as Keras's own accumulation does).  N passes
+    on N smaller batches then make the update one pass on their union would, at one
+    allreduce per N batches.
+
     Raises:
-        ValueError: ``backward_passes_per_step`` other than 1 (not implemented yet).
+        ValueError: ``backward_passes_per_step`` is not a positive integer.
+        TypeError: ``optimizer`` is not a Keras 3 optimizer.
     """
-    if backward_passes_per_step != 1:
-        raise ValueError("DistributedOptimizer: backward_passes_per_step > 1 is not "
-                         "implemented for Keras 3 yet (use the optimizer's "
-                         "gradient_accumulation_steps)")
+    if isinstance(backward_passes_per_step, bool) or \
+            not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"DistributedOptimizer: backward_passes_per_step="
+                         f"{backward_passes_per_step!r} must be a positive integer")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer: expected a keras.optimizers.Optimizer (Keras "
                         f"3), got {type(optimizer).__name__}")
@@ -57,12 +67,67 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         return base.apply(self, reduce_gradients(list(grads), **settings),
                           trainable_variables)
 
-    cls = type(base.__name__, (base,), {"apply": apply, "_hvdlite_distributed": True,
-                                        "__module__": base.__module__})
+    members = {"apply": apply, "_hvdlite_distributed": True, "__module__": base.__module__}
+    if backward_passes_per_step > 1:
+        members.update(_aggregating_members(base, backward_passes_per_step,
+                                            average_aggregated_gradients, settings))
+    cls = type(base.__name__, (base,), members)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
+
+
+def _aggregating_members(base, passes: int, average: bool, settings: dict) -> dict:
+    """``build`` and ``apply`` of an optimizer that reduces and applies every ``passes``-th
+    call the gradients summed locally since the last one (see :func:`DistributedOptimizer`).
+
+    Every rank takes the same branch at the same call (the counter advances alike), so the
+    grouped allreduce inside the branch is issued by all ranks or by none.
+    """
+    scale = 1.0 / passes if average else 1.0
+
+    def build(self, variables):
+        base.build(self, variables)
+        self._hvdlite_aggregated = [
+            self.add_variable_from_reference(v, name="hvdlite_aggregated_gradient")
+            for v in variables]
+        self._hvdlite_passes = self.add_variable(shape=(), initializer="zeros",
+                                                 dtype="int64", name="hvdlite_passes")
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError("DistributedOptimizer.apply: pass trainable_variables on "
+                                 "the first call (the optimizer is not built yet)")
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        if not self.built:
+            self.build(trainable_variables)
+        sums = [self._hvdlite_aggregated[self._get_variable_index(v)]
+                for v in trainable_variables]
+        for total, g in zip(sums, grads):
+            if g is not None:
+                total.assign_add(tf.cast(tf.convert_to_tensor(g), total.dtype))
+        count = self._hvdlite_passes.assign_add(1)
+
+        def reduce_and_apply():
+            local = [None if g is None else total * tf.cast(scale, total.dtype)
+                     for g, total in zip(grads, sums)]
+            base.apply(self, reduce_gradients(local, **settings), trainable_variables)
+            for total in sums:
+                total.assign(tf.zeros_like(total))
+            self._hvdlite_passes.assign(0)
+            return tf.constant(True)
+
+        def count_only():
+            self._iterations.assign_add(1)
+            return tf.constant(False)
+
+        return tf.cond(count >= passes, reduce_and_apply, count_only)
+
+    return {"build": build, "apply": apply}
 
 
 def broadcast_global_variables(root_rank, model=None):

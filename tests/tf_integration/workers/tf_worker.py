@@ -2,10 +2,18 @@
 gradients, DistributedGradientTape and Keras 3 training equal to one process on the full batch.
 
 One launch runs every case (TensorFlow's import is slow); ``sys.argv[1:]`` may name cases.
+With ``--no-torch`` (run under ``--mpi``) torch is blocked before anything is imported, so the
+whole suite runs as on a machine without torch, and the last case checks it stayed out.
 """
 
 import os
 import sys
+
+NO_TORCH = "--no-torch" in sys.argv
+if NO_TORCH:
+    sys.argv.remove("--no-torch")
+    from tests.tf_integration.no_torch import block_torch, torch_modules
+    block_torch()
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -18,14 +26,16 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import keras  # noqa: E402
-import torch  # noqa: E402
 
 import hvdlite.tensorflow as hvd  # noqa: E402
 import hvdlite.tensorflow.keras as hvdk  # noqa: E402
+from hvdlite.common import arrays  # noqa: E402
 from hvdlite.common.exceptions import HvdliteMismatchError  # noqa: E402
 from tests.worker_cases import run_cases  # noqa: E402
 
-torch.set_num_threads(1)
+if arrays.have_torch():
+    import torch  # noqa: E402
+    torch.set_num_threads(1)
 
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8]
 OPS = {"avg": hvd.Average, "sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max,
@@ -206,10 +216,15 @@ def check_misc():
     close("broadcast_variables in tf.function", v, [0] * 3)
     # result buffers cross back without a copy when aligned, by copy when not
     from hvdlite.tensorflow.mpi_ops import from_buffer
-    for buf in (torch.arange(1001.0)[1:], torch.arange(8, dtype=torch.bfloat16)[1:],
-                torch.arange(8.0)):
-        close(f"from_buffer offset {buf.storage_offset()}",
-              tf.reduce_sum(tf.cast(from_buffer(buf), tf.float64)), float(buf.double().sum()))
+    k = arrays.kind()
+    bf16 = arrays.numpy_dtype("bfloat16")
+    for what, buf in (("offset 1", k.from_numpy(np.arange(1001.0))[1:]),
+                      ("bfloat16 offset 1", k.from_numpy(np.arange(8).astype(bf16))[1:]),
+                      ("bfloat16", k.from_numpy(np.arange(8).astype(bf16))),
+                      ("whole", k.from_numpy(np.arange(8.0)))):
+        close(f"from_buffer {what} ({k.name} buffers)",
+              tf.reduce_sum(tf.cast(from_buffer(buf), tf.float64)),
+              float(k.to_numpy(buf).astype(np.float64).sum()))
     # a rank that feeds another shape gets the same clear error as in torch
     try:
         hvd.allreduce(tf.ones([2 + r]), name="tf.mismatch")
@@ -417,6 +432,56 @@ def check_keras_fit():
                                                                  for q in range(n)]), 1e-6)
 
 
+def check_keras_backward_passes():
+    """backward_passes_per_step=2: two passes on half batches then one reduction equal one
+    pass on the full batch (model.fit's tf.function, and eager apply calls)."""
+    r, n = hvd.rank(), hvd.size()
+    X, y = _data(16)
+    ref = _model(0)
+    model = _model(100 + r)                 # different on every rank until the callback
+    ref.set_weights(hvd.broadcast_object(model.get_weights(), 0))
+    start = ref.get_weights()
+    ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    ref.fit(X, y, batch_size=8, epochs=2, shuffle=False, verbose=0)      # 4 updates
+    # global batch b (rows 8b..8b+8): rank r holds its half, fed as 2 passes of 8/(2n) rows
+    idx = np.concatenate([np.arange(8 * b + 8 * r // n, 8 * b + 8 * (r + 1) // n)
+                          for b in range(2)])
+    if r == 1:     # advance TensorFlow's branch-graph counter on one rank only: the
+        # reduction inside the optimizer's tf.cond must still get the same name on every rank
+        tf.function(lambda: tf.cond(tf.constant(True), lambda: 1, lambda: 2))()
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                    backward_passes_per_step=2,
+                                    average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(X[idx], y[idx], batch_size=4 // n, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        close("keras fit, backward_passes_per_step=2", a, b, 1e-5)
+    assert int(opt.iterations) == 8, int(opt.iterations)          # every batch counts
+    # eager: sums (no averaging) with half the learning rate make the same update
+    eager = _model(0)
+    eager.set_weights(start)
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.025, momentum=0.9),
+                                    backward_passes_per_step=2)
+    for b in range(4):                       # 2 updates of global batches 0 and 1
+        rows = idx[b * len(idx) // 4:(b + 1) * len(idx) // 4]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((eager(X[rows]) - y[rows]) ** 2)
+        opt.apply(tape.gradient(loss, eager.trainable_variables), eager.trainable_variables)
+    ref2 = _model(0)
+    ref2.set_weights(start)
+    ref2.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    ref2.fit(X, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(eager.get_weights(), ref2.get_weights()):
+        close("eager apply, backward_passes_per_step=2", a, b, 1e-5)
+    try:
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=0)
+    except ValueError as exc:
+        assert "backward_passes_per_step" in str(exc), exc
+    else:
+        raise AssertionError("backward_passes_per_step=0 did not raise")
+
+
 def check_keras_lr_callbacks():
     n = hvd.size()
     X, y = _data(16)
@@ -512,14 +577,25 @@ def check_signatures():
     assert got == ["optimizer", "name"], got
 
 
+def check_no_torch():
+    """Without torch (``--no-torch``): numpy buffers on MPI, and torch never imported."""
+    if not NO_TORCH:
+        return
+    assert arrays.kind().name == "numpy", arrays.kind().name
+    assert hvd.mpi_enabled() and not hvd.gloo_built()
+    assert not torch_modules(), f"torch was imported: {torch_modules()[:5]}"
+
+
 CASES = {
     "allreduce": check_allreduce, "grouped_allreduce": check_grouped_allreduce,
     "allgather": check_allgather, "broadcast": check_broadcast, "alltoall": check_alltoall,
     "reducescatter": check_reducescatter, "misc": check_misc,
     "process_set": check_process_set, "indexed_slices": check_indexed_slices,
     "gradients": check_gradients, "gradient_tape_training": check_gradient_tape_training,
-    "keras_fit": check_keras_fit, "keras_lr_callbacks": check_keras_lr_callbacks,
+    "keras_fit": check_keras_fit, "keras_backward_passes": check_keras_backward_passes,
+    "keras_lr_callbacks": check_keras_lr_callbacks,
     "elastic_state": check_elastic_state, "signatures": check_signatures,
+    "no_torch": check_no_torch,
 }
 
 if __name__ == "__main__":
