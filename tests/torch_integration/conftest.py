@@ -27,7 +27,8 @@ def launch(script, args=(), np=2, timeout_s=150, env=None, launcher_args=()):
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
             else (e.stdout or "")
-        pytest.fail(f"{script.name} did not finish within {timeout_s}s; output:\n{out[-4000:]}")
+        pytest.fail(f"{os.path.basename(str(script))} did not finish within {timeout_s}s; "
+                    f"output:\n{out[-4000:]}")
     return proc.returncode, proc.stdout + proc.stderr
 
 
