@@ -8,7 +8,7 @@ entry; a name without an entry is one this rank contributes a neutral value to
 import time
 from typing import Callable, Dict, List, Optional
 
-from hvdlite.common import adasum, arrays, fusion
+from hvdlite.common import adasum, fusion
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
 from hvdlite.common.fusion import itemsize, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
@@ -51,7 +51,7 @@ class Executor:
         self.rank = backend.rank
         self.size = backend.size
         self._rec = recorder
-        k = self._kind = buffers._kind if hasattr(buffers, "_kind") else arrays.kind()
+        k = self._kind = buffers.kind
         self._flat, self._copy, self._clone = k.flat, k.copy_, k.clone
         self._pack, self._unpack, self._scale = k.pack, k.unpack, k.scale_
 

@@ -55,16 +55,17 @@ def numel(shape: Sequence[int]) -> int:
 
 
 class FusionBuffers:
-    """One growable flat buffer per dtype, owned by the background thread."""
+    """One growable flat buffer per dtype, owned by the background thread; ``kind`` is the
+    array kind of its buffers (the executor binds its functions from it)."""
 
     def __init__(self, kind: arrays.ArrayKind = None):
-        self._kind = kind or arrays.kind()
+        self.kind = kind or arrays.kind()
         self._buffers: Dict[str, object] = {}
 
     def get(self, dtype: str, count: int):
         buf = self._buffers.get(dtype)
-        if buf is None or self._kind.numel(buf) < count:
-            buf = self._kind.empty(count, dtype)
+        if buf is None or self.kind.numel(buf) < count:
+            buf = self.kind.empty(count, dtype)
             self._buffers[dtype] = buf
         return buf[:count]
 
