@@ -244,6 +244,16 @@ def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
+def _compressed(compression, tensors, run):
+    """``run`` (a list of tensors to a list of results) on the compressed ``tensors``, each
+    result decompressed with its tensor's context; without a compressor, ``run(tensors)``."""
+    if compression is None:
+        return run(tensors)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = run([t for t, _ in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set, ignore_name_scope=False):
@@ -260,12 +270,9 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         return _allreduce_sparse(tensor, name, rop, process_set)
     tensor = _check(tensor, name, "allreduce")
     name = _name("allreduce", name, tensor)
-    ctx = None
-    if compression is not None:
-        tensor, ctx = compression.compress(tensor)
-    [out] = _allreduce_dense([tensor], name, False, rop, prescale_factor, postscale_factor,
-                             process_set)
-    return compression.decompress(out, ctx) if compression is not None else out
+    [out] = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
+        ts, name, False, rop, prescale_factor, postscale_factor, process_set))
+    return out
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
@@ -286,14 +293,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         first = dense[0] if dense else tensors[0].values
         name = _graph_name("grouped_allreduce", first)
     if dense:
-        ctxs = None
-        if compression is not None:
-            pairs = [compression.compress(t) for t in dense]
-            dense, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-        reduced = _allreduce_dense(dense, name, True, rop, prescale_factor, postscale_factor,
-                                   process_set)
-        if compression is not None:
-            reduced = [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
+        reduced = _compressed(compression, dense, lambda ts: _allreduce_dense(
+            ts, name, True, rop, prescale_factor, postscale_factor, process_set))
         for i, r in zip(dense_at, reduced):
             out[i] = r
     for i, t in enumerate(tensors):
@@ -489,12 +490,9 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     rop = ops.reduce_op(None, op, name or "reducescatter")
     tensor = _check(tensor, name, "reducescatter")
     name = _name("reducescatter", name, tensor)
-    ctx = None
-    if compression is not None:
-        tensor, ctx = compression.compress(tensor)
-    [out] = _reducescatter([tensor], name, False, rop, prescale_factor, postscale_factor,
-                           process_set)
-    return compression.decompress(out, ctx) if compression is not None else out
+    [out] = _compressed(compression, [tensor], lambda ts: _reducescatter(
+        ts, name, False, rop, prescale_factor, postscale_factor, process_set))
+    return out
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
@@ -506,15 +504,8 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
     if not tensors:
         return []
     name = _name("grouped_reducescatter", name, tensors[0])
-    ctxs = None
-    if compression is not None:
-        pairs = [compression.compress(t) for t in tensors]
-        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    outs = _reducescatter(tensors, name, True, rop, prescale_factor, postscale_factor,
-                          process_set)
-    if compression is not None:
-        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
-    return outs
+    return _compressed(compression, tensors, lambda ts: _reducescatter(
+        ts, name, True, rop, prescale_factor, postscale_factor, process_set))
 
 
 # -- join, barrier ---------------------------------------------------------------------------

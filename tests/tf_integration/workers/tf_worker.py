@@ -191,6 +191,17 @@ def check_reducescatter():
               np.stack(all_values(tf.float32, (4, 3))).sum(0)[2 * r:2 * r + 2])
         close(f"{mode} grouped_reducescatter 2", gb,
               np.stack(all_values(tf.float64, (2, 1))).sum(0)[r:r + 1])
+        # fp16 compression on the wire, the input's dtype back (small integers: exact)
+        fp16 = hvd.Compression.fp16
+        ca = run(mode, lambda a: hvd.reducescatter(a, op=hvd.Sum, compression=fp16), a)
+        assert ca.dtype == tf.float32, ca.dtype
+        close(f"{mode} reducescatter fp16", ca,
+              np.stack(all_values(tf.float32, (4, 3))).sum(0)[2 * r:2 * r + 2])
+        cb = run(mode, lambda a, b: hvd.grouped_reducescatter([a, b], op=hvd.Sum,
+                                                              compression=fp16), a, b)[1]
+        assert cb.dtype == tf.float64, cb.dtype
+        close(f"{mode} grouped_reducescatter fp16", cb,
+              np.stack(all_values(tf.float64, (2, 1))).sum(0)[r:r + 1])
 
 
 def check_misc():
