@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import arrays, observers
+from hvdlite.common import arrays, exit_report, observers
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
@@ -120,6 +120,9 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         config = config or Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
         _run_reset_hooks()
+        # the slot this process joins rounds with, before the round renumbers it
+        exit_report.install(config.rendezvous_addr, config.rendezvous_port, config.secret_key,
+                            config.hostname, config.local_rank)
         backend = _make_backend(config, comm)
         config = config.replace(rank=backend.rank, size=backend.size,
                                 local_rank=backend.local_rank, local_size=backend.local_size,

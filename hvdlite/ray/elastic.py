@@ -1,7 +1,7 @@
 """Elastic jobs on Ray: the launcher's elastic driver with Ray nodes as its hosts and Ray
 actors as its workers.
 
-The driver (:class:`hvdlite.runner.elastic.driver.ElasticDriver`) is the one
+The agent (:class:`hvdlite.runner.agent.state_machine.Agent`) is the one
 ``hvdlite-run --min-np`` uses; only its two ports change.  :class:`RayNodeDiscovery`
 answers which hosts exist: every live Ray node, with as many slots as it has CPUs for
 workers.  :class:`RayWorkers` starts a worker as an actor pinned to its slot's node,
@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from hvdlite.common import config as cfg
 from hvdlite.ray.worker import RankFailed, RankWorker
-from hvdlite.runner.elastic.discovery import HostDiscovery, HostDiscoveryError
-from hvdlite.runner.elastic.workers import SlotId, WorkerLauncher, slot_id
+from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
+from hvdlite.runner.starters.base import SlotId, Starter, slot_id
 from hvdlite.runner.hosts import HostSlots, SlotInfo
 from hvdlite.runner.procs import slot_env
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 ACTOR_DIED = 137
 
 
-class RayNodeDiscovery(HostDiscovery):
+class RayNodeDiscovery(HostSource):
     """The live Ray nodes, each with ``CPU // cpus_per_worker`` slots; the driver's node
     first, the others in a stable order."""
 
@@ -65,7 +65,7 @@ class RayNodeDiscovery(HostDiscovery):
         return hosts
 
 
-class RayWorkers(WorkerLauncher):
+class RayWorkers(Starter):
     """Workers as actors pinned to their slot's node, each running the user's function."""
 
     def __init__(self, discovery: RayNodeDiscovery, fn: Callable, args, kwargs,
@@ -149,10 +149,6 @@ class RayWorkers(WorkerLauncher):
         with self._lock:
             ids = list(self._live)
         self.stop(ids)
-
-    def live_actors(self) -> List[Any]:
-        with self._lock:
-            return list(self._live.values())
 
 
 def elastic_env(job_env: Dict[str, str], elastic_timeout_s: float) -> Dict[str, str]:

@@ -21,8 +21,8 @@ from hvdlite.common.net.framing import new_key
 from hvdlite.ray import placement
 from hvdlite.ray.elastic import RayNodeDiscovery, RayWorkers, elastic_env
 from hvdlite.ray.worker import RankWorker
-from hvdlite.runner.elastic import settings as elastic_settings
-from hvdlite.runner.elastic.driver import ElasticDriver
+from hvdlite.runner.agent import settings as elastic_settings
+from hvdlite.runner.agent.state_machine import Agent
 from hvdlite.runner.procs import slot_env
 from hvdlite.runner.rendezvous import RendezvousService
 
@@ -262,7 +262,7 @@ class RayExecutor:
 
         workers = RayWorkers(discovery, fn, args, kwargs, lambda: job_env, self._cpus,
                              driver_ip, wake)
-        driver = ElasticDriver(self._elastic, discovery, workers, rounds)
+        driver = Agent(self._elastic, discovery, workers, rounds)
         self._elastic_workers = workers
         try:
             code = driver.run()

@@ -12,7 +12,7 @@ import argparse
 from typing import Dict, Optional, Tuple
 
 from hvdlite.common import config as cfg
-from hvdlite.runner.elastic.settings import DEFAULT_ELASTIC_TIMEOUT_S
+from hvdlite.runner.agent.settings import DEFAULT_ELASTIC_TIMEOUT_S
 
 
 def _mib(value) -> str:

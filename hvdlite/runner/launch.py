@@ -1,13 +1,12 @@
 """``hvdlite-run``: parse the command line (and --config-file), build Settings, dispatch.
 
 Kept to parse -> Settings -> dispatch: the flags (horovodrun's included) are
-defined in ``flags``, the YAML file is read by ``config_file``, and each launch
-mechanism lives in its own module (``gloo_run`` for local and multi-host Gloo
-jobs, ``mpi_run`` for MPI, ``elastic/`` for elastic jobs).
+defined in ``flags``, the YAML file is read by ``config_file``, and every job --
+static or elastic, local, SSH or MPI -- runs through the one agent
+(``hvdlite.runner.agent.run_job``).
 """
 
 import argparse
-import dataclasses
 import importlib.util
 import logging
 import math
@@ -19,84 +18,16 @@ from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
-from hvdlite.common.net.framing import new_key
-from hvdlite.runner import flags, gloo_run, validation
+from hvdlite.runner import flags, validation
+from hvdlite.runner.agent.job import run_job
+from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.config_file import config_file_defaults
-from hvdlite.runner.elastic.discovery import FixedHosts, ScriptDiscovery
-from hvdlite.runner.elastic.run import launch_elastic
-from hvdlite.runner.elastic.settings import ElasticSettings, validate
-from hvdlite.runner.hosts import (HostSlots, assign_slots, is_local, parse_hostfile,
-                                  parse_hosts, resolve)
-from hvdlite.runner.mpi_run import find_mpiexec, launch_mpi
-from hvdlite.runner.ssh import SSHOptions
+from hvdlite.runner.hosts import assign_slots, parse_hostfile, parse_hosts
+from hvdlite.runner.launch_config import Settings
+from hvdlite.runner.starters.mpiexec import find_mpiexec
 from hvdlite.version import __version__
 
 log = logging.getLogger("hvdlite.runner")
-
-#: variables every host's workers get from the launcher's environment (besides -x ones)
-FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
-#: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
-_JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
-              cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC, cfg.ELASTIC_TIMEOUT,
-              cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS}
-_HOROVOD_IDENTITY = set(cfg.HOROVOD_ALIASES.values())
-
-
-@dataclasses.dataclass
-class Settings:
-    """Everything one launch needs, derived from flags (and --config-file)."""
-
-    np: int
-    hosts: List[HostSlots]
-    command: List[str]
-    controller: str = "gloo"                      # "gloo" or "mpi"
-    verbose: bool = False
-    output_dir: Optional[str] = None
-    timestamp_output: bool = False
-    start_timeout_s: float = cfg.Config.start_timeout_s
-    ssh_port: int = 22
-    ssh_identity_file: Optional[str] = None
-    ssh_known_hosts_file: Optional[str] = None
-    ssh_strict_host_key_checking: bool = False
-    network_interfaces: Optional[List[str]] = None
-    mpi_args: List[str] = dataclasses.field(default_factory=list)
-    #: --binding-args (--mpi only): replaces mpiexec's default binding flags
-    binding_args: Optional[List[str]] = None
-    #: HVDLITE_* tunables from flags
-    tunable_env: Dict[str, str] = dataclasses.field(default_factory=dict)
-    #: -x NAME=VALUE (and -x NAME resolved from our environment)
-    user_env: Dict[str, str] = dataclasses.field(default_factory=dict)
-    #: the elastic flags; None for a static job
-    elastic: Optional[ElasticSettings] = None
-    #: --host-discovery-script (elastic jobs; None: the host list is fixed)
-    discovery_script: Optional[str] = None
-    #: --slots-per-host: slots of a discovered host printed without ``:N``
-    slots_per_host: int = 1
-    #: variables every rank gets that must never appear on a command line (hvdlite.run's
-    #: service key): in the workers' environment, in the tasks' stdin payload, or passed
-    #: by name to mpiexec
-    secret_env: Dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def forward_env(self) -> Dict[str, str]:
-        """The allow-list remote hosts get: the user's HVDLITE_* and HOROVOD_* variables,
-        PATH & co, -x names, the tunables and the secret variables."""
-        env = {k: v for k, v in os.environ.items() if _forwarded(k)}
-        env.update(self.user_env)
-        env.update(self.tunable_env)
-        env.update(self.secret_env)
-        return env
-
-
-def _forwarded(name: str) -> bool:
-    """Whether the launcher's variable ``name`` travels to every host's workers."""
-    if name in FORWARD_ALWAYS:
-        return True
-    if name.startswith(cfg.PREFIX):
-        return name not in _JOB_NAMES
-    # the identity aliases are set per rank by the launcher, never taken from its own env
-    return name.startswith(cfg.HOROVOD_PREFIX) and name not in _HOROVOD_IDENTITY
-
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parse the flags; --config-file's values become defaults that the flags override."""
@@ -237,7 +168,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         slots_per_host=args.slots_per_host or 1)
 
 
-def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[ElasticSettings]:
+def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[JobSettings]:
     """The elastic flags checked (None for a static job, which must not use them).
 
     Raises:
@@ -300,67 +231,8 @@ _ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--ela
 
 
 def run(settings: Settings) -> int:
-    """Dispatch to the launch mechanism; returns the job's exit code."""
-    if settings.elastic is not None:
-        return _run_elastic(settings)
-    slots = assign_slots(settings.hosts, settings.np)
-    used = [h for h in settings.hosts if any(s.hostname == h.hostname for s in slots)]
-    for h in used:
-        if not is_local(h.hostname):
-            resolve(h.hostname)          # "unknown host" before anything starts
-    if settings.controller == "mpi":
-        # passed by name from mpiexec's environment, never on its command line (which
-        # `ps` shows to every user): PATH & co, the user's HVDLITE_* and HOROVOD_*
-        # variables, -x NAME=VALUE values, the job key and the other secret variables
-        hidden = dict(settings.user_env)
-        hidden.update(settings.secret_env)
-        hidden[cfg.SECRET_KEY] = new_key().hex()      # signs broadcast_object & co
-        names = [n for n in os.environ if _forwarded(n) and n not in hidden] + sorted(hidden)
-        return launch_mpi(settings.np, used, settings.command, dict(settings.tunable_env),
-                          names,
-                          settings.mpi_args, ssh_port=settings.ssh_port
-                          if settings.ssh_port != 22 else None,
-                          identity_file=settings.ssh_identity_file, verbose=settings.verbose,
-                          output_dir=settings.output_dir, timestamp=settings.timestamp_output,
-                          binding_args=settings.binding_args,
-                          hidden_env=hidden)
-    if all(is_local(h.hostname) for h in used):
-        if settings.verbose:
-            log.warning("all hosts are local: starting %d ranks without SSH", settings.np)
-        return gloo_run.launch_local(slots, settings.command, settings.tunable_env,
-                                     output_dir=settings.output_dir, verbose=settings.verbose,
-                                     timestamp=settings.timestamp_output,
-                                     extra_env={**settings.user_env, **settings.secret_env})
-    ssh = SSHOptions(port=settings.ssh_port, identity_file=settings.ssh_identity_file,
-                     known_hosts_file=settings.ssh_known_hosts_file,
-                     strict_host_key_checking=settings.ssh_strict_host_key_checking)
-    return gloo_run.launch_multi(used, slots, settings.command, settings.tunable_env,
-                                 settings.forward_env(), ssh, settings.start_timeout_s,
-                                 network_interfaces=settings.network_interfaces,
-                                 output_dir=settings.output_dir, verbose=settings.verbose,
-                                 timestamp=settings.timestamp_output)
-
-
-def _run_elastic(settings: Settings) -> int:
-    for h in settings.hosts:
-        if not is_local(h.hostname):
-            resolve(h.hostname)          # "unknown host" before anything starts
-    if settings.discovery_script:
-        discovery = ScriptDiscovery(settings.discovery_script, settings.slots_per_host)
-    else:
-        discovery = FixedHosts(settings.hosts)
-    ssh = SSHOptions(port=settings.ssh_port, identity_file=settings.ssh_identity_file,
-                     known_hosts_file=settings.ssh_known_hosts_file,
-                     strict_host_key_checking=settings.ssh_strict_host_key_checking)
-    return launch_elastic(settings.elastic, discovery, settings.command, settings.tunable_env,
-                          {**settings.user_env, **settings.secret_env},
-                          settings.forward_env(), ssh,
-                          settings.start_timeout_s,
-                          network_interfaces=settings.network_interfaces,
-                          output_dir=settings.output_dir, verbose=settings.verbose,
-                          timestamp=settings.timestamp_output,
-                          tasks_from_start=any(not is_local(h.hostname)
-                                               for h in settings.hosts))
+    """Run the job through the agent; returns the job's exit code."""
+    return run_job(settings)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -15,7 +15,7 @@ import base64
 import dataclasses
 import threading
 import time
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from hvdlite.common.net.kv import PLACE_FIELDS
 from hvdlite.common.net.service import Service, ServiceError
@@ -51,6 +51,8 @@ class KVStoreService(Service):
 
     _KEYED = ("set", "add", "compare_set", "delete", "get")
     _MAX_WAIT_S = 24 * 3600.0
+    #: bound on the exit reports kept (one per worker process that ever ran)
+    _MAX_REPORTS = 65536
 
     def handle(self, header, blob, client):
         op = header.get("op")
@@ -118,12 +120,15 @@ class RendezvousService(KVStoreService):
     """
 
     _MAX_WAIT_S = 24 * 3600.0
+    #: bound on the exit reports kept (one per worker process that ever ran)
+    _MAX_REPORTS = 65536
 
     def __init__(self, key: bytes, slots: Sequence[SlotInfo] = (), bind_addr: str = "127.0.0.1",
                  port: int = 0, repeat_last: bool = True):
         self._repeat_last = repeat_last
         self._round = -1
         self._places: Dict[Tuple[str, int], SlotInfo] = {}
+        self._reports: Dict[Tuple[str, int], dict] = {}
         super().__init__(key, bind_addr, port, expected_peers=len(slots))
         if slots:
             self.publish(slots)
@@ -133,25 +138,53 @@ class RendezvousService(KVStoreService):
         """The newest round (-1 before the first is published)."""
         return self._round
 
-    def publish(self, slots: Sequence[SlotInfo]) -> int:
+    def publish(self, slots: Sequence[SlotInfo],
+                ids: Optional[Sequence[Tuple[str, int]]] = None) -> int:
         """Open the next round with ``slots`` (one per rank); returns its number.
 
+        ``ids[i]`` is the (host, local slot) of the worker that takes ``slots[i]``
+        (default: each slot's own host and local rank); it is what that worker joins with.
+
         Raises:
-            ValueError: two slots share a host and local rank.
+            ValueError: two slots share an id, or ``ids`` does not match ``slots``.
         """
-        places = {(s.hostname, s.local_rank): s for s in slots}
+        if ids is None:
+            ids = [(s.hostname, s.local_rank) for s in slots]
+        if len(ids) != len(slots):
+            raise ValueError("publish: one id per slot")
+        places = dict(zip((tuple(i) for i in ids), slots))
         if len(places) != len(slots):
-            raise ValueError("every slot of a round needs its own (host, local_rank)")
+            raise ValueError("every slot of a round needs its own (host, local slot)")
         with self._cond:
             self._round += 1
             self._places = places
             self._cond.notify_all()
             return self._round
 
+    def exit_reports(self) -> Dict[Tuple[str, int], dict]:
+        """What ranks said about their exit: (host, local slot) -> ``{"peer": bool,
+        "error": str, "at": monotonic arrival time}`` (see ``hvdlite.common.exit_report``)."""
+        with self._cond:
+            return dict(self._reports)
+
+    def _take_exit_report(self, header) -> None:
+        host, slot = header.get("hostname"), header.get("local_rank")
+        peer, error = header.get("peer"), header.get("error")
+        if not (isinstance(host, str) and len(host) <= 255 and _is_int(slot)
+                and isinstance(peer, bool) and isinstance(error, str)):
+            raise ServiceError("exit_report: hostname, local_rank, peer and error are required")
+        with self._cond:
+            if len(self._reports) < self._MAX_REPORTS:
+                self._reports[(host, slot)] = {"peer": peer, "error": error[:_ERROR_CHARS],
+                                               "at": time.monotonic()}
+
     def handle(self, header, blob, client):
         if header.get("op") == "newest_round":
             with self._cond:
                 return {"round": self._round}, b""
+        if header.get("op") == "exit_report":
+            self._take_exit_report(header)
+            return {}, b""
         if header.get("op") != "join_round":
             return super().handle(header, blob, client)
         after, host = header.get("after"), header.get("hostname")
@@ -165,7 +198,7 @@ class RendezvousService(KVStoreService):
         with self._cond:
             while True:
                 if self._round <= after and self._repeat_last and self._places:
-                    self.publish(list(self._places.values()))
+                    self.publish(list(self._places.values()), list(self._places))
                 if self._round > after:
                     slot = self._places.get((host, local_rank))
                     if slot is None:          # an answer, not an error: the caller must leave
@@ -179,6 +212,10 @@ class RendezvousService(KVStoreService):
                     raise ServiceError(f"no round after round {after} was opened within "
                                        f"{timeout_s:g}s")
                 self._cond.wait(left)
+
+
+#: how much of a rank's exception line an exit report keeps
+_ERROR_CHARS = 500
 
 
 def _is_int(x) -> bool:

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # we report each in one line (host, port, what was expected) instead
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
-TASK_MODULE = "hvdlite.runner.task"
+TASK_MODULE = "hvdlite.runner.services.task_service"
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
 
 

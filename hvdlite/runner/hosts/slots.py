@@ -159,25 +159,29 @@ def assign_slots(hosts: List[HostSlots], np: int) -> List[SlotInfo]:
 
 
 def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
-    """Rank ``i`` runs on ``placed[i]`` = (host, local rank); add the size, local and cross ranks.
+    """Rank ``i`` runs on ``placed[i]`` = (host, slot); add the size, local and cross ranks.
 
-    The static launcher places ranks host by host; the elastic driver keeps its
-    survivors' order and appends new slots, so a host's ranks need not be
-    contiguous.  Local ranks on a host are expected to be 0..k-1; cross ranks
-    count, in order of first appearance, the hosts that have that local rank.
+    The static launcher places ranks host by host; the agent keeps its survivors'
+    order and appends new slots, so a host's ranks need not be contiguous, and after
+    a slot was blacklisted a host's slots need not be 0..k-1 either.  Local ranks are
+    dense all the same: a host's slots, in slot order, get local ranks 0..k-1.  Cross
+    ranks count, in order of first appearance, the hosts that have that local rank.
     """
-    local_sizes: Dict[str, int] = {}
-    for name, _ in placed:
-        local_sizes[name] = local_sizes.get(name, 0) + 1
-    local_ranks = {}
-    for name, local in placed:
-        local_ranks.setdefault(local, []).append(name)
+    by_host: Dict[str, List[int]] = {}
+    for name, slot in placed:
+        by_host.setdefault(name, []).append(slot)
+    dense = {(name, slot): i for name, slots in by_host.items()
+             for i, slot in enumerate(sorted(slots))}
+    hosts_with_local: Dict[int, List[str]] = {}
+    for name, slot in placed:
+        hosts_with_local.setdefault(dense[(name, slot)], []).append(name)
     result = []
-    for rank, (name, local) in enumerate(placed):
-        peers = local_ranks[local]
+    for rank, (name, slot) in enumerate(placed):
+        local = dense[(name, slot)]
+        peers = hosts_with_local[local]
         result.append(SlotInfo(hostname=name, rank=rank, local_rank=local,
                                cross_rank=peers.index(name), size=len(placed),
-                               local_size=local_sizes[name], cross_size=len(peers)))
+                               local_size=len(by_host[name]), cross_size=len(peers)))
     return result
 
 

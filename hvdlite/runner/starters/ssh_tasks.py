@@ -1,15 +1,15 @@
-"""Elastic workers through the task services of a multi-host job.
+"""The task-service starter: workers through a task service on every host.
 
-The same pieces as a static multi-host job (``runner/ssh.py``, ``runner/task.py``,
-``runner/driver.py``), used as hosts come and go: a host gets its task (over SSH,
-or a local subprocess for this machine) the first time a round needs it; the task
+The launcher runs the driver service (``runner/services/driver_service.py``); each
+host runs a task service (``runner/services/task_service.py``), started over SSH
+(``runner/ssh.py``), or as a local subprocess for this machine.  A host gets its
+task the first time a round needs it; the task
 registers with the driver service, and its ``run`` request is sent again whenever
 a round adds slots on that host; ``stop`` ends given slots.  Tasks report each
 worker's exit by its slot (host, local rank).
 
 The interface Gloo and the rendezvous store use is chosen once, by probing
-between the hosts of the first round (as a static job does between all its
-hosts); a host that joins later must have an interface of that name, or it is
+between the hosts of the first round; a host that joins later must have an interface of that name, or it is
 refused (and blacklisted) with a message that says so.
 """
 
@@ -24,11 +24,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
-from hvdlite.runner.driver import Driver, DriverService
-from hvdlite.runner.elastic.workers import SlotId, WorkerLauncher, slot_id
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
 from hvdlite.runner.procs import OutputTarget
+from hvdlite.runner.services.driver_service import Driver, DriverService
 from hvdlite.runner.ssh import SSHOptions, TaskProcess, start_task
+from hvdlite.runner.starters.base import SlotId, Starter, slot_id
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class _HostTask:
     task: TaskProcess
 
 
-class TaskWorkers(WorkerLauncher):
+class TaskWorkers(Starter):
     """Starts and stops workers through one task per host.
 
     ``job_env`` is called at each start (the rendezvous store exists only once
@@ -111,27 +111,18 @@ class TaskWorkers(WorkerLauncher):
                     started.append(fut.result())
                 except (HvdliteError, OSError) as exc:
                     refused[h.hostname] = str(exc)
+        _progress("%d/%d hosts connected", len(started), len(todo))
         unregistered = self._await_registration(started, deadline)
         for ht in started:
             if ht.index in unregistered:
                 refused[ht.hostname] = unregistered[ht.index]
         ready = [ht for ht in started if ht.hostname not in refused]
+        _progress("%d/%d tasks registered", len(ready), len(todo))
         if ready and self._iface is None:
-            try:
-                self._iface, self._rdv = self._driver.choose_interface(
-                    deadline, self._wanted_nics, verbose=self._verbose,
-                    indices=[ht.index for ht in ready])
-            except (HvdliteError, OSError) as exc:
-                for ht in started:
-                    ht.task.close_stdin()
-                    ht.task.kill()
-                raise HvdliteLaunchError(
-                    f"choosing the network interface between "
-                    f"{', '.join(ht.hostname for ht in ready)} failed: {exc}") from None
-            log.warning("using interface %s; rendezvous at %s", self._iface, self._rdv)
+            self._choose_interface(ready, started, deadline)
         for ht in ready:
             nics = self._service.registrations[ht.index].nics
-            if ht.hostname not in refused and self._iface not in nics:
+            if self._iface not in nics:
                 refused[ht.hostname] = (
                     f"it has no interface {self._iface} (the job's interface, chosen between "
                     f"the first round's hosts; it has {', '.join(sorted(nics)) or 'none'})")
@@ -142,6 +133,26 @@ class TaskWorkers(WorkerLauncher):
             else:
                 self._hosts[ht.hostname] = ht
         return refused
+
+    def _choose_interface(self, ready: List[_HostTask], started: List[_HostTask],
+                          deadline: float) -> None:
+        """Probe between the first hosts' tasks and settle the job's interface.
+
+        Raises:
+            HvdliteLaunchError: no interface works between them (every task is ended).
+        """
+        try:
+            self._iface, self._rdv = self._driver.choose_interface(
+                deadline, self._wanted_nics, verbose=self._verbose,
+                indices=[ht.index for ht in ready])
+        except (HvdliteError, OSError) as exc:
+            for ht in started:
+                ht.task.close_stdin()
+                ht.task.kill()
+            raise HvdliteLaunchError(
+                f"choosing the network interface between "
+                f"{', '.join(ht.hostname for ht in ready)} failed: {exc}") from None
+        log.warning("using interface %s; rendezvous at %s", self._iface, self._rdv)
 
     def _start_task(self, host: HostSlots, deadline: float) -> _HostTask:
         index = self._service.add_host(host.hostname)
@@ -221,7 +232,23 @@ class TaskWorkers(WorkerLauncher):
         with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
             for result in pool.map(lambda kv: run(*kv), list(by_host.items())):
                 failed.update(result)
+        _progress("%d workers started on %d hosts", len(slots) - len(failed), len(by_host))
         return failed
+
+    def stopped(self) -> List[SlotId]:
+        """Ask every task which of its workers are stopped (bounded, best effort)."""
+        out: List[SlotId] = []
+        for ht in list(self._hosts.values()):
+            try:
+                reply, _ = self._driver.client(ht.index, 3.0).request({"op": "stopped"},
+                                                                      timeout_s=3.0)
+            except (HvdliteError, OSError) as exc:
+                log.info("stopped workers on %s: %s", ht.hostname, exc)
+                continue
+            local = reply.get("local_ranks")
+            if isinstance(local, list):
+                out += [(ht.hostname, lr) for lr in local if isinstance(lr, int)]
+        return out
 
     def stop(self, ids: Sequence[SlotId]) -> None:
         by_index: Dict[int, List[SlotId]] = {}
@@ -289,6 +316,11 @@ class TaskWorkers(WorkerLauncher):
 
     def close(self) -> None:
         self._driver.shutdown()
+
+
+def _progress(msg: str, *args) -> None:
+    sys.stderr.write("hvdlite-run: " + (msg % args) + "\n")
+    sys.stderr.flush()
 
 
 def _task_line(hostname: str, line: bytes) -> None:

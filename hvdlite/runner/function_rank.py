@@ -1,4 +1,4 @@
-"""Worker side of :func:`hvdlite.run`: ``python -m hvdlite.runner.run_task``.
+"""Worker side of :func:`hvdlite.run`: ``python -m hvdlite.runner.function_rank``.
 
 Each rank fetches ``(function, args, kwargs)`` from the caller's function
 service, runs it and sends back the pickled result, or the traceback if it
@@ -25,7 +25,7 @@ try:                                   # cloudpickle carries lambdas and closure
 except ImportError:                    # pragma: no cover - depends on the installation
     cloudpickle = None
 
-MODULE = "hvdlite.runner.run_task"
+MODULE = "hvdlite.runner.function_rank"
 #: bound on reaching one candidate address of the caller
 CONNECT_TIMEOUT_S = 5.0
 #: bound on one transfer (a function or result may be large)

@@ -3,7 +3,7 @@
 A discovery script may take seconds (up to its timeout); on its own thread it
 never delays the driver's reaction to a worker exit or a stop.  The poller keeps
 the last good answer and wakes the driver when the answer changes.  A failed
-discovery (:class:`~hvdlite.runner.elastic.discovery.HostDiscoveryError`) is
+discovery (:class:`~hvdlite.runner.hosts.source.HostDiscoveryError`) is
 logged with the script's output and changes nothing.
 """
 
@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from hvdlite.runner.elastic.discovery import HostDiscovery, HostDiscoveryError
+from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
 from hvdlite.runner.hosts import HostSlots
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class DiscoveryPoller:
     and after the first answer.
     """
 
-    def __init__(self, discovery: HostDiscovery, on_change: Callable[[], None],
+    def __init__(self, discovery: HostSource, on_change: Callable[[], None],
                  interval_s: Optional[float] = None):
         self._discovery = discovery
         self._on_change = on_change

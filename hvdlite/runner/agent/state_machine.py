@@ -1,9 +1,10 @@
-"""The elastic driver: one state machine that decides who trains in which round.
+"""The agent's loop: one state machine that decides who trains in which round.
 
-The driver keeps the set of usable hosts (discovery minus the blacklist), turns
-it into rendezvous rounds, starts and stops workers, and decides when the job has
-succeeded or failed.  Everything happens on one thread, in :meth:`ElasticDriver._step`;
-between steps the driver sleeps on an :class:`threading.Event` that a worker exit,
+Every job runs through it -- a static job is the case "fixed hosts, no resets".
+The agent keeps the set of usable hosts (its host source minus the blacklist),
+turns it into rendezvous rounds, starts and stops workers through its starter,
+and decides when the job has succeeded or failed.  Everything happens on one
+thread, in :meth:`Agent._step`; between steps the agent sleeps on an :class:`threading.Event` that a worker exit,
 a discovery change or a stop request sets, so it reacts at once.
 
 States and their transitions (every one is logged, with the round and hosts)::
@@ -35,8 +36,11 @@ published only when its membership differs from the running one: a discovered ho
 that would not get a slot (``--max-np`` reached) starts nothing.
 
 Failures.  A worker that exits non-zero while its slot is in the newest round
-failed: its host is blacklisted (``hostset.HostSet``), the host's other workers are
-stopped, and the next round is published without them (a reset).  Workers the driver
+failed.  In a static job that ends the job: the summary names the rank that failed
+first and was not only reacting to a peer (``blame``).  In an elastic job its slot is
+blacklisted while other workers of its host keep running (the host is alive: they
+keep their processes and state), or else its whole host is (``hostset.HostSet``); the
+next round is published without it (a reset).  Workers the driver
 stopped, and workers whose slot is no longer in the newest round, may exit with any
 code: that is no failure.  Every round after the first counts as a reset; when the
 job needs one more than ``--reset-limit`` allows, it fails.
@@ -55,13 +59,14 @@ import time
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from hvdlite.common.exceptions import HvdliteLaunchError
-from hvdlite.runner.elastic.discovery import HostDiscovery
-from hvdlite.runner.elastic.hostset import HostSet
-from hvdlite.runner.elastic.poller import DiscoveryPoller
-from hvdlite.runner.elastic.settings import ElasticSettings
-from hvdlite.runner.elastic.workers import SlotId, WorkerLauncher, slot_id
+from hvdlite.runner.agent import blame
+from hvdlite.runner.agent.hostset import HostSet
+from hvdlite.runner.agent.poller import DiscoveryPoller
+from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.hosts import HostSlots, SlotInfo, place_slots
+from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.procs import describe_exit, exit_status
+from hvdlite.runner.starters.base import SlotId, Starter
 
 log = logging.getLogger("hvdlite.runner.elastic")
 
@@ -71,6 +76,8 @@ MAX_SLEEP_S = 0.5
 FAILED_EXIT = 1
 #: the exit status after SIGINT/SIGTERM
 STOPPED_EXIT = 130
+#: while short of slots, say what the agent waits for this often
+WAIT_LOG_INTERVAL_S = 5.0
 
 
 class State(enum.Enum):
@@ -100,10 +107,14 @@ TRANSITIONS: Dict[State, frozenset] = {
 
 
 class Publisher(Protocol):
-    """Opens rendezvous rounds (``hvdlite.runner.rendezvous.RendezvousService``)."""
+    """Opens rendezvous rounds (``hvdlite.runner.agent.rounds.Rounds``)."""
 
-    def publish(self, slots: Sequence[SlotInfo]) -> int:
-        """Open the next round with ``slots``; returns its number."""
+    def publish(self, slots: Sequence[SlotInfo], ids: Sequence[SlotId]) -> int:
+        """Open the next round with ``slots``, the worker on ``ids[i]`` taking ``slots[i]``;
+        returns its number."""
+
+    def exit_reports(self) -> Dict[SlotId, dict]:
+        """What ranks said about their own exit (see ``blame``), by slot."""
 
 
 @dataclasses.dataclass
@@ -127,17 +138,19 @@ def _for(cooldown: Optional[float]) -> str:
     return "for the rest of the job" if cooldown is None else f"for {cooldown:.3g}s"
 
 
-class ElasticDriver:
+class Agent:
     """Runs the state machine above until the job succeeds, fails or is stopped.
 
-    ``discovery`` is polled on its own thread every ``discovery_interval_s``;
-    ``workers`` starts and stops the processes (it must call :meth:`wake` when one
-    exits); ``rendezvous`` opens the rounds.
+    ``discovery`` (the host source) is polled on its own thread every
+    ``discovery_interval_s``; ``workers`` (the starter) starts and stops the processes
+    (it must call :meth:`wake` when one exits); ``rendezvous`` opens the rounds.
+    ``op_timeout_s`` is the ranks' ``--op-timeout-seconds``, for failure summaries.
     """
 
-    def __init__(self, settings: ElasticSettings, discovery: HostDiscovery,
-                 workers: WorkerLauncher, rendezvous: Publisher,
-                 discovery_interval_s: Optional[float] = None):
+    def __init__(self, settings: JobSettings, discovery: HostSource,
+                 workers: Starter, rendezvous: Publisher,
+                 discovery_interval_s: Optional[float] = None,
+                 op_timeout_s: Optional[float] = None):
         self.settings = settings
         self._workers = workers
         self._rendezvous = rendezvous
@@ -149,9 +162,16 @@ class ElasticDriver:
         self.state = State.WAITING_FOR_SLOTS
         self.round = -1                       # the newest published round
         self.round_slots: List[SlotInfo] = []
+        #: the worker (slot id) holding each place of the newest round, in rank order
+        self.round_ids: List[SlotId] = []
+        self._op_timeout_s = op_timeout_s
+        self._exit_order: List[Tuple[SlotId, int]] = []     # members' exits, for summaries
+        self._last_wait_log = 0.0
         self.resets = 0                       # rounds published after the first
         self.history: List[Tuple[State, State, str]] = []      # (from, to, why), for tests
         self.error: Optional[str] = None      # why the job failed
+        #: a static job's failure: the whole line naming the rank that failed first
+        self.summary: Optional[str] = None
         self.exit_code: Optional[int] = None
         self._live: Dict[SlotId, _Worker] = {}
         self._finished: Set[SlotId] = set()   # members of the newest round that exited 0
@@ -172,10 +192,11 @@ class ElasticDriver:
     def run(self) -> int:
         """Run until a final state; every worker is ended on return.  Returns the exit code."""
         self._poller.start()
-        log.info("elastic job: -np %d, --min-np %d, --max-np %s, --elastic-timeout %gs, "
-                 "--reset-limit %s", self.settings.np, self.settings.min_np,
-                 self.settings.max_np or "none", self.settings.elastic_timeout_s,
-                 "none" if self.settings.reset_limit is None else self.settings.reset_limit)
+        if not self.settings.static:
+            log.info("elastic job: -np %d, --min-np %d, --max-np %s, --elastic-timeout %gs, "
+                     "--reset-limit %s", self.settings.np, self.settings.min_np,
+                     self.settings.max_np or "none", self.settings.elastic_timeout_s,
+                     "none" if self.settings.reset_limit is None else self.settings.reset_limit)
         try:
             while self.state not in FINAL:
                 self._wake.clear()
@@ -193,15 +214,15 @@ class ElasticDriver:
             self._set_state(State.STOPPED, "stop requested")
             self.exit_code = STOPPED_EXIT
             return
-        for host in self.hostset.expire():
-            log.warning("host %s: blacklist cooldown over; it may rejoin (round %d)", host,
-                        self.round)
+        for what in self.hostset.expire():
+            log.warning("%s: blacklist cooldown over; it may rejoin (round %d)",
+                        ("slot " if ":" in what else "host ") + what, self.round)
         failures = self._collect_exits()
         if self._finished and self.state in (State.RUNNING, State.WAITING_FOR_SLOTS):
             self._set_state(State.FINISHING,
                             f"worker {_name(next(iter(self._finished)))} of round {self.round} "
                             f"exited 0: training is over")
-        if self.state is State.FINISHING:
+        if self.state is State.FINISHING or (failures and self.settings.static):
             self._step_finishing(failures)
             return
         for sid, code in failures:
@@ -225,7 +246,7 @@ class ElasticDriver:
     def _set_state(self, new: State, why: str) -> None:
         old = self.state
         if new not in TRANSITIONS.get(old, frozenset()):
-            raise AssertionError(f"elastic driver: no transition {old.name} -> {new.name}")
+            raise AssertionError(f"agent: no transition {old.name} -> {new.name}")
         self.history.append((old, new, why))
         self.state = new
         log.info("%s: %s -> %s: %s", f"round {self.round}" if self.round >= 0
@@ -235,7 +256,7 @@ class ElasticDriver:
 
     def _collect_exits(self) -> List[Tuple[SlotId, int]]:
         """Record the exits since the last step; returns the failures among them."""
-        members = {slot_id(s) for s in self.round_slots}
+        members = set(self.round_ids)
         failures = []
         for sid, code in self._workers.poll():
             worker = self._live.pop(sid, None)
@@ -246,10 +267,13 @@ class ElasticDriver:
             if worker.stopping:
                 log.info("round %d: worker %s (%s) %s after it was stopped",
                          self.round, _name(sid), started, describe_exit(code))
-            elif sid not in members:
+                continue
+            if sid not in members:
                 log.info("round %d: worker %s (%s) %s; its slot is not in the newest round: "
                          "no failure", self.round, _name(sid), started, describe_exit(code))
-            elif code == 0:
+                continue
+            self._exit_order.append((sid, code))
+            if code == 0:
                 log.info("round %d: worker %s exited 0", self.round, _name(sid))
                 self._finished.add(sid)
             else:
@@ -257,22 +281,30 @@ class ElasticDriver:
         return failures
 
     def _blacklist_for(self, sid: SlotId, code: int) -> None:
-        """A member failed: keep its host out and stop the host's other workers."""
+        """A member failed: keep its slot out while its host has other running workers of
+        the round (they keep their state), else keep the whole host out."""
         host = sid[0]
         rank = self._rank_in_round(sid)
-        cooldown = self.hostset.blacklist(host, f"worker {_name(sid)} {describe_exit(code)}")
-        others = [i for i, w in self._live.items() if i[0] == host and not w.stopping]
+        why = f"worker {_name(sid)} {describe_exit(code)}"
+        members = set(self.round_ids)
+        others = [i for i, w in self._live.items()
+                  if i[0] == host and not w.stopping and i in members]
+        if others:
+            cooldown = self.hostset.blacklist(sid, why)
+            log.warning("round %d: worker %s (rank %d) %s; blacklisting slot %s %s; the host's "
+                        "other workers %s keep running", self.round, _name(sid), rank,
+                        describe_exit(code), _name(sid), _for(cooldown),
+                        ", ".join(map(_name, others)))
+            return
+        cooldown = self.hostset.blacklist(host, why)
+        strays = [i for i, w in self._live.items() if i[0] == host and not w.stopping]
         log.warning("round %d: worker %s (rank %d) %s; blacklisting host %s %s%s", self.round,
-                    _name(sid), rank, describe_exit(code), host,
-                    _for(cooldown),
-                    f" and stopping its workers {', '.join(map(_name, others))}" if others else "")
-        self._stop(others)
+                    _name(sid), rank, describe_exit(code), host, _for(cooldown),
+                    f" and stopping its workers {', '.join(map(_name, strays))}" if strays else "")
+        self._stop(strays)
 
     def _rank_in_round(self, sid: SlotId) -> int:
-        for s in self.round_slots:
-            if slot_id(s) == sid:
-                return s.rank
-        return -1
+        return self.round_ids.index(sid) if sid in self.round_ids else -1
 
     def _stop(self, ids: Sequence[SlotId]) -> None:
         ids = [i for i in ids if i in self._live and not self._live[i].stopping]
@@ -285,12 +317,9 @@ class ElasticDriver:
 
     def _step_finishing(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
-            sid, code = failures[0]
-            self._fail(f"worker {_name(sid)} (rank {self._rank_in_round(sid)}) of round "
-                       f"{self.round} {describe_exit(code)} after training finished on "
-                       f"{', '.join(map(_name, sorted(self._finished)))}", exit_status(code))
+            self._fail_with_summary(failures[0])
             return
-        members = [slot_id(s) for s in self.round_slots]
+        members = list(self.round_ids)
         if all(m in self._finished for m in members):
             self._set_state(State.SUCCEEDED, f"all {_count(len(members), 'worker')} of round "
                                              f"{self.round} exited 0")
@@ -303,13 +332,30 @@ class ElasticDriver:
                        f"but workers {', '.join(map(_name, lost))} of round {self.round} "
                        f"failed or were stopped before finishing", FAILED_EXIT)
 
+    def _fail_with_summary(self, failure: Tuple[SlotId, int]) -> None:
+        """A member failed where no new round can follow: name the right rank."""
+        sid, code = failure
+        line = self._workers.describe_failure(sid, code)
+        if line is None and not self.settings.static:
+            self._fail(f"worker {_name(sid)} (rank {self._rank_in_round(sid)}) of round "
+                       f"{self.round} {describe_exit(code)} after training finished on "
+                       f"{', '.join(map(_name, sorted(self._finished)))}", exit_status(code))
+            return
+        if line is None:
+            line = blame.Summary(
+                ranks={i: (self._rank_in_round(i), i[0]) for i in self.round_ids},
+                exits=list(self._exit_order), reports=self._rendezvous.exit_reports,
+                stopped=self._workers.stopped, op_timeout_s=self._op_timeout_s).line(failure)
+        self.summary = line
+        self._fail(line.strip(), exit_status(code))
+
     def _step_running(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
             self._need_round("worker " + ", ".join(
                 f"{_name(s)} {describe_exit(c)}" for s, c in failures))
             return
         plan = self._plan()
-        current = [slot_id(s) for s in self.round_slots]
+        current = list(self.round_ids)
         if plan is not None and plan != current:
             added = [p for p in plan if p not in current]
             removed = [c for c in current if c not in plan]
@@ -352,6 +398,22 @@ class ElasticDriver:
             why = "a fixed host list" + ("" if self.settings.cooldown_range
                                          else " and no --blacklist-cooldown-range")
             self._fail(f"{self._shortage(have)}, and none can come back ({why})", FAILED_EXIT)
+        else:
+            self._say_what_we_wait_for(have)
+
+    def _say_what_we_wait_for(self, have: int) -> None:
+        """Never wait silently: every few seconds, one line on what is missing."""
+        now = time.monotonic()
+        if now - self._last_wait_log < WAIT_LOG_INTERVAL_S:
+            return
+        self._last_wait_log = now
+        left = ("" if self._wait_since is None else
+                f"; --elastic-timeout ends the job in "
+                f"{max(0.0, self._wait_since + self.settings.elastic_timeout_s - now):.0f}s")
+        source = ("waiting for the host source's first answer" if self._poller.hosts is None
+                  else self._shortage(have))
+        log.warning("round %d: waiting for %s: %s%s", self.round,
+                    _count(self._needed(), "slot"), source, left)
 
     def _may_get_more(self) -> bool:
         """Could the usable slots still grow without discovery changing?"""
@@ -377,18 +439,15 @@ class ElasticDriver:
                                 f"{_count(have, 'usable slot')}, {self._needed()} needed")
                 self._step_waiting()
                 return
-            discovered = {h.hostname: h for h in self._poller.hosts or []}
-            self._prepared &= {h.hostname for h in self.hostset.usable(list(discovered.values()))}
-            todo = [discovered[h] for h in dict.fromkeys(p[0] for p in plan)
-                    if h not in self._prepared]
-            try:
-                refused = self._workers.prepare(todo) if todo else {}
-            except HvdliteLaunchError as exc:
-                self._fail(str(exc), FAILED_EXIT)
+            refused = self._prepare_hosts(plan)
+            if refused is None:
                 return
-            self._prepared.update(h.hostname for h in todo if h.hostname not in refused)
             if not refused:
                 break
+            if self.settings.static:
+                self._fail("; ".join(f"host {h}: {why}" for h, why in refused.items()),
+                           FAILED_EXIT)
+                return
             for host, why in refused.items():
                 cooldown = self.hostset.blacklist(host, why)
                 log.warning("round %d: host %s cannot take workers: %s; blacklisting it %s",
@@ -397,35 +456,60 @@ class ElasticDriver:
             self.resets += 1
         self._publish(plan)
 
+    def _prepare_hosts(self, plan: List[SlotId]) -> Optional[Dict[str, str]]:
+        """Have the starter ready the plan's new hosts; ``{host: why}`` for those it could
+        not (None: the job failed)."""
+        discovered = {h.hostname: h for h in self._poller.hosts or []}
+        self._prepared &= {h.hostname for h in self.hostset.usable(list(discovered.values()))}
+        todo = [discovered[h] for h in dict.fromkeys(p[0] for p in plan)
+                if h not in self._prepared]
+        try:
+            refused = self._workers.prepare(todo) if todo else {}
+        except HvdliteLaunchError as exc:
+            self._fail(str(exc), FAILED_EXIT)
+            return None
+        self._prepared.update(h.hostname for h in todo if h.hostname not in refused)
+        return refused
+
     def _publish(self, plan: List[SlotId]) -> None:
         slots = place_slots(plan)
-        new = [s for s in slots if slot_id(s) not in self._live]
-        self.round = self._rendezvous.publish(slots)
+        new = [(sid, s) for sid, s in zip(plan, slots) if sid not in self._live]
+        self.round = self._rendezvous.publish(slots, plan)
         self.round_slots = slots
+        self.round_ids = list(plan)
         self._wait_since = None
-        log.warning("round %d: %s: %s", self.round, _count(len(slots), "worker"), ", ".join(
-            f"rank {s.rank} {s.hostname}:{s.local_rank}{' (new)' if s in new else ''}"
-            for s in slots))
+        (log.info if self.settings.static else log.warning)(
+            "round %d: %s: %s", self.round, _count(len(slots), "worker"), ", ".join(
+                f"rank {s.rank} {_name(sid)}{' (new)' if sid not in self._live else ''}"
+                for sid, s in zip(plan, slots)))
         members = set(plan)
         self._stop([sid for sid in self._live if sid not in members])
-        not_started = self._workers.start(new) if new else {}
+        # a new worker is started under its slot id: that is how it joins every round
+        starting = [dataclasses.replace(s, local_rank=sid[1]) for sid, s in new]
+        not_started = self._workers.start(starting) if starting else {}
         refused: Dict[str, str] = {}
-        for s in new:
-            sid = slot_id(s)
+        for (sid, s), launched in zip(new, starting):
             if sid in not_started:
                 refused.setdefault(s.hostname, not_started[sid])
             else:
-                self._live[sid] = _Worker(s, self.round)
+                self._live[sid] = _Worker(launched, self.round)
         if refused:
-            for host, why in refused.items():
-                cooldown = self.hostset.blacklist(host, why)
-                log.warning("round %d: cannot start workers on host %s: %s; blacklisting it %s",
-                            self.round, host, why, _for(cooldown))
-                self._stop([sid for sid in self._live if sid[0] == host])
-            self._need_round(f"workers could not start on {', '.join(refused)}")
+            self._refused_at_start(refused)
             return
         self._set_state(State.RUNNING, f"round {self.round} published with "
                                        f"{_count(len(slots), 'worker')}")
+
+    def _refused_at_start(self, refused: Dict[str, str]) -> None:
+        if self.settings.static:
+            self._fail("; ".join(f"host {h}: {why}" for h, why in refused.items()),
+                       FAILED_EXIT)
+            return
+        for host, why in refused.items():
+            cooldown = self.hostset.blacklist(host, why)
+            log.warning("round %d: cannot start workers on host %s: %s; blacklisting it %s",
+                        self.round, host, why, _for(cooldown))
+            self._stop([sid for sid in self._live if sid[0] == host])
+        self._need_round(f"workers could not start on {', '.join(refused)}")
 
     # ---- planning ------------------------------------------------------------------------
 
@@ -436,15 +520,16 @@ class ElasticDriver:
             return None
         usable: List[HostSlots] = self.hostset.usable(discovered)
         slots_of = {h.hostname: h.slots for h in usable}
-        survivors = [slot_id(s) for s in self.round_slots
-                     if slot_id(s) in self._live and not self._live[slot_id(s)].stopping
-                     and s.local_rank < slots_of.get(s.hostname, 0)]
+        survivors = [sid for sid in self.round_ids
+                     if sid in self._live and not self._live[sid].stopping
+                     and sid[1] < slots_of.get(sid[0], 0)
+                     and not self.hostset.slot_blacklisted(sid)]
         kept = set(survivors)
         plan = list(survivors)
         for host in usable:
             for local in range(host.slots):
                 sid = (host.hostname, local)
-                if sid in kept:
+                if sid in kept or self.hostset.slot_blacklisted(sid):
                     continue
                 if sid in self._live:       # its old process is still being stopped
                     break
@@ -457,3 +542,7 @@ class ElasticDriver:
         self.error = why
         self.exit_code = code
         self._set_state(State.FAILED, why)
+
+
+#: the name the elastic-only loop had; the same class
+ElasticDriver = Agent

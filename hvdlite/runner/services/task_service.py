@@ -1,6 +1,6 @@
 """The task service: one per host of a multi-host job, started by the launcher.
 
-``python -m hvdlite.runner.task`` reads one JSON line from stdin (job key,
+``python -m hvdlite.runner.services.task_service`` reads one JSON line from stdin (job key,
 driver addresses, this host's index, the forwarded environment), finds a
 driver address it can reach, registers this host's interfaces, and serves:
 
@@ -14,8 +14,8 @@ driver address it can reach, registers this host's interfaces, and serves:
 * ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees (elastic
   jobs); their exits are reported like any other
 * ``terminate``: end the workers' process trees and exit
-* ``stopped`` -> ``{ranks: [...]}``: this host's ranks whose process is stopped (SIGSTOP or
-  a debugger), so that the launcher names a silent rank rather than the one that noticed
+* ``stopped`` -> ``{local_ranks: [...]}``: the local slots of this host's workers whose
+  process is stopped (SIGSTOP or a debugger), so that the launcher names a silent rank rather than the one that noticed
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it; an elastic worker keeps the rank it started with); worker exits are
@@ -41,7 +41,7 @@ from hvdlite.runner.nics import discover_nics
 from hvdlite.runner.procs import WorkerGroup, terminate_groups
 from hvdlite.runner.rank_output import OutputSink
 
-log = logging.getLogger("hvdlite.runner.task")
+log = logging.getLogger("hvdlite.runner.services.task_service")
 
 STDIN_FD = 0
 
@@ -144,7 +144,7 @@ class TaskService(Service):
             self._on_terminate()
             return {}, b""
         if op == "stopped":
-            return {"ranks": self._on_stopped() if self._on_stopped else []}, b""
+            return {"local_ranks": self._on_stopped() if self._on_stopped else []}, b""
         raise ServiceError(f"unknown task operation {op!r}")
 
 
@@ -218,9 +218,10 @@ class _Task:
         self.wake.set()
 
     def on_stopped(self) -> List[int]:
+        """The local slots of this host's workers whose process is stopped."""
         with self.lock:
             groups = list(self.live.values())
-        return [slot.rank for g in groups for slot in g.stopped_slots()]
+        return [slot.local_rank for g in groups for slot in g.stopped_slots()]
 
     def _lifeline(self):
         """Watch stdin (the launcher's end of the pipe or SSH channel) until it closes.

@@ -1,7 +1,5 @@
-"""Which hosts (and how many slots on each) the elastic driver may use right now.
+"""The discovery-script host source: ``--host-discovery-script``, asked about once a second.
 
-:class:`HostDiscovery` is asked about once a second.  :class:`FixedHosts` is the
-``-H``/``--hostfile`` list (the job is elastic only in that it survives failures);
 :class:`ScriptDiscovery` runs ``--host-discovery-script`` and parses what it prints,
 one host per line::
 
@@ -12,11 +10,10 @@ one host per line::
 Blank lines and ``#`` comments are ignored; an empty answer means "no hosts now".
 A script that exits non-zero, runs past its timeout or prints a line that is not
 ``host[:slots]`` raises :class:`HostDiscoveryError`, which carries the script's
-output.  The driver logs it and keeps the host set it had: one bad answer from a
+output.  The agent logs it and keeps the host set it had: one bad answer from a
 flaky script must not end (or shrink) a running job.
 """
 
-import abc
 import logging
 import os
 import signal
@@ -26,9 +23,9 @@ from typing import List, Optional
 
 import psutil
 
-from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.runner import lifeline
-from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.hosts.slots import HostSlots
+from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
 
 log = logging.getLogger(__name__)
 
@@ -36,44 +33,6 @@ log = logging.getLogger(__name__)
 SCRIPT_TIMEOUT_S = 10.0
 #: how much of a failing script's output an error message quotes
 _OUTPUT_QUOTE_CHARS = 2000
-
-
-class HostDiscoveryError(HvdliteLaunchError):
-    """Host discovery gave no usable answer; ``output`` is what the script printed."""
-
-    def __init__(self, message: str, output: str = ""):
-        super().__init__(message)
-        self.output = output
-
-
-class HostDiscovery(abc.ABC):
-    """A source of the currently available hosts."""
-
-    #: False when the answer can never change (the driver then need not wait for it to)
-    can_change = True
-
-    @abc.abstractmethod
-    def find(self) -> List[HostSlots]:
-        """The hosts available now, in the order new slots should be filled.
-
-        Raises:
-            HostDiscoveryError: no usable answer this time (the caller keeps the last one).
-        """
-
-    def close(self) -> None:
-        """End whatever a running :meth:`find` is waiting on (default: nothing)."""
-
-
-class FixedHosts(HostDiscovery):
-    """The hosts of ``-H``/``--hostfile``: always the same answer."""
-
-    can_change = False
-
-    def __init__(self, hosts: List[HostSlots]):
-        self._hosts = list(hosts)
-
-    def find(self) -> List[HostSlots]:
-        return list(self._hosts)
 
 
 def parse_discovery_output(text: str, default_slots: int = 1) -> List[HostSlots]:
@@ -115,7 +74,7 @@ def parse_discovery_output(text: str, default_slots: int = 1) -> List[HostSlots]
     return [found[h] for h in order]
 
 
-class ScriptDiscovery(HostDiscovery):
+class ScriptDiscovery(HostSource):
     """Runs ``--host-discovery-script`` (an executable file) and parses its stdout.
 
     The script runs in its own session with a timeout; when it runs too long its

@@ -1,7 +1,9 @@
-"""The elastic flags, checked once at launch into :class:`ElasticSettings`.
+"""What the agent's loop needs to know about a job's size and failures: :class:`JobSettings`.
 
-Kept apart from ``launch.py`` (which only maps argparse onto :func:`validate`) so the
-launcher stays a thin dispatcher and the driver imports its settings without it.
+A static job is :meth:`JobSettings.static` (``-np`` slots, no resets: the first
+failure ends it); an elastic job's flags are checked once at launch by
+:func:`validate`.  Kept apart from ``launch.py`` (which only maps argparse onto
+:func:`validate`) so the launcher stays a thin dispatcher.
 """
 
 import dataclasses
@@ -15,8 +17,8 @@ DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
-class ElasticSettings:
-    """What the elastic driver needs from the flags."""
+class JobSettings:
+    """What the agent needs from the flags: how many ranks, and what a failure does."""
 
     np: int                                     # -np: the first round waits for this many
     min_np: int                                 # --min-np
@@ -24,12 +26,24 @@ class ElasticSettings:
     elastic_timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
     reset_limit: Optional[int] = None           # --reset-limit (None: unlimited)
     cooldown_range: Optional[Tuple[float, float]] = None   # --blacklist-cooldown-range
+    #: a static job: exactly ``np`` ranks, no rounds after the first, and a failed rank
+    #: ends the job (its summary names the rank that failed first)
+    static: bool = False
+
+    @classmethod
+    def static_job(cls, np: int) -> "JobSettings":
+        """A fixed job of ``np`` ranks."""
+        return cls(np=np, min_np=np, max_np=np, reset_limit=0, static=True)
+
+
+#: the name the elastic flags' object had; the same class
+ElasticSettings = JobSettings
 
 
 def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
              elastic_timeout_s: Optional[float], reset_limit: Optional[int],
              cooldown_range: Optional[Sequence[float]], slots_per_host: Optional[int],
-             discovery_script: Optional[str], fixed_hosts: bool, mpi: bool) -> ElasticSettings:
+             discovery_script: Optional[str], fixed_hosts: bool, mpi: bool) -> JobSettings:
     """Check the elastic flags of one launch (``np`` >= 1 is already checked).
 
     ``fixed_hosts``: -H or --hostfile was given.  ``None`` means the flag was not given.
@@ -73,5 +87,5 @@ def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
         if not os.access(discovery_script, os.X_OK):
             raise HvdliteConfigError(
                 f"--host-discovery-script {discovery_script}: not executable (chmod +x it)")
-    return ElasticSettings(np=np, min_np=min_np, max_np=max_np, elastic_timeout_s=timeout,
+    return JobSettings(np=np, min_np=min_np, max_np=max_np, elastic_timeout_s=timeout,
                            reset_limit=reset_limit, cooldown_range=cooldown)

@@ -1,0 +1,190 @@
+"""Run one job: a host source x a starter x the agent's loop.
+
+:func:`run_job` is the one way a job runs -- ``hvdlite-run`` (static and elastic,
+local, SSH and MPI) and ``hvdlite.run`` call it with their :class:`LaunchConfig`;
+the engines (``hvdlite.ray``) build an :class:`Agent` from the same parts with their
+own host source and starter.  Every rank's job environment is built here, in
+:func:`rank_env`, and nowhere else (``procs.slot_env`` adds each rank's place).
+"""
+
+import dataclasses
+import logging
+import os
+import sys
+import uuid
+from typing import Dict, List, Optional
+
+from hvdlite.common import config as cfg
+from hvdlite.common.exceptions import HvdliteError
+from hvdlite.common.net.framing import new_key
+from hvdlite.runner.agent.rounds import Rounds
+from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.state_machine import Agent
+from hvdlite.runner.hosts import HostSlots, assign_slots, is_local, resolve
+from hvdlite.runner.hosts.fixed import FixedHosts
+from hvdlite.runner.hosts.script import ScriptDiscovery
+from hvdlite.runner.hosts.source import HostSource
+from hvdlite.runner.launch_config import LaunchConfig, forwarded
+from hvdlite.runner.nics import loopback_interface
+from hvdlite.runner.procs import StopSignals
+from hvdlite.runner.rank_output import OutputSink
+from hvdlite.runner.ssh import SSHOptions
+from hvdlite.runner.starters.auto import AutoWorkers
+from hvdlite.runner.starters.base import Starter
+from hvdlite.runner.starters.local import LocalWorkers
+from hvdlite.runner.starters.mpiexec import MpiexecStarter
+from hvdlite.runner.starters.ssh_tasks import TaskWorkers
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Job:
+    """What every part of one job shares: its identity, output and store."""
+
+    config: LaunchConfig
+    settings: JobSettings
+    key: bytes = dataclasses.field(default_factory=new_key)
+    job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+    rounds: Optional[Rounds] = None
+    agent: Optional[Agent] = None
+
+    def wake(self) -> None:
+        if self.agent is not None:
+            self.agent.wake()
+
+
+def run_job(config: LaunchConfig) -> int:
+    """Run the job ``config`` describes; returns its exit code (0, the failure's, or 130).
+
+    Raises:
+        HvdliteConfigError: a host name that does not resolve, or no mpiexec for --mpi.
+    """
+    settings = config.elastic or JobSettings.static_job(config.np)
+    source = host_source(config, settings)
+    job = _Job(config, settings)
+    sink = OutputSink(output_dir=config.output_dir, timestamp=config.timestamp_output)
+    try:
+        starter = make_starter(job, source, sink)
+        return run_agent(job, source, starter)
+    finally:
+        sink.close()
+
+
+def run_agent(job: _Job, source: HostSource, starter: Starter) -> int:
+    """The agent's loop over ``source`` and ``starter``, with SIGINT/SIGTERM as a stop
+    request; prints why the job failed, if it did."""
+    job.rounds = Rounds(job.key, lambda: starter.rendezvous_addr,
+                        repeat_last=job.settings.static, needed=starter.needs_rendezvous)
+    job.agent = Agent(job.settings, source, starter, job.rounds,
+                      op_timeout_s=op_timeout(job.config.tunable_env))
+    try:
+        with StopSignals(job.agent.request_stop, action=starter.stop_action):
+            code = job.agent.run()
+    finally:
+        starter.close()
+        job.rounds.shutdown()
+    if job.agent.summary:
+        sys.stderr.write(job.agent.summary)
+    elif job.agent.error:
+        sys.stderr.write(f"hvdlite-run: error: {job.agent.error}\n")
+    sys.stderr.flush()
+    return code
+
+
+def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
+    """The discovery script, or the fixed host list (a static job's: only the slots its
+    ``-np`` ranks use, filled host by host).
+
+    Raises:
+        HvdliteConfigError: a listed host name does not resolve.
+    """
+    if config.discovery_script:
+        return ScriptDiscovery(config.discovery_script, config.slots_per_host)
+    hosts = config.hosts
+    if settings.static:
+        used: Dict[str, int] = {}
+        for slot in assign_slots(config.hosts, config.np):
+            used[slot.hostname] = used.get(slot.hostname, 0) + 1
+        hosts = [HostSlots(h.hostname, used[h.hostname], h.user)
+                 for h in config.hosts if h.hostname in used]
+    for h in hosts:
+        if not is_local(h.hostname):
+            resolve(h.hostname)          # "unknown host" before anything starts
+    return FixedHosts(hosts)
+
+
+def make_starter(job: _Job, source: HostSource, sink: OutputSink) -> Starter:
+    """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoWorkers`)."""
+    config = job.config
+    if config.controller == "mpi":
+        return _mpiexec_starter(job, source.find())
+    ssh = SSHOptions(port=config.ssh_port, identity_file=config.ssh_identity_file,
+                     known_hosts_file=config.ssh_known_hosts_file,
+                     strict_host_key_checking=config.ssh_strict_host_key_checking)
+    return AutoWorkers(
+        make_local=lambda: LocalWorkers(config.command, lambda: rank_env(job, local=True),
+                                        sink, base_env=dict(os.environ), on_exit=job.wake),
+        make_tasks=lambda: TaskWorkers(job.key, job.job_id, config.command,
+                                       lambda: rank_env(job, local=False),
+                                       config.forward_env(), ssh, config.start_timeout_s, sink,
+                                       network_interfaces=config.network_interfaces,
+                                       on_exit=job.wake, verbose=config.verbose),
+        tasks_from_start=any(not is_local(h.hostname) for h in source.find()))
+
+
+def rank_env(job: _Job, local: bool) -> Dict[str, str]:
+    """The one place that builds the environment every rank of a Gloo job shares.
+
+    ``local``: the workers are children of this process, so they get the job key here
+    (a task adds it itself: the key never crosses the wire) and Gloo's own
+    unauthenticated listeners stay on loopback, like the store.
+    """
+    config = job.config
+    env = dict(config.tunable_env)
+    env.update(config.user_env)
+    env.update(config.secret_env)
+    env.update({
+        cfg.RENDEZVOUS_ADDR: job.rounds.address[0],
+        cfg.RENDEZVOUS_PORT: str(job.rounds.address[1]),
+        cfg.JOB_ID: job.job_id,
+        cfg.CPU_OPERATIONS: config.controller,
+    })
+    if not job.settings.static:
+        env[cfg.ELASTIC] = "1"
+        # a survivor waits this long for the round after a failure (as the agent does)
+        env[cfg.ELASTIC_TIMEOUT] = repr(float(job.settings.elastic_timeout_s))
+    if local:
+        env[cfg.SECRET_KEY] = job.key.hex()
+        env[cfg.GLOO_IFACE] = loopback_interface()
+    return env
+
+
+def _mpiexec_starter(job: _Job, hosts: List[HostSlots]) -> MpiexecStarter:
+    """mpiexec gets the tunables on its command line; everything else is passed by name
+    from its own environment, never on a command line (which ``ps`` shows to every user):
+    PATH & co, the user's HVDLITE_* and HOROVOD_* variables, -x values, the job key (it
+    signs ``broadcast_object`` & co) and the other secret variables."""
+    config = job.config
+    hidden = dict(config.user_env)
+    hidden.update(config.secret_env)
+    hidden[cfg.SECRET_KEY] = job.key.hex()
+    names = [n for n in os.environ if forwarded(n) and n not in hidden] + sorted(hidden)
+    return MpiexecStarter(hosts, config.command, dict(config.tunable_env), names,
+                          config.mpi_args,
+                          ssh_port=config.ssh_port if config.ssh_port != 22 else None,
+                          identity_file=config.ssh_identity_file, verbose=config.verbose,
+                          output_dir=config.output_dir, timestamp=config.timestamp_output,
+                          binding_args=config.binding_args, hidden_env=hidden,
+                          on_exit=job.wake)
+
+
+def op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:
+    """The ranks' --op-timeout-seconds, for the message about a silent rank."""
+    try:
+        return cfg.Config.from_env(
+            {k: v for k, v in tunable_env.items() if k == cfg.OP_TIMEOUT}, warn=False
+        ).op_timeout_s
+    except HvdliteError:
+        return None
+

@@ -1,0 +1,50 @@
+"""The job's rendezvous rounds, as the agent sees them: a store made on first use.
+
+The store (``hvdlite.runner.rendezvous.RendezvousService``) is made when the first
+round is published, because its address is known only once the starter has
+prepared the first round's hosts (a multi-host job binds it to the interface
+chosen between them).  A static job's store repeats its one round for every
+``shutdown()`` then ``init()``; an elastic job's opens only what the agent
+publishes.  A starter whose workers need no store (mpiexec) gets none.
+"""
+
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.rendezvous import RendezvousService
+from hvdlite.runner.starters.base import SlotId
+
+
+class Rounds:
+    """Opens rounds on the job's store, made on the first :meth:`publish`."""
+
+    def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
+                 needed: bool = True):
+        self._key = key
+        self._bind_addr = bind_addr
+        self._repeat_last = repeat_last
+        self._needed = needed
+        self._count = -1
+        self.service: Optional[RendezvousService] = None
+
+    def publish(self, slots: Sequence[SlotInfo], ids: Sequence[SlotId]) -> int:
+        """Open the next round; returns its number."""
+        if not self._needed:
+            self._count += 1
+            return self._count
+        if self.service is None:
+            self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
+                                             bind_addr=self._bind_addr())
+        return self.service.publish(slots, ids)
+
+    def exit_reports(self) -> Dict[SlotId, dict]:
+        return {} if self.service is None else self.service.exit_reports()
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        """The store's (address, port); valid after the first :meth:`publish`."""
+        return self.service.address
+
+    def shutdown(self) -> None:
+        if self.service is not None:
+            self.service.shutdown()
