@@ -151,3 +151,24 @@ def test_elastic_example_survives_a_new_host(job_factory):
     assert job.finish() == 0, job.output()
     out = job.output()
     assert "Reset: now 2 ranks" in out and "Total img/sec on 2 rank(s)" in out, out
+
+
+def test_one_host_worker_killed_survivors_keep_state_and_finish_fast(job_factory):
+    """Every slot on one host: a SIGKILLed worker keeps only its slot out; the two
+    survivors go on from their last commit (no restart from step 0, no new process) and
+    the job ends within 10 s of the kill."""
+    job = job_factory("localhost:3\n", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      env={"ELASTIC_KILL_AT": "localhost:1:7"})
+    job.wait_for("was killed by signal SIGKILL", timeout_s=90)
+    killed_at = time.monotonic()
+    assert job.finish() == 0, job.output()
+    assert time.monotonic() - killed_at < 10.0, job.output()
+    out = job.output()
+    check_result(job.result, STEPS, [3, 2])
+    assert "blacklisting slot localhost:1 for the rest of the job; the host's other " \
+           "workers localhost:0, localhost:2 keep running" in out, out
+    assert "round 1: 2 workers: rank 0 localhost:0, rank 1 localhost:2" in out, out
+    assert "(new)" not in out.split("round 1:")[1], out          # no worker started again
+    resumed = [int(line.rsplit("step=", 1)[1]) for line in out.splitlines()
+               if "TRAIN rank=" in line and "size=2" in line]
+    assert resumed and min(resumed) >= 7, out                     # from the last commit

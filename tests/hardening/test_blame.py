@@ -48,6 +48,24 @@ def test_stopped_rank_is_named_with_what_was_seen():
     assert "its process is stopped" in line and "rank 0 on host" in line
 
 
+def test_rank_that_raised_is_named_with_its_exception():
+    """Rank 0 fails too (its collective failed because rank 1 left) and may exit first,
+    but the summary names rank 1 with its own exception, which only rank 1's exit report
+    carries."""
+    code, line = _run("raise")
+    assert code == 1
+    assert line.startswith("hvdlite-run: rank 1 on host localhost "), line
+    assert "ValueError: bad batch 17 on rank one; " in line, line
+    assert "HvdliteInternalError" not in line, line
+
+
+def test_rank_that_raised_on_a_remote_host_is_named(sshd):
+    code, line = _run("raise", ["-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()])
+    assert code == 1
+    assert line.startswith("hvdlite-run: rank 1 on host 127.0.0.2 "), line
+    assert "ValueError: bad batch 17 on rank one; " in line, line
+
+
 @pytest.mark.parametrize("mode, seen", [
     ("stop", "stopped answering for 3s (--op-timeout-seconds): its process is stopped"),
     ("exit0", "exited with code 0 before its peers finished")])

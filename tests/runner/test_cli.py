@@ -168,8 +168,8 @@ def test_closed_ssh_port_names_host():
 
 def test_launcher_imports_no_framework():
     import subprocess
-    code = ("import sys, hvdlite.runner.launch, hvdlite.runner.gloo_run, hvdlite.runner.task, "
-            "hvdlite.runner.driver, hvdlite.runner.ssh, hvdlite.runner.mpi_run, "
+    code = ("import sys, hvdlite.runner.launch, hvdlite.runner.agent.job, hvdlite.runner.services.task_service, "
+            "hvdlite.runner.services.driver_service, hvdlite.runner.ssh, hvdlite.runner.starters.mpiexec, "
             "hvdlite.runner.rank_output, hvdlite.common.net.kv; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow') "
             "or m.startswith('hvdlite.torch')]; assert not bad, bad")

@@ -19,17 +19,21 @@ import pytest
 
 from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Client, ServiceError
-from hvdlite.runner.driver import DriverService
-from hvdlite.runner.elastic.discovery import (FixedHosts, HostDiscovery, HostDiscoveryError,
-                                              ScriptDiscovery, parse_discovery_output)
-from hvdlite.runner.elastic.driver import TRANSITIONS, ElasticDriver, State
-from hvdlite.runner.elastic.hostset import HostSet
-from hvdlite.runner.elastic.run import launch_elastic
-from hvdlite.runner.elastic.settings import ElasticSettings
-from hvdlite.runner.elastic.workers import WorkerLauncher, slot_id
+from hvdlite.runner.services.driver_service import DriverService
+from hvdlite.runner.agent.hostset import HostSet
+from hvdlite.runner.agent.job import JobContext, rank_env, run_agent
+from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.state_machine import TRANSITIONS, Agent, State
 from hvdlite.runner.hosts import HostSlots, place_slots
+from hvdlite.runner.hosts.fixed import FixedHosts
+from hvdlite.runner.hosts.script import ScriptDiscovery, parse_discovery_output
+from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
+from hvdlite.runner.launch_config import LaunchConfig
+from hvdlite.runner.rank_output import OutputSink
+from hvdlite.runner.services.task_service import TaskService
 from hvdlite.runner.ssh import SSHOptions
-from hvdlite.runner.task import TaskService
+from hvdlite.runner.starters.base import Starter, slot_id
+from hvdlite.runner.starters.ssh_tasks import TaskWorkers
 
 from conftest import wait_gone
 
@@ -46,7 +50,7 @@ def H(spec: str) -> List[HostSlots]:
     return out
 
 
-class FakeDiscovery(HostDiscovery):
+class FakeDiscovery(HostSource):
     def __init__(self, spec: str = "", can_change: bool = True):
         self._hosts = H(spec)
         self._lock = threading.Lock()
@@ -64,7 +68,7 @@ class FakeDiscovery(HostDiscovery):
             return list(self._hosts)
 
 
-class FakeWorkers(WorkerLauncher):
+class FakeWorkers(Starter):
     """Workers are entries of ``live``; the test ends them with :meth:`exit`."""
 
     def __init__(self):
@@ -124,10 +128,15 @@ class FakeWorkers(WorkerLauncher):
 class FakeRounds:
     def __init__(self):
         self.rounds: List[list] = []
+        self.ids: List[list] = []
 
-    def publish(self, slots):
+    def publish(self, slots, ids):
         self.rounds.append(list(slots))
+        self.ids.append(list(ids))
         return len(self.rounds) - 1
+
+    def exit_reports(self):
+        return {}
 
 
 class Job:
@@ -138,11 +147,11 @@ class Job:
         self.discovery = discovery
         self.workers = workers or FakeWorkers()
         self.rounds = FakeRounds()
-        settings = ElasticSettings(np=np, min_np=min_np or np, max_np=max_np,
+        settings = JobSettings(np=np, min_np=min_np or np, max_np=max_np,
                                    elastic_timeout_s=timeout, reset_limit=reset_limit,
                                    cooldown_range=cooldown)
-        self.driver = ElasticDriver(settings, discovery, self.workers, self.rounds,
-                                    discovery_interval_s=INTERVAL)
+        self.driver = Agent(settings, discovery, self.workers, self.rounds,
+                            discovery_interval_s=INTERVAL)
         self.workers.on_exit = self.driver.wake
         self.code = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -152,7 +161,7 @@ class Job:
         self.code = self.driver.run()
 
     def ids(self, round_no):
-        return [slot_id(s) for s in self.rounds.rounds[round_no]]
+        return self.rounds.ids[round_no]
 
     def wait_round(self, n, timeout=3.0):
         wait_for(lambda: len(self.rounds.rounds) > n and self.driver.state is State.RUNNING
@@ -223,30 +232,51 @@ def test_place_slots_interleaved_hosts():
         == [(0, 0, 2, 0, 3), (1, 0, 2, 1, 3), (2, 1, 2, 0, 2), (3, 0, 1, 2, 3), (4, 1, 2, 1, 2)]
 
 
-def test_failed_worker_blacklists_host_survivors_keep_order(caplog):
+def test_failed_worker_blacklists_its_slot_host_mates_keep_running(caplog):
     caplog.set_level(logging.INFO, logger="hvdlite.runner.elastic")
     disc = FakeDiscovery("a:1,b:2,c:1")
     job = Job(disc, np=4, min_np=2, max_np=8)
     assert job.wait_round(0) == [("a", 0), ("b", 0), ("b", 1), ("c", 0)]
     job.workers.exit(("b", 1), 3)
-    # the host's other worker is stopped, and its exit is no failure
-    assert job.wait_round(1) == [("a", 0), ("c", 0)]
-    assert job.workers.stopped == [("b", 0)]
-    assert job.driver.hostset.blacklisted == {"b": "worker b:1 exited with code 3"}
+    # only the slot is kept out: the host's other worker keeps running (and its state)
+    assert job.wait_round(1) == [("a", 0), ("b", 0), ("c", 0)]
+    assert job.workers.stopped == []
+    assert job.driver.hostset.blacklisted == {"b:1": "worker b:1 exited with code 3"}
     assert job.driver.resets == 1
-    assert [s.rank for s in job.rounds.rounds[1]] == [0, 1]
+    assert [(s.rank, s.local_rank, s.local_size) for s in job.rounds.rounds[1]] == \
+        [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
+    # the host's last worker fails too: now the whole host is kept out
+    job.workers.exit(("b", 0), 4)
+    assert job.wait_round(2) == [("a", 0), ("c", 0)]
+    assert job.driver.hostset.is_blacklisted("b")
     # rank 0's host fails: the survivors keep their order, new slots come after them
     disc.set("a:1,b:2,c:1,d:2")
-    assert job.wait_round(2) == [("a", 0), ("c", 0), ("d", 0), ("d", 1)]
+    assert job.wait_round(3) == [("a", 0), ("c", 0), ("d", 0), ("d", 1)]
     job.workers.exit(("a", 0), 1)
-    assert job.wait_round(3) == [("c", 0), ("d", 0), ("d", 1)]
-    assert job.rounds.rounds[3][0].hostname == "c"        # rank 0 is a survivor
+    assert job.wait_round(4) == [("c", 0), ("d", 0), ("d", 1)]
+    assert job.rounds.rounds[4][0].hostname == "c"        # rank 0 is a survivor
     assert job.workers.started == [("a", 0), ("b", 0), ("b", 1), ("c", 0), ("d", 0), ("d", 1)]
     text = caplog.text
-    assert "round 0: worker b:1 (rank 2) exited with code 3; blacklisting host b for the " \
-           "rest of the job and stopping its workers b:0" in text
-    assert "round 1: 2 workers: rank 0 a:0, rank 1 c:0" in text
-    assert "after it was stopped" in text
+    assert "round 0: worker b:1 (rank 2) exited with code 3; blacklisting slot b:1 for the " \
+           "rest of the job; the host's other workers b:0 keep running" in text
+    assert "round 1: worker b:0 (rank 1) exited with code 4; blacklisting host b for the " \
+           "rest of the job" in text
+    assert "round 1: 3 workers: rank 0 a:0, rank 1 b:0, rank 2 c:0" in text
+    job.driver.request_stop()
+    assert job.finish() == 130
+
+
+def test_slot_hole_gets_dense_local_ranks():
+    """After a slot in the middle of a host is kept out, the host's survivors still get
+    local ranks 0..k-1 (shared memory needs them), joined under their own slot ids."""
+    disc = FakeDiscovery("a:3")
+    job = Job(disc, np=3, min_np=2)
+    assert job.wait_round(0) == [("a", 0), ("a", 1), ("a", 2)]
+    job.workers.exit(("a", 1), -9)
+    assert job.wait_round(1) == [("a", 0), ("a", 2)]
+    assert [(s.rank, s.local_rank, s.local_size) for s in job.rounds.rounds[1]] == \
+        [(0, 0, 2), (1, 1, 2)]
+    assert job.workers.stopped == [] and job.driver.resets == 1
     job.driver.request_stop()
     assert job.finish() == 130
 
@@ -580,24 +610,34 @@ def test_driver_service_elastic_hosts_and_slot_exits():
 
 @pytest.mark.timeout(60)
 def test_task_workers_through_local_tasks(capfd, caplog):
-    """The task path without SSH: every host (both local) gets a task subprocess; a
-    failure on localhost stops its other worker through the task's ``stop``."""
+    """The task starter without SSH, plugged into the agent by hand: every host (both
+    local) gets a task subprocess; a failure on localhost:1 keeps only that slot out,
+    and its host mate localhost:0 goes on in the next round."""
     caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
                           "elastic_worker.py")
     env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
-    settings = ElasticSettings(np=3, min_np=1, elastic_timeout_s=20)
-    code = launch_elastic(settings, FixedHosts(H("localhost:2,127.0.0.1:1")),
-                          [sys.executable, worker, "--fail", "localhost:1", "--done-after", "1"],
-                          {}, {}, env, SSHOptions(), start_timeout_s=20,
-                          tasks_from_start=True)
+    hosts = H("localhost:2,127.0.0.1:1")
+    config = LaunchConfig(np=3, hosts=hosts, command=[sys.executable, worker, "--fail",
+                                                      "localhost:1", "--done-after", "1"],
+                          elastic=JobSettings(np=3, min_np=1, elastic_timeout_s=20))
+    job = JobContext(config, config.elastic)
+    sink = OutputSink()
+    starter = TaskWorkers(job.key, job.job_id, config.command,
+                          lambda: rank_env(job, local=False), env, SSHOptions(),
+                          start_timeout_s=20, sink=sink, on_exit=job.wake)
+    try:
+        code = run_agent(job, FixedHosts(hosts), starter)
+    finally:
+        sink.close()
     out, err = capfd.readouterr()
     err = caplog.text + err
     assert code == 0, err
     assert "round 0: 3 workers: rank 0 localhost:0 (new), rank 1 localhost:1 (new), " \
            "rank 2 127.0.0.1:0 (new)" in err
-    assert "blacklisting host localhost for the rest of the job and stopping its workers " \
-           "localhost:0" in err
-    assert "round 1: 1 worker: rank 0 127.0.0.1:0" in err
-    assert "[2]<stdout>:JOINED round=1 rank=0 size=1 slot=127.0.0.1:0" in out
+    assert "blacklisting slot localhost:1 for the rest of the job; the host's other " \
+           "workers localhost:0 keep running" in err
+    assert "round 1: 2 workers: rank 0 localhost:0, rank 1 127.0.0.1:0" in err
+    assert "[2]<stdout>:JOINED round=1 rank=1 size=2 slot=127.0.0.1:0" in out
+    assert "[0]<stdout>:JOINED round=1 rank=0 size=2 slot=localhost:0" in out
     assert "[2]<stdout>:DONE slot=127.0.0.1:0" in out

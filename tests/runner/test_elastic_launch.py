@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, wait_gone, worker
 
 EW = worker("elastic_worker.py")
-ANY_TASK = "hvdlite.runner.task"
+ANY_TASK = "hvdlite.runner.services.task_service"
 
 
 class Launch:

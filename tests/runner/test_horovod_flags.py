@@ -11,7 +11,7 @@ from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner import flags, launch
 from hvdlite.runner.hosts import HostSlots
-from hvdlite.runner.mpi_run import HYDRA, OPENMPI, build_command
+from hvdlite.runner.starters.mpiexec import HYDRA, OPENMPI, build_command
 
 from conftest import REPO, run_launcher, worker
 

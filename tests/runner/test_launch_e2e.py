@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, procs_with, run_launcher, wait_gone, worker
 
 KV = worker("kv_worker.py")
-ANY_TASK = "hvdlite.runner.task"
+ANY_TASK = "hvdlite.runner.services.task_service"
 
 
 def ok_lines(out):

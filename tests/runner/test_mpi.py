@@ -15,7 +15,7 @@ import pytest
 
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner.hosts import HostSlots
-from hvdlite.runner.mpi_run import (HYDRA, INTEL, OPENMPI, build_command, detect_flavor,
+from hvdlite.runner.starters.mpiexec import (HYDRA, INTEL, OPENMPI, build_command, detect_flavor,
                                     find_mpiexec)
 from hvdlite.runner.rank_output import MODULE, mpi_rank, wrapper_command
 
@@ -244,17 +244,11 @@ def test_mpi_mode_failing_rank_exit_code_and_output_dir(tmp_path):
     script = tmp_path / "slow_printer.py"
     script.write_text(SLOW_PRINTER)
     out_dir = tmp_path / "logs"
-    # --output-filename reaches launch_mpi's output_dir; call it directly so the test
-    # does not depend on how the CLI passes it
-    code = (f"import sys; from hvdlite.runner.hosts import HostSlots; "
-            f"from hvdlite.runner.mpi_run import launch_mpi; "
-            f"sys.exit(launch_mpi(2, [HostSlots('localhost', 2)], "
-            f"[sys.executable, {str(script)!r}, '1'], {{}}, ['PATH'], [], "
-            f"output_dir={str(out_dir)!r}))")
+    code = [sys.executable, "-m", "hvdlite.runner", "--mpi", "-np", "2", "--output-filename",
+            str(out_dir), sys.executable, str(script), "1"]
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=50)
+    r = subprocess.run(code, cwd=REPO, env=env, capture_output=True, text=True, timeout=50)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "rank 1 on host" in r.stderr and "exited with code 3" in r.stderr
     for rank in range(2):

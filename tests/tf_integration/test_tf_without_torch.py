@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.runner.mpi_run import find_mpiexec
+from hvdlite.runner.starters.mpiexec import find_mpiexec
 from tests.tf_integration.test_tensorflow import CASES
 from tests.torch_integration.conftest import REPO, CaseResults, launch
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hvdlite.runner.mpi_run import find_mpiexec
+from hvdlite.runner.starters.mpiexec import find_mpiexec
 from hvdlite.common.process_sets import ProcessSet
 
 from .conftest import REPO, WORKERS, CaseResults, launch

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class _Job:
+class JobContext:
     """What every part of one job shares: its identity, output and store."""
 
     config: LaunchConfig
@@ -59,10 +59,11 @@ def run_job(config: LaunchConfig) -> int:
 
     Raises:
         HvdliteConfigError: a host name that does not resolve, or no mpiexec for --mpi.
+        HvdliteLaunchError: a static job's hosts or workers could not be started.
     """
     settings = config.elastic or JobSettings.static_job(config.np)
     source = host_source(config, settings)
-    job = _Job(config, settings)
+    job = JobContext(config, settings)
     sink = OutputSink(output_dir=config.output_dir, timestamp=config.timestamp_output)
     try:
         starter = make_starter(job, source, sink)
@@ -71,9 +72,14 @@ def run_job(config: LaunchConfig) -> int:
         sink.close()
 
 
-def run_agent(job: _Job, source: HostSource, starter: Starter) -> int:
+def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
     """The agent's loop over ``source`` and ``starter``, with SIGINT/SIGTERM as a stop
-    request; prints why the job failed, if it did."""
+    request; prints why the job failed, if it did.
+
+    Raises:
+        HvdliteLaunchError: a static job's hosts or workers could not be started (after
+            everything that did start was ended).
+    """
     job.rounds = Rounds(job.key, lambda: starter.rendezvous_addr,
                         repeat_last=job.settings.static, needed=starter.needs_rendezvous)
     job.agent = Agent(job.settings, source, starter, job.rounds,
@@ -84,6 +90,8 @@ def run_agent(job: _Job, source: HostSource, starter: Starter) -> int:
     finally:
         starter.close()
         job.rounds.shutdown()
+    if job.agent.launch_error is not None:
+        raise job.agent.launch_error
     if job.agent.summary:
         sys.stderr.write(job.agent.summary)
     elif job.agent.error:
@@ -114,7 +122,7 @@ def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
     return FixedHosts(hosts)
 
 
-def make_starter(job: _Job, source: HostSource, sink: OutputSink) -> Starter:
+def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Starter:
     """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoWorkers`)."""
     config = job.config
     if config.controller == "mpi":
@@ -133,7 +141,7 @@ def make_starter(job: _Job, source: HostSource, sink: OutputSink) -> Starter:
         tasks_from_start=any(not is_local(h.hostname) for h in source.find()))
 
 
-def rank_env(job: _Job, local: bool) -> Dict[str, str]:
+def rank_env(job: JobContext, local: bool) -> Dict[str, str]:
     """The one place that builds the environment every rank of a Gloo job shares.
 
     ``local``: the workers are children of this process, so they get the job key here
@@ -160,7 +168,7 @@ def rank_env(job: _Job, local: bool) -> Dict[str, str]:
     return env
 
 
-def _mpiexec_starter(job: _Job, hosts: List[HostSlots]) -> MpiexecStarter:
+def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
     """mpiexec gets the tunables on its command line; everything else is passed by name
     from its own environment, never on a command line (which ``ps`` shows to every user):
     PATH & co, the user's HVDLITE_* and HOROVOD_* variables, -x values, the job key (it

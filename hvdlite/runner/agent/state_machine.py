@@ -172,6 +172,8 @@ class Agent:
         self.error: Optional[str] = None      # why the job failed
         #: a static job's failure: the whole line naming the rank that failed first
         self.summary: Optional[str] = None
+        #: a static job that could not start: raised to the caller once workers are ended
+        self.launch_error: Optional[HvdliteLaunchError] = None
         self.exit_code: Optional[int] = None
         self._live: Dict[SlotId, _Worker] = {}
         self._finished: Set[SlotId] = set()   # members of the newest round that exited 0
@@ -445,8 +447,7 @@ class Agent:
             if not refused:
                 break
             if self.settings.static:
-                self._fail("; ".join(f"host {h}: {why}" for h, why in refused.items()),
-                           FAILED_EXIT)
+                self._cannot_start(refused)
                 return
             for host, why in refused.items():
                 cooldown = self.hostset.blacklist(host, why)
@@ -499,10 +500,15 @@ class Agent:
         self._set_state(State.RUNNING, f"round {self.round} published with "
                                        f"{_count(len(slots), 'worker')}")
 
+    def _cannot_start(self, refused: Dict[str, str]) -> None:
+        """A static job whose hosts or workers could not start fails as a launch error."""
+        why = "; ".join(dict.fromkeys(refused.values()))
+        self.launch_error = HvdliteLaunchError(why)
+        self._fail(why, FAILED_EXIT)
+
     def _refused_at_start(self, refused: Dict[str, str]) -> None:
         if self.settings.static:
-            self._fail("; ".join(f"host {h}: {why}" for h, why in refused.items()),
-                       FAILED_EXIT)
+            self._cannot_start(refused)
             return
         for host, why in refused.items():
             cooldown = self.hostset.blacklist(host, why)

@@ -10,9 +10,9 @@ import logging
 import resource
 import sys
 
-from hvdlite.runner.driver import DriverService
+from hvdlite.runner.services.driver_service import DriverService
 from hvdlite.runner.rendezvous import KVStoreService
-from hvdlite.runner.task import TaskService
+from hvdlite.runner.services.task_service import TaskService
 
 
 def main():
