@@ -276,6 +276,15 @@ TUNABLES: Tuple[Tunable, ...] = (
         yaml=(YamlKey("autotune", "gaussian_process_noise",
                       "autotune_gaussian_process_noise"),)),
     Tunable(
+        "stall_check", bool, True, "HVDLITE_STALL_CHECK_DISABLE",
+        "rank 0 watches for tensors that some ranks submitted and others did not",
+        horovod=("HOROVOD_STALL_CHECK_DISABLE",), env_means_off=True,
+        group="stall check parameters",
+        flags=(Switch(("--no-stall-check",), ("--stall-check",),
+                      "disable the stall check", "keep the stall check on"),),
+        yaml=(YamlKey("stall_check", "enabled", "no_stall_check", negate=True),),
+        shown_default="check on", note="1 = no stall check"),
+    Tunable(
         "stall_check_warning_time_s", float, 60.0, "HVDLITE_STALL_CHECK_TIME_SECONDS",
         "rank 0 warns, naming the missing ranks, when a tensor some ranks submitted has "
         "waited this long for the others", unit="s",
@@ -293,15 +302,6 @@ TUNABLES: Tuple[Tunable, ...] = (
         yaml=(YamlKey("stall_check", "shutdown_time_seconds",
                       "stall_check_shutdown_time_seconds"),),
         note="0 = only warn"),
-    Tunable(
-        "stall_check", bool, True, "HVDLITE_STALL_CHECK_DISABLE",
-        "rank 0 watches for tensors that some ranks submitted and others did not",
-        horovod=("HOROVOD_STALL_CHECK_DISABLE",), env_means_off=True,
-        group="stall check parameters",
-        flags=(Switch(("--no-stall-check",), ("--stall-check",),
-                      "disable the stall check", "keep the stall check on"),),
-        yaml=(YamlKey("stall_check", "enabled", "no_stall_check", negate=True),),
-        shown_default="check on", note="1 = no stall check"),
     Tunable(
         "log_level", str, "WARNING", "HVDLITE_LOG_LEVEL",
         "log level of the launcher and the workers (TRACE is DEBUG, FATAL is CRITICAL)",
