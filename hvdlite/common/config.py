@@ -95,8 +95,8 @@ HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
     "HOROVOD_NUM_NCCL_STREAMS": (_ANY, "NCCL is GPU only; hvdlite has no NCCL"),
     "HOROVOD_ENABLE_ASYNC_COMPLETION": (_ON, _CPU_ONLY),
     "HOROVOD_DISABLE_NVTX_RANGES": (_ON, _CPU_ONLY),
-    "HOROVOD_ENABLE_XLA_OPS": (_ON, "hvdlite's TensorFlow collectives are py_function nodes, which XLA cannot "
-                   "compile"),
+    "HOROVOD_ENABLE_XLA_OPS": (
+        _ON, "hvdlite's TensorFlow collectives are py_function nodes, which XLA cannot compile"),
     "HOROVOD_CCL_CACHE": (_ANY, "oneCCL only; hvdlite runs Gloo or MPI"),
     "HOROVOD_MPI_THREADS_DISABLE": (
         _ON, "hvdlite calls MPI from its background thread, which needs MPI's thread support"),

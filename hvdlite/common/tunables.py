@@ -319,6 +319,8 @@ TUNABLES: Tuple[Tunable, ...] = (
                       "ranks on one host exchange through shared memory, hierarchically "
                       "across hosts (Gloo mode)",
                       "ranks on one host exchange through Gloo's TCP loopback")),
+        note="ranks on one host exchange through a shared segment, hierarchically across "
+             "hosts; Gloo mode",
         yaml=(YamlKey("params", "hierarchical_allreduce", "hierarchical_allreduce"),
               YamlKey("params", "hierarchical_allgather", "hierarchical_allgather")),
         readme_flags="`--no-shared-memory` / `--shared-memory` (horovodrun's "
