@@ -14,10 +14,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "hvdlite")
-CONFIG = os.path.join("hvdlite", "common", "config.py")
+#: the modules that spell variable names: the tunables' table, the launcher-set names, and
+#: config.py (Horovod's variables that have no effect here)
+NAME_MODULES = tuple(os.path.join("hvdlite", "common", f)
+                     for f in ("tunables.py", "env_names.py", "config.py"))
 #: a full variable name, not the ``HVDLITE_*`` pattern of a help text
 _VAR_NAME = re.compile(r"\bHVDLITE_[A-Z0-9][A-Z0-9_]*")
-#: a full Horovod variable name (its tuning names too are spelled only in config.py)
+#: a full Horovod variable name (its tuning names too are spelled only in NAME_MODULES)
 _HOROVOD_NAME = re.compile(r"\bHOROVOD_[A-Z0-9][A-Z0-9_]*")
 #: the identity aliases the launcher exports (user scripts read them); these may appear
 #: anywhere, e.g. in a message telling users which variables are set
@@ -205,10 +208,10 @@ def _docstrings(tree: ast.AST) -> Set[int]:
 
 def _names_outside_config(pattern, allowed=frozenset()) -> List[str]:
     """``NAME (file:line)`` for each match of ``pattern`` in a non-docstring string constant
-    of a module other than config.py."""
+    of a module other than the NAME_MODULES."""
     bad = []
     for path in _sources().values():
-        if os.path.relpath(path, ROOT) == CONFIG:
+        if os.path.relpath(path, ROOT) in NAME_MODULES:
             continue
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
@@ -224,12 +227,33 @@ def _names_outside_config(pattern, allowed=frozenset()) -> List[str]:
 
 def test_hvdlite_variable_names_are_spelled_only_in_config():
     bad = _names_outside_config(_VAR_NAME)
-    assert not bad, f"spell these with the constants of {CONFIG}:\n" + "\n".join(bad)
+    assert not bad, "spell these with the constants of hvdlite/common/config.py:\n" + \
+        "\n".join(bad)
 
 
 def test_horovod_variable_names_are_spelled_only_in_config():
     bad = _names_outside_config(_HOROVOD_NAME, _HOROVOD_IDENTITY)
-    assert not bad, f"spell these Horovod names only in {CONFIG}:\n" + "\n".join(bad)
+    assert not bad, f"spell these Horovod names only in {NAME_MODULES}:\n" + "\n".join(bad)
+
+
+def test_each_variable_name_is_spelled_once():
+    """Within the NAME_MODULES too, a name is written once and referred to after."""
+    seen: Dict[str, str] = {}
+    twice = []
+    for rel in NAME_MODULES:
+        path = os.path.join(ROOT, rel)
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in docs and (_VAR_NAME.fullmatch(node.value)
+                                                  or _HOROVOD_NAME.fullmatch(node.value)):
+                where = f"{rel}:{node.lineno}"
+                if node.value in seen:
+                    twice.append(f"{node.value} ({seen[node.value]} and {where})")
+                seen.setdefault(node.value, where)
+    assert not twice, "spelled more than once:\n" + "\n".join(twice)
 
 
 def test_the_pattern_catches_a_horovod_name_in_code():

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import yaml
 
+from hvdlite.common import tunables
 from hvdlite.common.exceptions import HvdliteConfigError
 
 log = logging.getLogger(__name__)
@@ -28,42 +29,16 @@ def _negate(value):
     return not value
 
 
-#: horovodrun's sections: section -> {its key: (flag dest, value conversion)}; keys the
-#: section does not list may still be long flag names
-HOROVOD_SECTIONS: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
-    "params": {
-        "fusion_threshold_mb": ("fusion_threshold_mb", _same),
-        "cycle_time_ms": ("cycle_time_ms", _same),
-        "cache_capacity": ("cache_capacity", _same),
-        "hierarchical_allreduce": ("hierarchical_allreduce", _same),
-        "hierarchical_allgather": ("hierarchical_allgather", _same),
-    },
-    "autotune": {
-        "enabled": ("autotune", _same),
-        "log_file": ("autotune_log_file", _same),
-        "warmup_samples": ("autotune_warmup_samples", _same),
-        "steps_per_sample": ("autotune_steps_per_sample", _same),
-        "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", _same),
-        "gaussian_process_noise": ("autotune_gaussian_process_noise", _same),
-    },
-    "timeline": {
-        "filename": ("timeline_filename", _same),
-        "mark_cycles": ("timeline_mark_cycles", _same),
-    },
-    "stall_check": {
-        "enabled": ("no_stall_check", _negate),
-        "warning_time_seconds": ("stall_check_warning_time_seconds", _same),
-        "shutdown_time_seconds": ("stall_check_shutdown_time_seconds", _same),
-    },
+#: horovodrun's keys that belong to no tunable: section -> {its key: (flag dest, value
+#: conversion)}; the tunables' keys come from ``common.tunables``
+_OTHER_KEYS: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
     "library_options": {
         "mpi_threads_disable": ("mpi_threads_disable", _same),
         "mpi_threads_disabled": ("mpi_threads_disable", _same),    # older Horovod spelling
         "num_nccl_streams": ("num_nccl_streams", _same),
         "thread_affinity": ("thread_affinity", _same),
-        "gloo_timeout_seconds": ("gloo_timeout_seconds", _same),
     },
     "logging": {
-        "level": ("log_level", _same),
         "with_timestamp": ("log_with_timestamp", _same),
         "hide_timestamp": ("log_with_timestamp", _negate),           # older Horovod spelling
     },
@@ -72,6 +47,22 @@ HOROVOD_SECTIONS: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
         "cooldown_range": ("blacklist_cooldown_range", _same),       # horovod.run's name
     },
 }
+
+
+def _sections() -> Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]]:
+    """Every section's keys: the tunables' (from their table) and the others."""
+    sections: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {}
+    for t in tunables.TUNABLES:
+        for y in t.yaml:
+            sections.setdefault(y.section, {})[y.key] = (y.dest, _negate if y.negate else _same)
+    for section, keys in _OTHER_KEYS.items():
+        sections.setdefault(section, {}).update(keys)
+    return sections
+
+
+#: horovodrun's sections: section -> {its key: (flag dest, value conversion)}; keys the
+#: section does not list may still be long flag names
+HOROVOD_SECTIONS = _sections()
 
 #: keys that only older Horovod versions knew and today's horovodrun ignores: ignored here
 #: too (with a note) so that such a file still runs

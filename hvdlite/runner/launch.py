@@ -22,7 +22,7 @@ from hvdlite.runner import flags, validation
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.config_file import config_file_defaults
-from hvdlite.runner.hosts import assign_slots, parse_hostfile, parse_hosts
+from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
 from hvdlite.runner.launch_config import Settings
 from hvdlite.runner.starters.mpiexec import find_mpiexec
 from hvdlite.version import __version__
@@ -78,6 +78,17 @@ def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
     return env
 
 
+#: the frameworks hvdlite has an adapter for: the name --check-build shows -> its module
+FRAMEWORKS = {"TensorFlow": "tensorflow", "PyTorch": "torch"}
+
+
+def frameworks_available() -> Dict[str, bool]:
+    """Each framework hvdlite adapts -> whether it is installed (found, not imported:
+    importing TensorFlow takes seconds)."""
+    return {name: importlib.util.find_spec(module) is not None
+            for name, module in FRAMEWORKS.items()}
+
+
 def controllers_available() -> Dict[str, bool]:
     has_torch = importlib.util.find_spec("torch") is not None
     return {"gloo": has_torch,
@@ -85,14 +96,15 @@ def controllers_available() -> Dict[str, bool]:
 
 
 def check_build() -> str:
-    """What ``--check-build`` prints: the one framework hvdlite supports and its controllers."""
+    """What ``--check-build`` prints: each framework hvdlite adapts and each controller,
+    marked [X] where it is available here."""
     ctl = controllers_available()
 
     def box(x):
         return "[X]" if x else "[ ]"
 
-    lines = [f"hvdlite v{__version__}:", "", "Available Frameworks:",
-             f"    {box(importlib.util.find_spec('torch') is not None)} PyTorch"]
+    lines = [f"hvdlite v{__version__}:", "", "Available Frameworks:"]
+    lines += [f"    {box(ok)} {name}" for name, ok in frameworks_available().items()]
     lines += ["", "Available Controllers:", f"    {box(ctl['gloo'])} Gloo",
               f"    {box(ctl['mpi'])} MPI", ""]
     return "\n".join(lines)
@@ -122,29 +134,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             "hvdlite-run starts the ranks itself and does not bind them)")
     elastic_settings = _elastic_settings(args, elastic)
     command = _resolve_command(list(args.command))
-    if args.host_discovery_script:
-        hosts = []
-    elif args.hostfile:
-        hosts = parse_hostfile(args.hostfile)
-    else:
-        hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
-    if hosts:
-        assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+    hosts = _hosts(args)
     parser = flags.build_parser()
     validation.check_finite_numbers(args, parser)
-    tunable_env = {}
-    for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
-        value = getattr(args, dest, None)
-        text = conv(value) if value is not None else None
-        if text is not None:
-            tunable_env[var] = text
-    if args.mpi:
-        controller = "mpi"
-    elif args.gloo or elastic:
-        controller = "gloo"
-    else:
-        avail = controllers_available()
-        controller = "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
+    controller = _controller(args, elastic)
+    tunable_env = _tunable_env(args)
     tunable_env[cfg.CPU_OPERATIONS] = controller
     start_timeout = args.start_timeout if args.start_timeout is not None \
         else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
@@ -166,6 +160,40 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host or 1)
+
+
+def _hosts(args: argparse.Namespace) -> List[HostSlots]:
+    """-H or --hostfile (none with a discovery script), checked to hold -np slots."""
+    if args.host_discovery_script:
+        return []
+    if args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
+    if hosts:
+        assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+    return hosts
+
+
+def _tunable_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The HVDLITE_* variables the tunable flags given (or --config-file keys) set."""
+    env = {}
+    for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
+        value = getattr(args, dest, None)
+        text = conv(value) if value is not None else None
+        if text is not None:
+            env[var] = text
+    return env
+
+
+def _controller(args: argparse.Namespace, elastic: bool) -> str:
+    """"gloo" or "mpi": the flag's, else Gloo unless only MPI is available."""
+    if args.mpi:
+        return "mpi"
+    if args.gloo or elastic:
+        return "gloo"
+    avail = controllers_available()
+    return "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
 
 
 def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[JobSettings]:

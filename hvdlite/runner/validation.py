@@ -2,8 +2,8 @@
 
 Without this, a bad value (``--op-timeout-seconds nan``, ``--gloo-threads 0``,
 ``--fusion-threshold-mb -1``) reaches the ranks, and every rank prints its own
-traceback.  The rules themselves live in one place, ``common.config.Config``
-(which also applies them to variables set directly, for 1-rank runs); here the
+traceback.  The rules themselves live in one place, the table ``common.tunables``,
+applied by ``common.config.Config`` (also to variables set directly, for 1-rank runs); here the
 launcher builds that Config from exactly what the ranks will get, the user's
 exported ``HVDLITE_*`` / ``HOROVOD_*`` variables overridden by the flags, and
 turns a refused variable back into the flag or ``--config-file`` key it came from.
@@ -90,8 +90,4 @@ def check_tunables(args: argparse.Namespace, parser: argparse.ArgumentParser,
 
 
 #: per-rank and per-job facts, set by the launcher itself: never validated from our env
-_IDENTITY = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
-             cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-             cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC,
-             cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS} | set(
-    cfg.HOROVOD_ALIASES.values())
+_IDENTITY = set(cfg.LAUNCHER_SET) | set(cfg.HOROVOD_ALIASES.values())

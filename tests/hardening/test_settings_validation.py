@@ -37,6 +37,11 @@ def _one_line_error(r):
     (["--fusion-threshold-mb", "4096"], "--fusion-threshold-mb 4096: the value must be 0.."),
     (["--gloo-threads", "0"], "--gloo-threads 0: the value must be 1..1024"),
     (["--cycle-time-ms", "-3"], "--cycle-time-ms -3: the value must be 0.."),
+    # the autotune bounds are rows of the same table, so the flag is named too
+    (["--autotune-steps-per-sample", "0"],
+     "--autotune-steps-per-sample 0: the value must be >= 1"),
+    (["--autotune-gaussian-process-noise", "0"],
+     "--autotune-gaussian-process-noise 0: the value must be > 0"),
 ])
 def test_bad_flag_is_one_line_naming_the_flag(flags, expected, tmp_path):
     marker = tmp_path / "started"

@@ -1,5 +1,6 @@
 """The command line: flags, --config-file, -x, --check-build, and quick clear errors."""
 
+import importlib.util
 import sys
 import time
 
@@ -13,6 +14,8 @@ from conftest import free_port, run_launcher, worker
 
 pytestmark = pytest.mark.timeout(60)
 KV = worker("kv_worker.py")
+#: modules imported before these tests ran (--check-build must not import TensorFlow)
+_IMPORTED_BEFORE = frozenset(sys.modules)
 
 
 def settings(argv):
@@ -115,7 +118,8 @@ def test_version_check_build_and_help():
     r = run_launcher(["--check-build"])
     assert r.returncode == 0
     assert "[X] PyTorch" in r.stdout and "Gloo" in r.stdout and "MPI" in r.stdout
-    assert "TensorFlow" not in r.stdout
+    has_tf = importlib.util.find_spec("tensorflow") is not None
+    assert f"{'[X]' if has_tf else '[ ]'} TensorFlow" in r.stdout
     r = run_launcher(["--help"])
     assert r.returncode == 0
     assert "--timeline-filename" in r.stdout and "--autotune-log-file" in r.stdout
@@ -124,12 +128,26 @@ def test_version_check_build_and_help():
         assert group in r.stdout
 
 
-def test_check_build_lists_only_what_exists(capsys):
+def _frameworks_shown(capsys):
     assert launch.main(["--check-build"]) == 0
     out = capsys.readouterr().out
     frameworks = out.split("Available Frameworks:")[1].split("Available Controllers:")[0]
-    assert [line.strip()[4:] for line in frameworks.strip().splitlines()] == ["PyTorch"]
-    assert "TensorFlow" not in out
+    return [line.strip() for line in frameworks.strip().splitlines()]
+
+
+@pytest.mark.parametrize("missing", [(), ("tensorflow",), ("torch",),
+                                     ("tensorflow", "torch")])
+def test_check_build_marks_each_framework_that_is_installed(missing, capsys, monkeypatch):
+    """TensorFlow and PyTorch are both listed, [X] exactly where they are found; found,
+    not imported (TensorFlow's import takes seconds)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in missing else real(name, *a))
+    shown = _frameworks_shown(capsys)
+    expected = [f"{'[ ]' if m in missing or real(m) is None else '[X]'} {name}"
+                for name, m in (("TensorFlow", "tensorflow"), ("PyTorch", "torch"))]
+    assert shown == expected
+    assert "tensorflow" not in sys.modules or "tensorflow" in _IMPORTED_BEFORE
 
 
 def _bad(args, fragment, tmp_path=None):

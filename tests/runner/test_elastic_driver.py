@@ -233,7 +233,7 @@ def test_place_slots_interleaved_hosts():
 
 
 def test_failed_worker_blacklists_its_slot_host_mates_keep_running(caplog):
-    caplog.set_level(logging.INFO, logger="hvdlite.runner.elastic")
+    caplog.set_level(logging.INFO, logger="hvdlite.runner.agent")
     disc = FakeDiscovery("a:1,b:2,c:1")
     job = Job(disc, np=4, min_np=2, max_np=8)
     assert job.wait_round(0) == [("a", 0), ("b", 0), ("b", 1), ("c", 0)]
@@ -433,7 +433,7 @@ def test_stop_request_ends_every_worker():
 
 
 def test_discovery_error_keeps_hosts(caplog):
-    caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
     disc = FakeDiscovery("a:1,b:1")
     job = Job(disc, np=2)
     job.wait_round(0)
@@ -479,7 +479,7 @@ esac
 
 @pytest.mark.timeout(20)
 def test_bad_discovery_script_keeps_previous_hosts(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
     tag = uuid.uuid4().hex
     script = _script(tmp_path, tag)
     disc = ScriptDiscovery(str(script), timeout_s=0.5)
@@ -613,7 +613,7 @@ def test_task_workers_through_local_tasks(capfd, caplog):
     """The task starter without SSH, plugged into the agent by hand: every host (both
     local) gets a task subprocess; a failure on localhost:1 keeps only that slot out,
     and its host mate localhost:0 goes on in the next round."""
-    caplog.set_level(logging.WARNING, logger="hvdlite.runner.elastic")
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
                           "elastic_worker.py")
     env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}

@@ -68,7 +68,7 @@ from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.procs import describe_exit, exit_status
 from hvdlite.runner.starters.base import SlotId, Starter
 
-log = logging.getLogger("hvdlite.runner.elastic")
+log = logging.getLogger("hvdlite.runner.agent")
 
 #: the driver wakes at least this often even when nothing signals it (a safety net)
 MAX_SLEEP_S = 0.5

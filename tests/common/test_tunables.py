@@ -1,0 +1,132 @@
+"""The one table of tunables: Config, the launcher's flags, the YAML reader and the
+README all follow it."""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hvdlite.common import config as cfg
+from hvdlite.common import tunables
+from hvdlite.runner import config_file, flags
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BEGIN, END = "<!-- tunables:begin -->\n", "<!-- tunables:end -->"
+#: flags that run an action instead of setting something: no default to show
+ACTIONS = {"-h", "--help", "-v", "--version", "-cb", "--check-build"}
+
+
+def readme_block(text: str) -> str:
+    """The text between the README's tunables markers."""
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, "one pair of markers"
+    return text.split(BEGIN)[1].split(END)[0]
+
+
+def test_readme_table_is_the_generated_one():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        block = readme_block(f.read())
+    assert block == tunables.markdown(), (
+        "README.md's tunables table differs from hvdlite/common/tunables.py; paste the "
+        "output of 'python -m hvdlite.common.tunables --markdown' between the markers")
+
+
+def test_readme_check_sees_an_edit():
+    """The comparison above fails when a row is changed on one side only."""
+    generated = tunables.markdown()
+    edited = generated.replace("| 128 MiB |", "| 64 MiB |")
+    assert edited != generated
+    assert readme_block(f"x\n{BEGIN}{edited}{END}\ny") != generated
+
+
+def test_markdown_from_the_command_line():
+    out = subprocess.run([sys.executable, "-m", "hvdlite.common.tunables", "--markdown"],
+                         capture_output=True, text=True, check=True, timeout=30,
+                         env={**os.environ, "PYTHONPATH": ROOT}).stdout
+    assert out == tunables.markdown()
+    assert out.count("\n") == len(tunables.TUNABLES) + 2
+
+
+def test_config_fields_and_defaults_are_the_table():
+    fields = {f.name: f for f in dataclasses.fields(cfg.Config)}
+    for t in tunables.TUNABLES:
+        assert fields[t.field].default == t.default and fields[t.field].type is t.type
+        assert isinstance(t.default, t.type), t.field
+        assert getattr(cfg.Config(), t.field) == (
+            "WARNING" if t.field == "log_level" else t.default)
+    job = {f.name for f in dataclasses.fields(cfg._JobFacts)}
+    assert set(fields) == job | set(tunables.BY_FIELD)
+
+
+def test_names_fields_and_dests_are_unique():
+    rows = tunables.TUNABLES
+    assert len({t.field for t in rows}) == len(rows)
+    assert len({t.env for t in rows}) == len(rows)
+    assert not {t.env for t in rows} & cfg.LAUNCHER_SET
+    twins = [h for t in rows for h in t.horovod]
+    assert len(set(twins)) == len(twins)
+    dests = [f.dest for t in rows for f in t.flags]
+    assert len(set(dests)) == len(dests)
+
+
+def test_every_range_refuses_its_edges(monkeypatch):
+    for t in tunables.TUNABLES:
+        if t.range is None:
+            continue
+        below = t.range.low if t.range.low_open else t.range.low - 1
+        with pytest.raises(cfg.HvdliteSettingError, match=re.escape(t.env)):
+            cfg.Config(**{t.field: t.type(below)})
+        if t.range.high is not None:
+            with pytest.raises(cfg.HvdliteSettingError, match=re.escape(t.range.words)):
+                cfg.Config(**{t.field: t.type(t.range.high * 2 + 1)})
+
+
+def test_every_flag_and_yaml_key_of_the_table_is_in_the_parser():
+    parser = flags.build_parser()
+    options = parser._option_string_actions
+    for t in tunables.TUNABLES:
+        for f in t.flags:
+            names = f.on + f.off if isinstance(f, tunables.Switch) else f.names
+            assert all(options[n].dest == f.dest for n in names), names
+            assert flags.TUNABLE_FLAGS[f.dest][0] == t.env
+        for y in t.yaml:
+            assert config_file.HOROVOD_SECTIONS[y.section][y.key][0] == y.dest
+            assert any(a.dest == y.dest for a in parser._actions), y
+
+
+def test_every_flag_shows_help_and_its_default():
+    parser = flags.build_parser()
+    for action in parser._actions:
+        if not action.option_strings or set(action.option_strings) & ACTIONS:
+            continue
+        assert action.help, action.option_strings
+        assert re.search(r"\((default: .+|the default)\)$", action.help), action.help
+
+
+@pytest.mark.parametrize("flag, shown", [
+    ("--fusion-threshold-mb", "(default: 128)"), ("--cycle-time-ms", "(default: 1)"),
+    ("--op-timeout-seconds", "(default: 60)"),
+    ("--stall-check-warning-time-seconds", "(default: 60)"),
+    ("--stall-check-shutdown-time-seconds", "(default: 0)"),
+    ("--stall-check", "(the default)"), ("--no-stall-check", "(default: --stall-check)"),
+    ("--log-level", "(default: WARNING)"), ("--hierarchical-allreduce",
+                                            "(default: --no-hierarchical-allreduce)"),
+])
+def test_defaults_in_help_follow_config(flag, shown):
+    action = flags.build_parser()._option_string_actions[flag]
+    assert action.help.endswith(shown), action.help
+
+
+def test_flag_values_become_the_variables_in_their_units():
+    conv = flags.TUNABLE_FLAGS
+    assert conv["fusion_threshold_mb"][1](1.5) == str(3 * 512 * 1024)
+    assert conv["fusion_chunk_mb"][1](0) == "1"                 # at least one byte
+    assert conv["no_stall_check"] == (cfg.STALL_CHECK_DISABLE, conv["no_stall_check"][1])
+    assert conv["no_stall_check"][1](False) == "0"
+    assert conv["hierarchical_allreduce"][1](False) is None     # Horovod's default: nothing
+    c = cfg.Config.from_env({cfg.STALL_CHECK_DISABLE: "1", cfg.FUSION_THRESHOLD: "1024"})
+    assert c.stall_check is False and c.fusion_threshold_bytes == 1024
