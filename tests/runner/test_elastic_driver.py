@@ -553,7 +553,7 @@ def test_hostset_cooldown_draw_and_expiry():
 # ------------------------------------------------------------------------ task protocol
 
 
-def test_task_service_elastic_run_again_and_stop():
+def test_task_service_run_again_and_stop():
     key = new_key()
     runs, stops = [], []
 
@@ -562,9 +562,7 @@ def test_task_service_elastic_run_again_and_stop():
         return {"failed": [[9, "nope"]]}
 
     task = TaskService(key, "jobe", 0, on_run=on_run, on_terminate=lambda: None,
-                       bind_addr="127.0.0.1", elastic=True, on_stop=stops.append)
-    static = TaskService(key, "jobs", 0, on_run=lambda *a: runs.append("static"),
-                         on_terminate=lambda: None, bind_addr="127.0.0.1")
+                       bind_addr="127.0.0.1", on_stop=stops.append)
     try:
         c = Client(task.address, key, 5, name="task")
         slot = dataclasses.asdict(place_slots([("h", 0)])[0])
@@ -577,22 +575,14 @@ def test_task_service_elastic_run_again_and_stop():
         with pytest.raises(ServiceError, match="slots must be a list"):
             c.request({"op": "stop", "slots": [["h", "0"]]})
         c.close()
-        s = Client(static.address, key, 5, name="static task")
-        s.request(run)
-        assert s.request(run)[0]["already"] and runs[-1] == "static"
-        with pytest.raises(ServiceError, match="unknown task operation 'stop'"):
-            s.request({"op": "stop", "slots": []})
-        s.close()
     finally:
         task.shutdown()
-        static.shutdown()
 
 
-def test_driver_service_elastic_hosts_and_slot_exits():
+def test_driver_service_hosts_and_slot_exits():
     key = new_key()
     woken = []
-    drv = DriverService(key, "jobe", [], [], bind_addr="127.0.0.1", elastic=True,
-                        on_exit=lambda: woken.append(1))
+    drv = DriverService(key, "jobe", bind_addr="127.0.0.1", on_exit=lambda: woken.append(1))
     try:
         c = Client(drv.address, key, 5, name="driver")
         with pytest.raises(ServiceError, match="host_index out of range"):

@@ -203,25 +203,27 @@ def test_fuzz_rendezvous_store():
 
 def test_fuzz_driver():
     key = new_key()
-    drv = DriverService(key, "jobx", ["h0", "h1"], [[0], [1]], bind_addr="127.0.0.1")
+    drv = DriverService(key, "jobx", bind_addr="127.0.0.1")
     try:
+        # no host yet: every worker_exit and register names a host index out of range
         errors = _hammer("driver", drv.address, key,
-                         {"op": "worker_exit", "host_index": 0, "rank": 0, "code": 9},
+                         {"op": "worker_exit", "host_index": 0, "local_rank": 0, "code": 9},
                          ["register", "worker_exit", "ping"],
                          ["host_index", "hostname", "nics", "port", "driver_reachable",
-                          "rank", "code"], 2)
+                          "local_rank", "code"], 2)
         assert errors > N_AUTH * 0.6
         assert _wait_rejected(drv, N_RAW // 2) >= N_RAW // 2
-        assert drv.registrations == {} and drv.exits == {}
+        assert drv.registrations == {} and drv.slot_exits == []
+        assert drv.add_host("h0") == 0 and drv.add_host("h1") == 1
         c = Client(drv.address, key, 5, name="driver")
         assert c.request({"op": "ping"})[0]["job_id"] == "jobx"
-        with pytest.raises(ServiceError, match="rank does not run on that host"):
-            c.request({"op": "worker_exit", "host_index": 0, "rank": 1, "code": 0})
+        with pytest.raises(ServiceError, match="local_rank"):
+            c.request({"op": "worker_exit", "host_index": 0, "local_rank": -1, "code": 0})
         with pytest.raises(ServiceError, match="hostname does not match"):
             c.request({"op": "register", "host_index": 1, "hostname": "h0", "nics": {},
                        "port": 5, "driver_reachable": []})
-        c.request({"op": "worker_exit", "host_index": 1, "rank": 1, "code": 0})
-        assert drv.exits == {1: 0}
+        c.request({"op": "worker_exit", "host_index": 1, "local_rank": 0, "code": 0})
+        assert drv.slot_exits == [(("h1", 0), 0)]
         c.close()
     finally:
         drv.shutdown()
@@ -240,7 +242,7 @@ def test_fuzz_task_service():
                           "timeout_s"], 3)
         assert errors > N_AUTH * 0.6
         assert _wait_rejected(task, N_RAW // 2) >= N_RAW // 2
-        assert calls == [] and not task.started
+        assert calls == []
         c = Client(task.address, key, 5, name="task")
         assert c.request({"op": "ping"})[0]["host_index"] == 0
         # the probe checks identity: it reaches itself as host 0, not as host 1

@@ -1,6 +1,7 @@
 """The driver service: task registration, routability probes, interface choice, worker exits.
 
-Runs inside ``hvdlite-run`` for multi-host jobs.  Each host's task connects,
+Runs inside ``hvdlite-run`` when a job's workers start through task services
+(``hvdlite.runner.starters.ssh_tasks``).  Each host's task connects,
 registers its interfaces and its service port; the driver then has task *i*
 probe task *i+1* (a ring) on every interface of the latter, keeps the
 interfaces that worked everywhere, and picks one for Gloo and for the
@@ -10,12 +11,12 @@ Requests (all authenticated with the job key; each is idempotent):
 
 * ``ping`` -> ``{role: "driver", job_id}``
 * ``register {host_index, hostname, nics: {iface: [ipv4]}, port, driver_reachable: [iface]}``
-* ``worker_exit {host_index, rank, code}``; in an elastic job also ``local_rank``: the
-  worker is known by its slot (host, local rank), since its rank changes between rounds
+* ``worker_exit {host_index, local_rank, code}`` (``rank`` may come too, unused): the
+  worker is known by its slot (host, local slot), since its rank changes between rounds
 
-An elastic job's driver service starts empty and learns its hosts as discovery
-finds them (:meth:`DriverService.add_host`); a host whose task is started again
-(back from the blacklist) gets a new index.
+The driver service starts empty and learns its hosts as the agent's rounds need
+them (:meth:`DriverService.add_host`); a host whose task is started again (back
+from the blacklist) gets a new index.
 """
 
 import dataclasses
@@ -25,11 +26,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Tuple
 
-from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError, HvdliteTimeoutError
+from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.common.net.service import Client, Service, ServiceError
-from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.nics import discover_nics, is_loopback
-from hvdlite.runner.procs import exit_status, failure_message
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +50,21 @@ class _Registration:
 class DriverService(Service):
     """Collects registrations and worker exits; wakes waiters on every change."""
 
-    def __init__(self, key: bytes, job_id: str, hostnames: List[str],
-                 ranks_by_host: List[List[int]], bind_addr: str = "0.0.0.0",
-                 elastic: bool = False, on_exit: Optional[Callable[[], None]] = None,
-                 **limits):
+    def __init__(self, key: bytes, job_id: str, bind_addr: str = "0.0.0.0",
+                 on_exit: Optional[Callable[[], None]] = None, **limits):
         self.job_id = job_id
-        self.hostnames = list(hostnames)
-        self._ranks_by_host = [set(r) for r in ranks_by_host]
-        self.elastic = elastic
+        self.hostnames: List[str] = []
         self._on_exit = on_exit
         self.cond = threading.Condition()
         self.registrations: Dict[int, _Registration] = {}
-        self.exits: Dict[int, int] = {}
-        self.exit_order: List[int] = []
-        #: elastic jobs: ((hostname, local_rank), code) in the order the tasks reported them
+        #: ((hostname, local slot), code) in the order the tasks reported them
         self.slot_exits: List[Tuple[Tuple[str, int], int]] = []
-        super().__init__("driver", key, bind_addr,
-                         expected_peers=sum(len(r) for r in ranks_by_host) + len(hostnames),
-                         **limits)
+        super().__init__("driver", key, bind_addr, **limits)
 
     def add_host(self, hostname: str) -> int:
-        """Make room for one more host's task (elastic jobs); returns its host index."""
+        """Make room for one more host's task; returns its host index."""
         with self.cond:
             self.hostnames.append(hostname)
-            self._ranks_by_host.append(set())
             return len(self.hostnames) - 1
 
     def handle(self, header, blob, client):
@@ -104,7 +94,7 @@ class DriverService(Service):
             log.info("task on %s registered from %s:%d (interfaces %s)", hostname, client[0],
                      port, ", ".join(sorted(nics)))
             return {}, b""
-        if op == "worker_exit" and self.elastic:
+        if op == "worker_exit":
             local_rank, code = header.get("local_rank"), header.get("code")
             _check(isinstance(local_rank, int) and not isinstance(local_rank, bool)
                    and local_rank >= 0, "local_rank")
@@ -115,29 +105,15 @@ class DriverService(Service):
             if self._on_exit is not None:
                 self._on_exit()
             return {}, b""
-        if op == "worker_exit":
-            rank, code = header.get("rank"), header.get("code")
-            _check(isinstance(rank, int) and rank in self._ranks_by_host[index],
-                   "rank does not run on that host")
-            _check(isinstance(code, int) and not isinstance(code, bool), "code")
-            with self.cond:
-                if rank not in self.exits:
-                    self.exits[rank] = code
-                    self.exit_order.append(rank)
-                self.cond.notify_all()
-            return {}, b""
         raise ServiceError(f"unknown driver operation {op!r}")
 
 
 class Driver:
-    """The launcher's side of a multi-host job."""
+    """The launcher's side of the task services: connections to them, interface choice."""
 
-    def __init__(self, key: bytes, job_id: str, hostnames: List[str],
-                 slots_by_host: List[List[SlotInfo]], service: Optional[DriverService] = None):
-        self.key = key
-        self.slots_by_host = slots_by_host
-        self.service = service or DriverService(key, job_id, hostnames,
-                                                [[s.rank for s in ss] for ss in slots_by_host])
+    def __init__(self, service: DriverService):
+        self.key = service._key
+        self.service = service
         self.nics = discover_nics()
         self._clients: Dict[int, Client] = {}
 
@@ -165,35 +141,6 @@ class Driver:
             self._clients[index] = Client((reg.addr, reg.port), self.key, timeout_s,
                                           name=f"task service on {reg.hostname}")
         return self._clients[index]
-
-    def wait_for_tasks(self, deadline: float, tasks, stop: threading.Event) -> None:
-        """Block until every host's task registered.
-
-        Raises:
-            HvdliteTimeoutError: some did not within --start-timeout (names them).
-            HvdliteLaunchError: a task exited before registering (names the host).
-        """
-        svc = self.service
-        with svc.cond:
-            while len(svc.registrations) < len(self.hostnames) and not stop.is_set():
-                for i, t in enumerate(tasks):
-                    code = t.poll()
-                    if i not in svc.registrations and code is not None:
-                        raise HvdliteLaunchError(
-                            f"the task on host {self.hostnames[i]} exited with code {code} "
-                            f"before registering with the driver (see its messages above)")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = [h for i, h in enumerate(self.hostnames)
-                               if i not in svc.registrations]
-                    raise HvdliteTimeoutError(
-                        f"the tasks on hosts {missing} did not register with the driver within "
-                        f"--start-timeout; they could not reach it at any of "
-                        f"{[a[:2] for a in self.addresses()]} (a firewall?), or start slowly "
-                        f"(raise --start-timeout)")
-                svc.cond.wait(min(left, 0.2))
-        if stop.is_set():
-            raise HvdliteError("interrupted")
 
     def choose_interface(self, deadline: float, wanted: Optional[List[str]],
                          verbose: bool = False,
@@ -262,101 +209,6 @@ class Driver:
                     "store (check firewalls)")
             rdv = self.nics[usable[0]][0]
         return iface, rdv
-
-    def run_workers(self, command: List[str], job_env: Dict[str, str], deadline: float) -> None:
-        """Have every task start its workers.
-
-        Raises:
-            HvdliteLaunchError: a task could not start them (names the host and reason).
-        """
-
-        def run(i):
-            slots = [dataclasses.asdict(s) for s in self.slots_by_host[i]]
-            try:
-                self._client(i).request({"op": "run", "slots": slots, "command": command,
-                                         "env": job_env},
-                                        timeout_s=max(5.0, deadline - time.monotonic()))
-            except (ServiceError, ConnectionError, HvdliteTimeoutError) as exc:
-                raise HvdliteLaunchError(
-                    f"starting workers on host {self.hostnames[i]} failed: {exc}") from None
-
-        with ThreadPoolExecutor(max_workers=len(self.hostnames)) as pool:
-            list(pool.map(run, range(len(self.hostnames))))
-
-    def wait_for_workers(self, tasks, stop: threading.Event,
-                         op_timeout_s: Optional[float] = None) -> Tuple[Optional[str], int]:
-        """Wait until every rank exited 0, one failed, a task died, or ``stop`` is set.
-
-        Returns ``(failure message or None, exit code)``.  The message names first a rank
-        that exited 0 before its peers finished, or one that a task reports stopped
-        (``op_timeout_s``: how long its peers waited for it), then the rank that failed.
-        """
-        svc = self.service
-        size = sum(len(s) for s in self.slots_by_host)
-        host_of = {s.rank: s.hostname for ss in self.slots_by_host for s in ss}
-        dead_since: Dict[int, float] = {}
-        failed = None
-        with svc.cond:
-            while not stop.is_set():
-                early = None                   # a rank that exited 0 before one failed
-                for rank in svc.exit_order:
-                    code = svc.exits[rank]
-                    if code == 0 and early is None:
-                        early = (rank, host_of[rank])
-                    if code != 0:
-                        failed = (rank, code, early)
-                        break
-                if failed is not None:
-                    break
-                if len(svc.exits) == size:
-                    return None, 0
-                for i, t in enumerate(tasks):
-                    code = t.poll()
-                    pending = [s.rank for s in self.slots_by_host[i] if s.rank not in svc.exits]
-                    if code is not None and pending:
-                        # a report may still be in flight; give it a moment
-                        first = dead_since.setdefault(i, time.monotonic())
-                        if time.monotonic() - first > 2.0:
-                            return (f"hvdlite-run: the task on host {self.hostnames[i]} ended "
-                                    f"(code {code}; connection lost?) before ranks {pending} "
-                                    f"finished; the other ranks were terminated.\n", 1)
-                svc.cond.wait(0.2)
-        if failed is None:
-            return None, 130
-        rank, code, early = failed
-        silent = self._stopped_rank()         # asked outside the lock: tasks answer on it
-        stopped = (silent, host_of[silent]) if silent is not None else None
-        return (failure_message(rank, host_of[rank], code, left_early=early, stopped=stopped,
-                                op_timeout_s=op_timeout_s), exit_status(code))
-
-    def _stopped_rank(self, timeout_s: float = 3.0) -> Optional[int]:
-        """A rank whose process its task sees stopped (SIGSTOP, a debugger), if any."""
-        for i in sorted(self.service.registrations):
-            try:
-                reply, _ = self._client(i, timeout_s).request({"op": "stopped"},
-                                                              timeout_s=timeout_s)
-            except (HvdliteError, OSError) as exc:
-                log.info("stopped ranks on %s: %s", self.hostnames[i], exc)
-                continue
-            ranks = reply.get("ranks")
-            if isinstance(ranks, list) and ranks and isinstance(ranks[0], int):
-                return ranks[0]
-        return None
-
-    def terminate_all(self, timeout_s: float) -> None:
-        """Ask every registered task to end its workers (best effort, bounded)."""
-        indices = list(self.service.registrations)
-        if not indices:
-            return
-
-        def term(i):
-            try:
-                self._client(i, timeout_s).request({"op": "terminate"}, timeout_s=timeout_s)
-            except (HvdliteError, OSError) as exc:
-                log.info("terminate on %s: %s", self.hostnames[i], exc)
-
-        with ThreadPoolExecutor(max_workers=len(indices)) as pool:
-            list(pool.map(term, indices))
 
     def shutdown(self) -> None:
         for c in self._clients.values():

@@ -7,22 +7,19 @@ driver address it can reach, registers this host's interfaces, and serves:
 * ``ping`` -> ``{role: "task", job_id, host_index}`` (the identity a probe checks)
 * ``probe {targets: [[iface, addr, port]], expect_host_index, timeout_s}`` ->
   ``{reachable: [iface]}``: the interfaces on which the expected task answered
-* ``run {slots, command, env}``: start this host's workers.  In a static job a
-  second call is a no-op.  In an elastic job (``"elastic": true`` in the payload)
-  each call starts the given slots that have no live worker yet and answers
-  ``{failed: [[local_rank, why]]}`` for those that could not start
-* ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees (elastic
-  jobs); their exits are reported like any other
+* ``run {slots, command, env}``: start a worker on each given slot that has no live
+  worker yet; answers ``{failed: [[local_rank, why]]}`` for those that could not start
+* ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees; their
+  exits are reported like any other
 * ``terminate``: end the workers' process trees and exit
 * ``stopped`` -> ``{local_ranks: [...]}``: the local slots of this host's workers whose
   process is stopped (SIGSTOP or a debugger), so that the launcher names a silent rank rather than the one that noticed
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
-routes it; an elastic worker keeps the rank it started with); worker exits are
-reported to the driver (``worker_exit`` with the rank, and the local rank that names
-an elastic worker).  A static task exits once all its workers have; an elastic one
-waits for more ``run`` calls.  When stdin closes, the launcher is gone or done: the
-task ends its workers and exits.
+routes it; a worker keeps the rank it started with); worker exits are reported to
+the driver (``worker_exit`` with the local slot that names the worker).  The task
+waits for more ``run`` calls until ``terminate``; when stdin closes, the launcher is
+gone or done: the task ends its workers and exits.
 """
 
 import json
@@ -91,7 +88,6 @@ class TaskService(Service):
     def __init__(self, key: bytes, job_id: str, host_index: int,
                  on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], Optional[dict]],
                  on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0",
-                 elastic: bool = False,
                  on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None,
                  on_stopped: Optional[Callable[[], List[int]]] = None, **limits):
         self.job_id = job_id
@@ -100,9 +96,7 @@ class TaskService(Service):
         self._on_terminate = on_terminate
         self._on_stop = on_stop
         self._on_stopped = on_stopped
-        self.elastic = elastic
         self._lock = threading.Lock()
-        self.started = False
         super().__init__("task service", key, bind_addr, **limits)
 
     def handle(self, header, blob, client):
@@ -128,12 +122,9 @@ class TaskService(Service):
             _check(isinstance(env, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in env.items()), "env")
             with self._lock:
-                if self.started and not self.elastic:
-                    return {"already": True}, b""
                 reply = self._on_run(slots, command, env)
-                self.started = True
             return reply or {}, b""
-        if op == "stop" and self.elastic and self._on_stop is not None:
+        if op == "stop" and self._on_stop is not None:
             raw = header.get("slots")
             _check(isinstance(raw, list) and all(
                 isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and _is_int(x[1])
@@ -157,28 +148,22 @@ class _Task:
         self.forward_env = dict(payload.get("env") or {})
         self.timeout_s = float(payload.get("timeout_s", 30))
         self.driver_addrs = payload["driver"]
-        self.elastic = bool(payload.get("elastic"))
         self.stop = threading.Event()
         #: set when run() returns: the stdin watcher then ends too
         self.exiting = threading.Event()
         self.wake = threading.Event()
         self.lock = threading.Lock()
-        #: one group per worker, so that one worker can be stopped alone (elastic jobs)
+        #: one group per worker, so that one worker can be stopped alone
         self.groups: List[WorkerGroup] = []
         self.live: Dict[Tuple[str, int], WorkerGroup] = {}
-        self.ran = False
         self.sink = OutputSink(out=sys.stdout.buffer, err=sys.stdout.buffer)
         self.driver: Optional[Client] = None
         cwd = payload.get("cwd")
         self.cwd = cwd if cwd and os.path.isdir(cwd) else None
 
-    def on_run(self, slots, command, env) -> Optional[dict]:
-        """Start a worker for each slot without a live one.
-
-        Raises:
-            HvdliteLaunchError: (static jobs) a worker cannot be started; an elastic job
-                answers ``{failed: [[local_rank, why]]}`` instead.
-        """
+    def on_run(self, slots, command, env) -> dict:
+        """Start a worker for each slot without a live one; answers ``{failed: [[local_rank,
+        why]]}`` for the workers that could not start."""
         base = dict(os.environ)
         base.update(self.forward_env)
         job_env = dict(env)
@@ -195,17 +180,14 @@ class _Task:
                 try:
                     group.start()
                 except HvdliteLaunchError as exc:
-                    if not self.elastic:
-                        raise
                     failed.append([slot.local_rank, str(exc)])
                     continue
                 with self.lock:
                     self.groups.append(group)
                     self.live[sid] = group
         finally:
-            self.ran = True
             self.wake.set()
-        return {"failed": failed} if self.elastic else None
+        return {"failed": failed}
 
     def on_stop(self, ids: List[Tuple[str, int]]) -> None:
         with self.lock:
@@ -267,7 +249,7 @@ class _Task:
 
     def run(self) -> int:
         service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
-                              self.on_terminate, elastic=self.elastic, on_stop=self.on_stop,
+                              self.on_terminate, on_stop=self.on_stop,
                               on_stopped=self.on_stopped)
         watcher = threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True)
         watcher.start()
@@ -278,10 +260,6 @@ class _Task:
                                  "port": service.address[1], "driver_reachable": reachable})
             while not self.stop.is_set():
                 self._report_exits()
-                with self.lock:
-                    done = self.ran and not self.live and not self.elastic
-                if done:
-                    return 0
                 if self.sink.broken.is_set():
                     log.warning("host %s: output pipe to the launcher broke; stopping",
                                 self.hostname)

@@ -72,8 +72,8 @@ class TaskWorkers(Starter):
         self._sink = sink
         self._wanted_nics = network_interfaces
         self._verbose = verbose
-        self._service = DriverService(key, job_id, [], [], elastic=True, on_exit=on_exit)
-        self._driver = Driver(key, job_id, [], [], service=self._service)
+        self._service = DriverService(key, job_id, on_exit=on_exit)
+        self._driver = Driver(self._service)
         self._hosts: Dict[str, _HostTask] = {}
         self._all_tasks: List[_HostTask] = []
         self._live: Dict[SlotId, int] = {}           # worker -> index of the task running it
@@ -111,13 +111,15 @@ class TaskWorkers(Starter):
                     started.append(fut.result())
                 except (HvdliteError, OSError) as exc:
                     refused[h.hostname] = str(exc)
-        _progress("%d/%d hosts connected", len(started), len(todo))
+        if not refused:
+            _progress("%d/%d hosts connected", len(started), len(todo))
         unregistered = self._await_registration(started, deadline)
         for ht in started:
             if ht.index in unregistered:
                 refused[ht.hostname] = unregistered[ht.index]
         ready = [ht for ht in started if ht.hostname not in refused]
-        _progress("%d/%d tasks registered", len(ready), len(todo))
+        if not refused:
+            _progress("%d/%d tasks registered", len(ready), len(todo))
         if ready and self._iface is None:
             self._choose_interface(ready, started, deadline)
         for ht in ready:
@@ -160,7 +162,7 @@ class TaskWorkers(Starter):
         payload = {
             "key": self._key.hex(), "job_id": self._job_id, "host_index": index,
             "hostname": host.hostname, "driver": self._driver.addresses(),
-            "env": self._forward_env, "cwd": os.getcwd(), "elastic": True,
+            "env": self._forward_env, "cwd": os.getcwd(),
             "timeout_s": max(1.0, deadline - time.monotonic()), "verbose": self._verbose,
         }
         task = start_task(host, local, payload, self._ssh,

@@ -32,7 +32,7 @@ def main():
     if a.kind == "store":
         svc = KVStoreService(key, **kw)
     elif a.kind == "driver":
-        svc = DriverService(key, "job", ["h0"], [[0]], bind_addr="127.0.0.1", **kw)
+        svc = DriverService(key, "job", bind_addr="127.0.0.1", **kw)
     else:
         svc = TaskService(key, "job", 0, on_run=lambda *x: None, on_terminate=lambda: None,
                           bind_addr="127.0.0.1", **kw)
