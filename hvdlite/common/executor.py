@@ -9,8 +9,8 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from hvdlite.common import adasum, fusion
+from hvdlite.common.arrays import itemsize, numel
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
-from hvdlite.common.fusion import itemsize, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from hvdlite.common import fusion
+from hvdlite.common import arrays, fusion
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
@@ -402,4 +402,4 @@ class Runtime:
 
 
 def _nbytes(resp: Response) -> int:
-    return fusion.numel(resp.shape) * fusion.itemsize(resp.dtype)
+    return arrays.numel(resp.shape) * arrays.itemsize(resp.dtype)
