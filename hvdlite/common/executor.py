@@ -55,6 +55,11 @@ class Executor:
         self._flat, self._copy, self._clone = k.flat, k.copy_, k.clone
         self._pack, self._unpack, self._scale = k.pack, k.unpack, k.scale_
 
+    def set_recorder(self, recorder: Optional[Recorder]) -> None:
+        """Report the spans of later groups to ``recorder`` (None: report nothing).  Called
+        by the background thread between groups, so no group is reported half."""
+        self._rec = recorder
+
     def _span(self, phase: str, group, start: float, chunk: int = 0) -> float:
         """Report ``group``'s names in ``phase`` from ``start`` until now; returns now."""
         end = time.monotonic()
