@@ -1,8 +1,8 @@
 """init / shutdown and the rank vocabulary, delegating to one Runtime object.
 
 The module keeps one piece of state, ``_STATE``: the live runtime, its config
-and the rendezvous round this process last joined; frameworks (hvdlite.torch,
-later hvdlite.tensorflow) share it.  ``shutdown()`` followed by ``init()``
+and the rendezvous round this process last joined; the framework adapters
+(hvdlite.torch, hvdlite.tensorflow) share it.  ``shutdown()`` followed by ``init()``
 builds a fresh runtime and transport each time, in the next rendezvous round
 (elastic training relies on that).  Under Gloo a rank learns its place (rank,
 size, local and cross ranks) from the round's plan, keyed by its host and
