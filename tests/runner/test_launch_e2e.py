@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 
+import psutil
 import pytest
 
 from conftest import REPO, procs_with, run_launcher, wait_gone, worker
@@ -52,8 +53,9 @@ def test_local_failure_names_rank_and_kills_others():
 
 
 def _start_and_interrupt(args, tag, n_ready, while_running=None):
-    """Start hvdlite-run, wait for ``n_ready`` READY lines, call ``while_running()`` (if
-    given), then SIGINT it and check that every worker is gone; returns its stderr."""
+    """Start hvdlite-run, wait for ``n_ready`` READY lines, call ``while_running(launcher)``
+    (if given, with the launcher's Popen), then SIGINT it and check that every worker is
+    gone; returns its stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch"] + args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO, start_new_session=True)
@@ -76,7 +78,7 @@ def _start_and_interrupt(args, tag, n_ready, while_running=None):
         pytest.fail(f"ranks never got ready: {lines} {proc.stderr.read()}")
     assert len(procs_with(tag)) >= n_ready
     if while_running is not None:
-        while_running()
+        while_running(proc)
     t = time.monotonic()
     proc.send_signal(signal.SIGINT)
     try:
@@ -188,17 +190,37 @@ def test_ssh_failure_propagates_no_orphans(sshd):
 @pytest.mark.timeout(90)
 def test_ssh_sigint_ends_everything(sshd):
     tag = uuid.uuid4().hex
-    # while the job runs, the job key's variable is on no command line (the key travels on
-    # the SSH channel's stdin); procs_with skips processes that vanish while it looks
-    leaked = []
+    # while the job runs, the job key's variable is on none of its command lines (the key
+    # travels on the SSH channel's stdin): the launcher's, or those of the tasks and workers
+    # that this test's sshd started
+    seen = []
     err = _start_and_interrupt(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1",
                                 *sshd.ssh_args(), KV, "--sleep", "120", "--tag", tag], tag, 2,
-                               while_running=lambda: leaked.extend(
-                                   procs_with("HVDLITE_SECRET_KEY")))
+                               while_running=lambda launcher: seen.extend(
+                                   _command_lines(launcher.pid, sshd.proc.pid)))
     assert "received SIGINT" in err
     assert wait_gone(ANY_TASK, 5) == []
-    assert not leaked, "the job key's variable on a command line: " + "; ".join(
-        f"pid {p.pid}: {' '.join(p.info['cmdline'])}" for p in leaked)
+    assert any(ANY_TASK in line for _, line in seen), seen         # the tasks were looked at
+    leaked = [f"pid {pid}: {line}" for pid, line in seen if "HVDLITE_SECRET_KEY" in line]
+    assert not leaked, f"the job key's variable on a command line: {leaked}"
+
+
+def _command_lines(*roots):
+    """``(pid, command line)`` of ``roots`` and all their descendants; processes that exit
+    while we look are skipped."""
+    found = []
+    for root in roots:
+        try:
+            top = psutil.Process(root)
+            family = [top] + top.children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for p in family:
+            try:
+                found.append((p.pid, " ".join(p.cmdline())))
+            except psutil.NoSuchProcess:            # exited (or a zombie) since it was listed
+                continue
+    return found
 
 
 @pytest.mark.timeout(120)
