@@ -295,7 +295,7 @@ def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_cap
 def worker_main(args) -> int:
     from hvdlite.common.backend.gloo import GlooBackend
     config = Config.from_env()
-    backend = GlooBackend(config, -1)
+    backend = GlooBackend.for_job(config, -1)
     config = config.replace(rank=backend.rank, size=backend.size,
                             local_rank=backend.local_rank, local_size=backend.local_size,
                             cross_rank=backend.cross_rank, cross_size=backend.cross_size)

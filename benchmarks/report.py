@@ -120,7 +120,7 @@ def timeline_writer_cost(steps: int = 40) -> dict:
     them fused), recording on the background thread and formatting on the writer thread."""
     sys.path.insert(0, REPO)
     from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT
-    from hvdlite.common.timeline import Timeline
+    from hvdlite.common.timeline_writer import Timeline
     with tempfile.TemporaryDirectory() as tmp:
         tl = Timeline(os.path.join(tmp, "t.json"), backend_name="gloo", flush_interval_s=1e6)
         names = [f"bench.resnet50.{i}" for i in range(161)]

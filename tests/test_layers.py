@@ -153,6 +153,70 @@ def test_common_imports_no_launcher_or_framework_binding(graph):
     assert not bad, "hvdlite.common imports a layer above it:\n" + _edges(bad)
 
 
+#: the layers inside hvdlite.common, lowest first, as docs/architecture.md draws them: a
+#: module imports only modules of its own layer or of a lower one
+_COMMON_LAYERS = (
+    ("leaves", ("hvdlite.common.config", "hvdlite.common.exceptions")),
+    ("net", ("hvdlite.common.net",)),
+    ("buffers and messages", ("hvdlite.common.arrays", "hvdlite.common.message")),
+    ("backend", ("hvdlite.common.backend",)),
+    ("runtime", ("hvdlite.common.runtime", "hvdlite.common.controller",
+                 "hvdlite.common.executor", "hvdlite.common.fusion",
+                 "hvdlite.common.response_cache", "hvdlite.common.tensor_queue",
+                 "hvdlite.common.adasum", "hvdlite.common.parameters",
+                 "hvdlite.common.recorder", "hvdlite.common.observers",
+                 "hvdlite.common.timeline_writer", "hvdlite.common.autotune")),
+    ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets")),
+    ("op layer", ("hvdlite.common.ops",)),
+    ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic",
+                           "hvdlite.common.compression")),
+)
+
+
+def _common_layer(module: str):
+    """The index of ``module``'s layer in :data:`_COMMON_LAYERS`, or None."""
+    for index, (_, prefixes) in enumerate(_COMMON_LAYERS):
+        if _within(module, prefixes):
+            return index
+    return None
+
+
+def _upward_imports(graph: Dict[str, List[Import]]) -> List[Tuple[str, Import]]:
+    """Imports by a module of hvdlite.common of a module in a higher layer of it."""
+    bad = []
+    for m, imps in graph.items():
+        mine = _common_layer(m)
+        if mine is None:
+            continue
+        for i in imps:
+            theirs = _common_layer(i.target)
+            if theirs is not None and theirs > mine:
+                bad.append((m, i))
+    return bad
+
+
+def test_every_common_module_has_a_layer(graph):
+    loose = [m for m in graph if _within(m, ["hvdlite.common"]) and m != "hvdlite.common"
+             and _common_layer(m) is None]
+    assert not loose, f"add these to _COMMON_LAYERS (and docs/architecture.md): {loose}"
+
+
+def test_common_layers_import_only_downwards(graph):
+    bad = _upward_imports(graph)
+    assert not bad, "a layer of hvdlite.common imports a higher one:\n" + "\n".join(
+        f"{m} ({_COMMON_LAYERS[_common_layer(m)][0]}) -> {i.target} "
+        f"({_COMMON_LAYERS[_common_layer(i.target)][0]}) at {i.where()}" for m, i in bad)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    """Not vacuous: the backend importing the runtime, even inside a function, is caught;
+    the runtime importing the backend is not."""
+    up = Import("hvdlite.common.runtime", "x.py", 1, True)
+    down = Import("hvdlite.common.backend.base", "y.py", 2, False)
+    graph = {"hvdlite.common.backend.shm": [up], "hvdlite.common.runtime": [down]}
+    assert _upward_imports(graph) == [("hvdlite.common.backend.shm", up)]
+
+
 #: the only modules of hvdlite.common that import torch when they are imported: Gloo is
 #: torch.distributed's transport (basics refuses it first when torch is missing)
 _TORCH_AT_IMPORT = ("hvdlite.common.backend.gloo",)

@@ -27,6 +27,31 @@ from hvdlite.common.message import ReduceOp
 _SUM, _MIN, _MAX, _PRODUCT = (int(ReduceOp.SUM), int(ReduceOp.MIN), int(ReduceOp.MAX),
                               int(ReduceOp.PRODUCT))
 
+#: the dtypes a buffer may have, by their wire names
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+               "uint8", "bool")
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2,
+             "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+
+
+def dtype_name(dtype) -> str:
+    """The wire name of a torch or numpy dtype (``torch.float32`` -> ``float32``)."""
+    return str(dtype).rpartition(".")[2]
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of a wire dtype name."""
+    return _ITEMSIZE[name]
+
+
+def numel(shape: Sequence[int]) -> int:
+    """Elements of a buffer of ``shape``."""
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 try:                                   # numpy's bfloat16, shipped with TensorFlow and JAX
     from ml_dtypes import bfloat16 as _NP_BF16
 except ImportError:                    # pragma: no cover - TensorFlow always brings it
@@ -51,7 +76,7 @@ class ArrayKind(abc.ABC):
     """One array library as the runtime's buffer type.
 
     Buffers are contiguous CPU arrays; ``dtype`` arguments are wire names
-    (``hvdlite.common.fusion.DTYPE_NAMES``).  Several members are plain attributes bound to
+    (:data:`DTYPE_NAMES`).  Several members are plain attributes bound to
     C-level callables (``flat``, ``numel``, ``clone``) so that per-tensor loops cost what a
     method call on the buffer costs.
     """
@@ -176,7 +201,7 @@ class TorchArrays(ArrayKind):
     def __init__(self):
         import torch
         self.torch = torch
-        self._dtypes = {n: getattr(torch, n) for n in _NAMES}
+        self._dtypes = {n: getattr(torch, n) for n in DTYPE_NAMES}
         self._names = {v: k for k, v in self._dtypes.items()}
         self._uint8 = torch.uint8
         self._half = (torch.float16, torch.bfloat16)
@@ -305,7 +330,7 @@ class NumpyArrays(ArrayKind):
 
     def __init__(self):
         self._dtypes = {}
-        for n in _NAMES:
+        for n in DTYPE_NAMES:
             try:
                 self._dtypes[n] = numpy_dtype(n)
             except TypeError:          # no ml_dtypes: bfloat16 is refused when used
@@ -423,9 +448,6 @@ class NumpyArrays(ArrayKind):
         return buf.__dlpack__()
 
 
-_NAMES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-          "uint8", "bool")
-
 _ACTIVE: Optional[ArrayKind] = None
 _LOCK = threading.Lock()
 
@@ -453,3 +475,16 @@ def _choose() -> ArrayKind:
 def have_torch() -> bool:
     """Whether the runtime's buffers are torch tensors (so torch is importable)."""
     return kind().name == "torch"
+
+
+_torch = None
+
+
+def lazy_torch():
+    """torch, imported on first use, for code that only runs where torch is (Gloo's
+    shared-memory path); the runtime asks :func:`kind` instead, which works without torch."""
+    global _torch
+    if _torch is None:
+        import torch
+        _torch = torch
+    return _torch

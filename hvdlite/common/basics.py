@@ -1,8 +1,8 @@
 """init / shutdown and the rank vocabulary, delegating to one Runtime object.
 
 The module keeps one piece of state, ``_STATE``: the live runtime, its config
-and the rendezvous round this process last joined; frameworks (hvdlite.torch,
-later hvdlite.tensorflow) share it.  ``shutdown()`` followed by ``init()``
+and the rendezvous round this process last joined; the framework adapters
+(hvdlite.torch, hvdlite.tensorflow) share it.  ``shutdown()`` followed by ``init()``
 builds a fresh runtime and transport each time, in the next rendezvous round
 (elastic training relies on that).  Under Gloo a rank learns its place (rank,
 size, local and cross ranks) from the round's plan, keyed by its host and
@@ -78,7 +78,7 @@ def _make_backend(config: Config, comm=None):
             choice = "local"
     if choice == "mpi":
         from hvdlite.common.backend.mpi import MPIBackend
-        return MPIBackend(config, comm)
+        return MPIBackend.for_job(comm)
     if comm is not None:
         raise ValueError(f"hvd.init(comm=...) chooses MPI processes, but this job runs "
                          f"{choice!r} (start it with hvdlite-run --mpi or mpiexec; under Gloo "
@@ -86,7 +86,7 @@ def _make_backend(config: Config, comm=None):
     if choice == "gloo" and (config.size > 1 or config.rendezvous_addr is not None):
         _require_torch_for_gloo(config)
         from hvdlite.common.backend.gloo import GlooBackend
-        return GlooBackend(config, _STATE.last_round)
+        return GlooBackend.for_job(config, _STATE.last_round)
     return LocalBackend(config)
 
 

@@ -9,8 +9,8 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from hvdlite.common import adasum, fusion
+from hvdlite.common.arrays import itemsize, numel
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
-from hvdlite.common.fusion import itemsize, numel
 from hvdlite.common.message import OpType, ReduceOp, Response
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
@@ -54,6 +54,11 @@ class Executor:
         k = self._kind = buffers.kind
         self._flat, self._copy, self._clone = k.flat, k.copy_, k.clone
         self._pack, self._unpack, self._scale = k.pack, k.unpack, k.scale_
+
+    def set_recorder(self, recorder: Optional[Recorder]) -> None:
+        """Report the spans of later groups to ``recorder`` (None: report nothing).  Called
+        by the background thread between groups, so no group is reported half."""
+        self._rec = recorder
 
     def _span(self, phase: str, group, start: float, chunk: int = 0) -> float:
         """Report ``group``'s names in ``phase`` from ``start`` until now; returns now."""

@@ -89,7 +89,7 @@ def attach(runtime, config, user: Recorder = NULL) -> None:
 
 
 def _new_timeline(runtime, path: str, mark_cycles: bool):
-    from hvdlite.common.timeline import Timeline
+    from hvdlite.common.timeline_writer import Timeline
     return Timeline(path, mark_cycles=mark_cycles,
                     backend_name=getattr(runtime.backend, "name", ""))
 

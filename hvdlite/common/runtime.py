@@ -25,11 +25,11 @@ calls raise it too: a failure never becomes a hang.
 import logging
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hvdlite.common import fusion
+from hvdlite.common import arrays, fusion
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
@@ -138,7 +138,7 @@ class Runtime:
     def _take_recorder(self) -> None:
         rec, self._next_rec = self._next_rec, None
         self._rec = rec if rec.active else None
-        self.executor._rec = self._rec
+        self.executor.set_recorder(self._rec)
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -197,27 +197,52 @@ class Runtime:
         self._sent.clear()
 
     def _cycle_once(self) -> bool:
+        """One cycle: drain, agree, negotiate or take the cache's fast path, execute.
+        False once the runtime has ended (this rank or a peer shut down)."""
         self._cycle += 1
         now = time.monotonic()
         if self._next_rec is not None:
             self._take_recorder()
-        rec = self._rec
-        if rec is not None:
-            rec.cycle(self._cycle, now)
-            for entry in self.queue.drain():
-                self._unsent[entry.request.name] = entry
-                rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
-                           getattr(entry.tensor, "nbytes", 0))
+        self._drain(now)
+        vec, hits, payload = self._control_vector(now)
+        agreed = self._agree(vec)
+        if agreed is None:
+            return False
+        stalled = self._stall_failures(agreed)
+        if agreed[_NEED] == 0:
+            self._execute(self._negotiate(agreed, payload, stalled))
         else:
+            self._execute(stalled)          # stall errors, if any, first
+            if hits:
+                self._execute_cache_hits(agreed)
+        if self.config.stall_check and now - self._last_stall_check > 1.0:
+            self._last_stall_check = now
+            self._check_stalls()
+        return True
+
+    def _drain(self, now: float) -> None:
+        """Move new submissions into the unsent table (the recorder sees each one)."""
+        rec = self._rec
+        if rec is None:
             for entry in self.queue.drain():
                 self._unsent[entry.request.name] = entry
+            return
+        rec.cycle(self._cycle, now)
+        for entry in self.queue.drain():
+            self._unsent[entry.request.name] = entry
+            rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
+                       getattr(entry.tensor, "nbytes", 0))
 
-        # 1. what this rank brings to the agreement
-        vec = np.ones(self._vec_len, dtype=np.int32)
+    def _look_up_cache(self, now: float) -> Tuple[bool, List[int], int]:
+        """The unsent requests against the response cache.
+
+        Returns ``(need_full, slots, bound)``: whether this rank needs a full negotiation
+        (a miss, or it has joined), the cache slots it hit, and the wire bytes of those
+        hits (its payload should a peer force a negotiation)."""
         need_full = bool(self.controller.joined) and self.rank in self.controller.joined
         table = self.controller.table
-        bits = []
-        bound = 0               # what our payload could be if a peer forces a negotiation
+        slots = []
+        bound = 0
         use_cache = self.params.cache_enabled
         for name, entry in self._unsent.items():
             slot = -1
@@ -226,13 +251,22 @@ class Runtime:
             if slot < 0:
                 need_full = True
             else:
-                bits.append(slot)
+                slots.append(slot)
                 bound += entry.wire               # computed once, at submission
+        return need_full, slots, bound
+
+    def _control_vector(self, now: float) -> Tuple[np.ndarray, List[int], Optional[bytes]]:
+        """What this rank brings to the agreement.
+
+        Returns ``(vector, slots, payload)``: the control vector (layout at ``_NEED``), the
+        cache slots this rank hit, and its encoded requests when it needs a negotiation
+        (else None: encoded only if a peer forces one)."""
+        need_full, slots, bound = self._look_up_cache(now)
+        vec = np.ones(self._vec_len, dtype=np.int32)
         vec[_LEN] = 0
         vec[self._bits_base:] = 0
-        if bits:
-            vec[[self._bits_base + s for s in bits]] = 1
-        payload = b""
+        if slots:
+            vec[[self._bits_base + s for s in slots]] = 1
         if need_full:
             vec[_NEED] = 0
         if self.rank == 0:
@@ -245,6 +279,7 @@ class Runtime:
             vec[_PVER:_ALIVE] = _INT_MAX
         if self._stop.is_set():
             vec[_ALIVE + self.rank] = 0
+        payload = None
         if need_full:
             payload = encode_requests([e.request for e in self._unsent.values()])
             vec[_LEN] = -len(payload)
@@ -252,61 +287,64 @@ class Runtime:
             # every rank reports at least what it would send, so the allgather buffer fits
             # the payload we only encode if some other rank forces a negotiation
             vec[_LEN] = -(bound + 2)
+        return vec, slots, payload
 
-        # 2. agree
+    def _agree(self, vec: np.ndarray) -> Optional[np.ndarray]:
+        """MIN-allreduce every rank's vector and apply rank 0's parameters.  None, after
+        failing every pending handle, once any rank shuts down: that ends the runtime
+        everywhere."""
         agreed = self.backend.control_allreduce_min(vec)
-
         if agreed[_PVER] != self._params_version:
             self._apply_parameters(int(agreed[_PVER]), Parameters.decode(agreed[_PARAMS:_ALIVE]))
-
-        # 3. shutdown of any rank ends the job's runtime everywhere
         leaving = [r for r in range(self.size) if agreed[_ALIVE + r] == 0]
-        if leaving:
-            if self.rank not in leaving:
-                err = HvdliteInternalError(
-                    f"{self.label}: rank {self.ranks[leaving[0]]} shut down (hvd.shutdown(), "
-                    f"exit, or removal of the process set) while this rank was still running; "
-                    f"pending and later operations fail")
-            else:
-                err = HvdliteInternalError(f"{self.label}: hvdlite was shut down")
-            self._fail_all(err)
-            return False
+        if not leaving:
+            return agreed
+        if self.rank not in leaving:
+            err = HvdliteInternalError(
+                f"{self.label}: rank {self.ranks[leaving[0]]} shut down (hvd.shutdown(), "
+                f"exit, or removal of the process set) while this rank was still running; "
+                f"pending and later operations fail")
+        else:
+            err = HvdliteInternalError(f"{self.label}: hvdlite was shut down")
+        self._fail_all(err)
+        return None
 
-        responses: List[Response] = []
-        if agreed[_STALL] != _INT_MAX:
-            # rank 0 sent an age in cycles (every rank counts cycles alike): a cycle number
-            # itself would overflow the int32 vector after 2^31 cycles
-            responses.extend(self.controller.fail_older_than(self._cycle -
-                                                             int(agreed[_STALL])))
-        if agreed[_NEED] == 0:
-            # 4a. full negotiation: everybody sends every unsent request
-            if not need_full:
-                payload = encode_requests([e.request for e in self._unsent.values()])
-            gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
-            self._sent.update(self._unsent)
-            self._unsent = {}
-            requests = [decode_requests(p) for p in gathered]
-            responses.extend(self.controller.ingest(requests, self._cycle))
-            if rec is not None:
-                end = time.monotonic()
-                for resp in responses:
-                    rec.negotiated(resp.name, end, resp.waited_for)
-        elif bits:
-            # 4b. fast path: slots every rank hit
-            ready = np.flatnonzero(agreed[self._bits_base:]).tolist()
-            self._execute(responses)   # stall errors, if any, first
-            cached = [self.cache.response(s) for s in ready]
-            if rec is not None:
-                end = time.monotonic()
-                for resp in cached:
-                    rec.negotiated(resp.name, end, ())
-            self._execute(cached, tuple(ready))
-            responses = []
-        self._execute(responses)
-        if self.config.stall_check and now - self._last_stall_check > 1.0:
-            self._last_stall_check = now
-            self._check_stalls()
-        return True
+    def _stall_failures(self, agreed: np.ndarray) -> List[Response]:
+        """Error responses for the tensors rank 0 found stalled past the shutdown time."""
+        if agreed[_STALL] == _INT_MAX:
+            return []
+        # rank 0 sent an age in cycles (every rank counts cycles alike): a cycle number
+        # itself would overflow the int32 vector after 2^31 cycles
+        return self.controller.fail_older_than(self._cycle - int(agreed[_STALL]))
+
+    def _negotiate(self, agreed: np.ndarray, payload: Optional[bytes],
+                   responses: List[Response]) -> List[Response]:
+        """Full negotiation: allgather every rank's unsent requests and run the controller
+        on them; returns ``responses`` extended by the controller's, in order."""
+        if payload is None:
+            payload = encode_requests([e.request for e in self._unsent.values()])
+        gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
+        self._sent.update(self._unsent)
+        self._unsent = {}
+        requests = [decode_requests(p) for p in gathered]
+        responses = responses + self.controller.ingest(requests, self._cycle)
+        rec = self._rec
+        if rec is not None:
+            end = time.monotonic()
+            for resp in responses:
+                rec.negotiated(resp.name, end, resp.waited_for)
+        return responses
+
+    def _execute_cache_hits(self, agreed: np.ndarray) -> None:
+        """The fast path: run the cached responses of the slots every rank hit."""
+        ready = np.flatnonzero(agreed[self._bits_base:]).tolist()
+        cached = [self.cache.response(s) for s in ready]
+        rec = self._rec
+        if rec is not None:
+            end = time.monotonic()
+            for resp in cached:
+                rec.negotiated(resp.name, end, ())
+        self._execute(cached, tuple(ready))
 
     def _apply_parameters(self, version: int, params: Parameters) -> None:
         """Switch to rank 0's parameters; runs in the same cycle on every rank."""
@@ -402,4 +440,4 @@ class Runtime:
 
 
 def _nbytes(resp: Response) -> int:
-    return fusion.numel(resp.shape) * fusion.itemsize(resp.dtype)
+    return arrays.numel(resp.shape) * arrays.itemsize(resp.dtype)

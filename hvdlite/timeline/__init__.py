@@ -8,8 +8,8 @@ waited for answer "is it the network, the copies, or a slow rank?" at once.
 import collections
 from typing import Dict, List
 
-from hvdlite.common.timeline import (COPY_IN_NAME, COPY_OUT_NAME, NEGOTIATE_PREFIX, QUEUED_NAME,
-                                     load_events)
+from hvdlite.common.timeline_writer import (COPY_IN_NAME, COPY_OUT_NAME, NEGOTIATE_PREFIX,
+                                            QUEUED_NAME, load_events)
 
 #: the phases a summary reports, in the order a tensor passes them
 PHASES = ("queued", "negotiate", "copy_in", "collective", "copy_out")

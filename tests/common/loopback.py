@@ -147,4 +147,6 @@ def on_every_rank(rts, fn):
         t.start()
     for t in threads:
         t.join(30)
+    hung = [r for r, t in enumerate(threads) if t.is_alive()]
+    assert not hung, f"ranks {hung} did not finish within 30s"
     assert not errors, f"rank {errors[0][0]} failed: {errors[0][1]!r}"

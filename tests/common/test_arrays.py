@@ -21,7 +21,7 @@ from hvdlite.common.message import ReduceOp  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 T, N = arrays.TorchArrays(), arrays.NumpyArrays()
-DTYPES = list(fusion.DTYPE_NAMES)
+DTYPES = list(arrays.DTYPE_NAMES)
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -55,7 +55,7 @@ def test_allocation_views_and_copies(dtype):
     for k in (T, N):
         assert k.dtype_name(k.empty((2, 3), dtype)) == dtype
         z = k.zeros(4, dtype)
-        assert k.numel(z) == 4 and k.nbytes(z) == 4 * fusion.itemsize(dtype)
+        assert k.numel(z) == 4 and k.nbytes(z) == 4 * arrays.itemsize(dtype)
         f = k.full((2, 2), 1, dtype)
         assert k.to_numpy(f).astype(np.float64).tolist() == [[1, 1], [1, 1]]
     t, n = both(dtype)

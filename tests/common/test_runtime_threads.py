@@ -9,10 +9,11 @@ import threading
 import pytest
 import torch
 
-from hvdlite.common.exceptions import HvdliteInternalError, HvdliteMismatchError
+from hvdlite.common.exceptions import (HvdliteInternalError, HvdliteMismatchError,
+                                       HvdliteStallError)
 from hvdlite.common.message import JOIN_NAME, OpType, ReduceOp, Request
-from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, QUEUED,
-                                     Recorder)
+from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, NULL,
+                                     QUEUED, Recorder)
 from hvdlite.common.tensor_queue import Entry, Handle
 from tests.common.loopback import on_every_rank, wait
 from tests.common.loopback import start_runtimes as start
@@ -223,3 +224,49 @@ def test_recorder_sees_every_phase_of_a_pipelined_fused_group():
             assert mine[-1][3] is None                       # no error
         chunks = {e[3][1] for e in log.events if e[0] == COLLECTIVE}
         assert len(chunks) > 1, "16-byte chunks should pipeline the 48-byte group"
+
+
+def test_a_recorder_set_at_run_time_reaches_the_executor_and_can_be_removed():
+    """set_recorder swaps the recorder of the loop and of the executor at a cycle start:
+    spans (the executor's) appear only while it is set, on negotiated and cached groups."""
+    _, rts = start(2)
+    logs = [_Log() for _ in range(2)]
+
+    def step(tag):
+        def body(r, rt):
+            for name in (f"{tag}.new", "again"):        # a miss, then a cache hit
+                assert wait(allreduce(rt, name, torch.ones(2))).tolist() == [2.0, 2.0]
+        on_every_rank(rts, body)
+
+    def switch(recorders):
+        for rt, rec in zip(rts, recorders):
+            rt.set_recorder(rec)
+        for rt in rts:
+            for _ in range(200):
+                if rt.recorder_switched():
+                    break
+                threading.Event().wait(0.01)
+            assert rt.recorder_switched(), f"{rt.label}: the recorder was never taken"
+
+    step("before")
+    switch(logs)
+    step("during")
+    switch([NULL, NULL])
+    step("after")
+    stop(rts)
+    for log in logs:
+        names = {e[1] for e in log.events}
+        assert names == {"during.new", "again"}, names
+        for name in names:
+            phases = [e[0] for e in log.events if e[1] == name]
+            assert COLLECTIVE in phases and DONE in phases, (name, phases)
+
+
+def test_stall_shutdown_fails_the_tensor_on_the_ranks_that_submitted_it():
+    _, rts = start(2, stall_check_shutdown_time_s=0.3, stall_check_warning_time_s=0.1)
+    h = allreduce(rts[0], "only.rank0", torch.ones(1))
+    with pytest.raises(HvdliteStallError, match=r"only.rank0.*never by ranks \[1\]"):
+        wait(h)
+    both = [allreduce(rt, "later", torch.ones(1)) for rt in rts]   # the runtime goes on
+    assert [wait(x).tolist() for x in both] == [[2.0], [2.0]]
+    stop(rts)

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import NONCE_BYTES, new_key
 from hvdlite.common.net.kv import KVClient
 from hvdlite.common.net.service import Client
@@ -186,13 +187,14 @@ def test_accept_backs_off_when_descriptors_run_out():
             s.close()
         socks = []
         deadline = time.monotonic() + 15
-        ok = False
+        ok, last = False, None
         while time.monotonic() < deadline and not ok:
             try:
                 ok = lst.works()
-            except Exception:
+            except (OSError, HvdliteError) as exc:     # not yet: retried, last one reported
+                last = exc
                 time.sleep(0.3)
-        assert ok, "the listener did not recover once descriptors were free"
+        assert ok, f"the listener did not recover once descriptors were free (last: {last!r})"
     finally:
         for s in socks:
             s.close()

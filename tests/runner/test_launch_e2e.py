@@ -1,5 +1,6 @@
 """End-to-end launches through the real hvdlite-run: local and over a real sshd."""
 
+import importlib.util
 import re
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import threading
 import time
 import uuid
 
+import psutil
 import pytest
 
 from conftest import REPO, procs_with, run_launcher, wait_gone, worker
@@ -50,7 +52,10 @@ def test_local_failure_names_rank_and_kills_others():
     assert wait_gone(tag, 5) == []
 
 
-def _start_and_interrupt(args, tag, n_ready):
+def _start_and_interrupt(args, tag, n_ready, while_running=None):
+    """Start hvdlite-run, wait for ``n_ready`` READY lines, call ``while_running(launcher)``
+    (if given, with the launcher's Popen), then SIGINT it and check that every worker is
+    gone; returns its stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch"] + args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO, start_new_session=True)
@@ -72,6 +77,8 @@ def _start_and_interrupt(args, tag, n_ready):
         proc.kill()
         pytest.fail(f"ranks never got ready: {lines} {proc.stderr.read()}")
     assert len(procs_with(tag)) >= n_ready
+    if while_running is not None:
+        while_running(proc)
     t = time.monotonic()
     proc.send_signal(signal.SIGINT)
     try:
@@ -183,27 +190,41 @@ def test_ssh_failure_propagates_no_orphans(sshd):
 @pytest.mark.timeout(90)
 def test_ssh_sigint_ends_everything(sshd):
     tag = uuid.uuid4().hex
+    # while the job runs, the job key's variable is on none of its command lines (the key
+    # travels on the SSH channel's stdin): the launcher's, or those of the tasks and workers
+    # that this test's sshd started
+    seen = []
     err = _start_and_interrupt(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1",
-                                *sshd.ssh_args(), KV, "--sleep", "120", "--tag", tag], tag, 2)
+                                *sshd.ssh_args(), KV, "--sleep", "120", "--tag", tag], tag, 2,
+                               while_running=lambda launcher: seen.extend(
+                                   _command_lines(launcher.pid, sshd.proc.pid)))
     assert "received SIGINT" in err
     assert wait_gone(ANY_TASK, 5) == []
-    for p in procs_with("python"):
+    assert any(ANY_TASK in line for _, line in seen), seen         # the tasks were looked at
+    leaked = [f"pid {pid}: {line}" for pid, line in seen if "HVDLITE_SECRET_KEY" in line]
+    assert not leaked, f"the job key's variable on a command line: {leaked}"
+
+
+def _command_lines(*roots):
+    """``(pid, command line)`` of ``roots`` and all their descendants; processes that exit
+    while we look are skipped."""
+    found = []
+    for root in roots:
         try:
-            assert "HVDLITE_SECRET_KEY" not in " ".join(p.cmdline())
-        except Exception:
-            pass
-
-
-def _runtime_works():
-    try:
-        import hvdlite.torch  # noqa: F401
-        return hasattr(hvdlite.torch, "allreduce")
-    except Exception:
-        return False
+            top = psutil.Process(root)
+            family = [top] + top.children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for p in family:
+            try:
+                found.append((p.pid, " ".join(p.cmdline())))
+            except psutil.NoSuchProcess:            # exited (or a zombie) since it was listed
+                continue
+    return found
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not _runtime_works(), reason="hvdlite.torch runtime not available")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_ssh_trains_with_the_runtime(sshd):
     r = run_launcher(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args(),
                       worker("torch_worker.py")], timeout=100)

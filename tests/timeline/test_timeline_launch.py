@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hvdlite.common.timeline import load_events
+from hvdlite.common.timeline_writer import load_events
 from tests.runner.conftest import REPO, run_launcher
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",

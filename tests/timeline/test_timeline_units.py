@@ -13,7 +13,7 @@ from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, NULL, Recorder, Tee,
                                      combine)
-from hvdlite.common.timeline import Timeline, load_events
+from hvdlite.common.timeline_writer import Timeline, load_events
 
 pytestmark = pytest.mark.timeout(60)
 

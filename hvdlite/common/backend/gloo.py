@@ -7,6 +7,7 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 import datetime
 import logging
 import os
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from hvdlite.common.backend.base import _DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteTimeoutError)
 from hvdlite.common.message import ReduceOp
-from hvdlite.common.net.kv import KVClient
+from hvdlite.common.net.kv import KVClient, Placement
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,40 @@ class GlooBackend(Backend):
 
     name = "gloo"
 
-    def __init__(self, config: cfg.Config, last_round: int):
+    def __init__(self, config: cfg.Config, client: KVClient, place: Placement,
+                 job_ranks: List[int], who: str, joining: str):
+        """Connect the ``place.size`` ranks that meet under ``client``'s prefix (a round's,
+        or a process set's within it).  ``job_ranks`` are their job ranks in ``place``'s
+        rank order, ``who`` names this rank in messages, and ``joining`` says what a rank
+        that never arrives failed to do.  Closes ``client`` when it fails.
+
+        Raises:
+            HvdliteTimeoutError: a rank did not arrive within ``config.start_timeout_s``.
+            HvdliteInternalError: Gloo could not connect the ranks.
+        """
+        self._config = config
+        self._timeout_s = config.op_timeout_s
+        self._client = client
+        self.round = place.round
+        self.rank, self.size = place.rank, place.size
+        self.local_rank, self.local_size = place.local_rank, place.local_size
+        self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
+        self._job_ranks = list(job_ranks)
+        self._who = who
+        self.pg = None
+        #: set by :meth:`_setup_shared_memory` (the job's backend only, never a set's)
+        self._shm = None
+        self._cross_pg = None
+        self._cross_client: Optional[KVClient] = None
+        try:
+            self._await_peers(client, config, joining)
+            self._connect(client, config)
+        except BaseException:
+            client.close()
+            raise
+
+    @classmethod
+    def for_job(cls, config: cfg.Config, last_round: int) -> "GlooBackend":
         """Join the first rendezvous round after ``last_round`` and connect its ranks.
 
         Raises:
@@ -91,53 +125,28 @@ class GlooBackend(Backend):
                 f"rank {config.rank}: size is {config.size} but {cfg.RENDEZVOUS_ADDR}, "
                 f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
                 f"with hvdlite-run")
-        self._timeout_s = config.op_timeout_s
-        self._config = config
-        client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
-                          timeout_s=config.start_timeout_s)
-        self._client = client
+        client = _store_client(config)
         wait_s = config.elastic_timeout_s if config.elastic else config.start_timeout_s
         place = client.join_round(last_round, config.hostname, config.local_rank, wait_s)
-        self.round = place.round
-        self.rank, self.size = place.rank, place.size
-        self.local_rank, self.local_size = place.local_rank, place.local_size
-        self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
-        self._job_ranks = list(range(self.size))
-        self._who = f"rank {self.rank}"
         # every key of this round (ours and Gloo's) lives under the round's own prefix
         client.prefix = f"{config.job_id}/round{place.round}/"
-        self._await_peers(client, config, "reach hvd.init()")
-        self._connect(client, config)
-        self._shm = None
-        self._cross_pg = None
-        self._setup_shared_memory(client, config)
+        backend = cls(config, client, place, list(range(place.size)), f"rank {place.rank}",
+                      "reach hvd.init()")
+        backend._setup_shared_memory(client, config)
+        return backend
 
     def process_set(self, ranks, set_id):
         """A private ProcessGroupGloo among ``ranks``, rendezvoused under the round's
         ``set<id>/`` prefix of the same authenticated store."""
         config = self._config
-        sub = object.__new__(GlooBackend)
-        sub._timeout_s = self._timeout_s
-        sub._config = config
-        sub.round = self.round
-        sub._job_ranks = list(ranks)
-        sub.rank, sub.size = ranks.index(self.rank), len(ranks)
-        sub.local_rank, sub.local_size = self.local_rank, self.local_size
-        sub.cross_rank, sub.cross_size = self.cross_rank, self.cross_size
-        sub._who = f"rank {self.rank} (process set {set_id})"
-        sub._shm = None
-        sub._cross_pg = None
-        client = KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
-                          timeout_s=config.start_timeout_s)
-        sub._client = client
+        place = Placement(round=self.round, rank=ranks.index(self.rank), size=len(ranks),
+                          local_rank=self.local_rank, local_size=self.local_size,
+                          cross_rank=self.cross_rank, cross_size=self.cross_size)
+        client = _store_client(config)
         client.prefix = f"{config.job_id}/round{self.round}/set{set_id}/"
-        try:
-            sub._await_peers(client, config, f"add process set {set_id} ({list(ranks)})")
-            sub._connect(client, config)
-        except BaseException:
-            client.close()
-            raise
-        return sub
+        return GlooBackend(config, client, place, ranks,
+                           f"rank {self.rank} (process set {set_id})",
+                           f"add process set {set_id} ({list(ranks)})")
 
     # -- shared memory ----------------------------------------------------------------------
     def _setup_shared_memory(self, client, config: cfg.Config) -> None:
@@ -164,8 +173,7 @@ class GlooBackend(Backend):
         self._shm = group
         if self.cross_size > 1:
             # the hosts' slices meet among the ranks with this local rank
-            cross = KVClient((config.rendezvous_addr, config.rendezvous_port),
-                             config.secret_key, timeout_s=config.start_timeout_s)
+            cross = _store_client(config)
             cross.prefix = f"{config.job_id}/round{self.round}/cross{self.local_rank}/"
             self._cross_client = cross
             self._cross_pg = self._make_pg(cross, config, self.cross_rank, self.cross_size)
@@ -403,23 +411,29 @@ class GlooBackend(Backend):
             step <<= 1
 
     def close(self):
-        group, self._shm = getattr(self, "_shm", None), None
+        group, self._shm = self._shm, None
         if group is not None:
             group.close()
-        cross, self._cross_pg = getattr(self, "_cross_pg", None), None
+        cross, self._cross_pg = self._cross_pg, None
         if cross is not None:
             try:
                 cross.shutdown()
             except Exception as exc:
                 log.debug("rank %d: Gloo shutdown (cross-host group): %s", self.rank, exc)
             self._cross_client.close()
-        pg, self.pg = getattr(self, "pg", None), None
+        pg, self.pg = self.pg, None
         if pg is not None:
             try:
                 pg.shutdown()
             except Exception as exc:  # already broken by a dead peer: nothing left to release
                 log.debug("rank %d: Gloo shutdown: %s", self.rank, exc)
         self._client.close()
+
+
+def _store_client(config: cfg.Config) -> KVClient:
+    """A new client of the launcher's authenticated store (no prefix yet)."""
+    return KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
+                    timeout_s=config.start_timeout_s)
 
 
 class _Pending(Waitable):

@@ -7,12 +7,13 @@ the duplicate; the next ``init()`` duplicates the world again.  Rank identity
 
 import logging
 import os
+from typing import Optional, Tuple
 
 import numpy as np
 
+from hvdlite.common import arrays
 from hvdlite.common.backend.base import Backend
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common import arrays
 from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
@@ -40,36 +41,14 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, config, comm=None):
-        """``comm``: the processes of the job -- None for all of MPI_COMM_WORLD, an mpi4py
-        communicator, or a list of MPI_COMM_WORLD ranks (as ``hvd.init(comm=...)``).
-
-        Raises:
-            ValueError: this process is not in ``comm``, or ``comm`` is not one of those.
-        """
-        from mpi4py import MPI
+    def __init__(self, MPI, comm, admin, local: Tuple[int, int], cross: Tuple[int, int],
+                 who: Optional[str] = None):
+        """Collectives on ``comm`` (ours to free); ``admin``, a duplicate of it, is used only
+        on user threads to make process sets' communicators while the background thread
+        works on ``comm``.  ``local`` and ``cross`` are this process's ``(rank, size)`` among
+        its host's processes and among the job's processes of its local rank; ``who`` names
+        it in messages (default ``rank <rank>``)."""
         self._MPI = MPI
-        self._set_types()
-        world = _job_communicator(MPI, comm)
-        self.comm = world.Dup()
-        #: a second duplicate, used only on user threads to make process sets' communicators
-        #: while the background thread works on ``comm``
-        self._admin = world.Dup()
-        if world is not MPI.COMM_WORLD and comm is not None and not hasattr(comm, "Get_group"):
-            world.Free()                          # made from a list of ranks: ours to free
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self._who = f"rank {self.rank}"
-        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
-        local.Free()
-        cross = self.comm.Split(color=self.local_rank, key=self.rank)
-        self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
-        cross.Free()
-        #: block size -> communicator of the aligned block of ranks holding this one (Adasum)
-        self._blocks = {}
-
-    def _set_types(self):
-        MPI = self._MPI
         # the buffers' array kind (torch, or numpy without torch); its MPI crossing widens
         # the dtypes MPI has no reduction for to float32
         k = self._kind = arrays.kind()
@@ -77,14 +56,42 @@ class MPIBackend(Backend):
                                                               k.to_numpy, k.empty)
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
                      ReduceOp.PRODUCT: MPI.PROD}
+        self.comm = comm
+        self._admin = admin
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._who = who or f"rank {self.rank}"
+        self.local_rank, self.local_size = local
+        self.cross_rank, self.cross_size = cross
+        #: block size -> communicator of the aligned block of ranks holding this one (Adasum)
+        self._blocks = {}
+
+    @classmethod
+    def for_job(cls, comm=None) -> "MPIBackend":
+        """The job's backend.  ``comm``: the processes of the job -- None for all of
+        MPI_COMM_WORLD, an mpi4py communicator, or a list of MPI_COMM_WORLD ranks (as
+        ``hvd.init(comm=...)``).
+
+        Raises:
+            ValueError: this process is not in ``comm``, or ``comm`` is not one of those.
+        """
+        from mpi4py import MPI
+        world = _job_communicator(MPI, comm)
+        job = world.Dup()
+        admin = world.Dup()
+        if world is not MPI.COMM_WORLD and comm is not None and not hasattr(comm, "Get_group"):
+            world.Free()                          # made from a list of ranks: ours to free
+        rank = job.Get_rank()
+        local = job.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        local_place = (local.Get_rank(), local.Get_size())
+        local.Free()
+        cross = job.Split(color=local_place[0], key=rank)
+        cross_place = (cross.Get_rank(), cross.Get_size())
+        cross.Free()
+        return cls(MPI, job, admin, local_place, cross_place)
 
     def process_set(self, ranks, set_id):
         """MPI_Comm_create_group over ``ranks`` of the job's communicator: collective over
         the members only, on the spare duplicate (never the background thread's)."""
-        MPI = self._MPI
-        sub = object.__new__(MPIBackend)
-        sub._MPI = MPI
-        sub._set_types()
         group = self._admin.Get_group()
         members = group.Incl(list(ranks))
         try:
@@ -93,14 +100,9 @@ class MPIBackend(Backend):
         finally:
             members.Free()
             group.Free()
-        sub.comm = comm
-        sub._admin = comm.Dup()
-        sub.rank, sub.size = comm.Get_rank(), comm.Get_size()
-        sub._who = f"rank {self.rank} (process set {set_id})"
-        sub.local_rank, sub.local_size = self.local_rank, self.local_size
-        sub.cross_rank, sub.cross_size = self.cross_rank, self.cross_size
-        sub._blocks = {}
-        return sub
+        return MPIBackend(self._MPI, comm, comm.Dup(),
+                          (self.local_rank, self.local_size), (self.cross_rank, self.cross_size),
+                          who=f"rank {self.rank} (process set {set_id})")
 
     def job_ranks_of(self, comm) -> list:
         """The job ranks of ``comm``'s processes (``comm`` made from MPI_COMM_WORLD or the
@@ -183,20 +185,20 @@ class MPIBackend(Backend):
                    self._MPI.SUM)
 
     def close(self):
-        blocks, self._blocks = getattr(self, "_blocks", {}), {}
+        blocks, self._blocks = self._blocks, {}
         for block_comm in blocks.values():
-            if block_comm is not getattr(self, "comm", None):
+            if block_comm is not self.comm:
                 try:
                     block_comm.Free()
                 except Exception as exc:
                     log.debug("rank %d: freeing a block communicator: %s", self.rank, exc)
-        admin, self._admin = getattr(self, "_admin", None), None
+        admin, self._admin = self._admin, None
         if admin is not None:
             try:
                 admin.Free()
             except Exception as exc:
                 log.debug("rank %d: freeing the MPI communicator: %s", self.rank, exc)
-        comm, self.comm = getattr(self, "comm", None), None
+        comm, self.comm = self.comm, None
         if comm is not None:
             try:
                 comm.Free()

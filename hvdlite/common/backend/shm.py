@@ -29,8 +29,9 @@ from typing import List, Optional
 
 import numpy as np
 
+from hvdlite.common import arrays
+from hvdlite.common.arrays import lazy_torch
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.fusion import lazy_torch
 from hvdlite.common.message import ReduceOp
 
 SHM_DIR = "/dev/shm"
@@ -220,7 +221,6 @@ class SharedMemoryGroup:
         """Every rank's slot of the next set holds ``n`` elements: each rank reduces its
         slice of them into slot 0 (then across hosts with ``cross``, then scales it);
         returns slot 0, the whole result once every rank passed the second barrier."""
-        from hvdlite.common.fusion import scale_
         torch = lazy_torch()
         nbytes = n * _ITEMSIZE[dtype]
         s = self._next_set()
@@ -235,7 +235,7 @@ class SharedMemoryGroup:
                 _combine(torch, acc, self._slot(s, r, nbytes).view(dtype)[lo:hi], op)
             if cross is not None:
                 cross(acc, op)
-            scale_(acc, scale)
+            arrays.kind().scale_(acc, scale)
         self.barrier()
         return result
 

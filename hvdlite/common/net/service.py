@@ -88,11 +88,6 @@ class Service(abc.ABC):
     def address(self) -> Tuple[str, int]:
         return self._address
 
-    def connection_counts(self) -> Tuple[int, int]:
-        """``(open connections, of which still unauthenticated)``."""
-        with self._count_lock:
-            return self._open, self._unauth
-
     @abc.abstractmethod
     def handle(self, header: Header, blob: bytes, client: Tuple[str, int]) -> Tuple[Header, bytes]:
         """Answer one verified request.

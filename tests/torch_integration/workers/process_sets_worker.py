@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from _common import assert_close, hvd
+from hvdlite.common import basics, process_sets
 from tests.worker_cases import run_each
 
 torch.set_num_threads(1)
@@ -31,6 +32,10 @@ def check_collectives(even, odd):
     assert ps.size() == 2 and ps.rank() == ranks.index(me) and ps.included(), ps
     assert other.rank() == -1 and not other.included()
     assert ps.process_set_id not in (None, 0) and ps.ranks == ranks
+    # a set's backend is built by the same constructor as the job's: no attribute missing
+    job_attrs = set(vars(basics.runtime().backend))
+    set_attrs = set(vars(process_sets.runtime_of(ps).backend))
+    assert set_attrs == job_attrs, sorted(set_attrs ^ job_attrs)
     # allreduce: only the set's values count, averaged over the set's size
     x = torch.tensor([float(me + 1), 10.0 * (me + 1)])
     want = sum(torch.tensor([r + 1.0, 10.0 * (r + 1)]) for r in ranks)
