@@ -92,6 +92,19 @@ def _copy_back_finish(back, single: bool):
     return finish
 
 
+def _compressed(compression, tensors, run):
+    """``run`` (a list of tensors to a list of results) on the compressed ``tensors``, each
+    result decompressed with its own tensor's context; ``run(tensors)`` without a compressor.
+
+    The one place where compression wraps a collective, so the sync ops cannot differ in it.
+    """
+    if compression is None:
+        return run(tensors)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = run([t for t, _ in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
 # -- allreduce -------------------------------------------------------------------------------
 def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postscale_factor,
                    process_set) -> Handle:
@@ -150,17 +163,15 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     ``compression`` (e.g. ``hvd.Compression.fp16``) compresses before sending
     and restores the original dtype after.
     """
-    ctx = None
-    if compression is not None:
-        tensor, ctx = compression.compress(tensor)
-    if _tracks_grad(tensor):
-        out = _AllreduceGrad.apply(tensor, average, name, op, prescale_factor, postscale_factor,
-                                   process_set)
-    else:
-        out = synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                          postscale_factor, process_set))
-    if compression is not None:
-        out = compression.decompress(out, ctx)
+    def run(ts):
+        [t] = ts
+        if _tracks_grad(t):
+            return [_AllreduceGrad.apply(t, average, name, op, prescale_factor,
+                                         postscale_factor, process_set)]
+        return [synchronize(allreduce_async(t, average, name, op, prescale_factor,
+                                            postscale_factor, process_set))]
+
+    [out] = _compressed(compression, [tensor], run)
     return out
 
 
@@ -186,19 +197,14 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    ctxs = None
-    if compression is not None:
-        pairs = [compression.compress(t) for t in tensors]
-        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    if any(_tracks_grad(t) for t in tensors):
-        outs = list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor,
-                                                postscale_factor, process_set, *tensors))
-    else:
-        outs = synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+    def run(ts):
+        if any(_tracks_grad(t) for t in ts):
+            return list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor,
+                                                    postscale_factor, process_set, *ts))
+        return synchronize(grouped_allreduce_async(ts, average, name, op, prescale_factor,
                                                    postscale_factor, process_set))
-    if compression is not None:
-        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
-    return outs
+
+    return _compressed(compression, list(tensors), run)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -310,16 +316,16 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 def reducescatter(tensor, name=None, compression=None, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's slice of the reduction of ``tensor`` over all ranks (differentiable)."""
-    ctx = None
-    if compression is not None:
-        tensor, ctx = compression.compress(tensor)
-    if _tracks_grad(tensor):
-        [out] = _ReducescatterGrad.apply(name, op, process_set, prescale_factor,
-                                         postscale_factor, tensor)
-    else:
-        out = synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                              postscale_factor))
-    return compression.decompress(out, ctx) if compression is not None else out
+    def run(ts):
+        [t] = ts
+        if _tracks_grad(t):
+            return list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                                 postscale_factor, t))
+        return [synchronize(reducescatter_async(t, name, op, process_set, prescale_factor,
+                                                postscale_factor))]
+
+    [out] = _compressed(compression, [tensor], run)
+    return out
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
@@ -332,20 +338,14 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """:func:`reducescatter` of several tensors as one operation (differentiable)."""
-    tensors = list(tensors)
-    ctxs = None
-    if compression is not None:
-        pairs = [compression.compress(t) for t in tensors]
-        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    if any(_tracks_grad(t) for t in tensors):
-        outs = list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
-                                             postscale_factor, *tensors))
-    else:
-        outs = synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+    def run(ts):
+        if any(_tracks_grad(t) for t in ts):
+            return list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                                 postscale_factor, *ts))
+        return synchronize(grouped_reducescatter_async(ts, name, op, process_set,
                                                        prescale_factor, postscale_factor))
-    if compression is not None:
-        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
-    return outs
+
+    return _compressed(compression, list(tensors), run)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
