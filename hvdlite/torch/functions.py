@@ -48,8 +48,9 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
         process_set: broadcast among this process set only.
 
     Raises:
-        TypeError: ``params`` is neither of the accepted forms.
-        ValueError: a bad ``root_rank``, or duplicate names.
+        TypeError: ``params`` is neither of the accepted forms, holds a value that is not a
+            tensor, or ``root_rank`` is not an int.
+        ValueError: ``root_rank`` is not a rank of ``process_set``, or duplicate names.
     """
     check_root(root_rank, "broadcast_parameters", process_set)
     if isinstance(params, dict) or hasattr(params, "items") and callable(params.items):
@@ -143,10 +144,19 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     across ``optimizer.param_groups``, so every rank must build its optimizer
     over the same model in the same order.  Tensor state is broadcast in
     place where the rank already has a tensor of the same shape and dtype;
-    otherwise it is created.  No optimizer step is taken.
+    otherwise it is created.  No optimizer step is taken.  In a one-rank job it
+    returns at once.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` (a DistributedOptimizer too), or an object
+            whose ``optimizer`` attribute is one (e.g. an LR scheduler).
+        root_rank: the rank whose values everyone receives.
+        process_set: broadcast among this process set only.
 
     Raises:
-        ValueError: the ranks' optimizers have different numbers of groups or parameters.
+        TypeError: ``root_rank`` is not an int.
+        ValueError: ``root_rank`` is not a rank of ``process_set``, or the ranks'
+            optimizers have different numbers of groups or parameters.
     """
     check_root(root_rank, "broadcast_optimizer_state", process_set)
     if hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups"):

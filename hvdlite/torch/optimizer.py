@@ -496,8 +496,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             parameter *updates* are combined with Adasum, as Horovod's Adasum optimizer does
             (see :mod:`hvdlite.torch.adasum_optimizer`); do not scale the learning rate with
             ``size()``.  ``groups``, ``num_groups``, ``sparse_as_dense`` and ``bucket_cap_mb``
-            do not apply then (every parameter's update is reduced by name, fused by the
-            runtime) and ``gradient_predivide_factor`` must be 1.
+            do not apply then, and ``gradient_predivide_factor`` must be 1.
         gradient_predivide_factor: divide gradients by this before the reduction and
             multiply after (with ``Average`` the total division is still by ``size()``).
         num_groups: split parameters into this many groups reduced with one grouped op each.
@@ -511,26 +510,39 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             ``0`` selects Horovod's per-parameter path.  Ignored when ``groups``/``num_groups``
             is given.
 
+    Returns:
+        The wrapper.  It adds ``synchronize()`` (wait for this step's reductions, e.g. to clip
+        gradients), ``skip_synchronize()`` (a context in which ``step()`` does not wait again),
+        ``set_backward_passes_per_step(n)`` and ``remove_hooks()``.
+
     Raises:
-        ValueError: bad or duplicate names, a parameter not named, bad factors or groups;
-            ``op=Adasum`` with ``gradient_predivide_factor`` other than 1.
+        TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``, or ``compression``
+            lacks ``compress``/``decompress``.
+        ValueError: ``optimizer`` is already wrapped; bad or duplicate names, a parameter
+            not named, bad factors or groups; ``op=Adasum`` with
+            ``gradient_predivide_factor`` other than 1.
     """
-    if op is None:
-        op = mpi_ops.Average
+    op = mpi_ops.Average if op is None else op
     _check_wrappable(optimizer, op, gradient_predivide_factor)
-    # Horovod's choice: Adasum of one rank is the gradient itself, so a 1-rank job keeps the
-    # ordinary wrapper (synchronize/skip_synchronize work there)
+    # as Horovod: Adasum of one rank is the gradient itself, so 1 rank keeps the plain wrapper
     if op == mpi_ops.Adasum and ops.process_set_size(process_set) > 1:
-        obj = _rebind(optimizer, _DistributedAdasumOptimizer)
-        _check_passes(backward_passes_per_step)
-        _check_compression(compression)
-        obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
-                              backward_passes_per_step, process_set)
-        return obj
+        return _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
+                            process_set)
     obj = _rebind(optimizer, _DistributedOptimizer)
     obj._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
                    bucket_cap_mb)
+    return obj
+
+
+def _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
+                 process_set):
+    """The Adasum wrapper (see :mod:`hvdlite.torch.adasum_optimizer`), its arguments checked."""
+    obj = _rebind(optimizer, _DistributedAdasumOptimizer)
+    _check_passes(backward_passes_per_step)
+    _check_compression(compression)
+    obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
+                          backward_passes_per_step, process_set)
     return obj
 
 
