@@ -27,6 +27,9 @@ napoleon_numpy_docstring = False
 # the names given); a default of True here would override an explicit list
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "signature"
+# a method without a docstring of its own (a Keras callback hook, a torch Module method)
+# is left out rather than shown with its base class's text
+autodoc_inherit_docstrings = False
 # keep the reference about the API: TensorFlow's and torch's own log lines stay out of it
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
