@@ -77,7 +77,9 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
     Raises:
         TypeError: ``root_rank`` is not an int.
         ValueError: ``root_rank`` is not a rank of ``process_set``.
-        HvdliteSerializationError: the root's object could not be pickled.
+        HvdliteSerializationError: the root's object could not be pickled (on every
+            rank).
+        HvdliteAuthError: the payload failed verification, or the job has no key.
     """
     return objects.broadcast_object(obj, root_rank, name, process_set)
 
@@ -96,6 +98,8 @@ def allgather_object(obj: Any, session=None, name: Optional[str] = None,
         A list with one object per rank of the set.
 
     Raises:
-        HvdliteSerializationError: some rank's object could not be pickled.
+        HvdliteSerializationError: some rank's object could not be pickled (on every
+            rank).
+        HvdliteAuthError: a payload failed verification, or the job has no key.
     """
     return objects.allgather_object(obj, name, process_set)
