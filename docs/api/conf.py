@@ -27,6 +27,8 @@ napoleon_numpy_docstring = False
 # the names given); a default of True here would override an explicit list
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "signature"
+# show defaults as written in the source (``op=Average``), not as their repr
+autodoc_preserve_defaults = True
 # a method without a docstring of its own (a Keras callback hook, a torch Module method)
 # is left out rather than shown with its base class's text
 autodoc_inherit_docstrings = False
