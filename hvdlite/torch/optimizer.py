@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from hvdlite.common import basics, ops
+from hvdlite.common import ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_hooks import _HookedOptimizer
