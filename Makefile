@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench docs clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ test: install
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/hvdlite-run -np 2 $(PY) benchmarks/allreduce.py
+
+# the API reference (docs/api, Sphinx autodoc) as HTML in build/docs; a warning fails the build
+docs: install
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs/api build/docs
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -162,7 +162,15 @@ def shutdown() -> None:
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing rank 0's timeline to ``file_path`` (as ``--timeline-filename`` does);
-    a running timeline is finished first.  Other ranks do nothing."""
+    a running timeline is finished first.  Other ranks do nothing.
+
+    Args:
+        file_path: the Chrome-trace JSON file rank 0 writes.
+        mark_cycles: also mark each cycle of the background thread in the timeline.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     observers.start_timeline(runtime(), file_path, mark_cycles)
 
 
@@ -172,6 +180,7 @@ def stop_timeline() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether ``init()`` has run on this rank (and ``shutdown()`` not since)."""
     return _STATE.runtime is not None
 
 
@@ -210,30 +219,88 @@ _cfg = config
 
 
 def rank() -> int:
+    """This process's rank in the job, from 0 to ``size() - 1``.
+
+    Returns:
+        An int.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     return _cfg().rank
 
 
 def size() -> int:
+    """The number of processes (ranks) in the job.
+
+    Returns:
+        An int.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     return _cfg().size
 
 
 def local_rank() -> int:
+    """This process's rank among the processes of its host.
+
+    Returns:
+        An int.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     return _cfg().local_rank
 
 
 def local_size() -> int:
+    """The number of the job's processes on this process's host.
+
+    Returns:
+        An int.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     return _cfg().local_size
 
 
 def cross_rank() -> int:
+    """The rank of this process's host: its index among the processes that have
+    the same local rank.
+
+    Returns:
+        An int.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     return _cfg().cross_rank
 
 
 def cross_size() -> int:
+    """The number of processes with this process's local rank (with the same number
+    of processes on every host: the number of hosts).
+
+    Returns:
+        An int.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     return _cfg().cross_size
 
 
 def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes.
+
+    Returns:
+        A bool.
+
+    Raises:
+        HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
+    """
     cfg = _cfg()
     return cfg.size == cfg.local_size * cfg.cross_size
 
@@ -243,14 +310,17 @@ def backend_name() -> str:
 
 
 def gloo_enabled() -> bool:
+    """Whether the runtime is initialized and runs over Gloo."""
     return is_initialized() and backend_name() == "gloo"
 
 
 def mpi_enabled() -> bool:
+    """Whether the runtime is initialized and runs over MPI."""
     return is_initialized() and backend_name() == "mpi"
 
 
 def gloo_built() -> bool:
+    """Whether Gloo is available here (torch with torch.distributed's Gloo)."""
     try:
         import torch.distributed as dist
         return dist.is_gloo_available()
@@ -259,6 +329,7 @@ def gloo_built() -> bool:
 
 
 def mpi_built() -> bool:
+    """Whether MPI is available here (mpi4py with an MPI library)."""
     return mpi_available()
 
 

@@ -35,8 +35,10 @@ _RESET_ATTEMPTS = 5
 class State:
     """State that survives resets; subclasses say how to save, restore and sync it.
 
-    ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank (a framework's
-    ``broadcast_object``); it keeps this module free of any framework.
+    Args:
+        bcast_object: ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank (a
+            framework's ``broadcast_object``); it keeps this module free of any
+            framework.
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any]):
@@ -44,10 +46,16 @@ class State:
         self._reset_callbacks: List[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
-        """Call each of ``callbacks`` after every reset, once the state is synced."""
+        """Call each of ``callbacks`` after every reset, once the state is synced.
+
+        Args:
+            callbacks: functions without arguments, e.g. to rescale the learning rate to
+                the new ``size()``.
+        """
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """Run the reset callbacks (``run`` calls it after each reset)."""
         for callback in self._reset_callbacks:
             callback()
 
@@ -80,12 +88,15 @@ class State:
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
+        """Keep a copy of the state: what a failure rolls back to."""
         raise NotImplementedError
 
     def restore(self) -> None:
+        """Put back the copy of the last :meth:`save`."""
         raise NotImplementedError
 
     def sync(self) -> None:
+        """Make every rank's state rank 0's."""
         raise NotImplementedError
 
 
@@ -94,6 +105,10 @@ class ObjectState(State):
 
     ``save`` keeps a deep copy; ``restore`` puts it back; ``sync`` gives every rank
     rank 0's saved values.
+
+    Args:
+        bcast_object: as for :class:`State`.
+        kwargs: the values by name, with their initial values.
     """
 
     def __init__(self, bcast_object: Callable[[Any], Any], **kwargs):
@@ -106,13 +121,16 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
     def save(self) -> None:
+        """Keep a deep copy of every value."""
         self._saved_state = {name: copy.deepcopy(getattr(self, name))
                              for name in self._saved_state}
 
     def restore(self) -> None:
+        """Set every value back to the last :meth:`save`'s copy."""
         self._set_attrs()
 
     def sync(self) -> None:
+        """Give every rank rank 0's saved values."""
         if self._saved_state:
             self._saved_state = copy.deepcopy(self._bcast_object(self._saved_state))
             self._set_attrs()

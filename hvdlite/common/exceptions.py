@@ -67,7 +67,8 @@ class HostsUpdatedInterrupt(HvdliteError):
     """Elastic mode: the job's hosts changed; ``hvd.elastic.run`` resets into the next
     rendezvous round and keeps the current state (raised on every rank at the same commit).
 
-    ``skip_sync`` is True when no new process joins, so the state needs no broadcast.
+    Args:
+        skip_sync: True when no new process joins, so the state needs no broadcast.
     """
 
     def __init__(self, skip_sync: bool = False):

@@ -127,8 +127,14 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
         obj: the object (only the root's value matters).
         root_rank: the sending rank (a rank of the job, a member of ``process_set``).
         name: names the underlying broadcasts (use distinct names for concurrent calls).
+        process_set: broadcast among this process set only.
+
+    Returns:
+        The root's object.
 
     Raises:
+        TypeError: ``root_rank`` is not an int.
+        ValueError: ``root_rank`` is not a rank of ``process_set``.
         HvdliteSerializationError: on every rank, when the root cannot pickle ``obj``.
         HvdliteAuthError: the payload failed verification, or the job has no key.
     """
@@ -149,6 +155,14 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set=global_process_set) -> List[Any]:
     """Return the list of every member's ``obj``, in set-rank order (cloudpickled, signed).
+
+    Args:
+        obj: this rank's object.
+        name: names the underlying allgathers (use distinct names for concurrent calls).
+        process_set: gather among this process set only.
+
+    Returns:
+        A list with one object per member of the set.
 
     Raises:
         HvdliteSerializationError: on every rank, when some rank cannot pickle its object.

@@ -311,16 +311,35 @@ def reducescatter_async(buffers: Sequence, op: ReduceOp, name: Optional[str], gr
 
 # -- waiting -----------------------------------------------------------------------------------
 def poll(handle: Handle) -> bool:
-    """True once the operation finished (successfully or not); never blocks."""
+    """Whether the operation of ``handle`` has finished (successfully or not); never blocks.
+
+    Args:
+        handle: a handle returned by an ``*_async`` function.
+
+    Returns:
+        True once :func:`synchronize` would return (or raise) at once.
+    """
     return handle.done()
 
 
 def synchronize(handle: Handle):
-    """Wait for the operation and return its result (raises its error).
+    """Wait for the operation of ``handle`` and return its result (or raise its error).
 
     The wait ends with HvdliteInternalError if the runtime stops (a peer died
     or shut down) before the operation completes.  A composite operation's handle (a
     callable, e.g. a sparse allreduce) is called to wait for its parts.
+
+    Args:
+        handle: a handle returned by an ``*_async`` function.
+
+    Returns:
+        The operation's result (see the ``*_async`` function that made the handle).
+
+    Raises:
+        TypeError: ``handle`` is not a handle.
+        HvdliteInternalError: the runtime stopped before the operation completed.
+        HvdliteMismatchError: the ranks submitted the operation with incompatible
+            parameters.
     """
     if callable(handle) and not isinstance(handle, Handle):
         return handle()
@@ -436,6 +455,12 @@ def add_process_set(process_set) -> ProcessSet:
     A collective: every rank of the job calls it, with the same ranks, in the same order
     as its other process-set changes.  Needs dynamic process sets.
 
+    Args:
+        process_set: a :class:`ProcessSet`, or a list of ranks to make one of.
+
+    Returns:
+        The registered :class:`ProcessSet`.
+
     Raises:
         ValueError: dynamic process sets are off, the ranks disagree or are out of range,
             the set is already registered, or a set with the same ranks exists.
@@ -458,7 +483,13 @@ def add_process_set(process_set) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set added with :func:`add_process_set`; its members' pending operations
-    on it fail.  A collective over the job, like adding.  Returns True once removed.
+    on it fail.  A collective over the job, like adding.
+
+    Args:
+        process_set: the registered :class:`ProcessSet`.
+
+    Returns:
+        True once removed.
 
     Raises:
         ValueError: dynamic process sets are off, the set is the global one or not
@@ -480,10 +511,19 @@ def init(comm=None, process_sets=None, *, dynamic_process_sets: Optional[bool] =
          config: Optional[Config] = None, recorder: Recorder = NULL) -> None:
     """Start hvdlite on this rank, as ``horovod.torch.init``.
 
-    ``comm``: under MPI, the job's processes (an mpi4py communicator, or a list of
-    MPI_COMM_WORLD ranks).  ``process_sets``: :class:`ProcessSet` objects to register now
-    (every rank passes the same), or ``"dynamic"`` to allow :func:`add_process_set` later
-    (as ``dynamic_process_sets=True`` or Horovod's variable for it).
+    Idempotent while the runtime runs.  Every rank of the job must call it; it returns
+    once this rank has joined the job's rendezvous.
+
+    Args:
+        comm: under MPI, the job's processes: an mpi4py communicator, or a list of
+            ``MPI_COMM_WORLD`` ranks (``None``: all of them).
+        process_sets: :class:`ProcessSet` objects to register now (every rank passes the
+            same), or ``"dynamic"`` to allow :func:`add_process_set` later.
+        dynamic_process_sets: allow :func:`add_process_set` / :func:`remove_process_set`
+            (``None``: from the environment, ``HVDLITE_DYNAMIC_PROCESS_SETS`` or
+            Horovod's name for it).
+        config: a ready configuration (tests); ``None`` reads the environment.
+        recorder: receives the background thread's phase boundaries (default: none).
 
     Raises:
         ValueError: ``comm`` does not fit the backend, or the sets are not valid.

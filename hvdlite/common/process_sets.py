@@ -31,6 +31,14 @@ class ProcessSet:
     whose processes are the members; a non-member passes ``MPI.COMM_NULL``).  It becomes
     usable once registered: passed to ``hvd.init(process_sets=[...])``, or given to
     ``hvd.add_process_set`` when dynamic process sets are on.
+
+    Args:
+        ranks_or_comm: the members' ranks in the job (any order, no repeats), or an mpi4py
+            communicator.
+
+    Raises:
+        TypeError: neither a list of int ranks nor a communicator.
+        ValueError: a rank is repeated.
     """
 
     def __init__(self, ranks_or_comm):

@@ -35,7 +35,14 @@ class HvdliteRayError(HvdliteError):
 
 @dataclasses.dataclass(frozen=True)
 class RaySettings:
-    """What :meth:`RayExecutor.create_settings` returns (Horovod's argument names)."""
+    """What :meth:`RayExecutor.create_settings` returns (Horovod's argument names).
+
+    Args:
+        timeout_s: bound in seconds on the start-up steps: the actors answering and the
+            rendezvous (``--start-timeout`` of ``hvdlite-run``).
+        placement_group_timeout_s: bound in seconds on Ray finding room for the job's
+            placement group.
+    """
 
     #: bound on start-up steps: actors answering, the rendezvous (``--start-timeout``)
     timeout_s: float = 30.0
@@ -50,15 +57,51 @@ class RayExecutor:
     Ray finds room (``PACK``: as few nodes as possible); ``num_hosts=2,
     num_workers_per_host=2`` asks for exactly 2 nodes with 2 ranks each
     (``STRICT_SPREAD``).  Call :meth:`start`, then :meth:`run` / :meth:`execute` as often
-    as needed, then :meth:`shutdown`.
+    as needed, then :meth:`shutdown`.  Giving ``min_workers`` or ``max_workers`` makes
+    the job elastic: the launcher's elastic driver runs it with Ray's nodes as hosts.
+
+    Args:
+        settings: from :meth:`create_settings` (``None``: the defaults).
+        num_workers: the number of ranks (the first round's, in an elastic job); give
+            either this or ``num_hosts``.
+        num_hosts: the number of nodes, each running ``num_workers_per_host`` ranks.
+        num_workers_per_host: ranks per node, with ``num_hosts``.
+        cpus_per_worker: the CPUs Ray reserves for each rank's actor.
+        use_gpu, gpus_per_worker: must stay unset: hvdlite works on CPU tensors.
+        min_workers, max_workers: the elastic job's bounds on the number of ranks.
+        reset_limit: an elastic job fails once it needs more resets (``None``: no limit).
+        cooldown_range: ``(min_s, max_s)``: a failed node rejoins after a cooldown drawn
+            from this range (``None``: it stays out).
+        elastic_timeout: seconds an elastic job waits for ``min_workers`` slots.
+        override_discovery: accepted for Horovod compatibility (Ray's live nodes are
+            always the hosts).
+
+    Raises:
+        ValueError: GPUs requested, both or neither of ``num_workers`` and ``num_hosts``,
+            ``num_hosts`` in an elastic job, or counts that are not positive.
+        HvdliteConfigError: bad elastic bounds (a ``ValueError`` too).
     """
 
     @staticmethod
     def create_settings(timeout_s: float = 30, ssh_identity_file=None, ssh_str=None,
                         placement_group_timeout_s: float = 100, nics=None) -> RaySettings:
-        """Settings for :class:`RayExecutor`.  The SSH and NIC arguments of Horovod's
-        version are accepted and unused: actors are placed by Ray, and each rank's Gloo
-        interface is the one holding its node's address."""
+        """Settings for :class:`RayExecutor`.
+
+        The SSH and NIC arguments of Horovod's version are accepted and unused: actors are
+        placed by Ray, and each rank's Gloo interface is the one holding its node's address.
+
+        Args:
+            timeout_s: bound in seconds on the actors starting and the rendezvous.
+            ssh_identity_file, ssh_str: accepted and unused.
+            placement_group_timeout_s: bound in seconds on Ray placing the job.
+            nics: accepted and unused.
+
+        Returns:
+            A :class:`RaySettings`.
+
+        Raises:
+            ValueError: a timeout that is not positive.
+        """
         if not timeout_s > 0 or not placement_group_timeout_s > 0:
             raise ValueError(f"create_settings: timeout_s={timeout_s} and "
                              f"placement_group_timeout_s={placement_group_timeout_s} must be "
@@ -111,9 +154,21 @@ class RayExecutor:
               extra_env_vars: Optional[Dict[str, str]] = None) -> None:
         """Place the ranks, start their actors and give each its place in the job.
 
+        Starts Ray (``ray.init()``) if it is not running yet.  An elastic job only records
+        its arguments here; its workers start in :meth:`run`.
+
+        Args:
+            executable_cls: a class each actor instantiates once, with ``executable_args``
+                and ``executable_kwargs``; :meth:`execute` passes that object to its
+                function.  Not supported in an elastic job.
+            executable_args: positional arguments for ``executable_cls``.
+            executable_kwargs: keyword arguments for ``executable_cls``.
+            extra_env_vars: environment variables set in every rank before it starts.
+
         Raises:
-            HvdliteRayError: Ray could not place the job within the placement timeout (not
-                enough CPUs or nodes), or an actor did not start.
+            HvdliteRayError: already started, Ray could not place the job within the
+                placement timeout (not enough CPUs or nodes), or an actor did not start.
+            ValueError: ``executable_cls`` in an elastic job.
         """
         import ray
         from ray.util.placement_group import placement_group
@@ -215,18 +270,38 @@ class RayExecutor:
 
     # -- running code -------------------------------------------------------------------------
     def execute(self, fn: Callable[[Any], Any], callbacks=None) -> List[Any]:
-        """``fn(executable)`` on every rank (the object ``executable_cls`` built, or None);
-        returns the results in rank order."""
+        """Call ``fn(executable)`` on every rank and wait for the results.
+
+        Args:
+            fn: called with the object ``executable_cls`` built on that rank (or ``None``).
+            callbacks: accepted for Horovod compatibility and unused.
+
+        Returns:
+            The results, in rank order.
+
+        Raises:
+            HvdliteRayError: not started, or a rank raised (its rank and node are named).
+        """
         self._check_started("execute")
         return self._gather([w.execute.remote(fn) for w in self.workers], "execute")
 
     def run(self, fn: Callable, args=None, kwargs: Optional[dict] = None,
             callbacks=None) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every rank; returns the results in rank order.
+        """Call ``fn(*args, **kwargs)`` on every rank and wait for the results.
+
+        Args:
+            fn: the function each rank runs; it calls ``hvd.init()`` itself.
+            args: positional arguments for ``fn``.
+            kwargs: keyword arguments for ``fn``.
+            callbacks: accepted for Horovod compatibility and unused.
+
+        Returns:
+            The results, in rank order (in an elastic job: those of the last round's ranks).
 
         Raises:
-            HvdliteRayError: a rank raised (its rank, node and traceback are named); the
-                other ranks' actors are ended, so the executor must be started again.
+            HvdliteRayError: not started, or a rank raised (its rank, node and traceback are
+                named); the other ranks' actors are ended, so the executor must be started
+                again.  In an elastic job: the job failed for good.
         """
         if self._elastic is not None:
             if not getattr(self, "_started", False):
@@ -279,13 +354,34 @@ class RayExecutor:
         return [workers.results.get((s.hostname, s.local_rank)) for s in by_rank]
 
     def run_remote(self, fn: Callable, args=None, kwargs: Optional[dict] = None) -> list:
-        """Start ``fn(*args, **kwargs)`` on every rank; returns Ray object refs (rank
-        order) for ``ray.get``."""
+        """Start ``fn(*args, **kwargs)`` on every rank without waiting.
+
+        Args:
+            fn: the function each rank runs.
+            args: positional arguments for ``fn``.
+            kwargs: keyword arguments for ``fn``.
+
+        Returns:
+            Ray object references, in rank order, for ``ray.get``.
+
+        Raises:
+            HvdliteRayError: not started.
+        """
         self._check_started("run_remote")
         return [w.run.remote(fn, list(args or ()), dict(kwargs or {})) for w in self.workers]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
-        """``fn(executable)`` on rank 0 only."""
+        """Call ``fn(executable)`` on rank 0 only and wait for its result.
+
+        Args:
+            fn: called with the object ``executable_cls`` built on rank 0 (or ``None``).
+
+        Returns:
+            ``fn``'s result.
+
+        Raises:
+            HvdliteRayError: not started, or ``fn`` raised.
+        """
         self._check_started("execute_single")
         return self._gather([self.workers[0].execute.remote(fn)], "execute_single")[0]
 

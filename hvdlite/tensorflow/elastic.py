@@ -28,7 +28,23 @@ _INTERNAL = HvdliteInternalError.__name__
 
 
 def run(func):
-    """Decorate ``train(state, ...)`` so it survives dead workers and host changes."""
+    """Decorate ``train(state, ...)`` so that it survives dead workers and host changes.
+
+    The same loop as :func:`hvdlite.torch.elastic.run`.  A collective that fails inside
+    ``tf.function`` surfaces as a TensorFlow ``OpError`` wrapping the runtime's error;
+    it is turned back into ``HvdliteInternalError`` so the state is restored and the
+    ranks reset as in eager mode.
+
+    Args:
+        func: the training function; its first argument is the state.
+
+    Returns:
+        The wrapped function; it returns what ``func`` returns once a call completes.
+
+    Raises:
+        HvdliteInternalError: (from the wrapped function) a peer failed outside elastic
+            mode, or joining the next round failed for good.
+    """
 
     @functools.wraps(func)
     def unwrapped(state, *args, **kwargs):
@@ -65,6 +81,12 @@ class TensorFlowState(ObjectState):
     ``save`` keeps a copy of every variable's value, ``restore`` assigns it back, ``sync``
     broadcasts rank 0's variables (then the plain values, as ``ObjectState``).
 
+    Args:
+        variables: the ``tf.Variable`` objects to keep.
+        session: Horovod's TensorFlow 1 argument, unused.
+        kwargs: plain values by name (``epoch=0``), kept as deep copies and
+            readable as attributes.
+
     Raises:
         ValueError: ``variables`` not given (TensorFlow 2 has no global collection).
     """
@@ -78,14 +100,17 @@ class TensorFlowState(ObjectState):
         super().__init__(_bcast, **kwargs)
 
     def save(self) -> None:
+        """Keep a copy of the variables and values (what a failure rolls back to)."""
         self._saved_values = _values(self.variables)
         super().save()
 
     def restore(self) -> None:
+        """Assign the values of the last :meth:`save` back."""
         _assign(self.variables, self._saved_values)
         super().restore()
 
     def sync(self) -> None:
+        """Give every rank rank 0's variables and values."""
         if self.variables:
             broadcast_variables(self.variables, root_rank=0)
         super().sync()
@@ -94,8 +119,14 @@ class TensorFlowState(ObjectState):
 class TensorFlowKerasState(ObjectState):
     """A built Keras 3 model, its optimizer and plain values that survive resets.
 
-    The optimizer's variables are kept once it is built (Keras builds it in the first train
-    step, or ``BroadcastGlobalVariablesCallback`` does).
+    The optimizer's variables are kept once it is built (Keras builds it in the first
+    train step, or ``BroadcastGlobalVariablesCallback`` does).
+
+    Args:
+        model: a built Keras model.
+        optimizer: its optimizer; ``None`` takes ``model.optimizer``.
+        backend: Horovod's Keras-backend argument, unused.
+        kwargs: plain values by name (``epoch=0``), readable as attributes.
 
     Raises:
         ValueError: the model is not built yet.
@@ -120,10 +151,12 @@ class TensorFlowKerasState(ObjectState):
         self._saved_optimizer = _values(self._optimizer_variables())
 
     def save(self) -> None:
+        """Keep a copy of the model's and optimizer's variables and the values."""
         self._save_model()
         super().save()
 
     def restore(self) -> None:
+        """Assign the variables and values of the last :meth:`save` back."""
         _assign(self.model.variables, self._saved_model)
         opt_vars = self._optimizer_variables()
         if len(opt_vars) == len(self._saved_optimizer):
@@ -131,6 +164,7 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
+        """Give every rank rank 0's model and optimizer variables and values."""
         broadcast_variables(list(self.model.variables) + self._optimizer_variables(),
                             root_rank=0)
         super().sync()

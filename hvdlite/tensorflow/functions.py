@@ -19,9 +19,22 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
                         inplace=None):
     """Assign ``root_rank``'s value to each of ``variables`` on every rank of the set.
 
-    Eager: the broadcasts are issued together (fused by the runtime) and assigned when all
-    arrived; returns None.  Inside ``tf.function``: returns the grouped assign op.
-    ``variables`` must be the same list, in the same order, on every rank.
+    Eager: the broadcasts are issued together (fused by the runtime) and assigned when
+    all arrived.  Inside ``tf.function`` each variable gets an assign op.
+
+    Args:
+        variables: ``tf.Variable`` objects, the same list in the same order on every rank.
+        root_rank: the rank whose values everyone receives.
+        process_set: broadcast among this process set only.
+        inplace: accepted for Horovod compatibility and ignored (variables are always
+            assigned).
+
+    Returns:
+        None eagerly; inside ``tf.function`` the grouped assign op.
+
+    Raises:
+        TypeError: ``root_rank`` is not an int, or a variable's dtype is unsupported.
+        ValueError: ``root_rank`` is not a rank of ``process_set``.
     """
     objects.check_root(root_rank, "broadcast_variables", process_set)
     variables = list(variables)
@@ -48,14 +61,45 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
 # --- objects ------------------------------------------------------------------------------
 def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
                      name: Optional[str] = None, process_set=global_process_set) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (cloudpickled, signed with the job key;
-    :func:`hvdlite.common.objects.broadcast_object`).  ``session`` is Horovod's TF1
-    argument, unused in eager TensorFlow 2."""
+    """Return ``root_rank``'s ``obj`` on every rank (cloudpickled and signed with the job's
+    key, as :func:`hvdlite.torch.broadcast_object`).
+
+    Args:
+        obj: the object to send (only the root's matters).
+        root_rank: the rank whose object everyone receives.
+        session: Horovod's TensorFlow 1 argument, unused in TensorFlow 2.
+        name: the operation's name, the same on every rank (``None``: generated).
+        process_set: broadcast among this process set only.
+
+    Returns:
+        The root's object.
+
+    Raises:
+        TypeError: ``root_rank`` is not an int.
+        ValueError: ``root_rank`` is not a rank of ``process_set``.
+        HvdliteSerializationError: the root's object could not be pickled (on every
+            rank).
+        HvdliteAuthError: the payload failed verification, or the job has no key.
+    """
     return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj: Any, session=None, name: Optional[str] = None,
                      process_set=global_process_set) -> List[Any]:
-    """Return the list of every set rank's ``obj``, in rank order (cloudpickled, signed;
-    :func:`hvdlite.common.objects.allgather_object`)."""
+    """Return every rank's ``obj``, in rank order (cloudpickled and signed with the job's key).
+
+    Args:
+        obj: this rank's object.
+        session: Horovod's TensorFlow 1 argument, unused in TensorFlow 2.
+        name: the operation's name, the same on every rank (``None``: generated).
+        process_set: gather among this process set only.
+
+    Returns:
+        A list with one object per rank of the set.
+
+    Raises:
+        HvdliteSerializationError: some rank's object could not be pickled (on every
+            rank).
+        HvdliteAuthError: a payload failed verification, or the job has no key.
+    """
     return objects.allgather_object(obj, name, process_set)

@@ -63,12 +63,33 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
                             num_groups=0, groups=None, process_set=global_process_set,
                             scale_local_gradients=True):
-    """Wrap ``gradtape`` so that ``gradient()`` returns gradients averaged (``op``) over the
-    process set's ranks, as ``horovod.tensorflow.DistributedGradientTape``.
+    """Wrap ``gradtape`` so that ``gradient()`` returns gradients reduced over the ranks.
 
-    Works before or after the tape recorded (``with`` block) and inside ``tf.function``.
-    ``num_groups`` / ``groups`` are accepted: every gradient already goes in one grouped
-    allreduce, which the runtime fuses up to its fusion threshold.
+    As ``horovod.tensorflow.DistributedGradientTape``: the gradients are averaged (``op``)
+    over the process set with one grouped allreduce.  Works before or after the tape
+    recorded (``with`` block) and inside ``tf.function``; ``None`` gradients stay ``None``.
+
+    Args:
+        gradtape: the ``tf.GradientTape`` to wrap; its recording is shared, not copied.
+        device_dense, device_sparse: accepted for Horovod compatibility and ignored.
+        compression: ``hvd.Compression.fp16`` to send floating-point gradients as float16;
+            ``None`` sends them as they are.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the reduction
+            (otherwise they are allgathered).
+        op: ``hvd.Average`` (the default), ``hvd.Sum`` or ``hvd.Adasum``.
+        gradient_predivide_factor: with ``hvd.Average``, divide by this before the sum and
+            by ``size / factor`` after it.
+        num_groups, groups: accepted for Horovod compatibility; every gradient already
+            travels in one grouped allreduce, which the runtime fuses.
+        process_set: reduce among this process set only (default: all ranks).
+        scale_local_gradients: accepted for Horovod compatibility and ignored.
+
+    Returns:
+        A tape of a subclass of ``gradtape``'s class whose ``gradient()`` reduces.
+
+    Raises:
+        ValueError: (from ``gradient()``) ``gradient_predivide_factor`` other than 1 with
+            an ``op`` other than ``hvd.Average``.
     """
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, compression, sparse_as_dense, op, gradient_predivide_factor,

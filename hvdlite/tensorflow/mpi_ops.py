@@ -257,11 +257,45 @@ def _compressed(compression, tensors, run):
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set, ignore_name_scope=False):
-    """Reduce ``tensor`` over the process set's ranks (default: average); a new tensor.
+    """Reduce ``tensor`` over the ranks (by default: average it) into a new tensor.
 
-    ``tf.IndexedSlices`` are allgathered (values divided by the size for Average), as
-    Horovod does.  ``compression`` (e.g. ``hvd.Compression.fp16``) compresses before the
-    reduction and restores the dtype after.  Differentiable (Average and Sum).
+    Differentiable for ``hvd.Average`` and ``hvd.Sum``: the gradient is the same
+    reduction of the output's gradient.  Works eagerly and inside ``tf.function``.
+
+    Args:
+        tensor: a ``tf.Tensor`` (or a value convertible to one).  A ``tf.IndexedSlices``
+            is allgathered instead (its values divided by the size for ``hvd.Average``),
+            as Horovod does.
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        device_dense, device_sparse: accepted for Horovod compatibility and ignored
+            (the collectives run on the CPU).
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+
+    Returns:
+        A new tensor of ``tensor``'s shape and dtype (``IndexedSlices`` for
+        ``IndexedSlices``).
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(average, op, name or "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
@@ -280,7 +314,40 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       process_set=global_process_set, ignore_name_scope=False, name=None):
     """Reduce a list of tensors as one operation (fused together); a list of new tensors.
 
-    IndexedSlices in the list are reduced as in :func:`allreduce`, beside the group.
+    Differentiable for ``hvd.Average`` and ``hvd.Sum``.
+
+    Args:
+        tensors: a list of ``tf.Tensor`` objects, which may differ in shape and dtype;
+            ``IndexedSlices`` among them are reduced as in :func:`allreduce`.
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        device_dense, device_sparse: accepted for Horovod compatibility and ignored
+            (the collectives run on the CPU).
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+
+    Returns:
+        A list of new tensors, in the order of ``tensors`` (``[]`` for an empty list).
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     tensors = list(tensors)
     if not tensors:
@@ -345,9 +412,32 @@ def _allgather(tensors, name, grouped, process_set):
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Concatenate every rank's ``tensor`` along dim 0 (first dimensions may differ).
+    """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
-    IndexedSlices are gathered as IndexedSlices.  Differentiable.
+    Differentiable: this rank's gradient is its own rows of the averaged output
+    gradient.
+
+    Args:
+        tensor: a ``tf.Tensor`` with at least one dimension; ranks may differ in the
+            first dimension only.  ``IndexedSlices`` are gathered as ``IndexedSlices``.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A new tensor whose rows are rank 0's, then rank 1's, and so on.
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``tensor`` is a scalar, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     if isinstance(tensor, tf.IndexedSlices):
         if not tf.executing_eagerly() and name is None:
@@ -362,7 +452,29 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
-    """:func:`allgather` of several tensors as one operation; a list."""
+    """:func:`allgather` of several tensors as one operation (differentiable).
+
+    Args:
+        tensors: a list of ``tf.Tensor`` objects, which may differ in shape and dtype.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A list of the gathered tensors, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: an input is a scalar, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
+    """
     tensors = [_check(t, name, "grouped_allgather") for t in tensors]
     if not tensors:
         return []
@@ -380,7 +492,33 @@ def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
-    """The root's ``tensor`` on every rank of the set, in a new tensor (differentiable)."""
+    """The root's ``tensor`` on every rank, in a new tensor.
+
+    Differentiable: the output gradients are averaged over the ranks and flow to
+    the root's input only (the others get zeros).
+
+    Args:
+        tensor: a ``tf.Tensor`` (or a value convertible to one) on the CPU.
+        root_rank: the rank whose value everyone receives.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A new tensor holding ``root_rank``'s value.
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``root_rank`` is not a member of ``process_set``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
+    """
     tensor = _check(tensor, name, "broadcast")
     name = _name("broadcast", name, tensor)
 
@@ -422,11 +560,35 @@ def _alltoall_eager(t, splits, name, process_set):
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
-    """Send ``splits[r]`` rows of ``tensor`` to set rank r (even splits by default).
+    """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
+    this one.
 
-    Returns the rows received, in rank order, and, when ``splits`` is given, the received
-    splits too (``(tensor, received_splits)``), as Horovod's TensorFlow alltoall.
-    Differentiable.
+    Differentiable: the gradient of each received row is sent back to its sender.
+
+    Args:
+        tensor: a ``tf.Tensor`` with at least one dimension.
+        splits: how many rows go to each rank, in rank order (a list or a 1-D tensor that
+            sums to the first dimension); ``None`` splits the rows evenly.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        The received rows in rank order; with ``splits`` given, the pair ``(rows,
+        received_splits)``, as Horovod's TensorFlow alltoall.
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``tensor`` is a scalar, ``splits`` does not fit the first dimension
+            (``None``: the set's size must divide it), or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     tensor = _check(tensor, name, "alltoall")
     name = _name("alltoall", name, tensor)
@@ -485,8 +647,40 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0):
-    """This rank's slice (dim 0; earlier ranks get the extra rows) of the reduction of
-    ``tensor`` over the set.  ``op``: hvd.Average or hvd.Sum.  Differentiable."""
+    """This rank's slice (along the first dimension) of the reduction of ``tensor``.
+
+    Differentiable: the gradient is the allgather of the output gradients (times the
+    set's size for ``hvd.Sum``, and times the scale factors).
+
+    Args:
+        tensor: a ``tf.Tensor`` with at least one dimension.
+        device_dense: accepted for Horovod compatibility and ignored.
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+
+    Returns:
+        A new tensor: this rank's rows of the reduction; the rows are split as evenly as
+        possible, the first ranks getting one extra.
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
+    """
     rop = ops.reduce_op(None, op, name or "reducescatter")
     tensor = _check(tensor, name, "reducescatter")
     name = _name("reducescatter", name, tensor)
@@ -498,7 +692,36 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, name=None, ignore_name_scope=False):
-    """:func:`reducescatter` of several tensors as one operation; a list."""
+    """:func:`reducescatter` of several tensors as one operation (differentiable).
+
+    Args:
+        tensors: a list of ``tf.Tensor`` objects, which may differ in shape and dtype.
+        device_dense: accepted for Horovod compatibility and ignored.
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one (inside
+            ``tf.function`` from the graph and the input's name).
+        ignore_name_scope: accepted for Horovod compatibility and ignored.
+
+    Returns:
+        A list of this rank's slices, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
+            allreduce takes one).
+        ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
+            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
+    """
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
     tensors = [_check(t, name, "grouped_reducescatter") for t in tensors]
     if not tensors:
@@ -510,9 +733,16 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
 
 # -- join, barrier ---------------------------------------------------------------------------
 def join() -> int:
-    """Block until every rank has joined; returns the rank that joined last (eager only).
+    """Block until every rank has joined; returns the rank that joined last.
 
-    While this rank waits it takes part in the others' allreduces with neutral values.
+    While this rank waits it takes part in the others' allreduces with neutral values,
+    so ranks with fewer batches do not stall the rest.
+
+    Returns:
+        The rank that joined last (inside ``tf.function``: an int32 scalar tensor).
+
+    Raises:
+        HvdliteInternalError: the runtime stopped before every rank joined.
     """
     if not tf.executing_eagerly():
         return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32])[0]
@@ -520,7 +750,17 @@ def join() -> int:
 
 
 def barrier(process_set=global_process_set) -> None:
-    """Block until every rank of the process set reached the barrier."""
+    """Block until every rank of the process set has reached the barrier.
+
+    Args:
+        process_set: the ranks that take part (default: all of them).
+
+    Returns:
+        None eagerly; inside ``tf.function`` an int32 tensor to depend on.
+
+    Raises:
+        HvdliteInternalError: the runtime stopped before every member arrived.
+    """
     if not tf.executing_eagerly():
         def fn():
             ops.barrier(process_set)

@@ -20,12 +20,10 @@ value is restored by copy, never recomputed as ``new - delta``: every rank must 
 reduced delta to the same bits, or the replicas drift apart.
 """
 
-import weakref
 from typing import Dict, List
 
 import torch
 
-from hvdlite.common import basics
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_hooks import _HookedOptimizer
 
@@ -34,8 +32,8 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
     """Mixin placed in front of the user's optimizer class; never instantiated directly."""
 
     def _hvd_adasum_setup(self, names: Dict[torch.Tensor, str], compression,
-                          backward_passes_per_step: int, process_set, owner_attr: str):
-        self._hvd_token = object()
+                          backward_passes_per_step: int, process_set):
+        """Set up the wrapper's state and hooks; the arguments are checked by the caller."""
         self._hvd_names = names
         self._hvd_compression = compression
         self._hvd_bpps = int(backward_passes_per_step)
@@ -47,13 +45,7 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         self._hvd_deltas = {p: torch.zeros_like(p, memory_format=torch.contiguous_format)
                             for p in self._hvd_params}
         self._hvd_handles: Dict[torch.Tensor, tuple] = {}   # p -> (handle, ctx, compressed)
-        basics.register_reset_hook(self._hvd_reset)
-        for p in self._hvd_params:
-            setattr(p, owner_attr, self._hvd_token)
-        ref = weakref.ref(self)
-        self._hvd_hook_handles = [
-            p.register_post_accumulate_grad_hook(_make_hook(ref, self._hvd_token, owner_attr))
-            for p in self._hvd_params]
+        self._hvd_attach_hooks()
 
     # -- one parameter: local step, then the reduction of its delta ----------------------
 
@@ -137,12 +129,3 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         self._hvd_handles.clear()
         for p in self._hvd_params:
             self._hvd_delay[p] = self._hvd_bpps
-
-
-def _make_hook(opt_ref, token, owner_attr: str):
-    def hook(p):
-        opt = opt_ref()
-        if opt is None or getattr(p, owner_attr, None) is not token:
-            return
-        opt._hvd_grad_ready(p)
-    return hook

@@ -30,7 +30,28 @@ __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
 
 
 def run(func):
-    """Decorate ``train(state, ...)`` so it survives dead workers and host changes."""
+    """Decorate ``train(state, ...)`` so that it survives dead workers and host changes.
+
+    The wrapped function takes a :class:`TorchState` (or another ``State``) first; it
+    starts by copying rank 0's state to every rank (``state.sync()``).  When a peer fails
+    in a collective, every surviving rank rolls the state back to its last ``commit()``;
+    when hosts were added or removed, ``commit()`` raises on every rank and the state is
+    kept.  Either way the ranks join the next rendezvous round, the state is synced
+    again, the reset callbacks run and ``func`` is called again.  A process whose host
+    left the job exits with code 0.
+
+    Args:
+        func: the training function; its first argument is the state.
+
+    Returns:
+        The wrapped function, called as ``train(state, *args, **kwargs)``; it returns what
+        ``func`` returns once a call completes.
+
+    Raises:
+        HvdliteInternalError: (from the wrapped function) a peer failed outside elastic
+            mode (no ``--min-np``, ``--max-np`` or ``--host-discovery-script``), or
+            joining the next round failed for good.
+    """
     return run_fn(func)
 
 
@@ -47,6 +68,11 @@ class ElasticSampler(torch.utils.data.Sampler):
     shards in lockstep, and the shards are known everywhere), so a commit keeps
     the samples a worker processed even if that worker dies later; Horovod's
     sampler records only its own rank's.  ``record_indices`` marks given indices.
+
+    Args:
+        dataset: the dataset to sample from (only its ``len()`` is used).
+        shuffle: shuffle the remaining samples, the same way on every rank.
+        seed: the shuffle's seed; the epoch is added to it, so each epoch differs.
     """
 
     def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
@@ -60,27 +86,61 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch``: forget the processed samples and re-shard all of them.
+
+        Args:
+            epoch: the epoch number (it changes the shuffle).
+        """
         self.epoch = epoch
         self.processed_indices = set()
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark every rank's ``batch_idx``-th batch of the current pass as processed."""
+        """Mark every rank's ``batch_idx``-th batch of the current pass as processed.
+
+        Args:
+            batch_idx: the batch's index in this pass (since the last reset or epoch).
+            batch_size: the number of samples per batch.
+        """
         start, end = batch_idx * batch_size, (batch_idx + 1) * batch_size
         for shard in self._shards:
             self.processed_indices.update(shard[start:end])
 
     def record_indices(self, indices) -> None:
+        """Mark the dataset indices ``indices`` as processed.
+
+        Args:
+            indices: an iterable of dataset indices.
+        """
         self.processed_indices.update(indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
+        """The dataset indices of this rank's ``batch_idx``-th batch of the current pass.
+
+        Args:
+            batch_idx: the batch's index in this pass.
+            batch_size: the number of samples per batch.
+
+        Returns:
+            A list of up to ``batch_size`` dataset indices (fewer at the end of the shard).
+        """
         start = batch_idx * batch_size
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def state_dict(self) -> Dict[str, Any]:
+        """The sampler's position, for :class:`TorchState` to save and broadcast.
+
+        Returns:
+            ``{"epoch": ..., "processed_indices": ...}`` (a copy of the processed set).
+        """
         return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Take the position ``state`` (from :meth:`state_dict`) and re-shard what remains.
+
+        Args:
+            state: a dictionary returned by :meth:`state_dict`.
+        """
         self.epoch = state["epoch"]
         self.processed_indices = set(state["processed_indices"])
         self.reset()
@@ -155,7 +215,15 @@ class TorchState(ObjectState):
 
     Modules, optimizers and :class:`ElasticSampler` values are kept through their
     ``state_dict``; anything else is a plain value (see ``ObjectState``).  After a
-    reset, ``sync`` broadcasts rank 0's parameters and optimizer state.
+    reset, ``sync`` broadcasts rank 0's parameters and optimizer state.  Every
+    value is also an attribute: ``state.model``, ``state.epoch``, ...
+
+    Args:
+        model: a ``torch.nn.Module`` whose ``state_dict()`` is kept (optional).
+        optimizer: a ``torch.optim.Optimizer`` (a DistributedOptimizer too) whose
+            state is kept (optional).
+        kwargs: further values by name: modules, optimizers and samplers as above,
+            anything else kept as a deep copy.
     """
 
     def __init__(self, model=None, optimizer=None, **kwargs):
@@ -173,16 +241,21 @@ class TorchState(ObjectState):
         super().__init__(_bcast, **plain)
 
     def save(self) -> None:
+        """Keep a copy of every value (what a failure rolls back to); ``commit()`` calls it."""
         for handler in self._handlers.values():
             handler.save()
         super().save()
 
     def restore(self) -> None:
+        """Put back the values of the last :meth:`save`; called on every rank after a failure."""
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
 
     def sync(self) -> None:
+        """Make every rank's values rank 0's (parameters and optimizer state broadcast, the
+        samplers' processed samples combined); called after each reset.
+        """
         for handler in self._handlers.values():
             handler.sync()
         super().sync()

@@ -48,8 +48,9 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
         process_set: broadcast among this process set only.
 
     Raises:
-        TypeError: ``params`` is neither of the accepted forms.
-        ValueError: a bad ``root_rank``, or duplicate names.
+        TypeError: ``params`` is neither of the accepted forms, holds a value that is not a
+            tensor, or ``root_rank`` is not an int.
+        ValueError: ``root_rank`` is not a rank of ``process_set``, or duplicate names.
     """
     check_root(root_rank, "broadcast_parameters", process_set)
     if isinstance(params, dict) or hasattr(params, "items") and callable(params.items):
@@ -143,32 +144,30 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     across ``optimizer.param_groups``, so every rank must build its optimizer
     over the same model in the same order.  Tensor state is broadcast in
     place where the rank already has a tensor of the same shape and dtype;
-    otherwise it is created.  No optimizer step is taken.
+    otherwise it is created.  No optimizer step is taken.  In a one-rank job it
+    returns at once.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` (a DistributedOptimizer too), or an object
+            whose ``optimizer`` attribute is one (e.g. an LR scheduler).
+        root_rank: the rank whose values everyone receives.
+        process_set: broadcast among this process set only.
 
     Raises:
-        ValueError: the ranks' optimizers have different numbers of groups or parameters.
+        TypeError: ``root_rank`` is not an int.
+        ValueError: ``root_rank`` is not a rank of ``process_set``, or the ranks'
+            optimizers have different numbers of groups or parameters.
     """
     check_root(root_rank, "broadcast_optimizer_state", process_set)
     if hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups"):
         optimizer = optimizer.optimizer
     params = [p for g in optimizer.param_groups for p in g["params"]]
     is_root = mpi_ops.rank() == root_rank
-    kw = _ps_kw(process_set)
     if mpi_ops.size() == 1:
         return
 
-    desc = None
     enc = _Encoder()
-    if is_root:
-        pidx = {id(p): i for i, p in enumerate(params)}
-        groups = [enc.enc({k: v for k, v in g.items() if k != "params"})
-                  for g in optimizer.param_groups]
-        owned = sorted([(pidx[id(p)], st) for p, st in optimizer.state.items()
-                        if id(p) in pidx and st], key=lambda e: e[0])
-        # encode in index order: the tensors list must follow the order every rank decodes in
-        state = [[i, enc.enc(dict(st))] for i, st in owned]
-        desc = json.dumps({"n_params": len(params), "n_groups": len(optimizer.param_groups),
-                           "groups": groups, "state": state}).encode()
+    desc = _describe_state(optimizer, params, enc) if is_root else None
     desc = json.loads(_broadcast_bytes(desc, False, root_rank, "broadcast_optimizer_state.desc",
                                        process_set)[0])
     if desc["n_params"] != len(params) or desc["n_groups"] != len(optimizer.param_groups):
@@ -177,53 +176,79 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
             f"param groups / {len(params)} parameters but root rank {root_rank} has "
             f"{desc['n_groups']} / {desc['n_params']}; build the optimizer the same way on every "
             "rank")
+    targets = enc.tensors if is_root else _adopt_description(optimizer, params, desc)
+    _broadcast_in_place(targets, root_rank, "broadcast_optimizer_state", process_set)
 
-    if is_root:
-        targets = enc.tensors
-    else:
-        targets = []
 
-        def fresh(dtype, shape, device_type, like=None):
-            device = like.device if like is not None and like.device.type == device_type \
-                else torch.device(device_type)
-            t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-            targets.append(t)
-            return t
+def _describe_state(optimizer, params, enc: "_Encoder") -> bytes:
+    """The root's groups and per-parameter state as JSON; its tensors are listed in ``enc``
+    in the order every rank decodes them."""
+    pidx = {id(p): i for i, p in enumerate(params)}
+    groups = [enc.enc({k: v for k, v in g.items() if k != "params"})
+              for g in optimizer.param_groups]
+    owned = sorted([(pidx[id(p)], st) for p, st in optimizer.state.items()
+                    if id(p) in pidx and st], key=lambda e: e[0])
+    # encode in index order: the tensors list must follow the order every rank decodes in
+    state = [[i, enc.enc(dict(st))] for i, st in owned]
+    return json.dumps({"n_params": len(params), "n_groups": len(optimizer.param_groups),
+                       "groups": groups, "state": state}).encode()
 
-        # hyper-parameters: decoded values replace the local ones
-        for g, gd in zip(optimizer.param_groups, desc["groups"]):
-            new = _decode(gd, fresh)
-            for k, v in new.items():
-                if v is not _SKIP:
-                    g[k] = v
-        # per-parameter state: reuse matching tensors (in place), create the rest
-        root_has = {i for i, _ in desc["state"]}
-        for i, sd in desc["state"]:
-            p = params[i]
-            local = optimizer.state.get(p, {})
-            new_state = {}
-            for k, v in sd["d"]:
-                old = local.get(k)
-                if isinstance(v, dict) and "T" in v:
-                    dtype, shape, dev = v["T"]
-                    if (isinstance(old, torch.Tensor) and str(old.dtype) == "torch." + dtype
-                            and list(old.shape) == shape and old.device.type == dev):
-                        targets.append(old)
-                        new_state[k] = old
-                    else:
-                        new_state[k] = fresh(dtype, shape, dev, like=p)
-                else:
-                    val = _decode(v, fresh)
-                    new_state[k] = old if val is _SKIP else val
-            optimizer.state[p] = new_state
-        for i, p in enumerate(params):
-            if i not in root_has and p in optimizer.state:
-                del optimizer.state[p]
 
+def _adopt_description(optimizer, params, desc) -> List[torch.Tensor]:
+    """Make a non-root rank's groups and state take the root's shape (values decoded from
+    ``desc``); returns the tensors the root's tensor values are broadcast into, in order."""
+    targets: List[torch.Tensor] = []
+
+    def fresh(dtype, shape, device_type, like=None):
+        device = like.device if like is not None and like.device.type == device_type \
+            else torch.device(device_type)
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        targets.append(t)
+        return t
+
+    # hyper-parameters: decoded values replace the local ones
+    for g, gd in zip(optimizer.param_groups, desc["groups"]):
+        new = _decode(gd, fresh)
+        for k, v in new.items():
+            if v is not _SKIP:
+                g[k] = v
+    root_has = {i for i, _ in desc["state"]}
+    for i, sd in desc["state"]:
+        p = params[i]
+        optimizer.state[p] = _adopt_param_state(optimizer.state.get(p, {}), sd, p, fresh,
+                                                targets)
+    for i, p in enumerate(params):
+        if i not in root_has and p in optimizer.state:
+            del optimizer.state[p]
+    return targets
+
+
+def _adopt_param_state(local, sd, p, fresh, targets) -> dict:
+    """One parameter's new state: local tensors that match the root's dtype, shape and device
+    are reused (and broadcast into, in place), the others are created with ``fresh``."""
+    new_state = {}
+    for k, v in sd["d"]:
+        old = local.get(k)
+        if isinstance(v, dict) and "T" in v:
+            dtype, shape, dev = v["T"]
+            if (isinstance(old, torch.Tensor) and str(old.dtype) == "torch." + dtype
+                    and list(old.shape) == shape and old.device.type == dev):
+                targets.append(old)
+                new_state[k] = old
+            else:
+                new_state[k] = fresh(dtype, shape, dev, like=p)
+        else:
+            val = _decode(v, fresh)
+            new_state[k] = old if val is _SKIP else val
+    return new_state
+
+
+def _broadcast_in_place(targets, root_rank: int, what: str, process_set) -> None:
+    """Broadcast each of ``targets`` in place from ``root_rank``, all started before waiting."""
     handles = []
     with torch.no_grad():
         for j, t in enumerate(targets):
             handles.append(mpi_ops.broadcast_async_(
-                t, root_rank, name=f"broadcast_optimizer_state.{j}", **kw))
+                t, root_rank, name=f"{what}.{j}", **_ps_kw(process_set)))
         for h in handles:
             mpi_ops.synchronize(h)

@@ -92,6 +92,19 @@ def _copy_back_finish(back, single: bool):
     return finish
 
 
+def _compressed(compression, tensors, run):
+    """``run`` (a list of tensors to a list of results) on the compressed ``tensors``, each
+    result decompressed with its own tensor's context; ``run(tensors)`` without a compressor.
+
+    The one place where compression wraps a collective, so the sync ops cannot differ in it.
+    """
+    if compression is None:
+        return run(tensors)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = run([t for t, _ in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
 # -- allreduce -------------------------------------------------------------------------------
 def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postscale_factor,
                    process_set) -> Handle:
@@ -131,78 +144,286 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """Start averaging (or summing, ...) ``tensor`` over all ranks; returns a handle."""
+    """Start reducing ``tensor`` over the ranks (by default: averaging it) without waiting.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is a new tensor of ``tensor``'s shape and dtype.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+    """
     return _allreduce_one(tensor, False, average, name, op, prescale_factor, postscale_factor,
                           process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """In-place :func:`allreduce_async`: the result lands in ``tensor``."""
+    """In-place :func:`allreduce_async`: the result is written into ``tensor``.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is ``tensor`` itself, holding the reduction.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+    """
     return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
                           process_set)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
-    """Reduce ``tensor`` over all ranks and return the result in a new tensor.
+    """Reduce ``tensor`` over the ranks (by default: average it) into a new tensor.
 
-    ``compression`` (e.g. ``hvd.Compression.fp16``) compresses before sending
-    and restores the original dtype after.
+    Differentiable for ``hvd.Average`` and ``hvd.Sum``: the gradient is the same
+    reduction of the output's gradient.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.  Any object with static ``compress``/``decompress`` works.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A new tensor of ``tensor``'s shape and dtype, the same on every rank.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
-    ctx = None
-    if compression is not None:
-        tensor, ctx = compression.compress(tensor)
-    if _tracks_grad(tensor):
-        out = _AllreduceGrad.apply(tensor, average, name, op, prescale_factor, postscale_factor,
-                                   process_set)
-    else:
-        out = synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                          postscale_factor, process_set))
-    if compression is not None:
-        out = compression.decompress(out, ctx)
+    def run(ts):
+        [t] = ts
+        if _tracks_grad(t):
+            return [_AllreduceGrad.apply(t, average, name, op, prescale_factor,
+                                         postscale_factor, process_set)]
+        return [synchronize(allreduce_async(t, average, name, op, prescale_factor,
+                                            postscale_factor, process_set))]
+
+    [out] = _compressed(compression, [tensor], run)
     return out
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
-    """In-place :func:`allreduce`."""
+    """In-place :func:`allreduce`: ``tensor`` is overwritten with the reduction.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        ``tensor``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """Reduce a list of tensors as one unit (fused together); one handle for all."""
+    """Start reducing several tensors as one operation, fused into one transfer.
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is a list of new tensors, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+    """
     return _allreduce_async(list(tensors), False, True, average, name, op, prescale_factor,
                             postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """In-place :func:`grouped_allreduce_async`: each result is written into its input.
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is the list of the input tensors, holding the reductions.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+    """
     return _allreduce_async(list(tensors), True, True, average, name, op, prescale_factor,
                             postscale_factor, process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    ctxs = None
-    if compression is not None:
-        pairs = [compression.compress(t) for t in tensors]
-        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    if any(_tracks_grad(t) for t in tensors):
-        outs = list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor,
-                                                postscale_factor, process_set, *tensors))
-    else:
-        outs = synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+    """Reduce several tensors as one operation (fused into one transfer); new tensors.
+
+    All ranks must pass the same number of tensors with the same shapes.  Differentiable
+    for ``hvd.Average`` and ``hvd.Sum``.
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.  Any object with static ``compress``/``decompress`` works.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A list of new tensors, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
+    def run(ts):
+        if any(_tracks_grad(t) for t in ts):
+            return list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor,
+                                                    postscale_factor, process_set, *ts))
+        return synchronize(grouped_allreduce_async(ts, average, name, op, prescale_factor,
                                                    postscale_factor, process_set))
-    if compression is not None:
-        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
-    return outs
+
+    return _compressed(compression, list(tensors), run)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`grouped_allreduce`: each tensor is overwritten with its reduction.
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
+            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
+            ``hvd.Product`` or ``hvd.Adasum``.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        The list of the input tensors.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
+            with ``average``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
@@ -214,23 +435,107 @@ def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
-    """Start concatenating every rank's ``tensor`` along dim 0 (sizes may differ)."""
+    """Start concatenating every rank's ``tensor`` along the first dimension.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ
+            in the first dimension only.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is a new tensor whose rows are rank 0's, then rank 1's, and so on.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
+            long.
+    """
     return _allgather_async([tensor], False, name, process_set)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenate every rank's ``tensor`` along dim 0 (differentiable)."""
+    """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
+
+    Differentiable: this rank's gradient is its own rows of the averaged output
+    gradient.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ
+            in the first dimension only.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A new tensor whose rows are rank 0's, then rank 1's, and so on.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
+            long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
     if _tracks_grad(tensor):
         return _AllgatherGrad.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """Start :func:`allgather_async` of several tensors as one operation.
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is a list of the gathered tensors, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
+            long.
+    """
     return _allgather_async(list(tensors), True, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Concatenate each of ``tensors`` over all ranks along dim 0 (differentiable)."""
+    """Allgather several tensors as one operation (differentiable, as :func:`allgather`).
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A list of the gathered tensors, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
+            long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
     if any(_tracks_grad(t) for t in tensors):
         return list(_GroupedAllgatherGrad.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
@@ -250,29 +555,136 @@ def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Han
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    """Start copying the root's ``tensor`` to every rank (into a new tensor)."""
+    """Start copying the root's ``tensor`` to every rank, into a new tensor.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        root_rank: the rank whose value everyone receives (a rank of the job, and a
+            member of ``process_set``).
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is a new tensor holding the root's value.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
+            ``process_set``, or ``name`` is too long.
+    """
     return _broadcast_async(tensor, root_rank, name, False, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """In-place :func:`broadcast_async`: the root's value is written into ``tensor``.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        root_rank: the rank whose value everyone receives.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is ``tensor``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
+            ``process_set``, or ``name`` is too long.
+    """
     return _broadcast_async(tensor, root_rank, name, True, process_set)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """The root's ``tensor`` on every rank, in a new tensor (differentiable)."""
+    """The root's ``tensor`` on every rank, in a new tensor.
+
+    Differentiable: the output gradients are averaged over the ranks and flow to
+    the root's input only (the others get zeros).
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        root_rank: the rank whose value everyone receives.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A new tensor holding ``root_rank``'s value.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
+            ``process_set``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
     if _tracks_grad(tensor):
         return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place :func:`broadcast`: ``tensor`` is overwritten with the root's value.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
+        root_rank: the rank whose value everyone receives.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        ``tensor``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
+            ``process_set``, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    """Send ``splits[r]`` rows of ``tensor`` to rank r (even splits by default); the handle's
-    result is ``(output, received_splits)``."""
+    """Start sending a slice of ``tensor``'s rows to every rank.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
+        splits: how many rows go to each rank, in rank order (a list or a 1-D tensor that
+            sums to the first dimension); ``None`` splits the rows evenly.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is ``(output, received_splits)``: the rows received, in rank order, and
+        how many came from each rank.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, ``splits`` does not fit
+            the first dimension (``None``: the set's size must divide it), or ``name``
+            is too long.
+    """
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     [work] = _buffers([tensor], name, "alltoall")
@@ -280,10 +692,33 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """The rows every rank sent to this one, in rank order (differentiable).
+    """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
+    this one.
 
-    Returns the tensor alone when ``splits`` is None, else ``(tensor, received_splits)``,
-    as Horovod does.
+    Differentiable: the gradient of each received row is sent back to its sender.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
+        splits: how many rows go to each rank, in rank order (a list or a 1-D tensor that
+            sums to the first dimension); ``None`` splits the rows evenly.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        The received rows in rank order; with ``splits`` given, the pair ``(rows,
+        received_splits)`` (as Horovod).
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, ``splits`` does not fit
+            the first dimension (``None``: the set's size must divide it), or ``name``
+            is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     if _tracks_grad(tensor):
         out, received = _AlltoallGrad.apply(tensor, splits, name, process_set)
@@ -302,28 +737,103 @@ def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_facto
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    """Reduce ``tensor``; each rank gets its slice of dim 0 (earlier ranks get extra rows)."""
+    """Start reducing ``tensor`` over the ranks, each keeping one slice of the result.
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is this rank's slice of the first dimension (the first ranks get one
+        extra row when the size does not divide it).
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
+            Average nor Sum, or ``name`` is too long.
+    """
     return _reducescatter_async([tensor], False, name, op, process_set, prescale_factor,
                                 postscale_factor)
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """This rank's slice of the reduction of ``tensor`` over all ranks (differentiable)."""
-    ctx = None
-    if compression is not None:
-        tensor, ctx = compression.compress(tensor)
-    if _tracks_grad(tensor):
-        [out] = _ReducescatterGrad.apply(name, op, process_set, prescale_factor,
-                                         postscale_factor, tensor)
-    else:
-        out = synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                              postscale_factor))
-    return compression.decompress(out, ctx) if compression is not None else out
+    """This rank's slice (along the first dimension) of the reduction of ``tensor``.
+
+    Differentiable: the gradient is the allgather of the output gradients (times the
+    set's size for ``hvd.Sum``, and times the scale factors).
+
+    Args:
+        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.  Any object with static ``compress``/``decompress`` works.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+
+    Returns:
+        A new tensor: rows ``[start, end)`` of the reduction for this rank; the rows are
+        split as evenly as possible, the first ranks getting one extra.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
+            Average nor Sum, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
+    def run(ts):
+        [t] = ts
+        if _tracks_grad(t):
+            return list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                                 postscale_factor, t))
+        return [synchronize(reducescatter_async(t, name, op, process_set, prescale_factor,
+                                                postscale_factor))]
+
+    [out] = _compressed(compression, [tensor], run)
+    return out
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    """Start :func:`reducescatter_async` of several tensors as one operation.
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+
+    Returns:
+        A handle for :func:`synchronize` (or :func:`poll`);
+        its result is a list of this rank's slices, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
+            Average nor Sum, or ``name`` is too long.
+    """
     return _reducescatter_async(list(tensors), True, name, op, process_set, prescale_factor,
                                 postscale_factor)
 
@@ -331,27 +841,60 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
-    """:func:`reducescatter` of several tensors as one operation (differentiable)."""
-    tensors = list(tensors)
-    ctxs = None
-    if compression is not None:
-        pairs = [compression.compress(t) for t in tensors]
-        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    if any(_tracks_grad(t) for t in tensors):
-        outs = list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
-                                             postscale_factor, *tensors))
-    else:
-        outs = synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+    """:func:`reducescatter` of several tensors as one operation (differentiable).
+
+    Args:
+        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
+            and dtype.
+        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
+            appears in errors and the timeline.  ``None`` generates one, which requires
+            every rank to issue its unnamed operations in the same order.
+        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
+            restores their dtype in the result; ``None`` (the default) sends them as they
+            are.  Any object with static ``compress``/``decompress`` works.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+        prescale_factor: every rank's input is multiplied by this before the reduction.
+        postscale_factor: the reduced result is multiplied by this.
+
+    Returns:
+        A list of this rank's slices, in the order of ``tensors``.
+
+    Raises:
+        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
+        ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
+            Average nor Sum, or ``name`` is too long.
+        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
+            operations.
+        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
+    """
+    def run(ts):
+        if any(_tracks_grad(t) for t in ts):
+            return list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                                 postscale_factor, *ts))
+        return synchronize(grouped_reducescatter_async(ts, name, op, process_set,
                                                        prescale_factor, postscale_factor))
-    if compression is not None:
-        outs = [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
-    return outs
+
+    return _compressed(compression, list(tensors), run)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Reduce a sparse COO tensor by allgathering its indices and values (as Horovod).
+    """Start reducing a sparse COO tensor by allgathering its indices and values.
 
-    Returns a handle for :func:`synchronize`, whose result is the reduced sparse tensor.
+    Duplicate indices from different ranks are summed when the result is coalesced, so
+    the reduction is a sum (divided by the set's size for ``hvd.Average``), as in Horovod.
+
+    Args:
+        tensor: a sparse COO ``torch.Tensor`` on the CPU.
+        name: the operation's name, the same on every rank (its two allgathers are
+            named ``<name>.indices`` and ``<name>.values``).
+        op: ``hvd.Average`` or ``hvd.Sum``.
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Returns:
+        A handle for :func:`synchronize`, whose result is the reduced sparse tensor.
     """
     t = tensor.coalesce()
     hi = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
@@ -526,12 +1069,28 @@ def join(device=-1) -> int:
 
     While this rank waits here it keeps taking part in the other ranks'
     allreduces (contributing neutral values) and allgathers (contributing no
-    rows), so ranks with fewer batches do not stall the rest.  ``device`` is
-    accepted for Horovod compatibility (CPU only).
+    rows), so ranks with fewer batches do not stall the rest.
+
+    Args:
+        device: accepted for Horovod compatibility and ignored (tensors are on the CPU).
+
+    Returns:
+        The rank that joined last.
+
+    Raises:
+        HvdliteInternalError: the runtime stopped before every rank joined.
     """
     return ops.join()
 
 
 def barrier(process_set=global_process_set) -> None:
-    """Block until every rank of the process set reached the barrier."""
+    """Block until every rank of the process set has reached the barrier.
+
+    Args:
+        process_set: the ranks that take part (default: all of them); each of its members
+            must make the same call.
+
+    Raises:
+        HvdliteInternalError: the runtime stopped before every member arrived.
+    """
     ops.barrier(process_set)

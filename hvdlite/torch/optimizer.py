@@ -34,12 +34,11 @@ gradient, as Horovod's Adasum optimizer does.
 import contextlib
 import logging
 import warnings
-import weakref
 from typing import Dict, List, Optional
 
 import torch
 
-from hvdlite.common import basics, ops
+from hvdlite.common import ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_hooks import _HookedOptimizer
@@ -49,11 +48,6 @@ from hvdlite.torch.compression import Compression
 log = logging.getLogger(__name__)
 
 __all__ = ["DistributedOptimizer"]
-
-#: Attribute set on each parameter: the token of the DistributedOptimizer whose
-#: hooks act on it.  When a parameter is wrapped again, the older optimizer's
-#: hooks become no-ops.
-_OWNER_ATTR = "_hvdlite_grad_owner"
 
 _MIB = 1024 * 1024
 #: like DDP: a small first bucket so the first reduction starts early.
@@ -139,28 +133,19 @@ class _DistributedOptimizer(_HookedOptimizer):
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, num_groups, groups, sparse_as_dense,
                    process_set, bucket_cap_mb):
-        if backward_passes_per_step < 1:
-            raise ValueError(
-                f"DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} "
-                "must be >= 1")
-        if gradient_predivide_factor <= 0:
-            raise ValueError(
-                f"DistributedOptimizer: gradient_predivide_factor={gradient_predivide_factor} "
-                "must be > 0")
-        # op=Adasum gets here only in a 1-rank job (as in Horovod): the gradient itself
-        if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
-            raise ValueError(
-                f"DistributedOptimizer: op={op!r} is not supported for gradients; "
-                "use hvd.Average, hvd.Sum or hvd.Adasum")
-        if bucket_cap_mb is not None and bucket_cap_mb < 0:
-            raise ValueError(f"DistributedOptimizer: bucket_cap_mb={bucket_cap_mb} must be >= 0")
-        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-            raise TypeError(
-                "DistributedOptimizer: compression must have compress/decompress, e.g. "
-                f"hvd.Compression.fp16; got {compression!r}")
-
-        self._hvd_token = object()
+        """Check the arguments, pick how gradients travel and hook every parameter."""
+        _check_passes(backward_passes_per_step)
+        _check_averaging(op, gradient_predivide_factor, bucket_cap_mb)
+        _check_compression(compression)
         self._hvd_names = _param_names(self, named_parameters)
+        self._hvd_init_state(compression, backward_passes_per_step, op,
+                             gradient_predivide_factor, sparse_as_dense, process_set)
+        self._hvd_choose_mode(num_groups, groups, bucket_cap_mb)
+        self._hvd_attach_hooks()
+
+    def _hvd_init_state(self, compression, backward_passes_per_step, op,
+                        gradient_predivide_factor, sparse_as_dense, process_set):
+        """The settings and the (empty) per-step bookkeeping of every strategy."""
         self._hvd_compression = compression
         self._hvd_bpps = int(backward_passes_per_step)
         self._hvd_op = op
@@ -184,6 +169,12 @@ class _DistributedOptimizer(_HookedOptimizer):
         self._hvd_buckets: List[_Bucket] = []
         self._hvd_bucket_of: Dict[torch.Tensor, tuple] = {}
 
+    def _hvd_choose_mode(self, num_groups, groups, bucket_cap_mb):
+        """Pick the strategy (``groups``, ``buckets`` or ``params``) and build its units.
+
+        Raises:
+            ValueError: ``num_groups`` < 0, or bad ``groups``.
+        """
         if isinstance(groups, int) and not isinstance(groups, bool):
             num_groups, groups = groups, None
         if num_groups < 0:
@@ -199,25 +190,19 @@ class _DistributedOptimizer(_HookedOptimizer):
             self._hvd_build_groups([c for c in chunks if c])
         elif bucket_cap_mb is None or bucket_cap_mb > 0:
             self._hvd_mode = "buckets"
-            if bucket_cap_mb is None:
-                total = sum(p.numel() * p.element_size() for p in self._hvd_params)
-                cap = min(_MAX_AUTO_BUCKET_BYTES,
-                          max(_FIRST_BUCKET_BYTES, total // _AUTO_BUCKETS))
-            else:
-                cap = int(bucket_cap_mb * _MIB)
-            self._hvd_build_buckets(max(cap, 1))
+            self._hvd_build_buckets(self._hvd_bucket_bytes(bucket_cap_mb))
         else:
             self._hvd_mode = "params"
 
-        # a reset (shutdown/init, e.g. elastic recovery mid-step) drops in-flight reductions
-        basics.register_reset_hook(self._hvd_reset)
-        for p in self._hvd_params:
-            setattr(p, _OWNER_ATTR, self._hvd_token)
-        self._hvd_hook_handles = []
-        ref = weakref.ref(self)
-        for p in self._hvd_params:
-            self._hvd_hook_handles.append(
-                p.register_post_accumulate_grad_hook(_make_hook(ref, self._hvd_token)))
+    def _hvd_bucket_bytes(self, bucket_cap_mb) -> int:
+        """The bucket size: ``bucket_cap_mb`` MiB, or (``None``) about an eighth of the
+        model's gradient bytes, between the first bucket's size and DDP's 25 MiB."""
+        if bucket_cap_mb is None:
+            total = sum(p.numel() * p.element_size() for p in self._hvd_params)
+            cap = min(_MAX_AUTO_BUCKET_BYTES, max(_FIRST_BUCKET_BYTES, total // _AUTO_BUCKETS))
+        else:
+            cap = int(bucket_cap_mb * _MIB)
+        return max(cap, 1)
 
     def _hvd_build_groups(self, groups):
         known = {p: i for i, p in enumerate(self._hvd_params)}
@@ -488,15 +473,6 @@ class _DistributedOptimizer(_HookedOptimizer):
             self._hvd_delay[p] = self._hvd_bpps
 
 
-def _make_hook(opt_ref, token):
-    def hook(p):
-        opt = opt_ref()
-        if opt is None or getattr(p, _OWNER_ATTR, None) is not token:
-            return
-        opt._hvd_grad_ready(p)
-    return hook
-
-
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
@@ -520,8 +496,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             parameter *updates* are combined with Adasum, as Horovod's Adasum optimizer does
             (see :mod:`hvdlite.torch.adasum_optimizer`); do not scale the learning rate with
             ``size()``.  ``groups``, ``num_groups``, ``sparse_as_dense`` and ``bucket_cap_mb``
-            do not apply then (every parameter's update is reduced by name, fused by the
-            runtime) and ``gradient_predivide_factor`` must be 1.
+            do not apply then, and ``gradient_predivide_factor`` must be 1.
         gradient_predivide_factor: divide gradients by this before the reduction and
             multiply after (with ``Average`` the total division is still by ``size()``).
         num_groups: split parameters into this many groups reduced with one grouped op each.
@@ -535,12 +510,62 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             ``0`` selects Horovod's per-parameter path.  Ignored when ``groups``/``num_groups``
             is given.
 
+    Returns:
+        The wrapper.  It adds ``synchronize()`` (wait for this step's reductions, e.g. to clip
+        gradients), ``skip_synchronize()`` (a context in which ``step()`` does not wait again),
+        ``set_backward_passes_per_step(n)`` and ``remove_hooks()``.
+
     Raises:
-        ValueError: bad or duplicate names, a parameter not named, bad factors or groups;
-            ``op=Adasum`` with ``gradient_predivide_factor`` other than 1.
+        TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``, or ``compression``
+            lacks ``compress``/``decompress``.
+        ValueError: ``optimizer`` is already wrapped; bad or duplicate names, a parameter
+            not named, bad factors or groups; ``op=Adasum`` with
+            ``gradient_predivide_factor`` other than 1.
     """
-    if op is None:
-        op = mpi_ops.Average
+    op = mpi_ops.Average if op is None else op
+    _check_wrappable(optimizer, op, gradient_predivide_factor)
+    # as Horovod: Adasum of one rank is the gradient itself, so 1 rank keeps the plain wrapper
+    if op == mpi_ops.Adasum and ops.process_set_size(process_set) > 1:
+        return _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
+                            process_set)
+    obj = _rebind(optimizer, _DistributedOptimizer)
+    obj._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+                   bucket_cap_mb)
+    return obj
+
+
+def _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
+                 process_set):
+    """The Adasum wrapper (see :mod:`hvdlite.torch.adasum_optimizer`), its arguments checked."""
+    obj = _rebind(optimizer, _DistributedAdasumOptimizer)
+    _check_passes(backward_passes_per_step)
+    _check_compression(compression)
+    obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
+                          backward_passes_per_step, process_set)
+    return obj
+
+
+def _rebind(optimizer, mixin):
+    """A new object of class ``(mixin, type(optimizer))`` sharing ``optimizer``'s attributes
+    (state, parameter groups, hooks), so it stays an instance of the user's class."""
+    base = optimizer.__class__
+    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+    obj = cls.__new__(cls)
+    state = dict(optimizer.__dict__)
+    state.pop("step", None)  # an instance-level step wrapper (LR scheduler) would bypass ours
+    obj.__dict__.update(state)
+    return obj
+
+
+def _check_wrappable(optimizer, op, gradient_predivide_factor) -> None:
+    """The checks made before choosing a wrapper.
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``.
+        ValueError: ``optimizer`` is already wrapped, or ``op=Adasum`` with a
+            ``gradient_predivide_factor`` other than 1.
+    """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             "DistributedOptimizer: expected a torch.optim.Optimizer, got "
@@ -550,39 +575,39 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if op == mpi_ops.Adasum and gradient_predivide_factor != 1.0:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor is not supported "
                          "with op=hvd.Adasum (it must be 1)")
-    # Horovod's choice: Adasum of one rank is the gradient itself, so a 1-rank job keeps the
-    # ordinary wrapper (synchronize/skip_synchronize work there)
-    adasum = op == mpi_ops.Adasum and ops.process_set_size(process_set) > 1
-    base = optimizer.__class__
-    mixin = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
-    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
-    obj = cls.__new__(cls)
-    state = dict(optimizer.__dict__)
-    state.pop("step", None)  # an instance-level step wrapper (LR scheduler) would bypass ours
-    obj.__dict__.update(state)
-    if adasum:
-        _check_adasum_arguments(compression, backward_passes_per_step)
-        obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
-                              backward_passes_per_step, process_set, _OWNER_ATTR)
-        return obj
-    obj._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
-                   bucket_cap_mb)
-    return obj
 
 
-def _check_adasum_arguments(compression, backward_passes_per_step) -> None:
-    """The argument checks of ``_hvd_setup`` that also apply to the Adasum wrapper.
-
-    Raises:
-        ValueError: ``backward_passes_per_step`` < 1.
-        TypeError: ``compression`` lacks compress/decompress.
-    """
+def _check_passes(backward_passes_per_step) -> None:
+    """Raises: ValueError: ``backward_passes_per_step`` < 1 (both wrappers check it)."""
     if backward_passes_per_step < 1:
         raise ValueError(
             f"DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} "
             "must be >= 1")
+
+
+def _check_compression(compression) -> None:
+    """Raises: TypeError: ``compression`` lacks compress/decompress (both wrappers check it)."""
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise TypeError(
             "DistributedOptimizer: compression must have compress/decompress, e.g. "
             f"hvd.Compression.fp16; got {compression!r}")
+
+
+def _check_averaging(op, gradient_predivide_factor, bucket_cap_mb) -> None:
+    """The checks of the averaging wrapper's own arguments.
+
+    Raises:
+        ValueError: ``gradient_predivide_factor`` <= 0, an ``op`` other than Average, Sum
+            or Adasum, or a negative ``bucket_cap_mb``.
+    """
+    if gradient_predivide_factor <= 0:
+        raise ValueError(
+            f"DistributedOptimizer: gradient_predivide_factor={gradient_predivide_factor} "
+            "must be > 0")
+    # op=Adasum gets here only in a 1-rank job (as in Horovod): the gradient itself
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
+        raise ValueError(
+            f"DistributedOptimizer: op={op!r} is not supported for gradients; "
+            "use hvd.Average, hvd.Sum or hvd.Adasum")
+    if bucket_cap_mb is not None and bucket_cap_mb < 0:
+        raise ValueError(f"DistributedOptimizer: bucket_cap_mb={bucket_cap_mb} must be >= 0")

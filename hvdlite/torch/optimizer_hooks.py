@@ -4,13 +4,49 @@
 methods live here, below both, rather than in either.
 """
 
+import weakref
+
 import torch
+
+from hvdlite.common import basics
+
+#: Attribute set on each parameter: the token of the DistributedOptimizer whose
+#: hooks act on it.  When a parameter is wrapped again, the older optimizer's
+#: hooks become no-ops.
+_OWNER_ATTR = "_hvdlite_grad_owner"
+
+
+def _make_hook(opt_ref, token):
+    """A ``post_accumulate_grad`` hook that hands ``p`` to the optimizer behind ``opt_ref``.
+
+    It holds the optimizer weakly (parameters outlive their optimizers) and does nothing once
+    another optimizer has claimed the parameter (its ``_OWNER_ATTR`` is no longer ``token``).
+    """
+    def hook(p):
+        opt = opt_ref()
+        if opt is None or getattr(p, _OWNER_ATTR, None) is not token:
+            return
+        opt._hvd_grad_ready(p)
+    return hook
 
 
 class _HookedOptimizer(torch.optim.Optimizer):
     """Mixin for optimizers whose per-parameter hooks act every ``backward_passes_per_step``
-    backward passes; expects ``_hvd_bpps``, ``_hvd_params``, ``_hvd_delay``, ``_hvd_names``
-    and ``_hvd_hook_handles`` to be set up by the subclass."""
+    backward passes; expects ``_hvd_bpps``, ``_hvd_params``, ``_hvd_delay`` and
+    ``_hvd_names`` to be set up by the subclass, which also defines ``_hvd_grad_ready(p)``
+    and ``_hvd_reset()``."""
+
+    def _hvd_attach_hooks(self) -> None:
+        """Claim every parameter and hook its gradient; a runtime reset (shutdown/init, e.g.
+        elastic recovery mid-step) calls ``_hvd_reset`` to drop in-flight reductions."""
+        self._hvd_token = object()
+        basics.register_reset_hook(self._hvd_reset)
+        for p in self._hvd_params:
+            setattr(p, _OWNER_ATTR, self._hvd_token)
+        ref = weakref.ref(self)
+        self._hvd_hook_handles = [
+            p.register_post_accumulate_grad_hook(_make_hook(ref, self._hvd_token))
+            for p in self._hvd_params]
 
     def _hvd_count_pass(self, p: torch.Tensor, what: str) -> bool:
         """Count one backward pass of ``p``'s gradient; True when it completes the window.

@@ -100,6 +100,17 @@ class SyncBatchNorm(_BatchNorm):
     Same constructor as ``torch.nn.BatchNorm2d`` plus ``process_set``.  Every
     rank must call forward (and backward) the same number of times, since each
     call is a collective.
+
+    Args:
+        num_features: the number of channels ``C`` of the ``(N, C, ...)`` input.
+        eps: added to the variance for numerical stability.
+        momentum: the running statistics' update factor; ``None`` keeps a cumulative
+            average.
+        affine: learn a per-channel weight and bias.
+        track_running_stats: keep running mean and variance for eval mode.
+        device: the device of the parameters and buffers.
+        dtype: the dtype of the parameters and buffers.
+        process_set: the ranks whose batches are normalized together (default: all).
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
@@ -116,6 +127,20 @@ class SyncBatchNorm(_BatchNorm):
                 f"{input.dim()}D")
 
     def forward(self, input):
+        """Normalize ``input`` with statistics gathered from every rank of the process set.
+
+        In eval mode, or in a process set of one rank, this is ``BatchNorm``'s forward.
+
+        Args:
+            input: a tensor of shape ``(N, C, ...)``; ranks may have different ``N``.
+
+        Returns:
+            The normalized tensor, of ``input``'s shape and dtype.
+
+        Raises:
+            ValueError: ``input`` has fewer than 2 dimensions, a channel count other than
+                ``num_features``, or every rank's batch is empty.
+        """
         self._check_input_dim(input)
         if input.shape[1] != self.num_features:
             raise ValueError(
@@ -135,7 +160,17 @@ class SyncBatchNorm(_BatchNorm):
 
     @classmethod
     def convert_sync_batchnorm(cls, module, process_set=global_process_set):
-        """Return ``module`` with every ``BatchNorm*d`` replaced by a SyncBatchNorm (same state)."""
+        """Return ``module`` with every ``BatchNorm*d`` replaced by a SyncBatchNorm (same state).
+
+        Args:
+            module: a module (or a batch-norm layer itself); its children are converted
+                recursively.
+            process_set: the process set of the new layers.
+
+        Returns:
+            ``module`` with converted children, or a new SyncBatchNorm when ``module`` is
+            itself a batch-norm layer.  Parameters and buffers are shared, not copied.
+        """
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
             out = cls(module.num_features, module.eps, module.momentum, module.affine,

@@ -35,9 +35,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          backward_passes_per_step=1, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set,
                          scale_local_gradients=True):
-    """A copy of the Keras 3 ``optimizer`` (same class and config) whose ``apply`` /
-    ``apply_gradients`` first reduce the gradients over the process set (one grouped
-    allreduce; ``op`` hvd.Average by default), as ``horovod.tensorflow.keras``'s.
+    """A copy of the Keras 3 ``optimizer`` whose updates use gradients reduced over the ranks.
+
+    The copy has the same class and config; its ``apply`` / ``apply_gradients`` first
+    reduce the gradients over the process set (one grouped allreduce; ``op``
+    hvd.Average by default), as ``horovod.tensorflow.keras``'s.
 
     ``backward_passes_per_step`` N > 1 aggregates locally: each call adds the gradients to
     accumulators (optimizer variables, so they are saved and broadcast with it), and every
@@ -46,6 +48,28 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     step (``iterations`` counts every batch, as Keras's own accumulation does).  N passes
     on N smaller batches then make the update one pass on their union would, at one
     allreduce per N batches.
+
+    Args:
+        optimizer: a Keras 3 optimizer; it is copied through its config, not modified.
+        name: the copy's name (default: the original's).
+        device_dense, device_sparse: accepted for Horovod compatibility and ignored.
+        compression: ``hvd.Compression.fp16`` to send floating-point gradients as float16;
+            ``None`` sends them as they are.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the reduction
+            (otherwise they are allgathered).
+        gradient_predivide_factor: with ``hvd.Average``, divide by this before the sum and
+            by ``size / factor`` after it.
+        op: ``hvd.Average`` (the default), ``hvd.Sum`` or ``hvd.Adasum``.
+        backward_passes_per_step: how many calls accumulate locally per reduction.
+        average_aggregated_gradients: divide the accumulated gradients by
+            ``backward_passes_per_step`` before reducing them.
+        num_groups, groups: accepted for Horovod compatibility; every gradient already
+            travels in one grouped allreduce, which the runtime fuses.
+        process_set: reduce among this process set only (default: all ranks).
+        scale_local_gradients: accepted for Horovod compatibility and ignored.
+
+    Returns:
+        A new optimizer of a subclass of ``optimizer``'s class.
 
     Raises:
         ValueError: ``backward_passes_per_step`` is not a positive integer.
@@ -131,7 +155,17 @@ def _aggregating_members(base, passes: int, average: bool, settings: dict) -> di
 
 
 def broadcast_global_variables(root_rank, model=None):
-    """Broadcast ``model``'s variables (and its optimizer's) from ``root_rank``."""
+    """Broadcast ``model``'s variables (and its built optimizer's) from ``root_rank``.
+
+    Args:
+        root_rank: the rank whose values everyone receives.
+        model: the Keras model; required, since Keras 3 has no global variable
+            collection.
+
+    Raises:
+        ValueError: ``model`` not given, or ``root_rank`` is not a rank of the job.
+        TypeError: ``root_rank`` is not an int.
+    """
     if model is None:
         raise ValueError("broadcast_global_variables: Keras 3 has no global variable "
                          "collection; pass model=")

@@ -30,6 +30,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Broadcasts when training begins (building the optimizer's slots from the model's
     trainable variables first, as Keras's first train step would), or after the first
     batch when the model was not built yet (no ``Input`` shape before the first batch).
+
+    Args:
+        root_rank: the rank whose values everyone receives.
+        device: accepted for Horovod compatibility and ignored.
+        process_set: the ranks that take part (default: all of them).
     """
 
     def __init__(self, root_rank, device="", process_set=global_process_set):
@@ -58,9 +63,15 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Averages the epoch's logged metrics over the ranks (put it before callbacks that
-    read them: checkpointing, early stopping, schedules on plateau).  Every rank must log
-    the same metric names."""
+    """Averages the epoch's logged metrics over the ranks.
+
+    Put it before the callbacks that read the metrics (checkpointing, early stopping,
+    schedules on plateau).  Every rank must log the same metric names.
+
+    Args:
+        device: accepted for Horovod compatibility and ignored.
+        process_set: the ranks that take part (default: all of them).
+    """
 
     def __init__(self, device="", process_set=global_process_set):
         super().__init__()
@@ -79,13 +90,28 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
-    """Sets the optimizer's learning rate to ``initial_lr * multiplier(epoch)`` for epochs in
-    ``[start_epoch, end_epoch)``: at the first batch of each epoch (``staircase``), or at
-    every batch with a fractional epoch ``epoch + batch / steps_per_epoch``.
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` within an epoch range.
 
-    ``multiplier`` is a number or a function of the epoch.  ``momentum_correction`` is
-    accepted but not applied: a Keras 3 optimizer's momentum is a Python number compiled
-    into the train step.
+    For epochs in ``[start_epoch, end_epoch)`` the rate is set at the first batch of each
+    epoch (``staircase``), or at every batch with the fractional epoch
+    ``epoch + batch / steps_per_epoch``.  The rate is also logged as ``lr``.
+
+    Args:
+        initial_lr: the base rate; ``None`` reads the optimizer's when training begins.
+        multiplier: a number, or a function of the (fractional) epoch; a number implies
+            ``staircase``.
+        start_epoch: the first epoch the schedule applies to.
+        end_epoch: the epoch it stops at (exclusive); ``None`` for no end.
+        staircase: change the rate once per epoch instead of every batch.
+        momentum_correction: accepted but not applied: a Keras 3 optimizer's momentum is
+            a Python number compiled into the train step.
+        steps_per_epoch: batches per epoch, for the fractional epoch; ``None`` takes
+            Keras's ``steps`` parameter.
+        verbose: accepted for Horovod compatibility.
+
+    Raises:
+        ValueError: (when training begins) per-batch schedule and the steps per epoch
+            cannot be found; pass ``steps_per_epoch``.
     """
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
@@ -144,9 +170,23 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramps the learning rate from ``initial_lr / size()`` to ``initial_lr`` over
-    ``warmup_epochs`` (Goyal et al., 2017), as Horovod's:
-    ``lr(e) = initial_lr / size * (e' * (size - 1) / warmup_epochs + 1)`` with
-    ``e' = epoch + batch / steps_per_epoch + 1 / steps_per_epoch``."""
+    ``warmup_epochs`` (Goyal et al., 2017), as Horovod's.
+
+    The rate at fractional epoch ``e' = epoch + (batch + 1) / steps_per_epoch`` is
+    ``initial_lr / size * (e' * (size - 1) / warmup_epochs + 1)``.
+
+    Args:
+        initial_lr: the rate reached at the end of the warm-up; ``None`` reads the
+            optimizer's when training begins.
+        warmup_epochs: the length of the warm-up in epochs.
+        momentum_correction: accepted but not applied (see
+            :class:`LearningRateScheduleCallback`).
+        steps_per_epoch: batches per epoch; ``None`` takes Keras's ``steps`` parameter.
+        verbose: ``> 0`` prints a line when the warm-up ends.
+
+    Raises:
+        ValueError: (when training begins) the steps per epoch cannot be found.
+    """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):

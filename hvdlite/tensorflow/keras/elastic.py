@@ -19,12 +19,28 @@ __all__ = ["run", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback
 
 
 class KerasState(TensorFlowKerasState):
-    """:class:`~hvdlite.tensorflow.elastic.TensorFlowKerasState` under Horovod's Keras name."""
+    """:class:`~hvdlite.tensorflow.elastic.TensorFlowKerasState` under Horovod's Keras name.
+
+    Args:
+        model: a built Keras model.
+        optimizer: its optimizer; ``None`` takes ``model.optimizer``.
+        backend: Horovod's Keras-backend argument, unused.
+        kwargs: plain values by name (``epoch=0``, ``batch=0``), readable as attributes.
+
+    Raises:
+        ValueError: the model is not built yet.
+    """
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """``state.commit()`` every ``batches_per_commit`` batches (put it last, after the
-    callbacks that update the state)."""
+    """Calls ``state.commit()`` every ``batches_per_commit`` batches.
+
+    Put it last, after the callbacks that update the state.
+
+    Args:
+        state: the elastic state to commit.
+        batches_per_commit: how many batches between commits.
+    """
 
     def __init__(self, state, batches_per_commit=1):
         super().__init__()
@@ -40,7 +56,11 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """Keeps ``state.batch`` at the last finished batch of the epoch (0 after an epoch)."""
+    """Keeps ``state.batch`` at the last finished batch of the epoch (0 after an epoch).
+
+    Args:
+        state: the elastic state whose ``batch`` it sets.
+    """
 
     def __init__(self, state):
         super().__init__()
@@ -54,7 +74,11 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Keeps ``state.epoch`` at the next epoch to run."""
+    """Keeps ``state.epoch`` at the next epoch to run.
+
+    Args:
+        state: the elastic state whose ``epoch`` it sets.
+    """
 
     def __init__(self, state):
         super().__init__()
