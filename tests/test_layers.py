@@ -156,7 +156,10 @@ def test_common_imports_no_launcher_or_framework_binding(graph):
 #: the layers inside hvdlite.common, lowest first, as docs/architecture.md draws them: a
 #: module imports only modules of its own layer or of a lower one
 _COMMON_LAYERS = (
-    ("leaves", ("hvdlite.common.config", "hvdlite.common.exceptions")),
+    ("leaves", ("hvdlite.common.config", "hvdlite.common.exceptions",
+                "hvdlite.common.env_names", "hvdlite.common.log_levels",
+                "hvdlite.common.tunables", "hvdlite.common.secret_env",
+                "hvdlite.common.launcher_detection")),
     ("net", ("hvdlite.common.net",)),
     ("buffers and messages", ("hvdlite.common.arrays", "hvdlite.common.message")),
     ("backend", ("hvdlite.common.backend",)),
@@ -166,7 +169,8 @@ _COMMON_LAYERS = (
                  "hvdlite.common.adasum", "hvdlite.common.parameters",
                  "hvdlite.common.recorder", "hvdlite.common.observers",
                  "hvdlite.common.timeline_writer", "hvdlite.common.autotune")),
-    ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets")),
+    ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets",
+                "hvdlite.common.exit_report")),
     ("op layer", ("hvdlite.common.ops",)),
     ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic",
                            "hvdlite.common.compression")),

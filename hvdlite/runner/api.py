@@ -103,18 +103,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         HvdliteLaunchError: a host or rank failed otherwise, or the job ended before every
             rank returned.
     """
-    elastic = {"min_np": min_np, "max_np": max_np, "slots": slots,
-               "reset_limit": reset_limit, "cooldown_range": cooldown_range}
-    given = [name for name, value in elastic.items() if value is not None]
-    if given:
-        raise HvdliteConfigError(
-            f"hvdlite.run runs static jobs only ({', '.join(given)} given); run an elastic "
-            f"job with hvdlite-run and hvd.elastic.run")
-    if hosts is not None and hostfile is not None:
-        raise HvdliteConfigError("hvdlite.run: give hosts or hostfile, not both")
-    if sum(bool(x) for x in (use_gloo, use_mpi, use_jsrun)) > 1:
-        raise HvdliteConfigError("hvdlite.run: use_gloo, use_mpi and use_jsrun exclude "
-                                 "each other")
+    _refuse(min_np=min_np, max_np=max_np, slots=slots, reset_limit=reset_limit,
+            cooldown_range=cooldown_range, hosts=hosts, hostfile=hostfile,
+            use_gloo=use_gloo, use_mpi=use_mpi, use_jsrun=use_jsrun)
     try:
         payload = dumps((func, tuple(args), dict(kwargs or {})))
     except Exception as exc:                 # pickling errors come in many types
@@ -144,6 +135,28 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     finally:
         service.shutdown()
     return _collect(service, settings.np, code)
+
+
+def _refuse(min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
+            use_gloo, use_mpi, use_jsrun) -> None:
+    """Refuse what hvdlite.run does not take: elastic arguments, both host arguments,
+    more than one controller.
+
+    Raises:
+        HvdliteConfigError: names the arguments.
+    """
+    elastic = {"min_np": min_np, "max_np": max_np, "slots": slots,
+               "reset_limit": reset_limit, "cooldown_range": cooldown_range}
+    given = [name for name, value in elastic.items() if value is not None]
+    if given:
+        raise HvdliteConfigError(
+            f"hvdlite.run runs static jobs only ({', '.join(given)} given); run an elastic "
+            f"job with hvdlite-run and hvd.elastic.run")
+    if hosts is not None and hostfile is not None:
+        raise HvdliteConfigError("hvdlite.run: give hosts or hostfile, not both")
+    if sum(bool(x) for x in (use_gloo, use_mpi, use_jsrun)) > 1:
+        raise HvdliteConfigError("hvdlite.run: use_gloo, use_mpi and use_jsrun exclude "
+                                 "each other")
 
 
 def _argv(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,

@@ -25,7 +25,8 @@ from typing import Callable, Optional
 import paramiko
 import psutil
 
-from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError, HvdliteTimeoutError
+from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteError, HvdliteLaunchError,
+                                       HvdliteTimeoutError)
 from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots, resolve
 from hvdlite.runner.procs import kill_tree
@@ -159,23 +160,7 @@ class SSHTask(TaskProcess):
         self.hostname = host.hostname
         target = f"{host.ssh_target}:{opts.port}"
         resolve(host.hostname)  # a clear "unknown host" before paramiko's own error
-        client = paramiko.SSHClient()
-        client.load_system_host_keys()
-        if opts.known_hosts_file:
-            try:
-                client.load_host_keys(opts.known_hosts_file)
-            except OSError as exc:
-                raise HvdliteConfigError(
-                    f"--ssh-known-hosts {opts.known_hosts_file}: {exc.strerror}") from None
-        else:
-            default = os.path.expanduser("~/.ssh/known_hosts")
-            if os.path.exists(default):
-                try:
-                    client.load_host_keys(default)
-                except (OSError, paramiko.SSHException):
-                    pass
-        client.set_missing_host_key_policy(
-            paramiko.RejectPolicy() if opts.strict_host_key_checking else _QuietWarningPolicy())
+        client = _ssh_client(opts)
         user = host.user or getpass.getuser()
         sock = _open_ssh_socket(host.hostname, opts.port, timeout_s)
         try:
@@ -184,36 +169,9 @@ class SSHTask(TaskProcess):
                            banner_timeout=timeout_s, auth_timeout=timeout_s,
                            allow_agent=opts.identity_file is None,
                            look_for_keys=opts.identity_file is None)
-        except paramiko.AuthenticationException as exc:
+        except (paramiko.SSHException, OSError) as exc:
             client.close()
-            hint = (f"the key {opts.identity_file} (-i/--ssh-identity-file)"
-                    if opts.identity_file else "your default keys (give one with -i)")
-            raise HvdliteLaunchError(
-                f"SSH to {target}: authentication as {user!r} failed with {hint}: {exc}") \
-                from None
-        except (socket.timeout, TimeoutError):
-            client.close()
-            raise HvdliteTimeoutError(
-                f"SSH to {target}: no answer within {timeout_s:.0f}s "
-                f"(raise --start-timeout, or check the host and -p/--ssh-port)") from None
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise HvdliteLaunchError(f"SSH to {target}: host key mismatch: {exc}") from None
-        except paramiko.SSHException as exc:
-            client.close()
-            raise HvdliteLaunchError(
-                f"SSH to {target}: {exc} (strict host key checking: add the host to "
-                f"--ssh-known-hosts, or drop --ssh-strict-host-key-checking)"
-                if "not found in known_hosts" in str(exc) else f"SSH to {target}: {exc}") \
-                from None
-        except OSError as exc:
-            client.close()
-            reason = exc.strerror or str(exc)
-            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-                reason = "connection refused"
-            raise HvdliteLaunchError(
-                f"SSH to {target}: cannot connect: {reason} (is sshd running there? "
-                f"check -p/--ssh-port)") from None
+            raise _connect_error(exc, target, user, opts, timeout_s) from None
         self._client = client
         command = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; "
                    f"exec {shlex.quote(opts.python)} -m {TASK_MODULE}")
@@ -329,3 +287,57 @@ def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
     if local:
         return LocalTask(host, data, opts.python)
     return SSHTask(host, data, opts, timeout_s)
+
+
+def _ssh_client(opts: SSHOptions) -> paramiko.SSHClient:
+    """A client that knows the hosts of --ssh-known-hosts (else the user's file) and
+    applies --ssh-strict-host-key-checking.
+
+    Raises:
+        HvdliteConfigError: --ssh-known-hosts cannot be read.
+    """
+    client = paramiko.SSHClient()
+    client.load_system_host_keys()
+    if opts.known_hosts_file:
+        try:
+            client.load_host_keys(opts.known_hosts_file)
+        except OSError as exc:
+            raise HvdliteConfigError(
+                f"--ssh-known-hosts {opts.known_hosts_file}: {exc.strerror}") from None
+    else:
+        default = os.path.expanduser("~/.ssh/known_hosts")
+        if os.path.exists(default):
+            try:
+                client.load_host_keys(default)
+            except (OSError, paramiko.SSHException):
+                pass
+    client.set_missing_host_key_policy(
+        paramiko.RejectPolicy() if opts.strict_host_key_checking else _QuietWarningPolicy())
+    return client
+
+
+def _connect_error(exc: BaseException, target: str, user: str, opts: SSHOptions,
+                   timeout_s: float) -> HvdliteError:
+    """The one-line error for a failed SSH connection: what failed, and what to check."""
+    if isinstance(exc, paramiko.AuthenticationException):
+        hint = (f"the key {opts.identity_file} (-i/--ssh-identity-file)"
+                if opts.identity_file else "your default keys (give one with -i)")
+        return HvdliteLaunchError(
+            f"SSH to {target}: authentication as {user!r} failed with {hint}: {exc}")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return HvdliteTimeoutError(
+            f"SSH to {target}: no answer within {timeout_s:.0f}s "
+            f"(raise --start-timeout, or check the host and -p/--ssh-port)")
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HvdliteLaunchError(f"SSH to {target}: host key mismatch: {exc}")
+    if isinstance(exc, paramiko.SSHException):
+        return HvdliteLaunchError(
+            f"SSH to {target}: {exc} (strict host key checking: add the host to "
+            f"--ssh-known-hosts, or drop --ssh-strict-host-key-checking)"
+            if "not found in known_hosts" in str(exc) else f"SSH to {target}: {exc}")
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        reason = "connection refused"
+    return HvdliteLaunchError(
+        f"SSH to {target}: cannot connect: {reason} (is sshd running there? "
+        f"check -p/--ssh-port)")

@@ -153,9 +153,38 @@ class Driver:
             HvdliteLaunchError: no interface (or none of ``wanted``) is routable
                 between all hosts, or no driver address is reachable from all.
         """
-        all_regs = self.service.registrations
         ring = list(range(len(self.hostnames))) if indices is None else list(indices)
-        regs = {i: all_regs[i] for i in ring}
+        regs = {i: self.service.registrations[i] for i in ring}
+        results = self._probe_ring(ring, regs, deadline, verbose)
+        common = set.intersection(*results)
+        driver_ok = set.intersection(*(set(r.driver_reachable) for r in regs.values()))
+        candidates = sorted(common)
+        if wanted:
+            candidates = [w for w in wanted if w in common]
+            if not candidates:
+                raise HvdliteLaunchError(
+                    f"--network-interfaces {','.join(wanted)}: none of them is routable between "
+                    f"all hosts; routable: {sorted(common) or 'none'}; interfaces per host: "
+                    + "; ".join(f"{r.hostname}: {sorted(r.nics)}" for r in regs.values()))
+        if not candidates:
+            n = len(ring)
+            raise HvdliteLaunchError(
+                "no network interface is routable between all hosts ("
+                + "; ".join(f"{self.hostnames[ring[p]]} -> {self.hostnames[ring[(p + 1) % n]]}: "
+                            f"{sorted(r) or 'none'}" for p, r in enumerate(results))
+                + "); check firewalls, or name one with --network-interfaces")
+
+        def rank_key(iface):
+            # prefer a real interface the driver is reachable on, then any real one
+            nics = regs[ring[0]].nics.get(iface, [])
+            return (iface not in driver_ok, is_loopback(iface, nics), iface)
+
+        iface = candidates[0] if wanted else sorted(candidates, key=rank_key)[0]
+        return iface, self._store_address(iface, driver_ok)
+
+    def _probe_ring(self, ring: List[int], regs: Dict[int, "_Registration"], deadline: float,
+                    verbose: bool) -> List[set]:
+        """Have each task probe the next one's interfaces; the reachable ones, per pair."""
         n = len(ring)
 
         def probe(pos):
@@ -170,45 +199,29 @@ class Driver:
 
         with ThreadPoolExecutor(max_workers=n) as pool:
             results = list(pool.map(probe, range(n)))
-        common = set.intersection(*results)
         for pos, r in enumerate(results):
             i, j = ring[pos], ring[(pos + 1) % n]
-            msg = "%s reaches %s on %s"
-            args = (self.hostnames[i], self.hostnames[j], sorted(r) or "no interface")
-            (log.warning if verbose else log.info)(msg, *args)
-        driver_ok = set.intersection(*(set(r.driver_reachable) for r in regs.values()))
-        candidates = sorted(common)
-        if wanted:
-            candidates = [w for w in wanted if w in common]
-            if not candidates:
-                raise HvdliteLaunchError(
-                    f"--network-interfaces {','.join(wanted)}: none of them is routable between "
-                    f"all hosts; routable: {sorted(common) or 'none'}; interfaces per host: "
-                    + "; ".join(f"{r.hostname}: {sorted(r.nics)}" for r in regs.values()))
-        if not candidates:
-            raise HvdliteLaunchError(
-                "no network interface is routable between all hosts ("
-                + "; ".join(f"{self.hostnames[ring[p]]} -> {self.hostnames[ring[(p + 1) % n]]}: "
-                            f"{sorted(r) or 'none'}" for p, r in enumerate(results))
-                + "); check firewalls, or name one with --network-interfaces")
+            (log.warning if verbose else log.info)(
+                "%s reaches %s on %s", self.hostnames[i], self.hostnames[j],
+                sorted(r) or "no interface")
+        return results
 
-        def rank_key(iface):
-            # prefer a real interface the driver is reachable on, then any real one
-            nics = regs[ring[0]].nics.get(iface, [])
-            return (iface not in driver_ok, is_loopback(iface, nics), iface)
+    def _store_address(self, iface: str, driver_ok: set) -> str:
+        """This host's address for the rendezvous store: on ``iface`` when every task
+        reaches the driver there, else on another interface they all reach.
 
-        iface = candidates[0] if wanted else sorted(candidates, key=rank_key)[0]
+        Raises:
+            HvdliteLaunchError: no address of this host is reachable from all hosts.
+        """
         if iface in driver_ok and iface in self.nics:
-            rdv = self.nics[iface][0]
-        else:
-            usable = sorted(driver_ok & set(self.nics),
-                            key=lambda x: (is_loopback(x, self.nics[x]), x))
-            if not usable:
-                raise HvdliteLaunchError(
-                    "no address of this host is reachable from all hosts for the rendezvous "
-                    "store (check firewalls)")
-            rdv = self.nics[usable[0]][0]
-        return iface, rdv
+            return self.nics[iface][0]
+        usable = sorted(driver_ok & set(self.nics),
+                        key=lambda x: (is_loopback(x, self.nics[x]), x))
+        if not usable:
+            raise HvdliteLaunchError(
+                "no address of this host is reachable from all hosts for the rendezvous "
+                "store (check firewalls)")
+        return self.nics[usable[0]][0]
 
     def shutdown(self) -> None:
         for c in self._clients.values():
