@@ -14,16 +14,14 @@ import threading
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from hvdlite.common import config as cfg
-from hvdlite.ray.worker import RankFailed, RankWorker
+from hvdlite.ray.calls import outcome
+from hvdlite.ray.worker import RankWorker
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
 from hvdlite.runner.starters.base import SlotId, Starter, slot_id
 from hvdlite.runner.hosts import HostSlots, SlotInfo
 from hvdlite.runner.procs import slot_env
 
 log = logging.getLogger(__name__)
-
-#: the exit code reported for a worker whose actor (or node) died
-ACTOR_DIED = 137
 
 
 class RayNodeDiscovery(HostSource):
@@ -113,18 +111,11 @@ class RayWorkers(Starter):
         return failed
 
     def _watch(self, sid: SlotId, ref) -> None:
-        import ray
-        try:
-            result = ray.get(ref)
-            code = 0
+        code, result, why = outcome(ref)
+        if code == 0:
             self.results[sid] = result
-        except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            code = 1
-            self.failures[sid] = str(cause if isinstance(cause, RankFailed) else exc)
-        except Exception as exc:                    # the actor or its node died
-            code = ACTOR_DIED
-            self.failures[sid] = f"{type(exc).__name__}: {exc}"
+        else:
+            self.failures[sid] = why
         with self._lock:
             self._live.pop(sid, None)
             self._exits.append((sid, code))

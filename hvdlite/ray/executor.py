@@ -20,10 +20,15 @@ from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import new_key
 from hvdlite.ray import placement
 from hvdlite.ray.elastic import RayNodeDiscovery, RayWorkers, elastic_env
+from hvdlite.ray.calls import ActorCalls
 from hvdlite.ray.worker import RankWorker
 from hvdlite.runner.agent import settings as elastic_settings
+from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent.state_machine import Agent
+from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.procs import slot_env
+from hvdlite.runner.starters.base import slot_id
 from hvdlite.runner.rendezvous import RendezvousService
 
 log = logging.getLogger(__name__)
@@ -283,7 +288,7 @@ class RayExecutor:
             HvdliteRayError: not started, or a rank raised (its rank and node are named).
         """
         self._check_started("execute")
-        return self._gather([w.execute.remote(fn) for w in self.workers], "execute")
+        return self._run_job(lambda actor: actor.execute.remote(fn), "execute")
 
     def run(self, fn: Callable, args=None, kwargs: Optional[dict] = None,
             callbacks=None) -> List[Any]:
@@ -308,7 +313,36 @@ class RayExecutor:
                 raise HvdliteRayError("RayExecutor.run: not started (call start() first)")
             return self._run_elastic(fn, args, kwargs)
         self._check_started("run")
-        return self._gather(self.run_remote(fn, args, kwargs), "run")
+        args, kwargs = list(args or ()), dict(kwargs or {})
+        return self._run_job(lambda actor: actor.run.remote(fn, args, kwargs), "run")
+
+    def _run_job(self, submit: Callable[[Any], Any], what: str) -> List[Any]:
+        """One job through the launcher's agent: the executor's nodes as a fixed host
+        source, ``submit(actor)`` on every slot's actor as the starter; the results in
+        worker order.
+
+        Raises:
+            HvdliteRayError: a rank failed (names the first, its node and its error); every
+                actor is then ended.
+        """
+        order: Dict[str, int] = {}
+        for slot in self._slots:
+            order[slot.hostname] = order.get(slot.hostname, 0) + 1
+        source = FixedHosts([HostSlots(hostname=h, slots=n) for h, n in order.items()])
+        actors = {slot_id(s): w for s, w in zip(self._slots, self.workers)}
+        starter = ActorCalls(actors, submit, self._store.address[0])
+        agent = Agent(JobSettings.static_job(len(self._slots)), source, starter, self._store)
+        starter.on_exit = agent.wake
+        if agent.run() == 0:
+            return [starter.results[slot_id(s)] for s in self._slots]
+        sid, why = starter.failures[0] if starter.failures else (None, agent.error or "?")
+        index = next((i for i, s in enumerate(self._slots) if slot_id(s) == sid), -1)
+        where = self._where[index] if 0 <= index < len(self._where) else {}
+        self.shutdown()
+        raise HvdliteRayError(
+            f"RayExecutor.{what}: rank {index} on node {where.get('node_ip', '?')} "
+            f"(host {where.get('hostname', '?')}, pid {where.get('pid', '?')}) failed; "
+            f"the other ranks were ended:\n{why.strip()}")
 
     def _run_elastic(self, fn, args, kwargs) -> List[Any]:
         """Run ``fn`` under the elastic driver until the job succeeds; the results of the
