@@ -51,8 +51,9 @@ class ActorCalls(Starter):
         self._exits: List[Tuple[SlotId, int]] = []
         #: slot id -> the call's result, for the workers that returned
         self.results: Dict[SlotId, Any] = {}
-        #: (slot id, why) for the workers that failed, in the order they failed
-        self.failures: List[Tuple[SlotId, str]] = []
+        #: slot id -> why the worker failed (its traceback, or the actor's death), in the
+        #: order they failed
+        self.failures: Dict[SlotId, str] = {}
 
     @property
     def rendezvous_addr(self) -> str:
@@ -66,12 +67,16 @@ class ActorCalls(Starter):
             if actor is None:
                 refused[sid] = f"no actor runs slot {sid[0]}:{sid[1]}"
                 continue
-            ref = self._submit(actor)
-            with self._lock:
-                self._running[sid] = actor
-            threading.Thread(target=self._watch, args=(sid, ref), daemon=True,
-                             name=f"ray-call-{sid[0]}-{sid[1]}").start()
+            self._track(sid, actor)
         return refused
+
+    def _track(self, sid: SlotId, actor) -> None:
+        """Call ``submit(actor)`` for slot ``sid`` and watch the call on a thread."""
+        ref = self._submit(actor)
+        with self._lock:
+            self._running[sid] = actor
+        threading.Thread(target=self._watch, args=(sid, ref), daemon=True,
+                         name=f"ray-call-{sid[0]}-{sid[1]}").start()
 
     def _watch(self, sid: SlotId, ref) -> None:
         code, result, why = outcome(ref)
@@ -81,7 +86,7 @@ class ActorCalls(Starter):
             self._running.pop(sid, None)
             self._exits.append((sid, code))
             if code != 0:
-                self.failures.append((sid, why))
+                self.failures[sid] = why
         self.on_exit()
 
     def stop(self, ids: Sequence[SlotId]) -> None:

@@ -10,14 +10,13 @@ returned, 1 when it raised, 137 when the actor or its node died).
 """
 
 import logging
-import threading
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence
 
 from hvdlite.common import config as cfg
-from hvdlite.ray.calls import outcome
+from hvdlite.ray.calls import ActorCalls
 from hvdlite.ray.worker import RankWorker
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
-from hvdlite.runner.starters.base import SlotId, Starter, slot_id
+from hvdlite.runner.starters.base import SlotId, slot_id
 from hvdlite.runner.hosts import HostSlots, SlotInfo
 from hvdlite.runner.procs import slot_env
 
@@ -63,31 +62,22 @@ class RayNodeDiscovery(HostSource):
         return hosts
 
 
-class RayWorkers(Starter):
-    """Workers as actors pinned to their slot's node, each running the user's function."""
+class RayWorkers(ActorCalls):
+    """Workers as actors pinned to their slot's node, each running the user's function; the
+    watching, stopping and exits are :class:`~hvdlite.ray.calls.ActorCalls`'."""
 
     def __init__(self, discovery: RayNodeDiscovery, fn: Callable, args, kwargs,
                  job_env: Callable[[], Dict[str, str]], cpus_per_worker: float,
                  rendezvous_addr: str, on_exit: Callable[[], None]):
+        args, kwargs = list(args or ()), dict(kwargs or {})
+        super().__init__({}, lambda actor: actor.run.remote(fn, args, kwargs),
+                         rendezvous_addr, on_exit)
         self._discovery = discovery
-        self._fn, self._args, self._kwargs = fn, list(args or ()), dict(kwargs or {})
         self._job_env = job_env
         self._cpus = cpus_per_worker
-        self._addr = rendezvous_addr
-        self._on_exit = on_exit
-        self._lock = threading.Lock()
-        self._live: Dict[SlotId, Any] = {}
-        self._exits: List[Tuple[SlotId, int]] = []
-        #: slot id -> the function's result, for workers that returned
-        self.results: Dict[SlotId, Any] = {}
-        #: slot id -> why the worker failed (its traceback, or the actor's death)
-        self.failures: Dict[SlotId, str] = {}
-
-    @property
-    def rendezvous_addr(self) -> str:
-        return self._addr
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
+        """A new actor on each slot's node, set up with its environment, then the call."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         failed: Dict[SlotId, str] = {}
@@ -103,43 +93,8 @@ class RayWorkers(Starter):
             worker = actor.options(num_cpus=self._cpus, scheduling_strategy=strategy).remote()
             worker.setup.remote(slot_env(slot, {}, env),
                                 self._discovery.address_of.get(slot.hostname, ""))
-            ref = worker.run.remote(self._fn, self._args, self._kwargs)
-            with self._lock:
-                self._live[sid] = worker
-            threading.Thread(target=self._watch, args=(sid, ref), daemon=True,
-                             name=f"ray-elastic-watch-{sid[0]}-{sid[1]}").start()
+            self._track(sid, worker)
         return failed
-
-    def _watch(self, sid: SlotId, ref) -> None:
-        code, result, why = outcome(ref)
-        if code == 0:
-            self.results[sid] = result
-        else:
-            self.failures[sid] = why
-        with self._lock:
-            self._live.pop(sid, None)
-            self._exits.append((sid, code))
-        self._on_exit()
-
-    def stop(self, ids: Sequence[SlotId]) -> None:
-        import ray
-        with self._lock:
-            workers = [self._live[i] for i in ids if i in self._live]
-        for w in workers:
-            try:
-                ray.kill(w, no_restart=True)
-            except Exception as exc:
-                log.debug("ray elastic: kill: %s", exc)
-
-    def poll(self) -> List[Tuple[SlotId, int]]:
-        with self._lock:
-            out, self._exits = self._exits, []
-        return out
-
-    def stop_all(self) -> None:
-        with self._lock:
-            ids = list(self._live)
-        self.stop(ids)
 
 
 def elastic_env(job_env: Dict[str, str], elastic_timeout_s: float) -> Dict[str, str]:

@@ -335,7 +335,7 @@ class RayExecutor:
         starter.on_exit = agent.wake
         if agent.run() == 0:
             return [starter.results[slot_id(s)] for s in self._slots]
-        sid, why = starter.failures[0] if starter.failures else (None, agent.error or "?")
+        sid, why = next(iter(starter.failures.items()), (None, agent.error or "?"))
         index = next((i for i, s in enumerate(self._slots) if slot_id(s) == sid), -1)
         where = self._where[index] if 0 <= index < len(self._where) else {}
         self.shutdown()
@@ -372,7 +372,6 @@ class RayExecutor:
         workers = RayWorkers(discovery, fn, args, kwargs, lambda: job_env, self._cpus,
                              driver_ip, wake)
         driver = Agent(self._elastic, discovery, workers, rounds)
-        self._elastic_workers = workers
         try:
             code = driver.run()
         finally:
