@@ -281,6 +281,38 @@ def test_slot_hole_gets_dense_local_ranks():
     assert job.finish() == 130
 
 
+def test_short_of_slots_the_agent_says_what_it_waits_for(caplog):
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
+    disc = FakeDiscovery("a:1")
+    job = Job(disc, np=2, min_np=2, timeout=30.0)
+    wait_for(lambda: "waiting for 2 slots" in caplog.text)
+    assert "before the first round" not in caplog.text
+    line = next(r.getMessage() for r in caplog.records if "waiting for 2 slots" in r.getMessage())
+    assert "only 1 slot usable, but --min-np is 2 (-np 2 for the first round); hosts: a:1" \
+        in line and "--elastic-timeout ends the job in" in line, line
+    disc.set("a:2")
+    assert job.wait_round(0) == [("a", 0), ("a", 1)]
+    job.driver.request_stop()
+    assert job.finish() == 130
+
+
+def test_static_job_failure_ends_it_and_names_the_rank():
+    disc = FakeDiscovery("a:2", can_change=False)
+    workers = FakeWorkers()
+    rounds = FakeRounds()
+    agent = Agent(JobSettings.static_job(2), disc, workers, rounds, discovery_interval_s=INTERVAL)
+    workers.on_exit = agent.wake
+    thread = threading.Thread(target=lambda: setattr(agent, "code", agent.run()), daemon=True)
+    thread.start()
+    wait_for(lambda: agent.state is State.RUNNING)
+    workers.exit(("a", 1), 3)
+    thread.join(5)
+    assert agent.code == 3 and agent.state is State.FAILED and agent.resets == 0
+    assert agent.summary == ("hvdlite-run: rank 1 on host a exited with code 3; the other "
+                             "ranks were terminated.\n")
+    assert workers.stop_all_called and len(rounds.rounds) == 1
+
+
 def test_cooldown_returns_the_host():
     disc = FakeDiscovery("a:1,b:1")
     job = Job(disc, np=2, min_np=1, cooldown=(0.3, 0.3))

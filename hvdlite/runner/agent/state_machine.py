@@ -347,7 +347,7 @@ class Agent:
             line = blame.Summary(
                 ranks={i: (self._rank_in_round(i), i[0]) for i in self.round_ids},
                 exits=list(self._exit_order), reports=self._rendezvous.exit_reports,
-                stopped=self._workers.stopped, op_timeout_s=self._op_timeout_s).line(failure)
+                stopped=self._workers.suspended, op_timeout_s=self._op_timeout_s).line(failure)
         self.summary = line
         self._fail(line.strip(), exit_status(code))
 

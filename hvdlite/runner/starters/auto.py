@@ -63,5 +63,5 @@ class AutoWorkers(Starter):
         if self._impl is not None:
             self._impl.close()
 
-    def stopped(self) -> List[SlotId]:
-        return [] if self._impl is None else self._impl.stopped()
+    def suspended(self) -> List[SlotId]:
+        return [] if self._impl is None else self._impl.suspended()

@@ -79,7 +79,7 @@ class Starter(abc.ABC):
     def close(self) -> None:
         """Release what :meth:`stop_all` left (services, connections).  Default: nothing."""
 
-    def stopped(self) -> List[SlotId]:
+    def suspended(self) -> List[SlotId]:
         """Workers whose process is alive but stopped (SIGSTOP, a debugger): they cannot
         answer their peers.  Asked only when a job fails, to name the cause.  Default:
         none known."""

@@ -79,7 +79,7 @@ class LocalWorkers(Starter):
             groups = list(self._all)
         terminate_groups(groups)
 
-    def stopped(self) -> List[SlotId]:
+    def suspended(self) -> List[SlotId]:
         with self._lock:
             live = list(self._live.items())
         return [sid for sid, group in live if group.stopped_slots()]

@@ -237,7 +237,7 @@ class TaskWorkers(Starter):
         _progress("%d workers started on %d hosts", len(slots) - len(failed), len(by_host))
         return failed
 
-    def stopped(self) -> List[SlotId]:
+    def suspended(self) -> List[SlotId]:
         """Ask every task which of its workers are stopped (bounded, best effort)."""
         out: List[SlotId] = []
         for ht in list(self._hosts.values()):
