@@ -23,6 +23,7 @@ from hvdlite.runner.services.driver_service import DriverService
 from hvdlite.runner.agent.hostset import HostSet
 from hvdlite.runner.agent.job import JobContext, rank_env, run_agent
 from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent import state_machine
 from hvdlite.runner.agent.state_machine import TRANSITIONS, Agent, State
 from hvdlite.runner.hosts import HostSlots, place_slots
 from hvdlite.runner.hosts.fixed import FixedHosts
@@ -281,8 +282,9 @@ def test_slot_hole_gets_dense_local_ranks():
     assert job.finish() == 130
 
 
-def test_short_of_slots_the_agent_says_what_it_waits_for(caplog):
+def test_short_of_slots_the_agent_says_what_it_waits_for(caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
+    monkeypatch.setattr(state_machine, "WAIT_LOG_INTERVAL_S", 0.3)
     disc = FakeDiscovery("a:1")
     job = Job(disc, np=2, min_np=2, timeout=30.0)
     wait_for(lambda: "waiting for 2 slots" in caplog.text)

@@ -166,7 +166,7 @@ class Agent:
         self.round_ids: List[SlotId] = []
         self._op_timeout_s = op_timeout_s
         self._exit_order: List[Tuple[SlotId, int]] = []     # members' exits, for summaries
-        self._last_wait_log = 0.0
+        self._last_wait_log = time.monotonic()     # a wait is reported once it lasts
         self.resets = 0                       # rounds published after the first
         self.history: List[Tuple[State, State, str]] = []      # (from, to, why), for tests
         self.error: Optional[str] = None      # why the job failed
@@ -251,6 +251,8 @@ class Agent:
             raise AssertionError(f"agent: no transition {old.name} -> {new.name}")
         self.history.append((old, new, why))
         self.state = new
+        if new is State.WAITING_FOR_SLOTS:
+            self._last_wait_log = time.monotonic()
         log.info("%s: %s -> %s: %s", f"round {self.round}" if self.round >= 0
                  else "before the first round", old.name, new.name, why)
 
@@ -404,7 +406,8 @@ class Agent:
             self._say_what_we_wait_for(have)
 
     def _say_what_we_wait_for(self, have: int) -> None:
-        """Never wait silently: every few seconds, one line on what is missing."""
+        """Never wait silently: once a wait has lasted ``WAIT_LOG_INTERVAL_S``, and as often
+        again after that, one line on what is missing."""
         now = time.monotonic()
         if now - self._last_wait_log < WAIT_LOG_INTERVAL_S:
             return
