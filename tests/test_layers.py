@@ -159,7 +159,7 @@ _COMMON_LAYERS = (
     ("leaves", ("hvdlite.common.config", "hvdlite.common.exceptions",
                 "hvdlite.common.env_names", "hvdlite.common.log_levels",
                 "hvdlite.common.tunables", "hvdlite.common.secret_env",
-                "hvdlite.common.launcher_detection")),
+                "hvdlite.common.launcher_detection", "hvdlite.common.api_docs")),
     ("net", ("hvdlite.common.net",)),
     ("buffers and messages", ("hvdlite.common.arrays", "hvdlite.common.message")),
     ("backend", ("hvdlite.common.backend",)),

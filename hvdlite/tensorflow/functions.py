@@ -4,30 +4,34 @@ The object functions are :mod:`hvdlite.common.objects`' (signed with the job's k
 in a multi-rank job without one), with Horovod's TensorFlow signatures.
 """
 
+import functools
 from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from hvdlite.common import arrays, basics, objects, ops
+from hvdlite.common import api_docs, arrays, basics, objects, ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import mpi_ops
 
 __all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
 
+#: the helpers' argument descriptions: the shared ones, and ``name`` as the objects use it
+_ARGS = {**api_docs.ARGS,
+         "name": "the operation's name, the same on every rank (``None``: generated)."}
+_VARIABLES = "``tf.Variable`` objects, the same list in the same order on every rank."
+_INPLACE = ("accepted for Horovod compatibility and ignored (variables are always "
+            "assigned).")
+#: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
+_args = functools.partial(api_docs.documented, _ARGS)
 
+
+@_args(variables=_VARIABLES, inplace=_INPLACE)
 def broadcast_variables(variables, root_rank: int, process_set=global_process_set,
                         inplace=None):
     """Assign ``root_rank``'s value to each of ``variables`` on every rank of the set.
 
     Eager: the broadcasts are issued together (fused by the runtime) and assigned when
     all arrived.  Inside ``tf.function`` each variable gets an assign op.
-
-    Args:
-        variables: ``tf.Variable`` objects, the same list in the same order on every rank.
-        root_rank: the rank whose values everyone receives.
-        process_set: broadcast among this process set only.
-        inplace: accepted for Horovod compatibility and ignored (variables are always
-            assigned).
 
     Returns:
         None eagerly; inside ``tf.function`` the grouped assign op.
@@ -59,17 +63,11 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
 
 
 # --- objects ------------------------------------------------------------------------------
+@_args(obj="the object to send (only the root's matters).")
 def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
                      name: Optional[str] = None, process_set=global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (cloudpickled and signed with the job's
     key, as :func:`hvdlite.torch.broadcast_object`).
-
-    Args:
-        obj: the object to send (only the root's matters).
-        root_rank: the rank whose object everyone receives.
-        session: Horovod's TensorFlow 1 argument, unused in TensorFlow 2.
-        name: the operation's name, the same on every rank (``None``: generated).
-        process_set: broadcast among this process set only.
 
     Returns:
         The root's object.
@@ -84,15 +82,10 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
     return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
+@_args(obj="this rank's object.")
 def allgather_object(obj: Any, session=None, name: Optional[str] = None,
                      process_set=global_process_set) -> List[Any]:
     """Return every rank's ``obj``, in rank order (cloudpickled and signed with the job's key).
-
-    Args:
-        obj: this rank's object.
-        session: Horovod's TensorFlow 1 argument, unused in TensorFlow 2.
-        name: the operation's name, the same on every rank (``None``: generated).
-        process_set: gather among this process set only.
 
     Returns:
         A list with one object per rank of the set.

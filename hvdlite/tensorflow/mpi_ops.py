@@ -24,6 +24,7 @@ module only does what is TensorFlow's own:
   set's size for Sum, and the pre/post factors).
 """
 
+import functools
 import re
 import warnings
 from typing import List
@@ -31,7 +32,7 @@ from typing import List
 import numpy as np
 import tensorflow as tf
 
-from hvdlite.common import arrays, ops
+from hvdlite.common import api_docs, arrays, ops
 from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
                                    ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
@@ -51,6 +52,26 @@ __all__ = [
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
     "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
 ]
+
+#: the ops' argument descriptions: the shared ones and TensorFlow's wording
+_ARGS = {
+    **api_docs.ARGS,
+    "tensor": "a ``tf.Tensor`` with at least one dimension.",
+    "tensors": "a list of ``tf.Tensor`` objects, which may differ in shape and dtype.",
+    "name": api_docs.NAME + ("  ``None`` generates one (inside ``tf.function`` from the graph "
+                             "and the input's name)."),
+}
+_ALLREDUCE_TENSOR = ("a ``tf.Tensor`` (or a value convertible to one).  A ``tf.IndexedSlices`` "
+                     "is allgathered instead (its values divided by the size for "
+                     "``hvd.Average``), as Horovod does.")
+_ALLREDUCE_TENSORS = (_ARGS["tensors"][:-1] + "; ``IndexedSlices`` among them are reduced as "
+                      "in :func:`allreduce`.")
+_ALLGATHER_TENSOR = ("a ``tf.Tensor`` with at least one dimension; ranks may differ in the "
+                     "first dimension only.  ``IndexedSlices`` are gathered as "
+                     "``IndexedSlices``.")
+_BROADCAST_TENSOR = "a ``tf.Tensor`` (or a value convertible to one) on the CPU."
+#: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
+_args = functools.partial(api_docs.documented, _ARGS)
 
 # np.asarray of an eager tensor is read-only; the runtime never writes into an input buffer
 # (torch warns when it wraps one).
@@ -254,6 +275,7 @@ def _compressed(compression, tensors, run):
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
+@_args(tensor=_ALLREDUCE_TENSOR)
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set, ignore_name_scope=False):
@@ -261,28 +283,6 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     Differentiable for ``hvd.Average`` and ``hvd.Sum``: the gradient is the same
     reduction of the output's gradient.  Works eagerly and inside ``tf.function``.
-
-    Args:
-        tensor: a ``tf.Tensor`` (or a value convertible to one).  A ``tf.IndexedSlices``
-            is allgathered instead (its values divided by the size for ``hvd.Average``),
-            as Horovod does.
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        device_dense, device_sparse: accepted for Horovod compatibility and ignored
-            (the collectives run on the CPU).
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
 
     Returns:
         A new tensor of ``tensor``'s shape and dtype (``IndexedSlices`` for
@@ -309,33 +309,13 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     return out
 
 
+@_args(tensors=_ALLREDUCE_TENSORS)
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set, ignore_name_scope=False, name=None):
     """Reduce a list of tensors as one operation (fused together); a list of new tensors.
 
     Differentiable for ``hvd.Average`` and ``hvd.Sum``.
-
-    Args:
-        tensors: a list of ``tf.Tensor`` objects, which may differ in shape and dtype;
-            ``IndexedSlices`` among them are reduced as in :func:`allreduce`.
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        device_dense, device_sparse: accepted for Horovod compatibility and ignored
-            (the collectives run on the CPU).
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
 
     Returns:
         A list of new tensors, in the order of ``tensors`` (``[]`` for an empty list).
@@ -411,21 +391,12 @@ def _allgather(tensors, name, grouped, process_set):
     return _collective(tensors, forward, _rows_shape, backward)
 
 
+@_args(tensor=_ALLGATHER_TENSOR)
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
     Differentiable: this rank's gradient is its own rows of the averaged output
     gradient.
-
-    Args:
-        tensor: a ``tf.Tensor`` with at least one dimension; ranks may differ in the
-            first dimension only.  ``IndexedSlices`` are gathered as ``IndexedSlices``.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A new tensor whose rows are rank 0's, then rank 1's, and so on.
@@ -450,18 +421,10 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     return _allgather([tensor], _name("allgather", name, tensor), False, process_set)[0]
 
 
+@_args()
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """:func:`allgather` of several tensors as one operation (differentiable).
-
-    Args:
-        tensors: a list of ``tf.Tensor`` objects, which may differ in shape and dtype.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A list of the gathered tensors, in the order of ``tensors``.
@@ -490,22 +453,13 @@ def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
                                                            process_set)))
 
 
+@_args(tensor=_BROADCAST_TENSOR)
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """The root's ``tensor`` on every rank, in a new tensor.
 
     Differentiable: the output gradients are averaged over the ranks and flow to
     the root's input only (the others get zeros).
-
-    Args:
-        tensor: a ``tf.Tensor`` (or a value convertible to one) on the CPU.
-        root_rank: the rank whose value everyone receives.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A new tensor holding ``root_rank``'s value.
@@ -558,23 +512,13 @@ def _alltoall_eager(t, splits, name, process_set):
     return [from_buffer(out), tf.convert_to_tensor(np.asarray(received, dtype=np.int32))]
 
 
+@_args()
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
     this one.
 
     Differentiable: the gradient of each received row is sent back to its sender.
-
-    Args:
-        tensor: a ``tf.Tensor`` with at least one dimension.
-        splits: how many rows go to each rank, in rank order (a list or a 1-D tensor that
-            sums to the first dimension); ``None`` splits the rows evenly.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         The received rows in rank order; with ``splits`` given, the pair ``(rows,
@@ -644,6 +588,7 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
     return _collective(tensors, forward, _rows_shape, backward)
 
 
+@_args(op=api_docs.AVERAGE_OR_SUM)
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0):
@@ -651,22 +596,6 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 
     Differentiable: the gradient is the allgather of the output gradients (times the
     set's size for ``hvd.Sum``, and times the scale factors).
-
-    Args:
-        tensor: a ``tf.Tensor`` with at least one dimension.
-        device_dense: accepted for Horovod compatibility and ignored.
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.
-        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
 
     Returns:
         A new tensor: this rank's rows of the reduction; the rows are split as evenly as
@@ -689,26 +618,11 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     return out
 
 
+@_args(op=api_docs.AVERAGE_OR_SUM)
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, name=None, ignore_name_scope=False):
     """:func:`reducescatter` of several tensors as one operation (differentiable).
-
-    Args:
-        tensors: a list of ``tf.Tensor`` objects, which may differ in shape and dtype.
-        device_dense: accepted for Horovod compatibility and ignored.
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.
-        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one (inside
-            ``tf.function`` from the graph and the input's name).
-        ignore_name_scope: accepted for Horovod compatibility and ignored.
 
     Returns:
         A list of this rank's slices, in the order of ``tensors``.
@@ -749,11 +663,9 @@ def join() -> int:
     return ops.join()
 
 
+@_args()
 def barrier(process_set=global_process_set) -> None:
     """Block until every rank of the process set has reached the barrier.
-
-    Args:
-        process_set: the ranks that take part (default: all of them).
 
     Returns:
         None eagerly; inside ``tf.function`` an int32 tensor to depend on.

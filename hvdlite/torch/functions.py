@@ -20,6 +20,7 @@ from typing import List
 
 import torch
 
+from hvdlite.common import api_docs
 from hvdlite.common.objects import (_broadcast_bytes, allgather_object,  # noqa: F401
                                     broadcast_object, check_root)
 from hvdlite.common.process_sets import global_process_set
@@ -37,15 +38,16 @@ def _ps_kw(process_set) -> dict:
 
 # --- parameters --------------------------------------------------------------------------
 
+_PARAMS = ("``model.state_dict()`` (a mapping name -> tensor, buffers included) or "
+           "``model.named_parameters()`` (an iterable of ``(name, tensor)``).  Names must be "
+           "the same on every rank; they name the broadcasts in errors.")
+_OPTIMIZER = ("a ``torch.optim.Optimizer`` (a DistributedOptimizer too), or an object whose "
+              "``optimizer`` attribute is one (e.g. an LR scheduler).")
+
+
+@api_docs.documented(api_docs.ARGS, params=_PARAMS)
 def broadcast_parameters(params, root_rank: int, process_set=global_process_set) -> None:
     """Overwrite ``params`` on every rank with ``root_rank``'s values, in place.
-
-    Args:
-        params: ``model.state_dict()`` (a mapping name -> tensor, buffers included) or
-            ``model.named_parameters()`` (an iterable of ``(name, tensor)``).  Names must be
-            the same on every rank; they name the broadcasts in errors.
-        root_rank: the rank whose values everyone receives.
-        process_set: broadcast among this process set only.
 
     Raises:
         TypeError: ``params`` is neither of the accepted forms, holds a value that is not a
@@ -136,6 +138,7 @@ def _decode(v, new_tensor):
     return _SKIP
 
 
+@api_docs.documented(api_docs.ARGS, optimizer=_OPTIMIZER)
 def broadcast_optimizer_state(optimizer, root_rank: int,
                               process_set=global_process_set) -> None:
     """Give every rank ``root_rank``'s optimizer hyper-parameters and state, in place.
@@ -146,12 +149,6 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     place where the rank already has a tensor of the same shape and dtype;
     otherwise it is created.  No optimizer step is taken.  In a one-rank job it
     returns at once.
-
-    Args:
-        optimizer: a ``torch.optim.Optimizer`` (a DistributedOptimizer too), or an object
-            whose ``optimizer`` attribute is one (e.g. an LR scheduler).
-        root_rank: the rank whose values everyone receives.
-        process_set: broadcast among this process set only.
 
     Raises:
         TypeError: ``root_rank`` is not an int.

@@ -8,11 +8,12 @@ autograd functions.  Names, requests, validation, handles and waiting are the
 op layer's.
 """
 
+import functools
 from typing import Optional
 
 import torch
 
-from hvdlite.common import ops
+from hvdlite.common import api_docs, ops
 from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
                                    ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
@@ -38,6 +39,24 @@ __all__ = [
     "synchronize", "poll", "join",
     "barrier", "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
 ]
+
+#: the ops' argument descriptions: the shared ones and torch's wording
+_ARGS = {
+    **api_docs.ARGS,
+    "tensor": "a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).",
+    "tensors": ("a list of dense CPU ``torch.Tensor`` objects, which may differ in shape and "
+                "dtype."),
+    "name": api_docs.NAME + ("  ``None`` generates one, which requires every rank to issue "
+                             "its unnamed operations in the same order."),
+}
+_ONE_DIM = "a dense CPU ``torch.Tensor`` with at least one dimension."
+_ROWS = ("a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ in the "
+         "first dimension only.")
+_SPARSE = "a sparse COO ``torch.Tensor`` on the CPU."
+_SPARSE_NAME = ("the operation's name, the same on every rank (its two allgathers are named "
+                "``<name>.indices`` and ``<name>.values``).")
+#: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
+_args = functools.partial(api_docs.documented, _ARGS)
 
 
 def _checked(tensor, name: Optional[str], what: str):
@@ -142,23 +161,10 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
                                postscale_factor, process_set, finish)
 
 
+@_args()
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Start reducing ``tensor`` over the ranks (by default: averaging it) without waiting.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -173,23 +179,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                           process_set)
 
 
+@_args()
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -204,29 +197,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                           process_set)
 
 
+@_args()
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over the ranks (by default: average it) into a new tensor.
 
     Differentiable for ``hvd.Average`` and ``hvd.Sum``: the gradient is the same
     reduction of the output's gradient.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.  Any object with static ``compress``/``decompress`` works.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A new tensor of ``tensor``'s shape and dtype, the same on every rank.
@@ -251,23 +228,10 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     return out
 
 
+@_args()
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`allreduce`: ``tensor`` is overwritten with the reduction.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         ``tensor``.
@@ -284,24 +248,10 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
+@_args()
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Start reducing several tensors as one operation, fused into one transfer.
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -316,24 +266,10 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor, process_set)
 
 
+@_args()
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place :func:`grouped_allreduce_async`: each result is written into its input.
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -348,30 +284,13 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                             postscale_factor, process_set)
 
 
+@_args()
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce several tensors as one operation (fused into one transfer); new tensors.
 
     All ranks must pass the same number of tensors with the same shapes.  Differentiable
     for ``hvd.Average`` and ``hvd.Sum``.
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.  Any object with static ``compress``/``decompress`` works.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A list of new tensors, in the order of ``tensors``.
@@ -394,24 +313,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     return _compressed(compression, list(tensors), run)
 
 
+@_args()
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`grouped_allreduce`: each tensor is overwritten with its reduction.
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        average: deprecated: ``True`` means ``op=hvd.Average`` and ``False``
-            ``op=hvd.Sum``; give ``op`` or ``average``, not both.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max``,
-            ``hvd.Product`` or ``hvd.Adasum``.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         The list of the input tensors.
@@ -434,17 +339,9 @@ def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
                                process_set, list if grouped else None)
 
 
+@_args(tensor=_ROWS)
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Start concatenating every rank's ``tensor`` along the first dimension.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ
-            in the first dimension only.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -458,20 +355,12 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     return _allgather_async([tensor], False, name, process_set)
 
 
+@_args(tensor=_ROWS)
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
     Differentiable: this rank's gradient is its own rows of the averaged output
     gradient.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ
-            in the first dimension only.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A new tensor whose rows are rank 0's, then rank 1's, and so on.
@@ -489,17 +378,9 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return synchronize(allgather_async(tensor, name, process_set))
 
 
+@_args()
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     """Start :func:`allgather_async` of several tensors as one operation.
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -513,17 +394,9 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return _allgather_async(list(tensors), True, name, process_set)
 
 
+@_args()
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgather several tensors as one operation (differentiable, as :func:`allgather`).
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A list of the gathered tensors, in the order of ``tensors``.
@@ -554,18 +427,9 @@ def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Han
     return ops.broadcast_async(work, out, root_rank, name, process_set, finish)
 
 
+@_args()
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start copying the root's ``tensor`` to every rank, into a new tensor.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        root_rank: the rank whose value everyone receives (a rank of the job, and a
-            member of ``process_set``).
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -579,17 +443,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return _broadcast_async(tensor, root_rank, name, False, process_set)
 
 
+@_args()
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place :func:`broadcast_async`: the root's value is written into ``tensor``.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        root_rank: the rank whose value everyone receives.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -603,20 +459,12 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return _broadcast_async(tensor, root_rank, name, True, process_set)
 
 
+@_args()
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """The root's ``tensor`` on every rank, in a new tensor.
 
     Differentiable: the output gradients are averaged over the ranks and flow to
     the root's input only (the others get zeros).
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        root_rank: the rank whose value everyone receives.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A new tensor holding ``root_rank``'s value.
@@ -634,17 +482,9 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
+@_args()
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place :func:`broadcast`: ``tensor`` is overwritten with the root's value.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).
-        root_rank: the rank whose value everyone receives.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         ``tensor``.
@@ -661,18 +501,9 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
+@_args(tensor=_ONE_DIM)
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Start sending a slice of ``tensor``'s rows to every rank.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
-        splits: how many rows go to each rank, in rank order (a list or a 1-D tensor that
-            sums to the first dimension); ``None`` splits the rows evenly.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -691,21 +522,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return ops.alltoall_async(work, splits, name, process_set)
 
 
+@_args(tensor=_ONE_DIM)
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
     this one.
 
     Differentiable: the gradient of each received row is sent back to its sender.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
-        splits: how many rows go to each rank, in rank order (a list or a 1-D tensor that
-            sums to the first dimension); ``None`` splits the rows evenly.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         The received rows in rank order; with ``splits`` given, the pair ``(rows,
@@ -735,20 +557,10 @@ def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_facto
                                    list if grouped else None)
 
 
+@_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM)
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Start reducing ``tensor`` over the ranks, each keeping one slice of the result.
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -764,26 +576,13 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                                 postscale_factor)
 
 
+@_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM)
 def reducescatter(tensor, name=None, compression=None, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's slice (along the first dimension) of the reduction of ``tensor``.
 
     Differentiable: the gradient is the allgather of the output gradients (times the
     set's size for ``hvd.Sum``, and times the scale factors).
-
-    Args:
-        tensor: a dense CPU ``torch.Tensor`` with at least one dimension.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.  Any object with static ``compress``/``decompress`` works.
-        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
 
     Returns:
         A new tensor: rows ``[start, end)`` of the reduction for this rank; the rows are
@@ -809,21 +608,10 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
     return out
 
 
+@_args(op=api_docs.AVERAGE_OR_SUM)
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Start :func:`reducescatter_async` of several tensors as one operation.
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
 
     Returns:
         A handle for :func:`synchronize` (or :func:`poll`);
@@ -838,25 +626,11 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 postscale_factor)
 
 
+@_args(op=api_docs.AVERAGE_OR_SUM)
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """:func:`reducescatter` of several tensors as one operation (differentiable).
-
-    Args:
-        tensors: a list of dense CPU ``torch.Tensor`` objects, which may differ in shape
-            and dtype.
-        name: the operation's name, the same on every rank; it pairs the ranks' tensors and
-            appears in errors and the timeline.  ``None`` generates one, which requires
-            every rank to issue its unnamed operations in the same order.
-        compression: ``hvd.Compression.fp16`` sends floating-point tensors as float16 and
-            restores their dtype in the result; ``None`` (the default) sends them as they
-            are.  Any object with static ``compress``/``decompress`` works.
-        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
-        prescale_factor: every rank's input is multiplied by this before the reduction.
-        postscale_factor: the reduced result is multiplied by this.
 
     Returns:
         A list of this rank's slices, in the order of ``tensors``.
@@ -879,19 +653,12 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
     return _compressed(compression, list(tensors), run)
 
 
+@_args(tensor=_SPARSE, name=_SPARSE_NAME, op="``hvd.Average`` or ``hvd.Sum``.")
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Start reducing a sparse COO tensor by allgathering its indices and values.
 
     Duplicate indices from different ranks are summed when the result is coalesced, so
     the reduction is a sum (divided by the set's size for ``hvd.Average``), as in Horovod.
-
-    Args:
-        tensor: a sparse COO ``torch.Tensor`` on the CPU.
-        name: the operation's name, the same on every rank (its two allgathers are
-            named ``<name>.indices`` and ``<name>.values``).
-        op: ``hvd.Average`` or ``hvd.Sum``.
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Returns:
         A handle for :func:`synchronize`, whose result is the reduced sparse tensor.
@@ -1064,15 +831,13 @@ class _ReducescatterGrad(torch.autograd.Function):
 
 
 # -- join, barrier ---------------------------------------------------------------------------
+@_args(device="accepted for Horovod compatibility and ignored (tensors are on the CPU).")
 def join(device=-1) -> int:
     """Block until every rank has joined; returns the rank that joined last.
 
     While this rank waits here it keeps taking part in the other ranks'
     allreduces (contributing neutral values) and allgathers (contributing no
     rows), so ranks with fewer batches do not stall the rest.
-
-    Args:
-        device: accepted for Horovod compatibility and ignored (tensors are on the CPU).
 
     Returns:
         The rank that joined last.
@@ -1083,12 +848,9 @@ def join(device=-1) -> int:
     return ops.join()
 
 
+@_args()
 def barrier(process_set=global_process_set) -> None:
     """Block until every rank of the process set has reached the barrier.
-
-    Args:
-        process_set: the ranks that take part (default: all of them); each of its members
-            must make the same call.
 
     Raises:
         HvdliteInternalError: the runtime stopped before every member arrived.
