@@ -449,13 +449,8 @@ class Agent:
                 return
             if not refused:
                 break
-            if self.settings.static:
-                self._cannot_start(refused)
+            if not self._blacklist_hosts(refused, "cannot take workers"):
                 return
-            for host, why in refused.items():
-                cooldown = self.hostset.blacklist(host, why)
-                log.warning("round %d: host %s cannot take workers: %s; blacklisting it %s",
-                            self.round, host, why, _for(cooldown))
         if self.round >= 0:
             self.resets += 1
         self._publish(plan)
@@ -510,15 +505,21 @@ class Agent:
         self._fail(why, FAILED_EXIT)
 
     def _refused_at_start(self, refused: Dict[str, str]) -> None:
+        if self._blacklist_hosts(refused, "cannot start workers"):
+            self._need_round(f"workers could not start on {', '.join(refused)}")
+
+    def _blacklist_hosts(self, refused: Dict[str, str], what: str) -> bool:
+        """Hosts that cannot take workers: an elastic job blacklists them and stops their
+        workers (returns True: go on); a static job fails (returns False)."""
         if self.settings.static:
             self._cannot_start(refused)
-            return
+            return False
         for host, why in refused.items():
             cooldown = self.hostset.blacklist(host, why)
-            log.warning("round %d: cannot start workers on host %s: %s; blacklisting it %s",
-                        self.round, host, why, _for(cooldown))
+            log.warning("round %d: host %s %s: %s; blacklisting it %s", self.round, host, what,
+                        why, _for(cooldown))
             self._stop([sid for sid in self._live if sid[0] == host])
-        self._need_round(f"workers could not start on {', '.join(refused)}")
+        return True
 
     # ---- planning ------------------------------------------------------------------------
 
