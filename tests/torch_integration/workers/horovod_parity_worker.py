@@ -93,9 +93,32 @@ def optimizer_on_sets():
         if ps.included():
             for make_model, make_opt, kw in variants:
                 _train_on_set(ps, make_model, make_opt, **kw)
+            for kw in ({"op": hvd.Adasum}, {"backward_passes_per_step": 2},
+                       {"compression": hvd.Compression.fp16}):
+                _same_on_members(ps, **kw)
         hvd.barrier()
     for ps in sets:
         hvd.remove_process_set(ps)
+
+
+def _same_on_members(ps, **dist_kw):
+    """Options whose result has no one-process reference: the members train different data
+    and must end with the same parameters (and not hang)."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), process_set=ps,
+                                   **dist_kw)
+    passes = dist_kw.get("backward_passes_per_step", 1)
+    for step in range(2):
+        opt.zero_grad()
+        for k in range(passes):
+            x, y = _batch(10 * step + k + hvd.rank(), False)
+            F.mse_loss(model(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
+    everyone = hvd.allgather(flat, name=f"same.{sorted(dist_kw)}", process_set=ps)
+    assert_close(f"members of {ps.ranks} with {dist_kw}", everyone[0], everyone[-1], 0, 0)
 
 
 def sparse_in_sets():
