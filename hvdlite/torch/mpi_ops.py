@@ -578,6 +578,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
     return _reducescatter_async([tensor], False, name, op, process_set, prescale_factor,
                                 postscale_factor)
@@ -599,6 +600,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
         HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
             operations.
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
@@ -628,6 +630,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
     return _reducescatter_async(list(tensors), True, name, op, process_set, prescale_factor,
                                 postscale_factor)
@@ -646,6 +649,7 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
         HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
             operations.
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first.

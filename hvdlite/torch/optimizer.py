@@ -505,7 +505,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             state and parameter groups.
         named_parameters: ``model.named_parameters()``; names identify gradients across
             ranks and appear in errors.  Every parameter of ``optimizer`` must be named.
-            ``None`` numbers them in parameter-group order.
+            ``None`` names them ``allreduce.noname.<group>.<index>`` as Horovod does; the
+            wrapper's ``_parameter_names`` maps each parameter to its name.
         compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (or any object
             with static ``compress``/``decompress``).
         backward_passes_per_step: backward passes whose gradients accumulate locally before
@@ -521,8 +522,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         num_groups: split parameters into this many groups reduced with one grouped op each.
         groups: an int (same as ``num_groups``) or a list of lists of parameters to reduce
             together; parameters not listed are reduced one by one.
-        sparse_as_dense: densify sparse gradients (per-parameter path; the default bucketed
-            path always densifies them).
+        sparse_as_dense: densify sparse gradients (per-parameter and group paths; the default
+            bucketed path always reduces them dense).  Either way the reduced gradient is
+            handed back sparse, so ``torch.optim.SparseAdam`` works.
         process_set: reduce among this process set only (default: all ranks).
         bucket_cap_mb: hvdlite extension: size of the flat gradient buckets in MiB.  ``None``
             (default) picks about 1/8 of the model's gradient bytes, between 1 and 25 MiB.
