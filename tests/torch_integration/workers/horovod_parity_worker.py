@@ -172,8 +172,9 @@ def join_refuses_allgather_broadcast():
 
 
 def duplicate_names_are_value_errors():
-    """A second async op under a name still in flight raises ValueError (Horovod's type);
-    each rank takes a turn while the others hold back, so the first op stays in flight."""
+    """A second async op under a name still in flight raises ValueError (Horovod's type).
+    Each rank takes a turn; the others submit only after its check (they wait in a broadcast
+    from it), so its first op is surely still in flight."""
     r, n = hvd.rank(), hvd.size()
     starts = {
         "allreduce": lambda nm: hvd.allreduce_async(torch.ones(2), name=nm),
@@ -184,7 +185,7 @@ def duplicate_names_are_value_errors():
     for turn in range(n):
         handles = []
         if r != turn:
-            time.sleep(0.5)
+            hvd.broadcast(torch.zeros(1), root_rank=turn, name=f"dup.go.{turn}")
         for what, start in starts.items():
             nm = f"dup.{turn}.{what}"
             handles.append(start(nm))
@@ -195,6 +196,8 @@ def duplicate_names_are_value_errors():
                     assert "already in flight" in str(e) and nm in str(e), e
                 else:
                     raise AssertionError(f"a second {what} named {nm!r} was accepted")
+        if r == turn:
+            hvd.broadcast(torch.zeros(1), root_rank=turn, name=f"dup.go.{turn}")
         for h in handles:
             hvd.synchronize(h)
 
