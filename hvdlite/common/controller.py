@@ -86,9 +86,8 @@ class Controller:
         ranks = sorted(reqs)
         first = reqs[ranks[0]]
         error = self._validate(name, reqs)
-        if error is None and first.op == OpType.BROADCAST and first.root in self.joined:
-            error = (f"broadcast of tensor {name!r}: root rank {self._job[first.root]} has "
-                     f"already joined")
+        if error is None:
+            error = self._join_conflict(name, first, reqs)
         if error is not None:
             return Response(name, first.op, first.dtype, first.shape, error=error)
         resp = Response(name, first.op, first.dtype, first.shape, first.root, first.reduce_op,
@@ -101,6 +100,21 @@ class Controller:
             resp.splits = [reqs[r].splits if r in reqs else (0,) * self.size
                            for r in range(self.size)]
         return resp
+
+    def _join_conflict(self, name: str, first: Request, reqs: Dict[int, Request]
+                       ) -> Optional[str]:
+        """As Horovod: allgather and broadcast cannot complete while a rank has joined
+        without submitting them (the others get this error at once; the job goes on)."""
+        if first.op not in (OpType.ALLGATHER, OpType.BROADCAST):
+            return None
+        absent = sorted(self._job[r] for r in self.joined if r not in reqs)
+        if not absent:
+            return None
+        what = "Allgather" if first.op == OpType.ALLGATHER else "Broadcast"
+        hint = (" (DistributedOptimizer reduces sparse gradients with allgathers: pass "
+                "sparse_as_dense=True)" if first.op == OpType.ALLGATHER else "")
+        return (f"{what} is not supported with join at this time: {what.lower()} of tensor "
+                f"{name!r} while rank(s) {absent} have joined{hint}")
 
     def _validate(self, name: str, reqs: Dict[int, Request]) -> Optional[str]:
         ranks = sorted(reqs)

@@ -2,9 +2,10 @@
 
 Every error a user can see derives from :class:`HvdliteError`, so
 ``except HvdliteError`` catches all of them.  Errors raised by a collective
-(ranks disagree, a name already in flight, a peer failed) are ``RuntimeError``s,
-as Horovod's are; bad settings are ``ValueError``s; invalid arguments found
-locally raise the builtin ``ValueError``/``TypeError`` directly.
+(ranks disagree, a peer failed) are ``RuntimeError``s, as Horovod's are; bad
+settings and a name already in flight are ``ValueError``s (Horovod reports the
+latter as an invalid argument); invalid arguments found locally raise the
+builtin ``ValueError``/``TypeError`` directly.
 """
 
 
@@ -37,8 +38,9 @@ class HvdliteMismatchError(HvdliteError, RuntimeError):
     """Ranks submitted the same tensor name with incompatible parameters."""
 
 
-class HvdliteDuplicateNameError(HvdliteError, RuntimeError):
-    """A tensor name was submitted again while the first one is still in flight."""
+class HvdliteDuplicateNameError(HvdliteError, ValueError):
+    """A tensor name was submitted again while the first one is still in flight (a
+    ``ValueError``, as Horovod's invalid-argument error for it is)."""
 
 
 class HvdliteStallError(HvdliteInternalError):

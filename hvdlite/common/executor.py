@@ -324,9 +324,11 @@ class Executor:
                 offsets[rank] += n
             if entry is None:
                 continue
-            flat = parts[0] if self.size == 1 else k.cat(parts)
+            # a fresh buffer (clone or cat): a slice of the fused bytes may start at an
+            # offset the dtype's alignment forbids viewing (e.g. int64 after 3 float32s)
+            flat = k.clone(parts[0]) if self.size == 1 else k.cat(parts)
             out = k.view_as(flat, resp.dtype).reshape((total_rows,) + tuple(resp.shape[1:]))
-            complete(entry, k.clone(out) if self.size == 1 else out)
+            complete(entry, out)
 
     # -- broadcast ------------------------------------------------------------------------
     def _broadcast(self, group, entries, complete) -> None:

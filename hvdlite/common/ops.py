@@ -368,8 +368,10 @@ def join() -> int:
     """Block until every rank has joined; returns the rank that joined last.
 
     While this rank waits here it keeps taking part in the other ranks'
-    allreduces (contributing neutral values) and allgathers (contributing no
-    rows), so ranks with fewer batches do not stall the rest.
+    allreduces (contributing neutral values), reducescatters (zeros) and
+    alltoalls (no rows), so ranks with fewer batches do not stall the rest.
+    As in Horovod, the others' allgathers and broadcasts fail at once with a
+    ``RuntimeError`` meanwhile (the job goes on).
     """
     return synchronize(_control(OpType.JOIN, JOIN_NAME))
 

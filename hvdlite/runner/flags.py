@@ -30,6 +30,9 @@ TUNABLE_FLAGS = tunables.flag_variables()
 REFUSED_FLAGS: Dict[str, Tuple[str, str]] = {
     "num_nccl_streams": ("--num-nccl-streams",
                          "NCCL is GPU only and hvdlite is a CPU build without NCCL"),
+    "torus_allreduce": ("--torus-allreduce",
+                        "the torus allreduce is an NCCL algorithm (GPU only) and hvdlite is a "
+                        "CPU build without NCCL"),
     "thread_affinity": ("--thread-affinity", "hvdlite's background loop is a Python thread "
                         "and pinning it to a core is not implemented"),
     "mpi_threads_disable": ("--mpi-threads-disable", "hvdlite calls MPI from its background "
@@ -47,6 +50,7 @@ NO_OP_FLAGS: Dict[str, str] = {
     "--tcp": "hvdlite's own traffic (Gloo, control plane) is TCP; in --mpi mode, as with "
              "horovodrun on MPICH and Open MPI, MPI keeps its transport (see --mpi-args)",
     "--no-mpi-threads-disable": "hvdlite keeps MPI's thread support",
+    "--no-torus-allreduce": "hvdlite has no torus allreduce (an NCCL algorithm)",
     "--log-without-timestamp": "hvdlite's log lines carry no timestamp",
     "--log-hide-timestamp": "hvdlite's log lines carry no timestamp",
     # --no-hierarchical-allreduce and --no-hierarchical-allgather, from the table
@@ -186,7 +190,13 @@ GROUPS: Tuple[Group, ...] = (
                     _refused("log_with_timestamp"), "--log-without-timestamp",
                     {"dest": "log_with_timestamp", "action": "store_const", "const": True}))),
     )),
-    Group("tunable parameters", None),
+    Group("tunable parameters", None, (
+        OneOf((Flag(("--torus-allreduce",), _refused("torus_allreduce"), "--no-torus-allreduce",
+                    {"action": "store_const", "const": True}),
+               Flag(("--no-torus-allreduce",), _no_op("--no-torus-allreduce"),
+                    "--no-torus-allreduce",
+                    {"dest": "torus_allreduce", "action": "store_const", "const": False}))),
+    )),
     Group("timeline parameters", "rank 0 writes a Chrome-trace JSON (open it in Perfetto or "
           "chrome://tracing; summarise it with 'python -m hvdlite.timeline summary FILE')"),
     Group("elastic arguments", "any of --min-np, --max-np, --host-discovery-script makes the "

@@ -35,6 +35,7 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
                           backward_passes_per_step: int, process_set):
         """Set up the wrapper's state and hooks; the arguments are checked by the caller."""
         self._hvd_names = names
+        self._parameter_names = names  # Horovod's attribute, read by user code
         self._hvd_compression = compression
         self._hvd_bpps = int(backward_passes_per_step)
         self._hvd_process_set = process_set

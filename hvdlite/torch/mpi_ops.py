@@ -22,6 +22,7 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init, poll,
                                 remove_process_set, synchronize)
+from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.tensor_queue import Handle
 
 __all__ = [
@@ -552,6 +553,12 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_factor,
                          postscale_factor) -> Handle:
     rop = ops.reduce_op(None, op, name or "reducescatter")
+    if rop == Adasum:
+        # Horovod's runtime refuses it and its torch adapter raises HorovodInternalError
+        raise HvdliteInternalError(
+            f"reducescatter of {'an unnamed tensor' if name is None else repr(name)}: "
+            "Reducescatter currently only supports SUM (op=hvd.Adasum is not supported; use "
+            "hvd.Sum or hvd.Average)")
     return ops.reducescatter_async(_buffers(tensors, name, "reducescatter"), rop, name, grouped,
                                    prescale_factor, postscale_factor, process_set,
                                    list if grouped else None)
@@ -571,6 +578,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
     return _reducescatter_async([tensor], False, name, op, process_set, prescale_factor,
                                 postscale_factor)
@@ -592,6 +600,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
         HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
             operations.
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
@@ -621,6 +630,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
     return _reducescatter_async(list(tensors), True, name, op, process_set, prescale_factor,
                                 postscale_factor)
@@ -639,6 +649,7 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
         TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
+        HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
         HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
             operations.
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
@@ -836,8 +847,10 @@ def join(device=-1) -> int:
     """Block until every rank has joined; returns the rank that joined last.
 
     While this rank waits here it keeps taking part in the other ranks'
-    allreduces (contributing neutral values) and allgathers (contributing no
-    rows), so ranks with fewer batches do not stall the rest.
+    allreduces (contributing neutral values), reducescatters (zeros) and
+    alltoalls (no rows), so ranks with fewer batches do not stall the rest.
+    As in Horovod, the others' allgathers and broadcasts fail at once with a
+    ``RuntimeError`` meanwhile (the job goes on).
 
     Returns:
         The rank that joined last.

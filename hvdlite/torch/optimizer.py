@@ -88,7 +88,10 @@ def _param_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
     """Map every parameter of ``optimizer`` to its name, validating the user's list."""
     opt_params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
-        return {p: f"noname.{i}" for i, p in enumerate(opt_params)}
+        # Horovod's names: unique and the same on every rank that builds the same groups
+        return {p: f"allreduce.noname.{gi}.{j}"
+                for gi, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])}
     named = list(named_parameters)
     for i, item in enumerate(named):
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
@@ -138,6 +141,7 @@ class _DistributedOptimizer(_HookedOptimizer):
         _check_averaging(op, gradient_predivide_factor, bucket_cap_mb)
         _check_compression(compression)
         self._hvd_names = _param_names(self, named_parameters)
+        self._parameter_names = self._hvd_names  # Horovod's attribute, read by user code
         self._hvd_init_state(compression, backward_passes_per_step, op,
                              gradient_predivide_factor, sparse_as_dense, process_set)
         self._hvd_choose_mode(num_groups, groups, bucket_cap_mb)
@@ -168,6 +172,10 @@ class _DistributedOptimizer(_HookedOptimizer):
         self._hvd_group_handles: Dict[int, tuple] = {}
         self._hvd_buckets: List[_Bucket] = []
         self._hvd_bucket_of: Dict[torch.Tensor, tuple] = {}
+        # parameters whose gradients came sparse (nn.Embedding(sparse=True)) -> sparse_dim:
+        # reduced dense (buckets, sparse_as_dense), handed back sparse as Horovod does, so
+        # optimizers that need sparse gradients (torch.optim.SparseAdam) still work
+        self._hvd_sparse_dims: Dict[torch.Tensor, int] = {}
 
     def _hvd_choose_mode(self, num_groups, groups, bucket_cap_mb):
         """Pick the strategy (``groups``, ``buckets`` or ``params``) and build its units.
@@ -247,12 +255,10 @@ class _DistributedOptimizer(_HookedOptimizer):
             with torch.no_grad():
                 for j, p in enumerate(params):
                     self._hvd_bucket_of[p] = (b, j)
+                    # a parameter without a gradient keeps None until its first one
+                    # arrives (then adopted): a sparse one must reach the hook sparse
                     if p.grad is not None:
-                        if p.grad.is_sparse:
-                            b.views[j].add_(p.grad)
-                        else:
-                            b.views[j].copy_(p.grad)
-                    p.grad = b.views[j]
+                        self._hvd_adopt_view(p, b, j)
 
     def _hvd_op_kwargs(self):
         kw = dict(op=self._hvd_op, prescale_factor=self._hvd_prescale,
@@ -280,8 +286,7 @@ class _DistributedOptimizer(_HookedOptimizer):
         else:
             self._hvd_launch_param(p)
 
-    @staticmethod
-    def _hvd_adopt_view(p, b: _Bucket, j: int):
+    def _hvd_adopt_view(self, p, b: _Bucket, j: int):
         """Make ``p.grad`` the bucket view again (after zero_grad(set_to_none) or no grad)."""
         view = b.views[j]
         g = p.grad
@@ -291,6 +296,7 @@ class _DistributedOptimizer(_HookedOptimizer):
             if g is None:
                 view.zero_()
             elif g.is_sparse:
+                self._hvd_sparse_dims[p] = g.sparse_dim()
                 view.zero_()
                 view.add_(g)
             else:
@@ -310,6 +316,7 @@ class _DistributedOptimizer(_HookedOptimizer):
             p.grad = g = torch.zeros_like(p)
         elif g.is_sparse:
             if self._hvd_sparse_as_dense:
+                self._hvd_sparse_dims[p] = g.sparse_dim()
                 p.grad = g = g.to_dense()
         return g
 
@@ -389,9 +396,17 @@ class _DistributedOptimizer(_HookedOptimizer):
                     if c is not p.grad:
                         with torch.no_grad():
                             p.grad.copy_(self._hvd_compression.decompress(c, ctx))
+            self._hvd_resparsify()
         finally:
             self._hvd_reset()
         self._hvd_synchronized = True
+
+    def _hvd_resparsify(self):
+        """Give parameters whose gradients came sparse their reduced gradient as a sparse
+        tensor again (Horovod does so after a dense reduction)."""
+        for p, sparse_dim in self._hvd_sparse_dims.items():
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.detach().to_sparse(sparse_dim)
 
     def _hvd_finish_sparse(self, p, hi, hv):
         indices = mpi_ops.synchronize(hi)
@@ -434,9 +449,10 @@ class _DistributedOptimizer(_HookedOptimizer):
         if self._hvd_should_sync:
             if self._hvd_synchronized:
                 warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without "
-                    "`with optimizer.skip_synchronize():`; gradients are reduced again. "
-                    "Wrap step() in skip_synchronize() after calling synchronize().")
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(); the gradients are reduced again, which "
+                    "slows training. Call step() inside `with optimizer.skip_synchronize():` "
+                    "when synchronize() was called first.")
             self.synchronize()
         self._hvd_synchronized = False
         return super().step(closure)
@@ -455,7 +471,10 @@ class _DistributedOptimizer(_HookedOptimizer):
             for b in self._hvd_buckets:
                 b.buffer.zero_()
                 for j, p in enumerate(b.params):
-                    if not _is_view_of(p.grad, b.views[j]):
+                    if p.grad is None or p in self._hvd_sparse_dims:
+                        # adopted when it arrives; a sparse one must reach the hook sparse
+                        p.grad = None
+                    elif not _is_view_of(p.grad, b.views[j]):
                         p.grad = b.views[j]
             for g in self.param_groups:
                 for p in g["params"]:
@@ -486,7 +505,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             state and parameter groups.
         named_parameters: ``model.named_parameters()``; names identify gradients across
             ranks and appear in errors.  Every parameter of ``optimizer`` must be named.
-            ``None`` numbers them in parameter-group order.
+            ``None`` names them ``allreduce.noname.<group>.<index>`` as Horovod does; the
+            wrapper's ``_parameter_names`` maps each parameter to its name.
         compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (or any object
             with static ``compress``/``decompress``).
         backward_passes_per_step: backward passes whose gradients accumulate locally before
@@ -502,8 +522,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         num_groups: split parameters into this many groups reduced with one grouped op each.
         groups: an int (same as ``num_groups``) or a list of lists of parameters to reduce
             together; parameters not listed are reduced one by one.
-        sparse_as_dense: densify sparse gradients (per-parameter path; the default bucketed
-            path always densifies them).
+        sparse_as_dense: densify sparse gradients (per-parameter and group paths; the default
+            bucketed path always reduces them dense).  Either way the reduced gradient is
+            handed back sparse, so ``torch.optim.SparseAdam`` works.
         process_set: reduce among this process set only (default: all ranks).
         bucket_cap_mb: hvdlite extension: size of the flat gradient buckets in MiB.  ``None``
             (default) picks about 1/8 of the model's gradient bytes, between 1 and 25 MiB.

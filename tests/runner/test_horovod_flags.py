@@ -63,6 +63,7 @@ HOROVODRUN_FLAGS = [
     (["--binding-args", "--bind-to core", "--mpi"], OK),
     (["--binding-args", "--bind-to core"], REFUSED),       # Gloo mode binds nothing
     (["--num-nccl-streams", "2"], REFUSED),
+    (["--torus-allreduce"], REFUSED), (["--no-torus-allreduce"], OK),
     (["--thread-affinity", "0"], REFUSED),
     (["--gloo-timeout-seconds", "30"], OK),
     (["--log-level", "INFO"], OK), (["--log-level", "TRACE"], OK),
@@ -281,6 +282,7 @@ def test_horovod_yaml_is_read_as_is(tmp_path):
 
 @pytest.mark.parametrize("yaml_text, flag", [
     ("library_options:\n  num_nccl_streams: 2\n", "--num-nccl-streams"),
+    ("params:\n  torus_allreduce: true\n", "--torus-allreduce"),
     ("library_options:\n  thread_affinity: 1\n", "--thread-affinity"),
     ("library_options:\n  mpi_threads_disable: true\n", "--mpi-threads-disable"),
     ("logging:\n  with_timestamp: true\n", "--log-with-timestamp"),
