@@ -176,8 +176,6 @@ class RayExecutor:
             ValueError: ``executable_cls`` in an elastic job.
         """
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         if self.workers:
             raise HvdliteRayError("RayExecutor.start: already started; call shutdown() first")
         if not ray.is_initialized():
@@ -189,6 +187,18 @@ class RayExecutor:
             self._extra_env = dict(extra_env_vars or {})
             self._started = True
             return
+        self._place()
+        self._start_actors()
+        self._rendezvous(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+
+    def _place(self) -> None:
+        """Reserve the job's placement group.
+
+        Raises:
+            HvdliteRayError: Ray could not place it within the placement timeout.
+        """
+        import ray
+        from ray.util.placement_group import placement_group
         wanted = placement.bundles(self.num_workers, self._num_hosts, self._per_host,
                                    self._cpus)
         strategy = "STRICT_SPREAD" if self._num_hosts else "PACK"
@@ -203,6 +213,15 @@ class RayExecutor:
                 f"{self._describe()}, strategy {strategy}) within "
                 f"{self.settings.placement_group_timeout_s:g}s; the cluster has {total:g} CPUs "
                 f"on {len(ray.nodes())} node(s). Lower the counts or add nodes") from None
+
+    def _start_actors(self) -> None:
+        """One actor per rank in the placement group; learn where each landed.
+
+        Raises:
+            HvdliteRayError: the actors did not answer within the start timeout.
+        """
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         actor = ray.remote(RankWorker)
         for i in range(self.num_workers):
             bundle = i // self._per_host if self._num_hosts else i
@@ -219,7 +238,6 @@ class RayExecutor:
             self.shutdown()
             raise HvdliteRayError(f"RayExecutor: the workers did not start within "
                                   f"{self.settings.timeout_s:g}s: {exc}") from exc
-        self._rendezvous(executable_cls, executable_args, executable_kwargs, extra_env_vars)
 
     def _describe(self) -> str:
         if self._num_hosts:

@@ -120,7 +120,12 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
                  verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi, use_jsrun=use_jsrun,
                  mpi_args=mpi_args, nics=nics, env=env)
     argv += [executable or sys.executable, "-m", TASK_MODULE]
-    settings = launch.settings_from_args(_parse(argv))
+    return _run_job(launch.settings_from_args(_parse(argv)), payload)
+
+
+def _run_job(settings, payload: bytes) -> List[Any]:
+    """Serve ``payload`` to the job's ranks, run the job through the launcher's agent, and
+    collect the results (see :func:`run` for what it raises)."""
     local = all(is_local(h.hostname) for h in settings.hosts)
     key = new_key()
     service = _FunctionService(key, payload, settings.np,
