@@ -16,7 +16,8 @@ module only does what is TensorFlow's own:
   dependencies run them in program order on every rank.  An unnamed op gets its name when it
   is traced, from the graph's name and the input tensor's name, made unique by the graph's
   numbering (the same on every rank that traces the same program), as Horovod names its
-  graph ops.
+  graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) nothing orders the nodes, so
+  :mod:`hvdlite.tensorflow.graph_order` chains them into one order that every rank shares.
 * **Gradients** (``tf.custom_gradient``) are Horovod's registered TensorFlow gradients (and
   ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
   this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
@@ -41,6 +42,7 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
+from hvdlite.tensorflow import graph_order
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -136,11 +138,15 @@ def _empty_like(b):
 
 
 # -- eager or graph --------------------------------------------------------------------------
-def _run(fn, inputs, touts):
-    """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list."""
+def _run(fn, inputs, touts, collective=None):
+    """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list.
+    ``collective``: the name of the collective ``fn`` runs, which places the node in its
+    TF1 graph's one order of collectives (:mod:`hvdlite.tensorflow.graph_order`)."""
     if tf.executing_eagerly():
         return list(fn(*inputs))
-    return list(tf.py_function(fn, list(inputs), list(touts)))
+    if collective is None:
+        return list(tf.py_function(fn, list(inputs), list(touts)))
+    return list(graph_order.ordered_py_function(fn, list(inputs), list(touts), collective))
 
 
 #: the process-wide counter TensorFlow appends to a control-flow branch's graph name
@@ -180,9 +186,13 @@ except ImportError:                       # pragma: no cover
 
 def _scaled_by_size(t, process_set, power: int):
     """``t * size**power`` with the set's size read when the op runs, not when it is traced
-    (an elastic job's size changes under a traced ``tf.function``)."""
+    (an elastic job's size changes under a traced ``tf.function``).  Integers are scaled
+    in float64 and truncated toward zero, as the runtime scales them, keeping the dtype."""
     def fn(v):
-        return [v * tf.cast(float(ops.process_set_size(process_set)) ** power, v.dtype)]
+        factor = float(ops.process_set_size(process_set)) ** power
+        if v.dtype.is_floating:
+            return [v * tf.cast(factor, v.dtype)]
+        return [tf.cast(tf.cast(v, tf.float64) * factor, v.dtype)]
     [out] = _run(fn, [t], [t.dtype])
     out.set_shape(t.shape)
     return out
@@ -196,13 +206,13 @@ def _differentiable(tensors) -> bool:
     return any(t.dtype.is_floating for t in tensors)
 
 
-def _collective(tensors, forward, shape_of, backward):
+def _collective(tensors, name, forward, shape_of, backward):
     """``forward(*xs)`` (eager, on the runtime) as one node whose outputs get
     ``shape_of(x)``; differentiable through ``backward(xs, outs, dys)`` (missing output
     gradients are zeros) when :func:`_differentiable` says so."""
 
     def compute(*xs):
-        outs = _run(forward, xs, [x.dtype for x in xs])
+        outs = _run(forward, xs, [x.dtype for x in xs], name)
         for o, x in zip(outs, xs):
             o.set_shape(shape_of(x))
         return outs
@@ -250,14 +260,27 @@ def _allreduce_dense(tensors, name, grouped, rop, pre, post, process_set):
         return _allreduce_dense(dys, _sub(name, "grad"), grouped, rop, pre, post,
                                 process_set)
 
-    return _collective(tensors, forward, lambda x: x.shape, backward)
+    return _collective(tensors, name, forward, lambda x: x.shape, backward)
+
+
+def _check_sparse(rop, pre, post, name):
+    """What Horovod refuses for ``tf.IndexedSlices``, refused with its exception type.
+
+    Raises:
+        NotImplementedError: an op other than Sum or Average, or a scale factor.
+    """
+    if rop not in (Average, Sum):
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices {_label(name)}: only hvd.Sum and hvd.Average are "
+            f"supported with tf.IndexedSlices (or densify with sparse_as_dense=True)")
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices {_label(name)}: prescale_factor and "
+            f"postscale_factor are not supported with tf.IndexedSlices")
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
     """Horovod's sparse allreduce: allgather the values and indices (Average divides)."""
-    if rop not in (Average, Sum):
-        raise ValueError(f"allreduce of IndexedSlices {_label(name)}: only hvd.Average and "
-                         f"hvd.Sum are supported (or densify with sparse_as_dense=True)")
     values = allgather(slices.values, name=_sub(name, "values"), process_set=process_set)
     indices = allgather(slices.indices, name=_sub(name, "indices"), process_set=process_set)
     if rop == Average:
@@ -292,6 +315,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
+        NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
+            with a scale factor (as Horovod).
         HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
             operations.
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
@@ -299,6 +324,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     """
     rop = ops.reduce_op(average, op, name or "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
+        _check_sparse(rop, prescale_factor, postscale_factor, name)
         if not tf.executing_eagerly() and name is None:
             name = _graph_name("allreduce", tensor.values)
         return _allreduce_sparse(tensor, name, rop, process_set)
@@ -324,6 +350,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
+        NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
+            with a scale factor (as Horovod).
         HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
             operations.
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
@@ -334,6 +362,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         return []
     rop = ops.reduce_op(average, op, name or "grouped_allreduce")
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if len(dense_at) < len(tensors):
+        _check_sparse(rop, prescale_factor, postscale_factor, name)
     dense = [_check(tensors[i], name, "grouped_allreduce") for i in dense_at]
     out: list = [None] * len(tensors)
     if not tf.executing_eagerly() and name is None:
@@ -383,12 +413,12 @@ def _allgather(tensors, name, grouped, process_set):
             return [s[int(o):int(o) + int(n)]
                     for s, o, n in zip(summed, offsets, allrows[me])]
 
-        res = _run(gradients, [rows] + dys, [x.dtype for x in xs])
+        res = _run(gradients, [rows] + dys, [x.dtype for x in xs], _sub(name, "grad"))
         for r, x in zip(res, xs):
             r.set_shape(x.shape)
         return res
 
-    return _collective(tensors, forward, _rows_shape, backward)
+    return _collective(tensors, name, forward, _rows_shape, backward)
 
 
 @_args(tensor=_ALLGATHER_TENSOR)
@@ -478,7 +508,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
     def compute(x):
         [o] = _run(lambda v: [_broadcast_eager(v, root_rank, name, process_set)], [x],
-                   [x.dtype])
+                   [x.dtype], name)
         o.set_shape(x.shape)
         return o
 
@@ -492,7 +522,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
                 [s] = _allreduce_eager([g], _sub(name, "grad"), False, Average, 1.0, 1.0,
                                        process_set)
                 return [s if rank() == root_rank else tf.zeros_like(s)]
-            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype])
+            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype], _sub(name, "grad"))
             s.set_shape(x.shape)
             return s
         return compute(x), grad
@@ -541,7 +571,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     def compute(x, *sp):
         out, received = _run(
             lambda v, *s: _alltoall_eager(v, s[0] if s else None, name, process_set),
-            [x, *sp], [x.dtype, tf.int32])
+            [x, *sp], [x.dtype, tf.int32], name)
         out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         received.set_shape([None])
         return out, received
@@ -560,7 +590,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         def grad(dy, _unused=None):
             [back, _] = _run(
                 lambda g, s: _alltoall_eager(g, s, _sub(name, "grad"), process_set),
-                [tf.convert_to_tensor(dy), received], [x.dtype, tf.int32])
+                [tf.convert_to_tensor(dy), received], [x.dtype, tf.int32], _sub(name, "grad"))
             back.set_shape(x.shape)
             return back
         return (out, tf.stop_gradient(received)), grad
@@ -585,7 +615,7 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
             gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
         return gathered
 
-    return _collective(tensors, forward, _rows_shape, backward)
+    return _collective(tensors, name, forward, _rows_shape, backward)
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM)
@@ -659,7 +689,8 @@ def join() -> int:
         HvdliteInternalError: the runtime stopped before every rank joined.
     """
     if not tf.executing_eagerly():
-        return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32])[0]
+        return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32],
+                    tf.compat.v1.get_default_graph().unique_name("join"))[0]
     return ops.join()
 
 
@@ -677,5 +708,6 @@ def barrier(process_set=global_process_set) -> None:
         def fn():
             ops.barrier(process_set)
             return [tf.constant(0, tf.int32)]
-        return _run(fn, [], [tf.int32])[0]
+        return _run(fn, [], [tf.int32],
+                    tf.compat.v1.get_default_graph().unique_name("barrier"))[0]
     ops.barrier(process_set)

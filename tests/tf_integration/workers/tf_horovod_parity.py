@@ -1,0 +1,238 @@
+"""hvdlite.tensorflow held to Horovod's behaviour in its corners, at np=2 and np=3: TF1 graphs
+(many collectives in one ``session.run``, gradients built in a graph), IndexedSlices, error
+types, dtypes and the public names.
+
+One launch runs every case; ``sys.argv[1:]`` may name cases.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+import hvdlite.tensorflow as hvd  # noqa: E402
+from tests.worker_cases import run_cases  # noqa: E402
+
+v1 = tf.compat.v1
+#: TF1 sessions as small as the pool where the deadlock was seen
+SESSION_CONFIG = v1.ConfigProto(inter_op_parallelism_threads=2,
+                                intra_op_parallelism_threads=1)
+GRAPH_DTYPES = [tf.float32, tf.float64, tf.int32, tf.int64, tf.float16, tf.uint8, tf.int8,
+                tf.bfloat16, tf.int16]
+
+
+def close(what, got, want, tol=0.0):
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64),
+                               np.asarray(want, dtype=np.float64), rtol=tol, atol=tol,
+                               err_msg=f"{what} on rank {hvd.rank()}")
+
+
+def session(graph):
+    return v1.Session(graph=graph, config=SESSION_CONFIG)
+
+
+# -- TF1 graphs --------------------------------------------------------------------------------
+def _fill(k, i, shape, dt):
+    """Rank k's input of collective i: small integers, exact in every dtype."""
+    return tf.cast(tf.fill(shape, float((k + i) % 3 + 1)), dt)
+
+
+def _collective_spec(i, n):
+    """Collective i of the 50: (build(rank) -> tensor, reference value)."""
+    dt = GRAPH_DTYPES[i % len(GRAPH_DTYPES)]
+    rows = i % 3 + 1
+    shape = (rows, i % 4 + 1)
+    kind = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+            "grouped_allreduce", "grouped_allgather")[i % 7]
+    vals = [np.full(shape, float((k + i) % 3 + 1)) for k in range(n)]
+    name = f"g50.{i}"
+    if kind == "allreduce":
+        return (lambda r: hvd.allreduce(_fill(r, i, shape, dt), op=hvd.Sum, name=name),
+                lambda r: np.sum(vals, 0))
+    if kind == "grouped_allreduce":
+        return (lambda r: hvd.grouped_allreduce([_fill(r, i, shape, dt)], op=hvd.Max,
+                                                name=name)[0],
+                lambda r: np.max(vals, 0))
+    if kind == "allgather":
+        return (lambda r: hvd.allgather(_fill(r, i, shape, dt), name=name),
+                lambda r: np.concatenate(vals))
+    if kind == "grouped_allgather":
+        return (lambda r: hvd.grouped_allgather([_fill(r, i, shape, dt)], name=name)[0],
+                lambda r: np.concatenate(vals))
+    if kind == "broadcast":
+        root = i % n
+        return (lambda r: hvd.broadcast(_fill(r, i, shape, dt), root, name=name),
+                lambda r: vals[root])
+    if kind == "alltoall":
+        big = (n, shape[1])
+        return (lambda r: hvd.alltoall(_fill(r, i, big, dt), name=name),
+                lambda r: np.stack([np.full(big[1], float((k + i) % 3 + 1))
+                                    for k in range(n)]))
+    big = (n, shape[1])
+    return (lambda r: hvd.reducescatter(_fill(r, i, big, dt), op=hvd.Sum, name=name),
+            lambda r: np.full((1, big[1]), float(sum((k + i) % 3 + 1 for k in range(n)))))
+
+
+def check_graph_fifty_collectives():
+    """50 collectives of mixed kinds, dtypes and shapes in one ``session.run`` on a 2-thread
+    pool, each rank building them in its own order (names given): ten runs in a row."""
+    r, n = hvd.rank(), hvd.size()
+    specs = [_collective_spec(i, n) for i in range(50)]
+    order = np.random.RandomState(r).permutation(50)
+    graph = tf.Graph()
+    with graph.as_default():
+        outs = {int(i): specs[i][0](r) for i in order}
+    with session(graph) as s:
+        for step in range(10):
+            got = s.run(outs)
+            for i, (_, want) in enumerate(specs):
+                close(f"run {step} collective {i}", got[i].astype(np.float64), want(r))
+
+
+def check_graph_feeds_and_gradients():
+    """Auto-named collectives in a graph: a step fed through a placeholder, a broadcast of
+    the variables built after it and run alone (no feed needed), a grouped allgather's
+    gradient, and the gradients of allgather, broadcast and alltoall built in the graph."""
+    r, n = hvd.rank(), hvd.size()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 2])
+        w = tf.Variable(tf.fill([2, 2], float(r + 1)))
+        y = tf.matmul(x, w)
+        grads = tf.gradients(tf.reduce_sum(y), [w])
+        step = [hvd.allreduce(g, op=hvd.Sum) for g in grads] + \
+            [hvd.allreduce(tf.reduce_sum(y) * float(k), op=hvd.Sum) for k in range(5)]
+        bcast = hvd.broadcast_variables([w], root_rank=n - 1)
+        a, b = tf.fill([r + 1, 2], float(r + 1)), tf.ones([2, 3])
+        ga, gb = hvd.grouped_allgather([a, b])
+        grouped_grad = tf.gradients(tf.reduce_sum(ga) * 2.0 + tf.reduce_sum(gb * gb), [a, b])
+        c = tf.fill([r + 1, 2], 1.0)
+        gather_grad = tf.gradients(tf.reduce_sum(hvd.allgather(c) * float(r + 1)), c)[0]
+        d = tf.fill([3], 1.0)
+        bcast_grad = tf.gradients(tf.reduce_sum(hvd.broadcast(d, 0) * float(r + 1)), d)[0]
+        e = tf.fill([n, 2], 1.0)
+        a2a_grad = tf.gradients(tf.reduce_sum(hvd.alltoall(e) * float(r + 1)), e)[0]
+        init = v1.global_variables_initializer()
+    with session(graph) as s:
+        s.run(init)
+        s.run(bcast)
+        close("broadcast_variables in a graph", s.run(w), np.full((2, 2), float(n)))
+        for _ in range(3):
+            got = s.run(step, feed_dict={x: np.ones((r + 1, 2), np.float32)})
+            rows = sum(k + 1 for k in range(n))
+            close("graph gradient allreduce", got[0], np.full((2, 2), float(rows)))
+        mean_w = sum(k + 1 for k in range(n)) / n
+        gg = s.run(grouped_grad)
+        close("grouped allgather gradient 0", gg[0], np.full((r + 1, 2), 2.0))
+        close("grouped allgather gradient 1", gg[1], np.full((2, 3), 2.0))
+        close("allgather gradient in a graph", s.run(gather_grad), np.full((r + 1, 2), mean_w))
+        close("broadcast gradient in a graph", s.run(bcast_grad),
+              np.full(3, mean_w if r == 0 else 0.0))
+        close("alltoall gradient in a graph", s.run(a2a_grad),
+              np.array([[k + 1.0] * 2 for k in range(n)]))
+
+
+# -- IndexedSlices -----------------------------------------------------------------------------
+def _slices(k, n, dt, i):
+    """Rank k's IndexedSlices number i over a [n + 1, 2] table: rows k and n."""
+    values = np.array([[k + 1.0 + i, 2.0 * (k + 1)], [3.0 + i, k + 5.0]])
+    return values, np.array([k, n]), (n + 1, 2)
+
+
+def _dense_of(values, indices, shape):
+    out = np.zeros(shape)
+    for v, j in zip(values, indices):
+        out[j] += v
+    return out
+
+
+def check_indexed_slices():
+    """A grouped allreduce mixing IndexedSlices and dense tensors equals the reference
+    (eager, tf.function and a TF1 graph); integer slices keep their dtype under Average;
+    other ops and scale factors raise Horovod's NotImplementedError."""
+    r, n = hvd.rank(), hvd.size()
+    kinds = [("slices", tf.float32), ("dense", tf.float32), ("slices", tf.int32),
+             ("dense", tf.float64), ("slices", tf.uint8), ("dense", tf.int64)]
+
+    def inputs(k):
+        out = []
+        for i, (kind, dt) in enumerate(kinds):
+            values, idx, shape = _slices(k, n, dt, i)
+            if kind == "slices":
+                out.append(tf.IndexedSlices(tf.cast(values, dt), tf.constant(idx),
+                                            tf.constant(shape)))
+            else:
+                out.append(tf.cast(_dense_of(values, idx, shape), dt))
+        return out
+
+    def reference(op):
+        want = []
+        for i, (kind, dt) in enumerate(kinds):
+            parts = []
+            for k in range(n):
+                values, idx, shape = _slices(k, n, dt, i)
+                if kind == "dense":        # summed, then divided (integers truncated)
+                    parts.append(_dense_of(values, idx, shape))
+                    continue
+                if op == "avg":            # each rank's values divided, then gathered
+                    values = np.trunc(values / n) if dt.is_integer else values / n
+                parts.append(_dense_of(values, idx, shape))
+            total = np.sum(parts, 0)
+            if kind == "dense" and op == "avg":
+                total = np.trunc(total / n) if dt.is_integer else total / n
+            want.append(total)
+        return want
+
+    for op_name, op in (("avg", hvd.Average), ("sum", hvd.Sum)):
+        want = reference(op_name)
+
+        def fn():
+            return hvd.grouped_allreduce(inputs(r), op=op)
+        graph = tf.Graph()
+        with graph.as_default():
+            graph_out = [tf.convert_to_tensor(t) for t in fn()]
+        with session(graph) as s:
+            from_graph = s.run(graph_out)
+        for mode, got in (("eager", fn()), ("function", tf.function(fn)()),
+                          ("graph", from_graph)):
+            for i, (g, w, (kind, dt)) in enumerate(zip(got, want, kinds)):
+                if mode != "graph":
+                    assert isinstance(g, tf.IndexedSlices) == (kind == "slices"), (mode, i)
+                    assert g.dtype == dt, (mode, i, g.dtype, dt)
+                    g = tf.convert_to_tensor(g).numpy()
+                close(f"{mode} grouped {op_name} #{i} ({kind} {dt.name})", g, w,
+                      0 if dt.is_integer else 1e-3)
+    one = inputs(r)[2]
+    avg = hvd.allreduce(one, op=hvd.Average)
+    assert avg.values.dtype == tf.int32, avg.values.dtype
+    close("allreduce of int32 slices, Average", tf.convert_to_tensor(avg).numpy(),
+          reference("avg")[2])
+    for kwargs in ({"op": hvd.Min}, {"op": hvd.Max}, {"op": hvd.Product}, {"op": hvd.Adasum},
+                   {"prescale_factor": 2.0}, {"postscale_factor": 0.5}):
+        for call in (lambda: hvd.allreduce(one, **kwargs),
+                     lambda: hvd.grouped_allreduce([one, tf.ones([2])], **kwargs)):
+            try:
+                call()
+            except NotImplementedError:
+                pass
+            else:
+                raise AssertionError(f"IndexedSlices with {kwargs} did not raise "
+                                     f"NotImplementedError")
+
+
+CASES = {
+    "graph_fifty_collectives": check_graph_fifty_collectives,
+    "graph_feeds_and_gradients": check_graph_feeds_and_gradients,
+    "indexed_slices": check_indexed_slices,
+}
+
+if __name__ == "__main__":
+    run_cases(hvd, CASES, set(sys.argv[1:]) or None)
