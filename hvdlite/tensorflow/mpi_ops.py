@@ -43,6 +43,7 @@ from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet, 
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
 from hvdlite.tensorflow import graph_order
+from hvdlite.tensorflow.errors import as_tf_errors
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -238,6 +239,7 @@ def _rows_shape(x):
 
 
 # -- allreduce -------------------------------------------------------------------------------
+@as_tf_errors
 def _allreduce_eager(tensors, name, grouped, rop, pre, post, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     outs = [_empty_like(b) for b in bufs]
@@ -317,8 +319,11 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
         NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
             with a scale factor (as Horovod).
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -352,8 +357,11 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
         NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
             with a scale factor (as Horovod).
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -381,6 +389,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 
 
 # -- allgather -------------------------------------------------------------------------------
+@as_tf_errors
 def _allgather_eager(tensors, name, grouped, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     for b, t in zip(bufs, tensors):
@@ -435,8 +444,11 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``tensor`` is a scalar, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -463,8 +475,11 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: an input is a scalar, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -476,6 +491,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 
 
 # -- broadcast -------------------------------------------------------------------------------
+@as_tf_errors
 def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
     buf = to_buffer(t)
     out = arrays.kind().clone(buf) if rank() == root_rank else _empty_like(buf)
@@ -498,8 +514,11 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``root_rank`` is not a member of ``process_set``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -531,6 +550,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
+@as_tf_errors
 def _alltoall_eager(t, splits, name, process_set):
     buf = to_buffer(t)
     if len(buf.shape) == 0:
@@ -559,8 +579,11 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
             allreduce takes one).
         ValueError: ``tensor`` is a scalar, ``splits`` does not fit the first dimension
             (``None``: the set's size must divide it), or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -600,6 +623,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
 
 def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
+    @as_tf_errors
     def forward(*xs):
         bufs = [to_buffer(x) for x in xs]
         res = ops.synchronize(ops.reducescatter_async(bufs, rop, name, grouped, pre, post,
@@ -635,8 +659,11 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -661,8 +688,11 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """

@@ -228,10 +228,80 @@ def check_indexed_slices():
                                      f"NotImplementedError")
 
 
+# -- error types -------------------------------------------------------------------------------
+def _raises(what, want, call):
+    """``call()`` raises ``want`` (a type or tuple); returns the exception."""
+    try:
+        call()
+    except want as exc:
+        return exc
+    except Exception as exc:
+        raise AssertionError(f"{what}: raised {type(exc).__name__} ({exc}), not {want}") \
+            from exc
+    raise AssertionError(f"{what}: did not raise {want}")
+
+
+def _in_graph(build):
+    """``build()``'s tensor run in a TF1 session."""
+    graph = tf.Graph()
+    with graph.as_default():
+        out = build()
+    with session(graph) as s:
+        return s.run(out)
+
+
+def check_error_types():
+    """Mismatches across ranks raise tf.errors.FailedPreconditionError eagerly (an OpError,
+    and still an HvdliteMismatchError), an OpError in tf.function and in a graph; invalid
+    arguments raise tf.errors.InvalidArgumentError (eagerly also a ValueError)."""
+    from hvdlite.common.exceptions import HvdliteMismatchError
+    r, n = hvd.rank(), hvd.size()
+    fpe = tf.errors.FailedPreconditionError
+    mismatches = {
+        "allreduce shape": lambda k: hvd.allreduce(tf.ones([2 + r]), name=f"err.shape{k}"),
+        "allgather dtype": lambda k: hvd.allgather(
+            tf.ones([2], tf.float32 if r == 0 else tf.float64), name=f"err.dtype{k}"),
+        "broadcast root": lambda k: hvd.broadcast(tf.ones([2]), r, name=f"err.root{k}"),
+        "reducescatter shape": lambda k: hvd.reducescatter(tf.ones([n, 1 + r]),
+                                                           name=f"err.rs{k}"),
+        "allreduce op": lambda k: hvd.allreduce(tf.ones([2]), op=hvd.Sum if r else hvd.Max,
+                                                name=f"err.op{k}"),
+    }
+    for what, call in mismatches.items():
+        exc = _raises(f"eager {what}", fpe, lambda: call(0))
+        assert isinstance(exc, HvdliteMismatchError), type(exc).__mro__
+        # a py_function passes no error code on but ValueError's and TypeError's: an
+        # OpError naming the tensor (see docs/coming_from_horovod.md)
+        exc = _raises(f"tf.function {what}", tf.errors.OpError,
+                      lambda: tf.function(lambda: call(1))())
+        assert "err." in exc.message and "1" in exc.message, exc.message
+        exc = _raises(f"graph {what}", tf.errors.OpError, lambda: _in_graph(lambda: call(2)))
+        assert "err." in exc.message, exc.message
+    invalid = {
+        "alltoall splits beyond the rows": lambda k: hvd.alltoall(
+            tf.ones([n, 2]), splits=[2] * n, name=f"err.splits{k}"),
+        "alltoall rows the size does not divide": lambda k: hvd.alltoall(
+            tf.ones([n + 1, 2]), name=f"err.even{k}"),
+        "broadcast root outside the job": lambda k: hvd.broadcast(tf.ones([2]), n,
+                                                                  name=f"err.badroot{k}"),
+    }
+    for what, call in invalid.items():
+        exc = _raises(f"eager {what}", (tf.errors.InvalidArgumentError, ValueError),
+                      lambda: call(0))
+        assert isinstance(exc, ValueError), type(exc).__mro__
+        assert isinstance(exc, tf.errors.InvalidArgumentError), type(exc).__mro__
+        _raises(f"tf.function {what}", tf.errors.InvalidArgumentError,
+                lambda: tf.function(lambda: call(1))())
+        _raises(f"graph {what}", tf.errors.InvalidArgumentError,
+                lambda: _in_graph(lambda: call(2)))
+    close("ops after the errors", hvd.allreduce(tf.ones([2]), op=hvd.Sum), [n, n])
+
+
 CASES = {
     "graph_fifty_collectives": check_graph_fifty_collectives,
     "graph_feeds_and_gradients": check_graph_feeds_and_gradients,
     "indexed_slices": check_indexed_slices,
+    "error_types": check_error_types,
 }
 
 if __name__ == "__main__":
