@@ -52,13 +52,14 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
     for i, v in enumerate(variables):
         value = mpi_ops._check(v.read_value() if hasattr(v, "read_value") else v,
                                f"broadcast_variables.{i}", "broadcast_variables")
+        [value], back = mpi_ops._carry([value], False)
         buf = mpi_ops.to_buffer(value)
         out = arrays.kind().clone(buf) if me == root_rank else mpi_ops._empty_like(buf)
         # ``value`` stays in ``pending``: the runtime reads its memory until the handle is done
-        pending.append((v, value, ops.broadcast_async(
+        pending.append((v, value, back, ops.broadcast_async(
             buf, out, root_rank, f"broadcast_variables.{i}", process_set)))
-    for v, _value, h in pending:
-        v.assign(mpi_ops.from_buffer(ops.synchronize(h)))
+    for v, _value, back, h in pending:
+        v.assign(back([mpi_ops.from_buffer(ops.synchronize(h))])[0])
     return None
 
 

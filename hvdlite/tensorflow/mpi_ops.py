@@ -86,7 +86,11 @@ _from_dlpack = tf.experimental.dlpack.from_dlpack
 
 # -- the crossing ----------------------------------------------------------------------------
 _SUPPORTED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32,
-              tf.int64, tf.uint8, tf.bool)
+              tf.int64, tf.uint8, tf.uint16, tf.bool)
+#: dtypes the runtime has no buffers for (Gloo and torch have no uint16 arithmetic), and what
+#: carries them: (for reductions, a wider integer that holds every value and wraps back the
+#: same; for data movement, a dtype of the same bits)
+_CARRIED = {tf.uint16: (tf.int32, tf.int16)}
 
 
 def _label(name) -> str:
@@ -107,6 +111,25 @@ def _check(t, name, what: str):
         raise TypeError(f"{what} of {_label(name)}: dtype {t.dtype.name} is not supported "
                         f"(supported: {', '.join(d.name for d in _SUPPORTED)})")
     return t
+
+
+def _carry(tensors, arithmetic: bool):
+    """``tensors`` in dtypes the runtime carries (see :data:`_CARRIED`), and the function
+    that turns a list of results back into the original dtypes."""
+    dtypes = [t.dtype for t in tensors]
+    if not any(d in _CARRIED for d in dtypes):
+        return list(tensors), list
+
+    def there(t):
+        if t.dtype not in _CARRIED:
+            return t
+        wide, bits = _CARRIED[t.dtype]
+        return tf.cast(t, wide) if arithmetic else tf.bitcast(t, bits)
+
+    def back(outs):
+        return [o if d not in _CARRIED else tf.cast(o, d) if arithmetic else tf.bitcast(o, d)
+                for o, d in zip(outs, dtypes)]
+    return [there(t) for t in tensors], back
 
 
 def to_buffer(t):
@@ -154,16 +177,21 @@ def _run(fn, inputs, touts, collective=None):
 #: (``cond_true_5120``, ``while_body_77``): it differs between ranks whose earlier code
 #: differed, so it is left out of op names
 _BRANCH_UID = re.compile(r"_(true|false|body|cond)_\d+$")
+#: the name of the placeholder standing for a captured eager tensor: its id
+_CAPTURE_ID = re.compile(r"\d+:\d+")
 
 
 def _graph_name(kind: str, t) -> str:
     """``<kind>.<graph>/<input tensor>``, made unique in the graph (several collectives may
     read one tensor) by the graph's own deterministic numbering.  A ``tf.cond`` /
     ``tf.while_loop`` branch is named without TensorFlow's process-wide counter; the name
-    scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart."""
+    scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart.  An eager tensor
+    a ``tf.function`` captured is named by its process-wide id, which differs between ranks:
+    it is called ``captured`` instead (the graph's numbering tells captures apart)."""
     graph = tf.compat.v1.get_default_graph()
     label = _BRANCH_UID.sub(r"_\1", getattr(graph, "name", "graph"))
-    return graph.unique_name(f"{kind}.{label}/{t.name}")
+    tensor = "captured" if _CAPTURE_ID.fullmatch(t.name) else t.name
+    return graph.unique_name(f"{kind}.{label}/{tensor}")
 
 
 def _name(kind: str, name, t):
@@ -333,11 +361,11 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if not tf.executing_eagerly() and name is None:
             name = _graph_name("allreduce", tensor.values)
         return _allreduce_sparse(tensor, name, rop, process_set)
-    tensor = _check(tensor, name, "allreduce")
+    [tensor], back = _carry([_check(tensor, name, "allreduce")], True)
     name = _name("allreduce", name, tensor)
-    [out] = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
+    out = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
         ts, name, False, rop, prescale_factor, postscale_factor, process_set))
-    return out
+    return back(out)[0]
 
 
 @_args(tensors=_ALLREDUCE_TENSORS)
@@ -372,7 +400,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if len(dense_at) < len(tensors):
         _check_sparse(rop, prescale_factor, postscale_factor, name)
-    dense = [_check(tensors[i], name, "grouped_allreduce") for i in dense_at]
+    dense, back = _carry([_check(tensors[i], name, "grouped_allreduce") for i in dense_at],
+                         True)
     out: list = [None] * len(tensors)
     if not tf.executing_eagerly() and name is None:
         first = dense[0] if dense else tensors[0].values
@@ -380,7 +409,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     if dense:
         reduced = _compressed(compression, dense, lambda ts: _allreduce_dense(
             ts, name, True, rop, prescale_factor, postscale_factor, process_set))
-        for i, r in zip(dense_at, reduced):
+        for i, r in zip(dense_at, back(reduced)):
             out[i] = r
     for i, t in enumerate(tensors):
         if out[i] is None:
@@ -459,8 +488,9 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
             allgather(tensor.values, _sub(name, "values"), process_set=process_set),
             allgather(tensor.indices, _sub(name, "indices"), process_set=process_set),
             dense_shape=tensor.dense_shape)
-    tensor = _check(tensor, name, "allgather")
-    return _allgather([tensor], _name("allgather", name, tensor), False, process_set)[0]
+    [tensor], back = _carry([_check(tensor, name, "allgather")], False)
+    return back(_allgather([tensor], _name("allgather", name, tensor), False,
+                           process_set))[0]
 
 
 @_args()
@@ -483,11 +513,11 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
-    tensors = [_check(t, name, "grouped_allgather") for t in tensors]
+    tensors, back = _carry([_check(t, name, "grouped_allgather") for t in tensors], False)
     if not tensors:
         return []
-    return _allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
-                      process_set)
+    return back(_allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
+                           process_set))
 
 
 # -- broadcast -------------------------------------------------------------------------------
@@ -522,7 +552,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
-    tensor = _check(tensor, name, "broadcast")
+    [tensor], back = _carry([_check(tensor, name, "broadcast")], False)
     name = _name("broadcast", name, tensor)
 
     def compute(x):
@@ -532,7 +562,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         return o
 
     if not _differentiable([tensor]):
-        return compute(tensor)
+        return back([compute(tensor)])[0]
 
     @tf.custom_gradient
     def op(x):
@@ -587,7 +617,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
-    tensor = _check(tensor, name, "alltoall")
+    [tensor], back = _carry([_check(tensor, name, "alltoall")], False)
     name = _name("alltoall", name, tensor)
     split_in = [] if splits is None else [tf.cast(tf.convert_to_tensor(splits), tf.int32)]
 
@@ -601,6 +631,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     if not _differentiable([tensor]):
         out, received = compute(tensor, *split_in)
+        [out] = back([out])
         return out if splits is None else (out, received)
 
     holder = {}
@@ -668,11 +699,10 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(None, op, name or "reducescatter")
-    tensor = _check(tensor, name, "reducescatter")
+    [tensor], back = _carry([_check(tensor, name, "reducescatter")], True)
     name = _name("reducescatter", name, tensor)
-    [out] = _compressed(compression, [tensor], lambda ts: _reducescatter(
-        ts, name, False, rop, prescale_factor, postscale_factor, process_set))
-    return out
+    return back(_compressed(compression, [tensor], lambda ts: _reducescatter(
+        ts, name, False, rop, prescale_factor, postscale_factor, process_set)))[0]
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM)
@@ -697,12 +727,12 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
-    tensors = [_check(t, name, "grouped_reducescatter") for t in tensors]
+    tensors, back = _carry([_check(t, name, "grouped_reducescatter") for t in tensors], True)
     if not tensors:
         return []
     name = _name("grouped_reducescatter", name, tensors[0])
-    return _compressed(compression, tensors, lambda ts: _reducescatter(
-        ts, name, True, rop, prescale_factor, postscale_factor, process_set))
+    return back(_compressed(compression, tensors, lambda ts: _reducescatter(
+        ts, name, True, rop, prescale_factor, postscale_factor, process_set)))
 
 
 # -- join, barrier ---------------------------------------------------------------------------

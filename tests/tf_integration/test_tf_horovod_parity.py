@@ -16,7 +16,8 @@ if importlib.util.find_spec("tensorflow") is None:
 
 WORKER = Path(__file__).resolve().parent / "workers" / "tf_horovod_parity.py"
 
-CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "indexed_slices", "error_types"]
+CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "indexed_slices", "error_types",
+         "dtypes"]
 #: the cases run again at np=3: where the order in which ranks run collectives matters, or
 #: a size that divides nothing evenly
 ORDER_CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "indexed_slices"]

@@ -297,11 +297,78 @@ def check_error_types():
     close("ops after the errors", hvd.allreduce(tf.ones([2]), op=hvd.Sum), [n, n])
 
 
+# -- dtypes ------------------------------------------------------------------------------------
+#: every dtype Horovod's TensorFlow ops accept (bool: not for arithmetic reductions)
+ALL_DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+              tf.bfloat16, tf.float32, tf.float64, tf.bool]
+
+
+def _ints(k, shape, dt, big=False):
+    """Rank k's input: small integers (or, ``big``, values near the top of uint16)."""
+    a = (np.arange(int(np.prod(shape))) % 3 + 1 + k).reshape(shape).astype(np.float64)
+    if big:
+        a = a + 65500
+    if dt == tf.bool:
+        return tf.constant(a % 2 == 0), a % 2 == 0
+    return tf.cast(tf.constant(a), dt), a
+
+
+def _dtype_ops(dt, r, n):
+    """Each collective on ``dt``: name -> (call, reference)."""
+    x, _ = _ints(r, (n, 3), dt)
+    every = np.stack([_ints(k, (n, 3), dt)[1] for k in range(n)]).astype(np.float64)
+    cases = {
+        "allgather": (lambda: hvd.allgather(x), np.concatenate(every)),
+        "grouped_allgather": (lambda: hvd.grouped_allgather([x, x])[1], np.concatenate(every)),
+        "broadcast": (lambda: hvd.broadcast(x, n - 1), every[n - 1]),
+        "alltoall": (lambda: hvd.alltoall(x), every[:, r]),
+        "allreduce max": (lambda: hvd.allreduce(x, op=hvd.Max), every.max(0)),
+        "allreduce min": (lambda: hvd.allreduce(x, op=hvd.Min), every.min(0)),
+    }
+    if dt == tf.bool:
+        return cases
+    cases.update({
+        "allreduce sum": (lambda: hvd.allreduce(x, op=hvd.Sum), every.sum(0)),
+        "grouped_allreduce sum": (lambda: hvd.grouped_allreduce([x, x], op=hvd.Sum)[0],
+                                  every.sum(0)),
+        "reducescatter sum": (lambda: hvd.reducescatter(x, op=hvd.Sum), every.sum(0)[r:r + 1]),
+        "grouped_reducescatter sum": (
+            lambda: hvd.grouped_reducescatter([x], op=hvd.Sum)[0], every.sum(0)[r:r + 1]),
+    })
+    if dt.is_floating:
+        cases["allreduce average"] = (lambda: hvd.allreduce(x), every.mean(0))
+    return cases
+
+
+def check_dtypes():
+    """Every collective on every dtype Horovod's TensorFlow ops accept (uint16 included),
+    eagerly and in tf.function: the dtype kept and the values right; uint16 beyond int16's
+    range too."""
+    r, n = hvd.rank(), hvd.size()
+    for dt in ALL_DTYPES:
+        for what, (call, want) in _dtype_ops(dt, r, n).items():
+            for mode, fn in (("eager", call), ("function", tf.function(call))):
+                got = fn()
+                assert got.dtype == dt, (mode, what, got.dtype, dt)
+                close(f"{mode} {what} {dt.name}", tf.cast(got, tf.float64), want,
+                      1e-2 if dt in (tf.float16, tf.bfloat16) else 0)
+    x, a = _ints(r, (n, 2), tf.uint16, big=True)
+    every = np.stack([_ints(k, (n, 2), tf.uint16, big=True)[1] for k in range(n)])
+    close("uint16 max beyond int16", hvd.allreduce(x, op=hvd.Max).numpy(), every.max(0))
+    close("uint16 allgather beyond int16", hvd.allgather(x).numpy(), np.concatenate(every))
+    close("uint16 sum wraps as uint16", hvd.allreduce(x, op=hvd.Sum).numpy(),
+          every.sum(0) % 65536)
+    v = tf.Variable(x)
+    hvd.broadcast_variables([v], root_rank=0)
+    close("uint16 broadcast_variables", v.numpy(), every[0])
+
+
 CASES = {
     "graph_fifty_collectives": check_graph_fifty_collectives,
     "graph_feeds_and_gradients": check_graph_feeds_and_gradients,
     "indexed_slices": check_indexed_slices,
     "error_types": check_error_types,
+    "dtypes": check_dtypes,
 }
 
 if __name__ == "__main__":
