@@ -13,7 +13,8 @@ from hvdlite.common import api_docs, arrays, basics, objects, ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import mpi_ops
 
-__all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_", "broadcast_object", "broadcast_object_fn",
+           "allgather_object"]
 
 #: the helpers' argument descriptions: the shared ones, and ``name`` as the objects use it
 _ARGS = {**api_docs.ARGS,
@@ -63,6 +64,29 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
     return None
 
 
+@_args(variables=_VARIABLES)
+def broadcast_(variables, root_rank: int, name: Optional[str] = None,
+               process_set=global_process_set):
+    """Horovod's in-place broadcast: assign ``root_rank``'s value to each of ``variables``.
+
+    Returns:
+        The variables eagerly; in a graph the list of their assign ops' values.
+
+    Raises:
+        TypeError: ``root_rank`` is not an int, or a variable's dtype is unsupported.
+        ValueError: ``root_rank`` is not a rank of ``process_set``.
+    """
+    variables = list(variables)
+    objects.check_root(root_rank, "broadcast_", process_set)
+    if tf.executing_eagerly():
+        broadcast_variables(variables, root_rank, process_set)
+        return variables
+    prefix = name or "broadcast_"
+    return [v.assign(mpi_ops.broadcast(v, root_rank, name=f"{prefix}.{i}",
+                                       process_set=process_set))
+            for i, v in enumerate(variables)]
+
+
 # --- objects ------------------------------------------------------------------------------
 @_args(obj="the object to send (only the root's matters).")
 def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
@@ -81,6 +105,21 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
         HvdliteAuthError: the payload failed verification, or the job has no key.
     """
     return objects.broadcast_object(obj, root_rank, name, process_set)
+
+
+@_args()
+def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = None,
+                        process_set=global_process_set):
+    """A function ``fn(obj)`` that returns ``root_rank``'s ``obj`` on every rank, as
+    Horovod's (which builds its graph once for repeated TF1 broadcasts): each call is a
+    :func:`broadcast_object`.
+
+    Returns:
+        The function; every rank of the set must call it, as often as the others.
+    """
+    def broadcast(obj=None):
+        return objects.broadcast_object(obj, root_rank, name, process_set)
+    return broadcast
 
 
 @_args(obj="this rank's object.")

@@ -38,7 +38,8 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
                                    mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                   rocm_built, shutdown, size)
+                                   rocm_built, shutdown, size, start_timeline,
+                                   stop_timeline)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
@@ -49,7 +50,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "gloo_enabled", "mpi_enabled", "gloo_built",
     "mpi_built", "mpi_threads_supported", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",

@@ -15,10 +15,15 @@ import tensorflow as tf
 from hvdlite.common.ops import Average
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import (Adasum, Compression, ProcessSet, Sum,  # noqa: F401
-                                add_process_set, allgather, allgather_object, allreduce,
-                                barrier, broadcast, broadcast_object, broadcast_variables,
-                                cross_rank, cross_size, init, is_initialized, join, local_rank,
-                                local_size, rank, remove_process_set, shutdown, size)
+                                SyncBatchNormalization, add_process_set, allgather,
+                                allgather_object, allreduce, barrier, broadcast,
+                                broadcast_object, broadcast_variables, ccl_built, cross_rank,
+                                cross_size, cuda_built, ddl_built, gloo_built,
+                                gloo_enabled, init, is_initialized, join,
+                                local_rank, local_size, mpi_built, mpi_enabled,
+                                mpi_threads_supported, nccl_built, rank, reducescatter,
+                                remove_process_set, rocm_built, shutdown, size,
+                                start_timeline, stop_timeline)
 from hvdlite.tensorflow.gradient_tape import reduce_gradients
 from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
 
@@ -26,7 +31,11 @@ __all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "e
            "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "is_initialized", "allreduce", "allgather", "broadcast", "join", "barrier",
            "broadcast_object", "allgather_object", "broadcast_variables", "Compression",
-           "Average", "Sum", "Adasum", "ProcessSet", "add_process_set", "remove_process_set"]
+           "Average", "Sum", "Adasum", "ProcessSet", "add_process_set", "remove_process_set",
+           "global_process_set", "reducescatter", "start_timeline", "stop_timeline",
+           "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+           "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+           "SyncBatchNormalization"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

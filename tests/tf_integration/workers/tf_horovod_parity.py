@@ -363,13 +363,208 @@ def check_dtypes():
     close("uint16 broadcast_variables", v.numpy(), every[0])
 
 
+# -- the public API ----------------------------------------------------------------------------
+#: every public name of ``horovod.tensorflow`` (Horovod 0.28's __init__.py, its imports and
+#: definitions; modules it imports only for itself, such as ``os`` and ``tf``, left out)
+HOROVOD_TF_NAMES = [
+    "elastic", "Compression", "allgather_object", "broadcast_object", "broadcast_object_fn",
+    "broadcast_variables", "allgather", "grouped_allgather", "broadcast", "broadcast_",
+    "alltoall", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline",
+    "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous",
+    "rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum",
+    "Adasum", "Min", "Max", "Product", "handle_average_backwards_compatibility",
+    "check_num_rank_power_of_2", "vars_to_refs", "refs_to_vars", "join",
+    "SyncBatchNormalization", "LocalGradientAggregationHelper",
+    "support_non_legacy_keras_optimizers", "allreduce", "reducescatter", "grouped_allreduce",
+    "grouped_reducescatter", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
+    "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape",
+]
+#: every public name of ``horovod.tensorflow.keras`` (the same source)
+HOROVOD_KERAS_NAMES = [
+    "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size",
+    "local_size", "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported",
+    "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set", "nccl_built", "ddl_built",
+    "ccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Compression", "callbacks",
+    "elastic", "DistributedOptimizer", "broadcast_global_variables", "allreduce",
+    "allgather", "broadcast", "reducescatter", "load_model",
+]
+#: names of Horovod's that hvdlite leaves out on purpose, and why
+EXCLUDED = {
+    "handle_average_backwards_compatibility": "Horovod's internal helper, imported into its "
+                                              "namespace; not API",
+    "check_num_rank_power_of_2": "Horovod's internal helper (Adasum's GPU check)",
+    "vars_to_refs": "Horovod's internal helper of its gradient grouping",
+    "refs_to_vars": "Horovod's internal helper of its gradient grouping",
+    "LocalGradientAggregationHelper": "Horovod's internal class behind "
+                                      "backward_passes_per_step",
+    "support_non_legacy_keras_optimizers": "Horovod's internal Keras 2 version check",
+    "load_model": "not yet: Keras 3 models re-compile with the wrapped optimizer "
+                  "(docs/coming_from_horovod.md)",
+}
+
+
+def check_public_names():
+    """Every public name of horovod.tensorflow and horovod.tensorflow.keras exists here
+    (hvdlite.keras too) or is excluded with a reason."""
+    import hvdlite.keras
+    import hvdlite.keras.callbacks
+    import hvdlite.tensorflow.keras as hvdk
+    for module, names in ((hvd, HOROVOD_TF_NAMES), (hvdk, HOROVOD_KERAS_NAMES),
+                          (hvdlite.keras, HOROVOD_KERAS_NAMES)):
+        missing = [n for n in names if n not in EXCLUDED and not hasattr(module, n)]
+        assert not missing, f"{module.__name__} lacks Horovod's {missing}"
+    assert hvdlite.keras.DistributedOptimizer is hvdk.DistributedOptimizer
+    assert hvdlite.keras.callbacks is hvdk.callbacks
+    assert hvdlite.keras.elastic.KerasState is hvdk.elastic.KerasState
+    for name in ("run", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
+                 "UpdateEpochStateCallback"):
+        assert hasattr(hvdk.elastic, name), f"hvdlite.tensorflow.keras.elastic.{name}"
+
+
+def check_info_ops():
+    """rank_op, size_op, local_rank_op, local_size_op and process_set_included_op: eager,
+    tf.function and TF1 graph values (the process-set forms too)."""
+    r, n = hvd.rank(), hvd.size()
+    want = [r, n, hvd.local_rank(), hvd.local_size(), n, int(r in PROCESS_SET.ranks),
+            len(PROCESS_SET.ranks)]
+    sid = PROCESS_SET.process_set_id
+
+    def build():
+        return [hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(), hvd.local_size_op(),
+                hvd.size_op(process_set_id=0), hvd.process_set_included_op(sid),
+                hvd.size_op(process_set_id=sid)]
+    for mode, got in (("eager", build()), ("function", tf.function(build)()),
+                      ("graph", _in_graph(build))):
+        got = [int(g) for g in got]
+        assert got == want, (mode, got, want)
+    for op in (hvd.rank_op(), hvd.size_op()):
+        assert op.dtype == tf.int32, op.dtype
+    _raises("size_op of an unknown set", ValueError, lambda: hvd.size_op(process_set_id=99))
+
+
+def check_partial_tape():
+    """PartialDistributedGradientTape: a local layer's gradients stay on the rank (divided by
+    the size), the others are averaged; register_local_source on a plain tape alike."""
+    import keras
+    r, n = hvd.rank(), hvd.size()
+    shared = keras.layers.Dense(2, kernel_initializer="ones", use_bias=False)
+    local = keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)
+    x = tf.fill([1, 3], float(r + 1))
+    shared(x), local(shared(x))
+
+    def grads(make):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(local(shared(x)))
+        tape = make(tape)
+        return tape.gradient(loss, shared.trainable_weights + local.trainable_weights)
+
+    def plain(tape):
+        out = hvd.DistributedGradientTape(tape)
+        for w in local.trainable_weights:
+            out.register_local_source(w)
+        return out
+    own = grads(lambda t: t)
+    every = [np.asarray(g) * 0 for g in own]
+    for k in range(n):      # rank k's gradients: x = k + 1 everywhere, so linear in k + 1
+        every = [e + np.asarray(g) * (k + 1) / (r + 1) for e, g in zip(every, own)]
+    for what, make in (("partial", lambda t: hvd.PartialDistributedGradientTape(
+            t, local_layers=[local])), ("register_local_source", plain)):
+        got = grads(make)
+        close(f"{what}: shared kernel averaged", got[0], every[0] / n, 1e-6)
+        close(f"{what}: local kernel kept, divided by the size", got[1],
+              np.asarray(own[1]) / n, 1e-6)
+    _raises("a local layer that is not a layer", ValueError,
+            lambda: hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[1]))
+
+
+def check_sync_batch_norm():
+    """SyncBatchNormalization on ranks with different batches equals BatchNormalization on
+    the joined batch: outputs, input gradients and moving statistics."""
+    import keras
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.RandomState(0)
+    batches = [rng.normal(size=(k + 2, 3)).astype(np.float32) * (k + 1) for k in range(n)]
+    full = np.concatenate(batches)
+    start = sum(len(b) for b in batches[:r])
+    sync = hvd.SyncBatchNormalization(momentum=0.5, epsilon=1e-3)
+    ref = keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3)
+    mine, whole = tf.constant(batches[r]), tf.constant(full)
+    for mode in ("eager", "function"):
+        with tf.GradientTape() as tape:
+            tape.watch(mine)
+            out = sync(mine, training=True) if mode == "eager" else \
+                tf.function(lambda v: sync(v, training=True))(mine)
+            loss = tf.reduce_sum(out * out * float(r + 1))
+        g = tape.gradient(loss, mine)
+        with tf.GradientTape() as tape:
+            tape.watch(whole)
+            ref_out = ref(whole, training=True)
+            weights = np.concatenate([np.full((len(b), 1), k + 1.0)
+                                      for k, b in enumerate(batches)])
+            ref_loss = tf.reduce_sum(ref_out * ref_out * weights)
+        ref_g = tape.gradient(ref_loss, whole)
+        rows = slice(start, start + len(batches[r]))
+        close(f"{mode} SyncBatchNormalization output", out, ref_out.numpy()[rows], 1e-4)
+        # the statistics' Sum-allreduce sends every rank's loss gradient back: this rank's
+        # rows of the gradient of the sum of the ranks' losses
+        close(f"{mode} SyncBatchNormalization input gradient", g, ref_g.numpy()[rows], 1e-3)
+        close(f"{mode} moving mean", sync.moving_mean, ref.moving_mean, 1e-5)
+        close(f"{mode} moving variance", sync.moving_variance, ref.moving_variance, 1e-4)
+    _raises("synchronized=True", ValueError,
+            lambda: hvd.SyncBatchNormalization(synchronized=True))
+
+
+def check_tf1_api():
+    """The TF1 API in a session: BroadcastGlobalVariablesHook, DistributedOptimizer's
+    minimize (averaged gradients), broadcast_ and broadcast_object_fn."""
+    r, n = hvd.rank(), hvd.size()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 1])
+        w = tf.Variable([[float(r + 1)]])
+        loss = tf.reduce_sum(x * w)
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0))
+        train = opt.minimize(loss, var_list=[w])
+        hook = hvd.BroadcastGlobalVariablesHook(0)
+        hook.begin()
+        z = tf.Variable([float(r)])
+        inplace = hvd.broadcast_([z], n - 1)
+        init = v1.global_variables_initializer()
+    with session(graph) as s:
+        s.run(init)
+        hook.after_create_session(s, None)
+        close("after the hook", s.run(w), [[1.0]])
+        s.run(train, {x: np.full((r + 1, 1), 1.0, np.float32)})
+        mean_rows = sum(k + 1 for k in range(n)) / n
+        close("after an averaged step", s.run(w), [[1.0 - mean_rows]], 1e-6)
+        s.run(inplace)
+        close("broadcast_ in a graph", s.run(z), [n - 1.0])
+    _raises("broadcast_global_variables eagerly", RuntimeError,
+            lambda: hvd.broadcast_global_variables(0))
+    v = tf.Variable([float(r)])
+    assert hvd.broadcast_([v], 0)[0] is v
+    close("broadcast_ eagerly", v, [0.0])
+    fn = hvd.broadcast_object_fn(root_rank=n - 1)
+    assert fn({"r": r}) == {"r": n - 1} and fn(r) == n - 1
+
+
 CASES = {
     "graph_fifty_collectives": check_graph_fifty_collectives,
     "graph_feeds_and_gradients": check_graph_feeds_and_gradients,
     "indexed_slices": check_indexed_slices,
     "error_types": check_error_types,
     "dtypes": check_dtypes,
+    "public_names": check_public_names,
+    "info_ops": check_info_ops,
+    "partial_tape": check_partial_tape,
+    "sync_batch_norm": check_sync_batch_norm,
+    "tf1_api": check_tf1_api,
 }
 
 if __name__ == "__main__":
-    run_cases(hvd, CASES, set(sys.argv[1:]) or None)
+    PROCESS_SET = hvd.ProcessSet([0])
+    run_cases(hvd, CASES, set(sys.argv[1:]) or None, process_sets=[PROCESS_SET])
