@@ -15,17 +15,19 @@ import tensorflow as tf
 from hvdlite.common.ops import Average
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import (Adasum, Compression, ProcessSet, Sum,  # noqa: F401
-                                SyncBatchNormalization, add_process_set, allgather,
-                                allgather_object, allreduce, barrier, broadcast,
+                                SyncBatchNormalization, add_process_set,
+                                allgather_object, barrier,
                                 broadcast_object, broadcast_variables, ccl_built, cross_rank,
                                 cross_size, cuda_built, ddl_built, gloo_built,
                                 gloo_enabled, init, is_initialized, join,
                                 local_rank, local_size, mpi_built, mpi_enabled,
-                                mpi_threads_supported, nccl_built, rank, reducescatter,
+                                mpi_threads_supported, nccl_built, rank,
                                 remove_process_set, rocm_built, shutdown, size,
                                 start_timeline, stop_timeline)
 from hvdlite.tensorflow.gradient_tape import reduce_gradients
 from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
+from hvdlite.tensorflow.keras.collectives import (allgather, allreduce,  # noqa: F401
+                                                  broadcast, reducescatter)
 
 __all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "elastic", "init",
            "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",

@@ -407,6 +407,15 @@ EXCLUDED = {
 }
 
 
+#: Horovod's Keras collectives take a value and the name second
+KERAS_SIGNATURES = {
+    "allreduce": ["value", "name", "average", "prescale_factor", "postscale_factor", "op",
+                  "compression"],
+    "allgather": ["value", "name"], "broadcast": ["value", "root_rank", "name"],
+    "reducescatter": ["value", "name", "op"],
+}
+
+
 def check_public_names():
     """Every public name of horovod.tensorflow and horovod.tensorflow.keras exists here
     (hvdlite.keras too) or is excluded with a reason."""
@@ -423,6 +432,16 @@ def check_public_names():
     for name in ("run", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
                  "UpdateEpochStateCallback"):
         assert hasattr(hvdk.elastic, name), f"hvdlite.tensorflow.keras.elastic.{name}"
+    import inspect
+    for fn, want in KERAS_SIGNATURES.items():
+        got = list(inspect.signature(getattr(hvdk, fn)).parameters)
+        assert got == want, f"hvdlite.tensorflow.keras.{fn}: {got}, Horovod's: {want}"
+    r, n = hvd.rank(), hvd.size()
+    close("keras allreduce of a list", hvdk.allreduce([1.0, r], "keras.ar", op=hvd.Sum),
+          [n, sum(range(n))])
+    close("keras allgather", hvdk.allgather([[r]], "keras.ag"), [[k] for k in range(n)])
+    close("keras broadcast", hvdk.broadcast([r], n - 1, "keras.bc"), [n - 1])
+    close("keras reducescatter", hvdk.reducescatter([[1.0]] * n, "keras.rs", hvd.Sum), [[n]])
 
 
 def check_info_ops():
