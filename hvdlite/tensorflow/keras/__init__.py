@@ -37,7 +37,7 @@ __all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "e
            "global_process_set", "reducescatter", "start_timeline", "stop_timeline",
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
            "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
-           "SyncBatchNormalization"]
+           "SyncBatchNormalization", "load_model"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -181,3 +181,35 @@ def broadcast_global_variables(root_rank, model=None):
         raise ValueError("broadcast_global_variables: Keras 3 has no global variable "
                          "collection; pass model=")
     callbacks.broadcast_model(model, root_rank)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
+    """Load a saved Keras model and wrap its optimizer in ``DistributedOptimizer``, keeping
+    the optimizer's state (iterations, slots), so that training resumes where it stopped.
+
+    A model saved with a ``DistributedOptimizer`` stores its base optimizer (the wrapper
+    keeps the class's name and module), so any saved model loads.
+
+    Args:
+        filepath: the saved model (a ``.keras`` file or what ``keras.models.load_model``
+            takes).
+        custom_optimizers: optimizer classes of your own the file refers to.
+        custom_objects: other custom classes or functions, by name.
+        compression: ``hvd.Compression.fp16`` to send floating-point gradients as float16.
+
+    Returns:
+        The model; compiled models get the wrapped optimizer.
+    """
+    objects = dict(custom_objects or {})
+    objects.update({cls.__name__: cls for cls in custom_optimizers or ()})
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    saved = getattr(model, "optimizer", None)
+    if saved is None or getattr(saved, "_hvdlite_distributed", False):
+        return model
+    wrapped = DistributedOptimizer(saved, compression=compression)
+    if saved.built:
+        wrapped.build(model.trainable_variables)
+        for mine, theirs in zip(wrapped.variables, saved.variables):
+            mine.assign(theirs)
+    model.optimizer = wrapped
+    return model
