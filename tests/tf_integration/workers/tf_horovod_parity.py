@@ -381,6 +381,7 @@ HOROVOD_TF_NAMES = [
     "support_non_legacy_keras_optimizers", "allreduce", "reducescatter", "grouped_allreduce",
     "grouped_reducescatter", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
     "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "util",
 ]
 #: every public name of ``horovod.tensorflow.keras`` (the same source)
 HOROVOD_KERAS_NAMES = [
@@ -402,6 +403,7 @@ EXCLUDED = {
     "LocalGradientAggregationHelper": "Horovod's internal class behind "
                                       "backward_passes_per_step",
     "support_non_legacy_keras_optimizers": "Horovod's internal Keras 2 version check",
+    "util": "Horovod's module of internal helpers (_executing_eagerly, _cache, ...)",
 }
 
 
