@@ -13,7 +13,8 @@ from hvdlite.common import api_docs, arrays, basics, objects, ops
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import mpi_ops
 
-__all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_", "broadcast_object", "broadcast_object_fn",
+           "allgather_object"]
 
 #: the helpers' argument descriptions: the shared ones, and ``name`` as the objects use it
 _ARGS = {**api_docs.ARGS,
@@ -52,14 +53,38 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
     for i, v in enumerate(variables):
         value = mpi_ops._check(v.read_value() if hasattr(v, "read_value") else v,
                                f"broadcast_variables.{i}", "broadcast_variables")
+        [value], back = mpi_ops._carry([value], False)
         buf = mpi_ops.to_buffer(value)
         out = arrays.kind().clone(buf) if me == root_rank else mpi_ops._empty_like(buf)
         # ``value`` stays in ``pending``: the runtime reads its memory until the handle is done
-        pending.append((v, value, ops.broadcast_async(
+        pending.append((v, value, back, ops.broadcast_async(
             buf, out, root_rank, f"broadcast_variables.{i}", process_set)))
-    for v, _value, h in pending:
-        v.assign(mpi_ops.from_buffer(ops.synchronize(h)))
+    for v, _value, back, h in pending:
+        v.assign(back([mpi_ops.from_buffer(ops.synchronize(h))])[0])
     return None
+
+
+@_args(variables=_VARIABLES)
+def broadcast_(variables, root_rank: int, name: Optional[str] = None,
+               process_set=global_process_set):
+    """Horovod's in-place broadcast: assign ``root_rank``'s value to each of ``variables``.
+
+    Returns:
+        The variables eagerly; in a graph the list of their assign ops' values.
+
+    Raises:
+        TypeError: ``root_rank`` is not an int, or a variable's dtype is unsupported.
+        ValueError: ``root_rank`` is not a rank of ``process_set``.
+    """
+    variables = list(variables)
+    objects.check_root(root_rank, "broadcast_", process_set)
+    if tf.executing_eagerly():
+        broadcast_variables(variables, root_rank, process_set)
+        return variables
+    prefix = name or "broadcast_"
+    return [v.assign(mpi_ops.broadcast(v, root_rank, name=f"{prefix}.{i}",
+                                       process_set=process_set))
+            for i, v in enumerate(variables)]
 
 
 # --- objects ------------------------------------------------------------------------------
@@ -80,6 +105,21 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
         HvdliteAuthError: the payload failed verification, or the job has no key.
     """
     return objects.broadcast_object(obj, root_rank, name, process_set)
+
+
+@_args()
+def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = None,
+                        process_set=global_process_set):
+    """A function ``fn(obj)`` that returns ``root_rank``'s ``obj`` on every rank, as
+    Horovod's (which builds its graph once for repeated TF1 broadcasts): each call is a
+    :func:`broadcast_object`.
+
+    Returns:
+        The function; every rank of the set must call it, as often as the others.
+    """
+    def broadcast(obj=None):
+        return objects.broadcast_object(obj, root_rank, name, process_set)
+    return broadcast
 
 
 @_args(obj="this rank's object.")

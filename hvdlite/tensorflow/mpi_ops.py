@@ -16,7 +16,8 @@ module only does what is TensorFlow's own:
   dependencies run them in program order on every rank.  An unnamed op gets its name when it
   is traced, from the graph's name and the input tensor's name, made unique by the graph's
   numbering (the same on every rank that traces the same program), as Horovod names its
-  graph ops.
+  graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) nothing orders the nodes, so
+  :mod:`hvdlite.tensorflow.graph_order` chains them into one order that every rank shares.
 * **Gradients** (``tf.custom_gradient``) are Horovod's registered TensorFlow gradients (and
   ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
   this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
@@ -37,16 +38,19 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
                                    mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                   rocm_built, shutdown, size)
+                                   rocm_built, shutdown, size, start_timeline,
+                                   stop_timeline)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
+from hvdlite.tensorflow import graph_order
+from hvdlite.tensorflow.errors import as_tf_errors
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "gloo_enabled", "mpi_enabled", "gloo_built",
     "mpi_built", "mpi_threads_supported", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
@@ -83,7 +87,11 @@ _from_dlpack = tf.experimental.dlpack.from_dlpack
 
 # -- the crossing ----------------------------------------------------------------------------
 _SUPPORTED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32,
-              tf.int64, tf.uint8, tf.bool)
+              tf.int64, tf.uint8, tf.uint16, tf.bool)
+#: dtypes the runtime has no buffers for (Gloo and torch have no uint16 arithmetic), and what
+#: carries them: (for reductions, a wider integer that holds every value and wraps back the
+#: same; for data movement, a dtype of the same bits)
+_CARRIED = {tf.uint16: (tf.int32, tf.int16)}
 
 
 def _label(name) -> str:
@@ -104,6 +112,25 @@ def _check(t, name, what: str):
         raise TypeError(f"{what} of {_label(name)}: dtype {t.dtype.name} is not supported "
                         f"(supported: {', '.join(d.name for d in _SUPPORTED)})")
     return t
+
+
+def _carry(tensors, arithmetic: bool):
+    """``tensors`` in dtypes the runtime carries (see :data:`_CARRIED`), and the function
+    that turns a list of results back into the original dtypes."""
+    dtypes = [t.dtype for t in tensors]
+    if not any(d in _CARRIED for d in dtypes):
+        return list(tensors), list
+
+    def there(t):
+        if t.dtype not in _CARRIED:
+            return t
+        wide, bits = _CARRIED[t.dtype]
+        return tf.cast(t, wide) if arithmetic else tf.bitcast(t, bits)
+
+    def back(outs):
+        return [o if d not in _CARRIED else tf.cast(o, d) if arithmetic else tf.bitcast(o, d)
+                for o, d in zip(outs, dtypes)]
+    return [there(t) for t in tensors], back
 
 
 def to_buffer(t):
@@ -136,27 +163,36 @@ def _empty_like(b):
 
 
 # -- eager or graph --------------------------------------------------------------------------
-def _run(fn, inputs, touts):
-    """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list."""
+def _run(fn, inputs, touts, collective=None):
+    """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list.
+    ``collective``: the name of the collective ``fn`` runs, which places the node in its
+    TF1 graph's one order of collectives (:mod:`hvdlite.tensorflow.graph_order`)."""
     if tf.executing_eagerly():
         return list(fn(*inputs))
-    return list(tf.py_function(fn, list(inputs), list(touts)))
+    if collective is None:
+        return list(tf.py_function(fn, list(inputs), list(touts)))
+    return list(graph_order.ordered_py_function(fn, list(inputs), list(touts), collective))
 
 
 #: the process-wide counter TensorFlow appends to a control-flow branch's graph name
 #: (``cond_true_5120``, ``while_body_77``): it differs between ranks whose earlier code
 #: differed, so it is left out of op names
 _BRANCH_UID = re.compile(r"_(true|false|body|cond)_\d+$")
+#: the name of the placeholder standing for a captured eager tensor: its id
+_CAPTURE_ID = re.compile(r"\d+:\d+")
 
 
 def _graph_name(kind: str, t) -> str:
     """``<kind>.<graph>/<input tensor>``, made unique in the graph (several collectives may
     read one tensor) by the graph's own deterministic numbering.  A ``tf.cond`` /
     ``tf.while_loop`` branch is named without TensorFlow's process-wide counter; the name
-    scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart."""
+    scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart.  An eager tensor
+    a ``tf.function`` captured is named by its process-wide id, which differs between ranks:
+    it is called ``captured`` instead (the graph's numbering tells captures apart)."""
     graph = tf.compat.v1.get_default_graph()
     label = _BRANCH_UID.sub(r"_\1", getattr(graph, "name", "graph"))
-    return graph.unique_name(f"{kind}.{label}/{t.name}")
+    tensor = "captured" if _CAPTURE_ID.fullmatch(t.name) else t.name
+    return graph.unique_name(f"{kind}.{label}/{tensor}")
 
 
 def _name(kind: str, name, t):
@@ -180,9 +216,13 @@ except ImportError:                       # pragma: no cover
 
 def _scaled_by_size(t, process_set, power: int):
     """``t * size**power`` with the set's size read when the op runs, not when it is traced
-    (an elastic job's size changes under a traced ``tf.function``)."""
+    (an elastic job's size changes under a traced ``tf.function``).  Integers are scaled
+    in float64 and truncated toward zero, as the runtime scales them, keeping the dtype."""
     def fn(v):
-        return [v * tf.cast(float(ops.process_set_size(process_set)) ** power, v.dtype)]
+        factor = float(ops.process_set_size(process_set)) ** power
+        if v.dtype.is_floating:
+            return [v * tf.cast(factor, v.dtype)]
+        return [tf.cast(tf.cast(v, tf.float64) * factor, v.dtype)]
     [out] = _run(fn, [t], [t.dtype])
     out.set_shape(t.shape)
     return out
@@ -196,13 +236,13 @@ def _differentiable(tensors) -> bool:
     return any(t.dtype.is_floating for t in tensors)
 
 
-def _collective(tensors, forward, shape_of, backward):
+def _collective(tensors, name, forward, shape_of, backward):
     """``forward(*xs)`` (eager, on the runtime) as one node whose outputs get
     ``shape_of(x)``; differentiable through ``backward(xs, outs, dys)`` (missing output
     gradients are zeros) when :func:`_differentiable` says so."""
 
     def compute(*xs):
-        outs = _run(forward, xs, [x.dtype for x in xs])
+        outs = _run(forward, xs, [x.dtype for x in xs], name)
         for o, x in zip(outs, xs):
             o.set_shape(shape_of(x))
         return outs
@@ -228,6 +268,7 @@ def _rows_shape(x):
 
 
 # -- allreduce -------------------------------------------------------------------------------
+@as_tf_errors
 def _allreduce_eager(tensors, name, grouped, rop, pre, post, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     outs = [_empty_like(b) for b in bufs]
@@ -250,14 +291,27 @@ def _allreduce_dense(tensors, name, grouped, rop, pre, post, process_set):
         return _allreduce_dense(dys, _sub(name, "grad"), grouped, rop, pre, post,
                                 process_set)
 
-    return _collective(tensors, forward, lambda x: x.shape, backward)
+    return _collective(tensors, name, forward, lambda x: x.shape, backward)
+
+
+def _check_sparse(rop, pre, post, name):
+    """What Horovod refuses for ``tf.IndexedSlices``, refused with its exception type.
+
+    Raises:
+        NotImplementedError: an op other than Sum or Average, or a scale factor.
+    """
+    if rop not in (Average, Sum):
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices {_label(name)}: only hvd.Sum and hvd.Average are "
+            f"supported with tf.IndexedSlices (or densify with sparse_as_dense=True)")
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices {_label(name)}: prescale_factor and "
+            f"postscale_factor are not supported with tf.IndexedSlices")
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
     """Horovod's sparse allreduce: allgather the values and indices (Average divides)."""
-    if rop not in (Average, Sum):
-        raise ValueError(f"allreduce of IndexedSlices {_label(name)}: only hvd.Average and "
-                         f"hvd.Sum are supported (or densify with sparse_as_dense=True)")
     values = allgather(slices.values, name=_sub(name, "values"), process_set=process_set)
     indices = allgather(slices.indices, name=_sub(name, "indices"), process_set=process_set)
     if rop == Average:
@@ -292,21 +346,27 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
+            with a scale factor (as Horovod).
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(average, op, name or "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
+        _check_sparse(rop, prescale_factor, postscale_factor, name)
         if not tf.executing_eagerly() and name is None:
             name = _graph_name("allreduce", tensor.values)
         return _allreduce_sparse(tensor, name, rop, process_set)
-    tensor = _check(tensor, name, "allreduce")
+    [tensor], back = _carry([_check(tensor, name, "allreduce")], True)
     name = _name("allreduce", name, tensor)
-    [out] = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
+    out = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
         ts, name, False, rop, prescale_factor, postscale_factor, process_set))
-    return out
+    return back(out)[0]
 
 
 @_args(tensors=_ALLREDUCE_TENSORS)
@@ -324,8 +384,13 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
+            with a scale factor (as Horovod).
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -334,7 +399,10 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         return []
     rop = ops.reduce_op(average, op, name or "grouped_allreduce")
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
-    dense = [_check(tensors[i], name, "grouped_allreduce") for i in dense_at]
+    if len(dense_at) < len(tensors):
+        _check_sparse(rop, prescale_factor, postscale_factor, name)
+    dense, back = _carry([_check(tensors[i], name, "grouped_allreduce") for i in dense_at],
+                         True)
     out: list = [None] * len(tensors)
     if not tf.executing_eagerly() and name is None:
         first = dense[0] if dense else tensors[0].values
@@ -342,7 +410,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     if dense:
         reduced = _compressed(compression, dense, lambda ts: _allreduce_dense(
             ts, name, True, rop, prescale_factor, postscale_factor, process_set))
-        for i, r in zip(dense_at, reduced):
+        for i, r in zip(dense_at, back(reduced)):
             out[i] = r
     for i, t in enumerate(tensors):
         if out[i] is None:
@@ -351,6 +419,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 
 
 # -- allgather -------------------------------------------------------------------------------
+@as_tf_errors
 def _allgather_eager(tensors, name, grouped, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     for b, t in zip(bufs, tensors):
@@ -383,12 +452,12 @@ def _allgather(tensors, name, grouped, process_set):
             return [s[int(o):int(o) + int(n)]
                     for s, o, n in zip(summed, offsets, allrows[me])]
 
-        res = _run(gradients, [rows] + dys, [x.dtype for x in xs])
+        res = _run(gradients, [rows] + dys, [x.dtype for x in xs], _sub(name, "grad"))
         for r, x in zip(res, xs):
             r.set_shape(x.shape)
         return res
 
-    return _collective(tensors, forward, _rows_shape, backward)
+    return _collective(tensors, name, forward, _rows_shape, backward)
 
 
 @_args(tensor=_ALLGATHER_TENSOR)
@@ -405,8 +474,11 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``tensor`` is a scalar, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
@@ -417,8 +489,9 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
             allgather(tensor.values, _sub(name, "values"), process_set=process_set),
             allgather(tensor.indices, _sub(name, "indices"), process_set=process_set),
             dense_shape=tensor.dense_shape)
-    tensor = _check(tensor, name, "allgather")
-    return _allgather([tensor], _name("allgather", name, tensor), False, process_set)[0]
+    [tensor], back = _carry([_check(tensor, name, "allgather")], False)
+    return back(_allgather([tensor], _name("allgather", name, tensor), False,
+                           process_set))[0]
 
 
 @_args()
@@ -433,19 +506,23 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: an input is a scalar, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
-    tensors = [_check(t, name, "grouped_allgather") for t in tensors]
+    tensors, back = _carry([_check(t, name, "grouped_allgather") for t in tensors], False)
     if not tensors:
         return []
-    return _allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
-                      process_set)
+    return back(_allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
+                           process_set))
 
 
 # -- broadcast -------------------------------------------------------------------------------
+@as_tf_errors
 def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
     buf = to_buffer(t)
     out = arrays.kind().clone(buf) if rank() == root_rank else _empty_like(buf)
@@ -468,22 +545,25 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``root_rank`` is not a member of ``process_set``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
-    tensor = _check(tensor, name, "broadcast")
+    [tensor], back = _carry([_check(tensor, name, "broadcast")], False)
     name = _name("broadcast", name, tensor)
 
     def compute(x):
         [o] = _run(lambda v: [_broadcast_eager(v, root_rank, name, process_set)], [x],
-                   [x.dtype])
+                   [x.dtype], name)
         o.set_shape(x.shape)
         return o
 
     if not _differentiable([tensor]):
-        return compute(tensor)
+        return back([compute(tensor)])[0]
 
     @tf.custom_gradient
     def op(x):
@@ -492,7 +572,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
                 [s] = _allreduce_eager([g], _sub(name, "grad"), False, Average, 1.0, 1.0,
                                        process_set)
                 return [s if rank() == root_rank else tf.zeros_like(s)]
-            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype])
+            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype], _sub(name, "grad"))
             s.set_shape(x.shape)
             return s
         return compute(x), grad
@@ -501,6 +581,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
+@as_tf_errors
 def _alltoall_eager(t, splits, name, process_set):
     buf = to_buffer(t)
     if len(buf.shape) == 0:
@@ -529,25 +610,29 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
             allreduce takes one).
         ValueError: ``tensor`` is a scalar, ``splits`` does not fit the first dimension
             (``None``: the set's size must divide it), or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
-    tensor = _check(tensor, name, "alltoall")
+    [tensor], back = _carry([_check(tensor, name, "alltoall")], False)
     name = _name("alltoall", name, tensor)
     split_in = [] if splits is None else [tf.cast(tf.convert_to_tensor(splits), tf.int32)]
 
     def compute(x, *sp):
         out, received = _run(
             lambda v, *s: _alltoall_eager(v, s[0] if s else None, name, process_set),
-            [x, *sp], [x.dtype, tf.int32])
+            [x, *sp], [x.dtype, tf.int32], name)
         out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         received.set_shape([None])
         return out, received
 
     if not _differentiable([tensor]):
         out, received = compute(tensor, *split_in)
+        [out] = back([out])
         return out if splits is None else (out, received)
 
     holder = {}
@@ -560,7 +645,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         def grad(dy, _unused=None):
             [back, _] = _run(
                 lambda g, s: _alltoall_eager(g, s, _sub(name, "grad"), process_set),
-                [tf.convert_to_tensor(dy), received], [x.dtype, tf.int32])
+                [tf.convert_to_tensor(dy), received], [x.dtype, tf.int32], _sub(name, "grad"))
             back.set_shape(x.shape)
             return back
         return (out, tf.stop_gradient(received)), grad
@@ -570,6 +655,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
 
 def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
+    @as_tf_errors
     def forward(*xs):
         bufs = [to_buffer(x) for x in xs]
         res = ops.synchronize(ops.reducescatter_async(bufs, rop, name, grouped, pre, post,
@@ -585,7 +671,7 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
             gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
         return gathered
 
-    return _collective(tensors, forward, _rows_shape, backward)
+    return _collective(tensors, name, forward, _rows_shape, backward)
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM)
@@ -605,17 +691,19 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(None, op, name or "reducescatter")
-    tensor = _check(tensor, name, "reducescatter")
+    [tensor], back = _carry([_check(tensor, name, "reducescatter")], True)
     name = _name("reducescatter", name, tensor)
-    [out] = _compressed(compression, [tensor], lambda ts: _reducescatter(
-        ts, name, False, rop, prescale_factor, postscale_factor, process_set))
-    return out
+    return back(_compressed(compression, [tensor], lambda ts: _reducescatter(
+        ts, name, False, rop, prescale_factor, postscale_factor, process_set)))[0]
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM)
@@ -631,18 +719,21 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
         TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
             allreduce takes one).
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
+        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
+            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
+            the ``py_function``'s ``OpError``).
+        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
+            (eagerly also a ``ValueError``).
         HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
             inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
-    tensors = [_check(t, name, "grouped_reducescatter") for t in tensors]
+    tensors, back = _carry([_check(t, name, "grouped_reducescatter") for t in tensors], True)
     if not tensors:
         return []
     name = _name("grouped_reducescatter", name, tensors[0])
-    return _compressed(compression, tensors, lambda ts: _reducescatter(
-        ts, name, True, rop, prescale_factor, postscale_factor, process_set))
+    return back(_compressed(compression, tensors, lambda ts: _reducescatter(
+        ts, name, True, rop, prescale_factor, postscale_factor, process_set)))
 
 
 # -- join, barrier ---------------------------------------------------------------------------
@@ -659,7 +750,8 @@ def join() -> int:
         HvdliteInternalError: the runtime stopped before every rank joined.
     """
     if not tf.executing_eagerly():
-        return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32])[0]
+        return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32],
+                    tf.compat.v1.get_default_graph().unique_name("join"))[0]
     return ops.join()
 
 
@@ -677,5 +769,6 @@ def barrier(process_set=global_process_set) -> None:
         def fn():
             ops.barrier(process_set)
             return [tf.constant(0, tf.int32)]
-        return _run(fn, [], [tf.int32])[0]
+        return _run(fn, [], [tf.int32],
+                    tf.compat.v1.get_default_graph().unique_name("barrier"))[0]
     ops.barrier(process_set)

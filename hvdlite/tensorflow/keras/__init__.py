@@ -15,18 +15,29 @@ import tensorflow as tf
 from hvdlite.common.ops import Average
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import (Adasum, Compression, ProcessSet, Sum,  # noqa: F401
-                                add_process_set, allgather, allgather_object, allreduce,
-                                barrier, broadcast, broadcast_object, broadcast_variables,
-                                cross_rank, cross_size, init, is_initialized, join, local_rank,
-                                local_size, rank, remove_process_set, shutdown, size)
+                                SyncBatchNormalization, add_process_set,
+                                allgather_object, barrier,
+                                broadcast_object, broadcast_variables, ccl_built, cross_rank,
+                                cross_size, cuda_built, ddl_built, gloo_built,
+                                gloo_enabled, init, is_initialized, join,
+                                local_rank, local_size, mpi_built, mpi_enabled,
+                                mpi_threads_supported, nccl_built, rank,
+                                remove_process_set, rocm_built, shutdown, size,
+                                start_timeline, stop_timeline)
 from hvdlite.tensorflow.gradient_tape import reduce_gradients
 from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
+from hvdlite.tensorflow.keras.collectives import (allgather, allreduce,  # noqa: F401
+                                                  broadcast, reducescatter)
 
 __all__ = ["DistributedOptimizer", "broadcast_global_variables", "callbacks", "elastic", "init",
            "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
            "is_initialized", "allreduce", "allgather", "broadcast", "join", "barrier",
            "broadcast_object", "allgather_object", "broadcast_variables", "Compression",
-           "Average", "Sum", "Adasum", "ProcessSet", "add_process_set", "remove_process_set"]
+           "Average", "Sum", "Adasum", "ProcessSet", "add_process_set", "remove_process_set",
+           "global_process_set", "reducescatter", "start_timeline", "stop_timeline",
+           "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+           "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+           "SyncBatchNormalization", "load_model"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -170,3 +181,35 @@ def broadcast_global_variables(root_rank, model=None):
         raise ValueError("broadcast_global_variables: Keras 3 has no global variable "
                          "collection; pass model=")
     callbacks.broadcast_model(model, root_rank)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
+    """Load a saved Keras model and wrap its optimizer in ``DistributedOptimizer``, keeping
+    the optimizer's state (iterations, slots), so that training resumes where it stopped.
+
+    A model saved with a ``DistributedOptimizer`` stores its base optimizer (the wrapper
+    keeps the class's name and module), so any saved model loads.
+
+    Args:
+        filepath: the saved model (a ``.keras`` file or what ``keras.models.load_model``
+            takes).
+        custom_optimizers: optimizer classes of your own the file refers to.
+        custom_objects: other custom classes or functions, by name.
+        compression: ``hvd.Compression.fp16`` to send floating-point gradients as float16.
+
+    Returns:
+        The model; compiled models get the wrapped optimizer.
+    """
+    objects = dict(custom_objects or {})
+    objects.update({cls.__name__: cls for cls in custom_optimizers or ()})
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    saved = getattr(model, "optimizer", None)
+    if saved is None or getattr(saved, "_hvdlite_distributed", False):
+        return model
+    wrapped = DistributedOptimizer(saved, compression=compression)
+    if saved.built:
+        wrapped.build(model.trainable_variables)
+        for mine, theirs in zip(wrapped.variables, saved.variables):
+            mine.assign(theirs)
+    model.optimizer = wrapped
+    return model
