@@ -4,11 +4,11 @@ Unlike an open ``TCPStore``, every request is authenticated with the job's key
 (see :mod:`hvdlite.common.net.framing`): a process without the key can neither
 read nor write.  Workers reach it through :class:`hvdlite.common.net.kv.KVClient`.
 
-:class:`RendezvousService` adds *rounds* on top: whoever launched the job (the
-static launcher, later the elastic driver) publishes each round's slots, and a
-worker's ``init()`` joins the first round after the one it last joined, learning
-its rank, size and local / cross ranks from its host and local slot.  Each
-round's Gloo keys live under their own prefix, so rounds never mix.
+:class:`RendezvousService` adds *rounds* on top: the job agent publishes each
+round's slots (once for a static job, once per reset for an elastic one), and a
+worker's ``init()`` joins the first round after the one it last joined, learning its
+rank, size and local / cross ranks from its host and local slot.  Each round's Gloo
+keys live under their own prefix, so rounds never mix.
 """
 
 import base64

@@ -30,7 +30,8 @@ __all__ = list(_ops_all) + [
     "HvdliteError", "HvdliteInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
     "elastic",
     "Compression", "DistributedGradientTape", "PartialDistributedGradientTape",
-    "broadcast_variables", "broadcast_", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "broadcast_variables", "broadcast_", "broadcast_object", "broadcast_object_fn",
+    "allgather_object",
     "rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op",
     "SyncBatchNormalization", "DistributedOptimizer", "broadcast_global_variables",
     "BroadcastGlobalVariablesHook"]

@@ -4,8 +4,9 @@ Every job runs through it -- a static job is the case "fixed hosts, no resets".
 The agent keeps the set of usable hosts (its host source minus the blacklist),
 turns it into rendezvous rounds, starts and stops workers through its starter,
 and decides when the job has succeeded or failed.  Everything happens on one
-thread, in :meth:`Agent._step`; between steps the agent sleeps on an :class:`threading.Event` that a worker exit,
-a discovery change or a stop request sets, so it reacts at once.
+thread, in :meth:`Agent._step`; between steps the agent sleeps on an
+:class:`threading.Event` that a worker exit, a discovery change or a stop request
+sets, so it reacts at once.
 
 States and their transitions (every one is logged, with the round and hosts)::
 

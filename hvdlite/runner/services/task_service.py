@@ -13,7 +13,8 @@ driver address it can reach, registers this host's interfaces, and serves:
   exits are reported like any other
 * ``terminate``: end the workers' process trees and exit
 * ``stopped`` -> ``{local_ranks: [...]}``: the local slots of this host's workers whose
-  process is stopped (SIGSTOP or a debugger), so that the launcher names a silent rank rather than the one that noticed
+  process is stopped (SIGSTOP or a debugger), so that the launcher names a silent rank
+  rather than the one that noticed
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it; a worker keeps the rank it started with); worker exits are reported to

@@ -3,14 +3,14 @@
 The launcher runs the driver service (``runner/services/driver_service.py``); each
 host runs a task service (``runner/services/task_service.py``), started over SSH
 (``runner/ssh.py``), or as a local subprocess for this machine.  A host gets its
-task the first time a round needs it; the task
-registers with the driver service, and its ``run`` request is sent again whenever
-a round adds slots on that host; ``stop`` ends given slots.  Tasks report each
-worker's exit by its slot (host, local rank).
+task the first time a round needs it; the task registers with the driver service,
+and its ``run`` request is sent again whenever a round adds slots on that host;
+``stop`` ends given slots.  Tasks report each worker's exit by its slot (host, local
+slot).
 
-The interface Gloo and the rendezvous store use is chosen once, by probing
-between the hosts of the first round; a host that joins later must have an interface of that name, or it is
-refused (and blacklisted) with a message that says so.
+The interface Gloo and the rendezvous store use is chosen once, by probing between
+the hosts of the first round; a host that joins later must have an interface of that
+name, or it is refused (and blacklisted) with a message that says so.
 """
 
 import dataclasses
