@@ -13,7 +13,7 @@ argument that means something else there.
 import inspect
 import re
 import textwrap
-from typing import Callable, Dict, Mapping, TypeVar
+from typing import Callable, Dict, Mapping, Sequence, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -58,22 +58,48 @@ _LATER_SECTIONS = re.compile(r"^(Returns|Yields|Raises|Examples?|Notes?|Warnings
 _WIDTH = 88
 
 
-def documented(table: Mapping[str, str], **own: str) -> Callable[[F], F]:
-    """A decorator that writes the function's ``Args:`` section from ``table`` and ``own``.
+def documented(table: Mapping[str, str], raises: Sequence[str] = (),
+               **own: str) -> Callable[[F], F]:
+    """A decorator that writes the function's ``Args:`` section from ``table`` and ``own``,
+    and adds the shared ``raises`` entries to its ``Raises:`` section.
 
     The arguments are listed in the signature's order (consecutive ones with the same
     description share one entry); ``own`` gives this function's wording for some of them.
-    The function object itself is returned, its ``__doc__`` completed, so its signature,
-    name and identity stay as they were.
+    Each of ``raises`` is one entry (``"TypeError: when ..."``), written after the
+    docstring's own entries.  The function object itself is returned, its ``__doc__``
+    completed, so its signature, name and identity stay as they were.
 
     Raises:
         TypeError: (at import time) an argument has no description, ``own`` names one the
             function does not take, or the docstring is missing or writes ``Args:`` itself.
     """
     def decorate(fn: F) -> F:
-        fn.__doc__ = with_args_section(fn, {**table, **own}, set(own))
+        doc = with_args_section(fn, {**table, **own}, set(own))
+        fn.__doc__ = with_raises(doc, raises)
         return fn
     return decorate
+
+
+def with_raises(doc: str, raises: Sequence[str]) -> str:
+    """``doc`` with ``raises`` appended to its ``Raises:`` section (made at the end when
+    there is none)."""
+    if not raises:
+        return doc
+    lines = "\n".join(_wrap(entry) for entry in raises)
+    header = re.search(r"^Raises:\s*$", doc, re.M)
+    if header is None:
+        return f"{doc.rstrip()}\n\nRaises:\n{lines}\n"
+    after = _LATER_SECTIONS.search(doc, header.end())
+    end = len(doc) if after is None else after.start()
+    rest = "\n" if after is None else f"\n\n{doc[end:]}"
+    return f"{doc[:end].rstrip()}\n{lines}{rest}"
+
+
+def _wrap(entry: str) -> str:
+    """One section entry, indented and wrapped as the Args entries are."""
+    return textwrap.fill(" ".join(entry.split()), _WIDTH, initial_indent="    ",
+                         subsequent_indent="        ", break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def with_args_section(fn: Callable, table: Mapping[str, str], must_use=frozenset()) -> str:
@@ -115,6 +141,4 @@ def _entries(params, table: Mapping[str, str]):
         else:
             groups.append(([label], text))
     for labels, text in groups:
-        yield textwrap.fill(f"{', '.join(labels)}: {text}", _WIDTH, initial_indent="    ",
-                            subsequent_indent="        ", break_long_words=False,
-                            break_on_hyphens=False)
+        yield _wrap(f"{', '.join(labels)}: {text}")

@@ -77,6 +77,22 @@ _BROADCAST_TENSOR = "a ``tf.Tensor`` (or a value convertible to one) on the CPU.
 #: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
 _args = functools.partial(api_docs.documented, _ARGS)
 
+# Raises entries most ops share (``@_args(raises=...)`` appends them to a docstring)
+_RAISES_DTYPE = ("TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` "
+                 "where only allreduce takes one).")
+_RAISES_MISMATCH = (
+    "tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes, "
+    "dtypes, operations or roots (also an ``HvdliteMismatchError``; inside ``tf.function`` "
+    "or a TF1 graph it surfaces as ``tf.errors.UnknownError`` naming the tensor).")
+_RAISES_REFUSED = ("tf.errors.InvalidArgumentError: an argument the runtime refused when the "
+                   "op ran (eagerly also a ``ValueError``).")
+_RAISES_STOPPED = ("HvdliteInternalError: the runtime stopped (a peer died or shut down) "
+                   "first; inside ``tf.function`` it reaches Python wrapped in a TensorFlow "
+                   "error.")
+#: an op that starts a collective / one that also waits for its result
+_RAISES_START = (_RAISES_DTYPE,)
+_RAISES_WAIT = (_RAISES_DTYPE, _RAISES_MISMATCH, _RAISES_REFUSED, _RAISES_STOPPED)
+
 # np.asarray of an eager tensor is read-only; the runtime never writes into an input buffer
 # (torch warns when it wraps one).
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
@@ -329,7 +345,7 @@ def _compressed(compression, tensors, run):
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
-@_args(tensor=_ALLREDUCE_TENSOR)
+@_args(tensor=_ALLREDUCE_TENSOR, raises=_RAISES_WAIT)
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set, ignore_name_scope=False):
@@ -343,18 +359,9 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         ``IndexedSlices``).
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
         NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
             with a scale factor (as Horovod).
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(average, op, name or "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
@@ -369,7 +376,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     return back(out)[0]
 
 
-@_args(tensors=_ALLREDUCE_TENSORS)
+@_args(tensors=_ALLREDUCE_TENSORS, raises=_RAISES_WAIT)
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set, ignore_name_scope=False, name=None):
@@ -381,18 +388,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         A list of new tensors, in the order of ``tensors`` (``[]`` for an empty list).
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``op`` is unknown or given with ``average``, or ``name`` is too long.
         NotImplementedError: an ``IndexedSlices`` with an op other than Sum or Average, or
             with a scale factor (as Horovod).
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     tensors = list(tensors)
     if not tensors:
@@ -460,7 +458,7 @@ def _allgather(tensors, name, grouped, process_set):
     return _collective(tensors, name, forward, _rows_shape, backward)
 
 
-@_args(tensor=_ALLGATHER_TENSOR)
+@_args(tensor=_ALLGATHER_TENSOR, raises=_RAISES_WAIT)
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
@@ -471,16 +469,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
         A new tensor whose rows are rank 0's, then rank 1's, and so on.
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``tensor`` is a scalar, or ``name`` is too long.
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     if isinstance(tensor, tf.IndexedSlices):
         if not tf.executing_eagerly() and name is None:
@@ -494,7 +483,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
                            process_set))[0]
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """:func:`allgather` of several tensors as one operation (differentiable).
@@ -503,16 +492,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         A list of the gathered tensors, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: an input is a scalar, or ``name`` is too long.
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     tensors, back = _carry([_check(t, name, "grouped_allgather") for t in tensors], False)
     if not tensors:
@@ -530,7 +510,7 @@ def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
                                                            process_set)))
 
 
-@_args(tensor=_BROADCAST_TENSOR)
+@_args(tensor=_BROADCAST_TENSOR, raises=_RAISES_WAIT)
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """The root's ``tensor`` on every rank, in a new tensor.
@@ -542,16 +522,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         A new tensor holding ``root_rank``'s value.
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``root_rank`` is not a member of ``process_set``, or ``name`` is too long.
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     [tensor], back = _carry([_check(tensor, name, "broadcast")], False)
     name = _name("broadcast", name, tensor)
@@ -593,7 +564,7 @@ def _alltoall_eager(t, splits, name, process_set):
     return [from_buffer(out), tf.convert_to_tensor(np.asarray(received, dtype=np.int32))]
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
@@ -606,17 +577,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         received_splits)``, as Horovod's TensorFlow alltoall.
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``tensor`` is a scalar, ``splits`` does not fit the first dimension
             (``None``: the set's size must divide it), or ``name`` is too long.
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     [tensor], back = _carry([_check(tensor, name, "alltoall")], False)
     name = _name("alltoall", name, tensor)
@@ -674,7 +636,7 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
     return _collective(tensors, name, forward, _rows_shape, backward)
 
 
-@_args(op=api_docs.AVERAGE_OR_SUM)
+@_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0):
@@ -688,16 +650,7 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
         possible, the first ranks getting one extra.
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(None, op, name or "reducescatter")
     [tensor], back = _carry([_check(tensor, name, "reducescatter")], True)
@@ -706,7 +659,7 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
         ts, name, False, rop, prescale_factor, postscale_factor, process_set)))[0]
 
 
-@_args(op=api_docs.AVERAGE_OR_SUM)
+@_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, name=None, ignore_name_scope=False):
@@ -716,16 +669,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
         A list of this rank's slices, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` where only
-            allreduce takes one).
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
-        tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes,
-            dtypes, operations or roots (also an ``HvdliteMismatchError``; inside a graph
-            the ``py_function``'s ``OpError``).
-        tf.errors.InvalidArgumentError: an argument the runtime refused when the op ran
-            (eagerly also a ``ValueError``).
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first;
-            inside ``tf.function`` it reaches Python wrapped in a TensorFlow error.
     """
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
     tensors, back = _carry([_check(t, name, "grouped_reducescatter") for t in tensors], True)

@@ -59,6 +59,15 @@ _SPARSE_NAME = ("the operation's name, the same on every rank (its two allgather
 #: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
 _args = functools.partial(api_docs.documented, _ARGS)
 
+# Raises entries most ops share (``@_args(raises=...)`` appends them to a docstring)
+_RAISES_DTYPE = "TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype."
+_RAISES_MISMATCH = ("HvdliteMismatchError: ranks submitted ``name`` with different shapes, "
+                    "dtypes or operations.")
+_RAISES_STOPPED = "HvdliteInternalError: the runtime stopped (a peer died or shut down) first."
+#: an op that starts a collective / one that also waits for its result
+_RAISES_START = (_RAISES_DTYPE,)
+_RAISES_WAIT = (_RAISES_DTYPE, _RAISES_MISMATCH, _RAISES_STOPPED)
+
 
 def _checked(tensor, name: Optional[str], what: str):
     """``tensor`` if it can be a buffer (dense, CPU); the op layer checks its dtype."""
@@ -162,7 +171,7 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
                                postscale_factor, process_set, finish)
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Start reducing ``tensor`` over the ranks (by default: averaging it) without waiting.
@@ -172,7 +181,6 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         its result is a new tensor of ``tensor``'s shape and dtype.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
@@ -180,7 +188,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                           process_set)
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``.
@@ -190,7 +198,6 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         its result is ``tensor`` itself, holding the reduction.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
@@ -198,7 +205,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                           process_set)
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
     """Reduce ``tensor`` over the ranks (by default: average it) into a new tensor.
@@ -210,12 +217,8 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
         A new tensor of ``tensor``'s shape and dtype, the same on every rank.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     def run(ts):
         [t] = ts
@@ -229,7 +232,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     return out
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`allreduce`: ``tensor`` is overwritten with the reduction.
@@ -238,18 +241,14 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         ``tensor``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Start reducing several tensors as one operation, fused into one transfer.
@@ -259,7 +258,6 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         its result is a list of new tensors, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
@@ -267,7 +265,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor, process_set)
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place :func:`grouped_allreduce_async`: each result is written into its input.
@@ -277,7 +275,6 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         its result is the list of the input tensors, holding the reductions.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
@@ -285,7 +282,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                             postscale_factor, process_set)
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce several tensors as one operation (fused into one transfer); new tensors.
@@ -297,12 +294,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
         A list of new tensors, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     def run(ts):
         if any(_tracks_grad(t) for t in ts):
@@ -314,7 +307,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     return _compressed(compression, list(tensors), run)
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`grouped_allreduce`: each tensor is overwritten with its reduction.
@@ -323,12 +316,8 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
         The list of the input tensors.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
@@ -340,7 +329,7 @@ def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
                                process_set, list if grouped else None)
 
 
-@_args(tensor=_ROWS)
+@_args(tensor=_ROWS, raises=_RAISES_START)
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Start concatenating every rank's ``tensor`` along the first dimension.
 
@@ -349,14 +338,13 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
         its result is a new tensor whose rows are rank 0's, then rank 1's, and so on.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
             long.
     """
     return _allgather_async([tensor], False, name, process_set)
 
 
-@_args(tensor=_ROWS)
+@_args(tensor=_ROWS, raises=_RAISES_WAIT)
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
@@ -367,19 +355,15 @@ def allgather(tensor, name=None, process_set=global_process_set):
         A new tensor whose rows are rank 0's, then rank 1's, and so on.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
             long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     if _tracks_grad(tensor):
         return _AllgatherGrad.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     """Start :func:`allgather_async` of several tensors as one operation.
 
@@ -388,14 +372,13 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
         its result is a list of the gathered tensors, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
             long.
     """
     return _allgather_async(list(tensors), True, name, process_set)
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgather several tensors as one operation (differentiable, as :func:`allgather`).
 
@@ -403,12 +386,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
         A list of the gathered tensors, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, or ``name`` is too
             long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     if any(_tracks_grad(t) for t in tensors):
         return list(_GroupedAllgatherGrad.apply(name, process_set, *tensors))
@@ -428,7 +407,7 @@ def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Han
     return ops.broadcast_async(work, out, root_rank, name, process_set, finish)
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Start copying the root's ``tensor`` to every rank, into a new tensor.
 
@@ -437,14 +416,13 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
         its result is a new tensor holding the root's value.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
             ``process_set``, or ``name`` is too long.
     """
     return _broadcast_async(tensor, root_rank, name, False, process_set)
 
 
-@_args()
+@_args(raises=_RAISES_START)
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place :func:`broadcast_async`: the root's value is written into ``tensor``.
 
@@ -453,14 +431,13 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
         its result is ``tensor``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
             ``process_set``, or ``name`` is too long.
     """
     return _broadcast_async(tensor, root_rank, name, True, process_set)
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """The root's ``tensor`` on every rank, in a new tensor.
 
@@ -471,19 +448,15 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
         A new tensor holding ``root_rank``'s value.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
             ``process_set``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     if _tracks_grad(tensor):
         return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-@_args()
+@_args(raises=_RAISES_WAIT)
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place :func:`broadcast`: ``tensor`` is overwritten with the root's value.
 
@@ -491,18 +464,14 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
         ``tensor``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor, ``root_rank`` is not a member of
             ``process_set``, or ``name`` is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------
-@_args(tensor=_ONE_DIM)
+@_args(tensor=_ONE_DIM, raises=_RAISES_START)
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Start sending a slice of ``tensor``'s rows to every rank.
 
@@ -512,7 +481,6 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         how many came from each rank.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``splits`` does not fit
             the first dimension (``None``: the set's size must divide it), or ``name``
             is too long.
@@ -523,7 +491,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return ops.alltoall_async(work, splits, name, process_set)
 
 
-@_args(tensor=_ONE_DIM)
+@_args(tensor=_ONE_DIM, raises=_RAISES_WAIT)
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
     this one.
@@ -535,13 +503,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
         received_splits)`` (as Horovod).
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``splits`` does not fit
             the first dimension (``None``: the set's size must divide it), or ``name``
             is too long.
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     if _tracks_grad(tensor):
         out, received = _AlltoallGrad.apply(tensor, splits, name, process_set)
@@ -564,7 +528,7 @@ def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_facto
                                    list if grouped else None)
 
 
-@_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM)
+@_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_START)
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Start reducing ``tensor`` over the ranks, each keeping one slice of the result.
@@ -575,7 +539,6 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
         extra row when the size does not divide it).
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
@@ -584,7 +547,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                                 postscale_factor)
 
 
-@_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM)
+@_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
 def reducescatter(tensor, name=None, compression=None, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's slice (along the first dimension) of the reduction of ``tensor``.
@@ -597,13 +560,9 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
         split as evenly as possible, the first ranks getting one extra.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     def run(ts):
         [t] = ts
@@ -617,7 +576,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
     return out
 
 
-@_args(op=api_docs.AVERAGE_OR_SUM)
+@_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_START)
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Start :func:`reducescatter_async` of several tensors as one operation.
@@ -627,7 +586,6 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         its result is a list of this rank's slices, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
@@ -636,7 +594,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 postscale_factor)
 
 
-@_args(op=api_docs.AVERAGE_OR_SUM)
+@_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
@@ -646,13 +604,9 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
         A list of this rank's slices, in the order of ``tensors``.
 
     Raises:
-        TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype.
         ValueError: an input is not a dense CPU tensor or is a scalar, ``op`` is neither
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
-        HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or
-            operations.
-        HvdliteInternalError: the runtime stopped (a peer died or shut down) first.
     """
     def run(ts):
         if any(_tracks_grad(t) for t in ts):

@@ -49,6 +49,31 @@ def test_appends_args_when_there_is_no_later_section_and_wraps_long_descriptions
     assert all(line.startswith("        word") for line in lines[1:-1])
 
 
+def test_shared_raises_entries_follow_the_own_ones_or_make_the_section():
+    def op(tensor):
+        """Do it.
+
+        Raises:
+            ValueError: a bad tensor.
+
+        Notes:
+            Stays last.
+        """
+
+    def bare(tensor):
+        """Do it."""
+    shared = ("TypeError: not a tensor.", "RuntimeError: the runtime stopped " + "long " * 20)
+    doc = api_docs.documented(TABLE, raises=shared)(op).__doc__
+    raises = doc.split("Raises:\n")[1].split("\n\n")[0].splitlines()
+    assert raises[0] == "    ValueError: a bad tensor."
+    assert raises[1] == "    TypeError: not a tensor."
+    assert raises[2].startswith("    RuntimeError: the runtime stopped long")
+    assert all(line.startswith("        ") for line in raises[3:]) and len(raises) > 3
+    assert doc.rstrip().endswith("Notes:\n    Stays last.")
+    doc = api_docs.documented(TABLE, raises=shared[:1])(bare).__doc__
+    assert doc.endswith("Args:\n    tensor: the input.\n\nRaises:\n    TypeError: not a tensor.\n")
+
+
 def test_keeps_the_function_object_and_its_signature():
     def op(tensor, name=None):
         """Summary."""
