@@ -76,3 +76,12 @@ class HostsUpdatedInterrupt(HvdliteError):
     def __init__(self, skip_sync: bool = False):
         super().__init__("the job's hosts changed; resetting into the next rendezvous round")
         self.skip_sync = skip_sync
+
+
+class HvdliteRoundSupersededError(HvdliteInternalError):
+    """The rendezvous round this process was joining was replaced by a newer one before
+    it formed (elastic jobs): join the newest round instead of waiting for this one."""
+
+    def __init__(self, message: str, newest: int):
+        super().__init__(message)
+        self.newest = newest

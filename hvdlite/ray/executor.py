@@ -374,9 +374,10 @@ class RayExecutor:
         key = new_key()
         driver_node = ray.get_runtime_context().get_node_id()
         driver_ip = _node_address(driver_node, ray.util.get_node_ip_address())
-        rounds = RendezvousService(key, repeat_last=False, bind_addr=driver_ip)
+        job_id = uuid.uuid4().hex[:12]
+        rounds = RendezvousService(key, repeat_last=False, bind_addr=driver_ip, job_id=job_id)
         job_env = {cfg.RENDEZVOUS_ADDR: driver_ip, cfg.RENDEZVOUS_PORT: str(rounds.address[1]),
-                   cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: uuid.uuid4().hex[:12],
+                   cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: job_id,
                    cfg.CPU_OPERATIONS: "gloo", cfg.START_TIMEOUT: str(self.settings.timeout_s)}
         job_env.update(self._extra_env)
         job_env = elastic_env(job_env, self._elastic.elastic_timeout_s)

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
-from hvdlite.common.net.kv import PLACE_FIELDS
+from hvdlite.common.net.kv import PLACE_FIELDS, arrival_key, round_prefix
 from hvdlite.common.net.service import Service, ServiceError
 from hvdlite.runner.hosts import SlotInfo
 
@@ -36,13 +36,23 @@ class KVStoreService(Service):
         super().__init__("rendezvous store", key, bind_addr, port,
                          expected_peers=expected_peers, **limits)
 
-    def _wait_for(self, keys: Sequence[str], timeout_s: float) -> None:
+    def _superseded(self, round_) -> Optional[int]:
+        """The newest round when it is newer than ``round_`` (a waiter's round), else None;
+        a plain store has no rounds."""
+        return None
+
+    def _wait_for(self, keys: Sequence[str], timeout_s: float, round_=None) -> Optional[int]:
+        """Block until ``keys`` exist; returns None then, or the newest round as soon as it
+        is newer than ``round_`` (the waiter's round was replaced: stop waiting for it)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
+                newest = self._superseded(round_)
+                if newest is not None:
+                    return newest
                 missing = [k for k in keys if k not in self._data]
                 if not missing:
-                    return
+                    return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ServiceError(f"timed out after {timeout_s:.0f}s waiting for keys "
@@ -95,13 +105,18 @@ class KVStoreService(Service):
                 return {"deleted": self._data.pop(key, None) is not None}, b""
             if op == "num_keys":
                 return {"value": len(self._data)}, b""
+        round_ = header.get("round")
+        if round_ is not None and not _is_int(round_):
+            raise ServiceError(f"store operation {op!r}: round must be an integer")
         if op == "get":
-            self._wait_for([key], float(header["timeout_s"]))
+            newest = self._wait_for([key], float(header["timeout_s"]), round_)
+            if newest is not None:
+                return {"superseded": newest}, b""
             with self._cond:
                 return {}, self._data[key]
         if op == "wait":
-            self._wait_for(header["keys"], float(header["timeout_s"]))
-            return {}, b""
+            newest = self._wait_for(header["keys"], float(header["timeout_s"]), round_)
+            return ({} if newest is None else {"superseded": newest}), b""
         raise ServiceError(f"unknown store operation {op!r}")
 
 
@@ -124,8 +139,9 @@ class RendezvousService(KVStoreService):
     _MAX_REPORTS = 65536
 
     def __init__(self, key: bytes, slots: Sequence[SlotInfo] = (), bind_addr: str = "127.0.0.1",
-                 port: int = 0, repeat_last: bool = True):
+                 port: int = 0, repeat_last: bool = True, job_id: Optional[str] = None):
         self._repeat_last = repeat_last
+        self._job_id = job_id
         self._round = -1
         self._places: Dict[Tuple[str, int], SlotInfo] = {}
         self._reports: Dict[Tuple[str, int], dict] = {}
@@ -137,6 +153,13 @@ class RendezvousService(KVStoreService):
     def round(self) -> int:
         """The newest round (-1 before the first is published)."""
         return self._round
+
+    def _superseded(self, round_) -> Optional[int]:
+        # a waiter that names its round (elastic workers while a round forms) stops
+        # waiting once a newer round is published: its peers may never come
+        if round_ is not None and not self._repeat_last and self._round > round_:
+            return self._round
+        return None
 
     def publish(self, slots: Sequence[SlotInfo],
                 ids: Optional[Sequence[Tuple[str, int]]] = None) -> int:
@@ -160,6 +183,15 @@ class RendezvousService(KVStoreService):
             self._places = places
             self._cond.notify_all()
             return self._round
+
+    def formed(self, round_: int) -> bool:
+        """Did every rank of ``round_``, the newest round, reach ``init()`` (set its arrival
+        key)?  True when that cannot be told (no job id given, or an older round)."""
+        with self._cond:
+            if self._job_id is None or round_ != self._round:
+                return True
+            prefix = round_prefix(self._job_id, round_)
+            return all(prefix + arrival_key(r) in self._data for r in range(len(self._places)))
 
     def exit_reports(self) -> Dict[Tuple[str, int], dict]:
         """What ranks said about their exit: (host, local slot) -> ``{"peer": bool,

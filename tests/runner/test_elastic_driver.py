@@ -139,6 +139,9 @@ class FakeRounds:
     def exit_reports(self):
         return {}
 
+    def formed(self, round_):
+        return True
+
 
 class Job:
     """A driver on a thread, with its fakes."""

@@ -16,9 +16,9 @@ from hvdlite.common import config as cfg
 from hvdlite.common.backend import shm
 from hvdlite.common.backend.base import _DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
-                                       HvdliteTimeoutError)
+                                       HvdliteRoundSupersededError, HvdliteTimeoutError)
 from hvdlite.common.message import ReduceOp
-from hvdlite.common.net.kv import KVClient, Placement
+from hvdlite.common.net.kv import KVClient, Placement, arrival_key, round_prefix
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +125,32 @@ class GlooBackend(Backend):
                 f"rank {config.rank}: size is {config.size} but {cfg.RENDEZVOUS_ADDR}, "
                 f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
                 f"with hvdlite-run")
+        while True:
+            try:
+                return cls._join_round(config, last_round)
+            except HvdliteRoundSupersededError as exc:
+                # a peer of the round died while it formed and the launcher published the
+                # next one: meet that round now rather than wait out --start-timeout here
+                log.info("rank %s (%s): %s; joining round %d", config.rank, config.hostname,
+                         exc, exc.newest)
+                last_round = exc.newest - 1
+
+    @classmethod
+    def _join_round(cls, config: cfg.Config, last_round: int) -> "GlooBackend":
         client = _store_client(config)
         wait_s = config.elastic_timeout_s if config.elastic else config.start_timeout_s
         place = client.join_round(last_round, config.hostname, config.local_rank, wait_s)
         # every key of this round (ours and Gloo's) lives under the round's own prefix
-        client.prefix = f"{config.job_id}/round{place.round}/"
+        client.prefix = round_prefix(config.job_id, place.round)
+        if config.elastic:
+            client.round = place.round
         backend = cls(config, client, place, list(range(place.size)), f"rank {place.rank}",
                       "reach hvd.init()")
-        backend._setup_shared_memory(client, config)
+        try:
+            backend._setup_shared_memory(client, config)
+        except BaseException:
+            backend.close()
+            raise
         return backend
 
     def process_set(self, ranks, set_id):
@@ -143,7 +161,9 @@ class GlooBackend(Backend):
                           local_rank=self.local_rank, local_size=self.local_size,
                           cross_rank=self.cross_rank, cross_size=self.cross_size)
         client = _store_client(config)
-        client.prefix = f"{config.job_id}/round{self.round}/set{set_id}/"
+        client.prefix = round_prefix(config.job_id, self.round) + f"set{set_id}/"
+        if config.elastic:
+            client.round = self.round
         return GlooBackend(config, client, place, ranks,
                            f"rank {self.rank} (process set {set_id})",
                            f"add process set {set_id} ({list(ranks)})")
@@ -163,6 +183,8 @@ class GlooBackend(Backend):
         group = None
         try:
             group = self._open_segment(client, config)
+        except HvdliteRoundSupersededError:
+            raise
         except Exception as exc:  # e.g. /dev/shm full: every rank falls back to Gloo
             log.warning("%s: shared memory between local ranks unavailable (%s); using Gloo "
                         "alone", self._who, exc)
@@ -174,7 +196,8 @@ class GlooBackend(Backend):
         if self.cross_size > 1:
             # the hosts' slices meet among the ranks with this local rank
             cross = _store_client(config)
-            cross.prefix = f"{config.job_id}/round{self.round}/cross{self.local_rank}/"
+            cross.prefix = round_prefix(config.job_id, self.round) + f"cross{self.local_rank}/"
+            cross.round = client.round
             self._cross_client = cross
             self._cross_pg = self._make_pg(cross, config, self.cross_rank, self.cross_size)
         log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
@@ -248,6 +271,10 @@ class GlooBackend(Backend):
         try:
             return dist.ProcessGroupGloo(store, rank, size, opts)
         except Exception as exc:
+            if client.superseded_by is not None:      # the store's wait said so, not Gloo
+                raise HvdliteRoundSupersededError(
+                    f"{self._who}: round {self.round} was replaced by round "
+                    f"{client.superseded_by} while Gloo connected", client.superseded_by) from exc
             raise HvdliteInternalError(
                 f"{self._who} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
 
@@ -257,12 +284,12 @@ class GlooBackend(Backend):
 
     def _await_peers(self, client, config: cfg.Config, what: str) -> None:
         """Meet every rank at the store first, so a rank that never arrives is named."""
-        client.set(f"arrived/{self.rank}", config.hostname.encode())
+        client.set(arrival_key(self.rank), config.hostname.encode())
         try:
-            client.wait([f"arrived/{r}" for r in range(self.size)], config.start_timeout_s)
+            client.wait([arrival_key(r) for r in range(self.size)], config.start_timeout_s)
         except HvdliteTimeoutError:
             missing = [self._job_ranks[r] for r in range(self.size)
-                       if not client.check([f"arrived/{r}"])]
+                       if not client.check([arrival_key(r)])]
             raise HvdliteTimeoutError(
                 f"{self._who} ({config.hostname}, rendezvous round {self.round}): ranks "
                 f"{missing} did not {what} within {config.start_timeout_s:g}s "

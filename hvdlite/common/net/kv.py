@@ -10,12 +10,24 @@ import base64
 import dataclasses
 from typing import List, Optional, Tuple
 
-from hvdlite.common.exceptions import HvdliteRemovedError, HvdliteTimeoutError
+from hvdlite.common.exceptions import (HvdliteRemovedError, HvdliteRoundSupersededError,
+                                        HvdliteTimeoutError)
 from hvdlite.common.net.service import Client, ServiceError
 
 
 #: what a rank learns when it joins a round (the same fields as the launcher's slots)
 PLACE_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+def round_prefix(job_id: str, round_: int) -> str:
+    """Where every key of one rendezvous round lives (ours and Gloo's): rounds never mix."""
+    return f"{job_id}/round{round_}/"
+
+
+def arrival_key(rank: int) -> str:
+    """The key a rank sets (under its round's prefix) once it reached ``init()``; the
+    launcher reads them to tell a round that formed from one that never did."""
+    return f"arrived/{rank}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +54,28 @@ class KVClient:
         self._client = Client(addr, key, timeout_s, name="rendezvous store")
         self.timeout_s = timeout_s
         self.prefix = prefix
+        #: set to the round this client's waits belong to (elastic jobs): a wait then ends
+        #: with :class:`HvdliteRoundSupersededError` as soon as a newer round is published
+        self.round: Optional[int] = None
+        #: the newest round once a wait saw this client's round replaced (else None)
+        self.superseded_by: Optional[int] = None
 
     def _k(self, key: str) -> str:
         return self.prefix + key
 
     def _blocking(self, header, what: str) -> bytes:
+        if self.round is not None:
+            header["round"] = self.round
         # the store answers (with an error) once the wait's own timeout passes; allow for that
         try:
-            _, out = self._client.request(header, timeout_s=float(header["timeout_s"]) + 5)
+            reply, out = self._client.request(header, timeout_s=float(header["timeout_s"]) + 5)
         except ServiceError as exc:
             raise HvdliteTimeoutError(f"rendezvous: {what}: {exc}") from None
+        if "superseded" in reply:
+            self.superseded_by = int(reply["superseded"])
+            raise HvdliteRoundSupersededError(
+                f"rendezvous: round {self.round} was replaced by round {self.superseded_by} "
+                f"while {what}", self.superseded_by)
         return out
 
     def set(self, key: str, value: bytes) -> None:

@@ -81,7 +81,8 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
             everything that did start was ended).
     """
     job.rounds = Rounds(job.key, lambda: starter.rendezvous_addr,
-                        repeat_last=job.settings.static, needed=starter.needs_rendezvous)
+                        repeat_last=job.settings.static, needed=starter.needs_rendezvous,
+                        job_id=job.job_id)
     job.agent = Agent(job.settings, source, starter, job.rounds,
                       op_timeout_s=op_timeout(job.config.tunable_env))
     try:

@@ -4,7 +4,10 @@ A discovery script may take seconds (up to its timeout); on its own thread it
 never delays the driver's reaction to a worker exit or a stop.  The poller keeps
 the last good answer and wakes the driver when the answer changes.  A failed
 discovery (:class:`~hvdlite.runner.hosts.source.HostDiscoveryError`) is
-logged with the script's output and changes nothing.
+logged with the script's output and changes nothing.  A script that keeps failing
+is logged in full once, then once per ``FAILURE_LOG_INTERVAL_S`` with the number of
+failures since (and in full again when its error changes), and its recovery is
+logged: a broken script does not flood the job's output with a line per poll.
 """
 
 import logging
@@ -19,6 +22,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between two discoveries (Horovod polls once a second too); tests make it tiny
 DISCOVERY_INTERVAL_S = 1.0
+#: while discovery keeps failing the same way, one line per this many seconds
+FAILURE_LOG_INTERVAL_S = 30.0
 
 
 class DiscoveryPoller:
@@ -38,6 +43,10 @@ class DiscoveryPoller:
         self._lock = threading.Lock()
         self._hosts: Optional[List[HostSlots]] = None
         self.failures = 0          # discoveries that raised, for logs and tests
+        self._failing_since: Optional[int] = None   # self.failures when this spell began
+        self._last_error = ""                        # the last error logged in full
+        self._last_log = 0.0                         # when a failure was last logged
+        self._unlogged = 0                           # failures since that line
         self._thread = threading.Thread(target=self._run, name="elastic-discovery",
                                         daemon=True)
 
@@ -55,20 +64,41 @@ class DiscoveryPoller:
         try:
             hosts = self._discovery.find()
         except HostDiscoveryError as exc:
-            self.failures += 1
-            if self._stop.is_set():
-                return
-            output = exc.output.rstrip() or "(no output)"
-            log.warning("host discovery failed; keeping the previous hosts (%s): %s\n"
-                        "  its output:\n%s", _describe(self.hosts), exc,
-                        "\n".join("    " + line for line in output.splitlines()))
+            if not self._stop.is_set():
+                self._log_failure(exc)
+            self.failures += 1          # after the log line: tests wait on the count
             return
+        if self._failing_since is not None:
+            log.warning("host discovery works again after %d failed attempts",
+                        self.failures - self._failing_since)
+            self._failing_since, self._last_error, self._unlogged = None, "", 0
         with self._lock:
             changed = hosts != self._hosts
             self._hosts = list(hosts)
         if changed:
             log.info("discovery: hosts are now %s", _describe(hosts))
             self._on_change()
+
+    def _log_failure(self, exc: HostDiscoveryError) -> None:
+        """The first failure of a spell, or one with a new error, in full; the same error
+        again at most once per ``FAILURE_LOG_INTERVAL_S``, as a count."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = self.failures
+        text = str(exc)
+        if text != self._last_error:
+            self._last_error, self._last_log, self._unlogged = text, now, 0
+            output = exc.output.rstrip() or "(no output)"
+            log.warning("host discovery failed; keeping the previous hosts (%s): %s\n"
+                        "  its output:\n%s", _describe(self.hosts), exc,
+                        "\n".join("    " + line for line in output.splitlines()))
+            return
+        self._unlogged += 1
+        if now - self._last_log >= FAILURE_LOG_INTERVAL_S:
+            log.warning("host discovery still failing: %d more failures in the last %.0fs, "
+                        "the same way (%s); keeping the previous hosts (%s)", self._unlogged,
+                        now - self._last_log, text, _describe(self.hosts))
+            self._last_log, self._unlogged = now, 0
 
     def _run(self) -> None:
         while not self._stop.is_set():

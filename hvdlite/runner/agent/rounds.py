@@ -19,8 +19,9 @@ class Rounds:
     """Opens rounds on the job's store, made on the first :meth:`publish`."""
 
     def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
-                 needed: bool = True):
+                 needed: bool = True, job_id: str = ""):
         self._key = key
+        self._job_id = job_id
         self._bind_addr = bind_addr
         self._repeat_last = repeat_last
         self._needed = needed
@@ -34,8 +35,13 @@ class Rounds:
             return self._count
         if self.service is None:
             self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
-                                             bind_addr=self._bind_addr())
+                                             bind_addr=self._bind_addr(), job_id=self._job_id)
         return self.service.publish(slots, ids)
+
+    def formed(self, round_: int) -> bool:
+        """Did every rank of the newest round reach ``init()``?  (True without a store:
+        mpiexec's ranks meet on their own.)"""
+        return True if self.service is None else self.service.formed(round_)
 
     def exit_reports(self) -> Dict[SlotId, dict]:
         return {} if self.service is None else self.service.exit_reports()

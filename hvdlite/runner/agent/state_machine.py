@@ -79,6 +79,8 @@ FAILED_EXIT = 1
 STOPPED_EXIT = 130
 #: while short of slots, say what the agent waits for this often
 WAIT_LOG_INTERVAL_S = 5.0
+#: this many rounds in a row replaced before they formed end an elastic job (a cascade)
+UNFORMED_ROUNDS_LIMIT = 5
 
 
 class State(enum.Enum):
@@ -117,6 +119,9 @@ class Publisher(Protocol):
     def exit_reports(self) -> Dict[SlotId, dict]:
         """What ranks said about their own exit (see ``blame``), by slot."""
 
+    def formed(self, round_: int) -> bool:
+        """Did every rank of the newest round ``round_`` reach ``init()``?"""
+
 
 @dataclasses.dataclass
 class _Worker:
@@ -125,6 +130,7 @@ class _Worker:
     slot: SlotInfo            # its place in the round it was started in (env, output prefix)
     started_round: int
     stopping: bool = False    # the driver is ending it: its exit is no failure
+    started_at: float = dataclasses.field(default_factory=time.monotonic)
 
 
 def _name(sid: SlotId) -> str:
@@ -180,6 +186,9 @@ class Agent:
         self._finished: Set[SlotId] = set()   # members of the newest round that exited 0
         self._wait_since: Optional[float] = time.monotonic()
         self._prepared: Set[str] = set()
+        #: failures this step whose rank only saw a peer's failure: {slot: its error line}
+        self._peer_failed: Dict[SlotId, str] = {}
+        self._unformed: List[int] = []        # rounds in a row replaced before they formed
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -236,6 +245,7 @@ class Agent:
             self._step_waiting()
         elif self.state is State.STARTING_ROUND:
             self._step_starting()
+        self._peer_failed.clear()
 
     def _sleep_for(self) -> float:
         waits = [MAX_SLEEP_S]
@@ -283,7 +293,16 @@ class Agent:
                 self._finished.add(sid)
             else:
                 failures.append((sid, code))
+                self._note_peer_failure(sid, worker)
         return failures
+
+    def _note_peer_failure(self, sid: SlotId, worker: _Worker) -> None:
+        """Remember a failed worker whose own exit report (sent by this process, not an
+        earlier one of the slot) says it only saw a peer fail: e.g. a new worker that timed
+        out waiting for a round's rank that had died.  Its host is not to blame."""
+        report = self._rendezvous.exit_reports().get(sid)
+        if report and report.get("peer") and report.get("at", 0.0) >= worker.started_at:
+            self._peer_failed[sid] = report.get("error", "")
 
     def _blacklist_for(self, sid: SlotId, code: int) -> None:
         """A member failed: keep its slot out while its host has other running workers of
@@ -291,6 +310,12 @@ class Agent:
         host = sid[0]
         rank = self._rank_in_round(sid)
         why = f"worker {_name(sid)} {describe_exit(code)}"
+        peer_error = self._peer_failed.get(sid)
+        if peer_error is not None:
+            log.warning("round %d: worker %s (rank %d) %s after a peer's failure (%s); "
+                        "its host %s is not blacklisted", self.round, _name(sid), rank,
+                        describe_exit(code), peer_error, host)
+            return
         members = set(self.round_ids)
         others = [i for i, w in self._live.items()
                   if i[0] == host and not w.stopping and i in members]
@@ -357,7 +382,8 @@ class Agent:
     def _step_running(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
             self._need_round("worker " + ", ".join(
-                f"{_name(s)} {describe_exit(c)}" for s, c in failures))
+                f"{_name(s)} {describe_exit(c)}" for s, c in failures),
+                peers_only=all(s in self._peer_failed for s, _ in failures))
             return
         plan = self._plan()
         current = list(self.round_ids)
@@ -368,16 +394,42 @@ class Agent:
                 + (f" removes {', '.join(map(_name, removed))}" if removed else "")
             self._need_round(why)
 
-    def _need_round(self, why: str) -> None:
-        """The membership must change: go publish a round, unless the reset limit is spent."""
+    def _need_round(self, why: str, peers_only: bool = False) -> None:
+        """The membership must change: go publish a round, unless the reset limit is spent
+        or rounds keep failing to form (``peers_only``: every failure behind this one was a
+        rank giving up on a peer, see :meth:`_cascading`)."""
         limit = self.settings.reset_limit
         if limit is not None and self.resets >= limit:
             self._fail(f"{why}; that needs reset {self.resets + 1}, but --reset-limit is "
                        f"{limit}", FAILED_EXIT)
             return
+        if self._cascading(why, peers_only):
+            return
         self._wait_since = time.monotonic()
         self._set_state(State.STARTING_ROUND, why)
         self._step_starting()
+
+    def _cascading(self, why: str, peers_only: bool) -> bool:
+        """Stop a cascade: ranks of rounds that never form giving up on each other (each
+        exit a peer failure, no host to blame), round after round.  Counts those rounds;
+        a round that formed starts the count again; a crash or a kill neither counts nor
+        resets it.  At ``UNFORMED_ROUNDS_LIMIT`` in a row the job fails (True) rather than
+        start yet more workers into rounds that cannot form."""
+        if self.round < 0 or self._rendezvous.formed(self.round):
+            self._unformed = []
+            return False
+        if not peers_only:
+            return False
+        self._unformed.append(self.round)
+        log.warning("round %d ends before all its workers reached init(), its ranks giving "
+                    "up on each other (%d such rounds in a row; the job stops at %d): %s",
+                    self.round, len(self._unformed), UNFORMED_ROUNDS_LIMIT, why)
+        if len(self._unformed) < UNFORMED_ROUNDS_LIMIT:
+            return False
+        self._fail(f"rounds {self._unformed[0]} to {self._unformed[-1]} each ended before all "
+                   f"their workers reached init(), their ranks timing out on each other; "
+                   f"stopping rather than starting more workers (last: {why})", FAILED_EXIT)
+        return True
 
     def _needed(self) -> int:
         """Slots the next round needs now (see the module docstring)."""

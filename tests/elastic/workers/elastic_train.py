@@ -10,7 +10,8 @@ step shows up.
 Environment: ELASTIC_STEPS (default 30), ELASTIC_OUT (rank 0 writes the result
 there as JSON), ELASTIC_KILL_AT (``host:local_rank:step``: that worker SIGKILLs
 itself during that step's gradient allreduce), ELASTIC_STEP_SLEEP (seconds per
-step, so hosts can come and go while training runs).
+step, so hosts can come and go while training runs), ELASTIC_SLEEP_WHILE (a path:
+sleep only while it exists, so a test can end the slow part when it is done).
 """
 
 import json
@@ -25,6 +26,7 @@ import hvdlite.torch as hvd
 GLOBAL_BATCH = 12
 STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
 SLEEP_S = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+SLEEP_WHILE = os.environ.get("ELASTIC_SLEEP_WHILE")
 
 
 def batch(step: int):
@@ -79,7 +81,7 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die):
             state.history.append(state.step)
             state.sizes.append(hvd.size())
             state.step += 1
-            if sleep_s:
+            if sleep_s and (SLEEP_WHILE is None or os.path.exists(SLEEP_WHILE)):
                 time.sleep(sleep_s)
             state.commit()
 
