@@ -107,3 +107,37 @@ def test_static_rounds_repeat_the_slots_at_every_init(tmp_path):
             if w.proc.poll() is None:
                 w.proc.kill()
         service.shutdown()
+
+
+def test_a_wait_in_a_replaced_round_ends_at_once_with_the_newest_round():
+    """Elastic rounds: a rank waiting for peers of round 0 is told as soon as round 1 is
+    published (its peers may be dead), instead of waiting out its timeout."""
+    import threading
+
+    from hvdlite.common.exceptions import HvdliteRoundSupersededError
+    from hvdlite.common.net.kv import KVClient
+
+    key = new_key()
+    service = RendezvousService(key, repeat_last=False, job_id="j")
+    try:
+        slots = [SlotInfo("a", 0, 0, 0, 2, 2, 1), SlotInfo("a", 1, 1, 0, 2, 2, 1)]
+        service.publish(slots)
+        client = KVClient(service.address, key, timeout_s=30.0, prefix="j/round0/")
+        client.round = 0
+        client.set("arrived/0", b"a")
+        assert not service.formed(0)
+        threading.Timer(0.3, lambda: service.publish(slots[:1])).start()
+        started = time.monotonic()
+        with pytest.raises(HvdliteRoundSupersededError, match="round 0 was replaced by "
+                                                              "round 1") as info:
+            client.wait(["arrived/0", "arrived/1"], 30.0)
+        assert info.value.newest == 1 and time.monotonic() - started < 5
+        # a wait that names no round (a static job's) is not cut short
+        plain = KVClient(service.address, key, timeout_s=30.0, prefix="j/round1/")
+        plain.set("arrived/0", b"a")
+        plain.wait(["arrived/0"], 1.0)
+        assert service.formed(1)
+        client.close()
+        plain.close()
+    finally:
+        service.shutdown()

@@ -130,6 +130,8 @@ class FakeRounds:
     def __init__(self):
         self.rounds: List[list] = []
         self.ids: List[list] = []
+        self.reports: Dict[tuple, dict] = {}
+        self.unformed = False         # every round "never forms" (its ranks do not all arrive)
 
     def publish(self, slots, ids):
         self.rounds.append(list(slots))
@@ -137,10 +139,10 @@ class FakeRounds:
         return len(self.rounds) - 1
 
     def exit_reports(self):
-        return {}
+        return dict(self.reports)
 
     def formed(self, round_):
-        return True
+        return not self.unformed
 
 
 class Job:
@@ -481,6 +483,59 @@ def test_discovery_error_keeps_hosts(caplog):
     assert "bad output" in caplog.text
     job.all_exit(0)
     assert job.finish() == 0
+
+
+def test_discovery_failing_the_same_way_is_logged_once_then_counted(caplog, monkeypatch):
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
+    from hvdlite.runner.agent import poller
+    monkeypatch.setattr(poller, "FAILURE_LOG_INTERVAL_S", 0.3)
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2)
+    job.wait_round(0)
+    disc.error = "boom"
+    wait_for(lambda: job.driver._poller.failures >= 60, timeout=5)   # ~0.6 s of polls
+    full = caplog.text.count("host discovery failed")
+    counted = caplog.text.count("host discovery still failing")
+    assert full == 1, caplog.text
+    assert 1 <= counted <= 4, caplog.text
+    disc.error = None
+    wait_for(lambda: "host discovery works again after" in caplog.text)
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_a_worker_that_only_gave_up_on_a_peer_keeps_its_host(caplog):
+    """Its exit report says a peer failed (e.g. it timed out waiting for the round): the
+    slot is started again, nothing is blacklisted."""
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
+    job = Job(FakeDiscovery("a:1,b:1,c:1"), np=2, max_np=2)
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.rounds.reports[("b", 0)] = {"peer": True, "error": "HvdliteTimeoutError: ranks [0] "
+                                    "did not reach hvd.init()", "at": time.monotonic()}
+    job.workers.exit(("b", 0), 1)
+    assert job.wait_round(1) == [("a", 0), ("b", 0)]
+    assert job.driver.hostset.blacklisted == {}
+    assert "after a peer's failure" in caplog.text and "is not blacklisted" in caplog.text
+    # a report from an earlier process of the slot does not cover a crash of this one
+    job.rounds.reports[("b", 0)]["at"] = 0.0
+    job.workers.exit(("b", 0), 1)
+    assert job.wait_round(2) == [("a", 0), ("c", 0)]
+    assert "b" in job.driver.hostset.blacklisted
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_rounds_whose_ranks_keep_giving_up_on_each_other_end_the_job():
+    job = Job(FakeDiscovery("a:1,b:1"), np=2, reset_limit=50)
+    job.rounds.unformed = True
+    for n in range(state_machine.UNFORMED_ROUNDS_LIMIT):
+        job.wait_round(n)
+        job.rounds.reports[("b", 0)] = {"peer": True, "error": "timed out",
+                                        "at": time.monotonic()}
+        job.workers.exit(("b", 0), 1)
+    assert job.finish() == 1
+    assert "each ended before all their workers reached init()" in job.driver.error
+    assert len(job.rounds.rounds) == state_machine.UNFORMED_ROUNDS_LIMIT
 
 
 # ------------------------------------------------------------------- discovery scripts
