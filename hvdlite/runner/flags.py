@@ -150,6 +150,10 @@ GROUPS: Tuple[Group, ...] = (
              {"metavar": "FILE"}),
         Flag(("--ssh-strict-host-key-checking",), "refuse hosts whose key is not known",
              "off: warn and accept", _SWITCH),
+        Flag(("--launcher-agent",),
+             "start remote hosts' tasks with 'CMD HOST COMMAND' instead of SSH (like Open "
+             "MPI's plm_rsh_agent; e.g. a kubectl exec -i wrapper; it must pass stdin on)",
+             "SSH", {"metavar": "CMD"}),
     )),
     Group("controller parameters", None, (
         OneOf((Flag(("--gloo",), "run collectives through Gloo", _CONTROLLER_DEFAULT, _SWITCH),

@@ -23,6 +23,7 @@ from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
+from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.launch_config import Settings
 from hvdlite.runner.starters.mpiexec import find_mpiexec
 from hvdlite.version import __version__
@@ -132,6 +133,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise HvdliteConfigError(
             "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
             "hvdlite-run starts the ranks itself and does not bind them)")
+    if args.launcher_agent and args.mpi:
+        raise HvdliteConfigError(
+            "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
+            "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
     elastic_settings = _elastic_settings(args, elastic)
     command = _resolve_command(list(args.command))
     hosts = _hosts(args)
@@ -155,6 +160,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         start_timeout_s=start_timeout, ssh_port=args.ssh_port or 22,
         ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
         ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
+        launcher_agent=args.launcher_agent,
         network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
         binding_args=shlex.split(args.binding_args) if args.binding_args else None,
         tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
@@ -166,8 +172,12 @@ def _hosts(args: argparse.Namespace) -> List[HostSlots]:
     """-H or --hostfile (none with a discovery script), checked to hold -np slots."""
     if args.host_discovery_script:
         return []
+    found = None if (args.hostfile or args.hosts) else hosts_from_environment()
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
+    elif found is not None:
+        hosts, where = found
+        log.info("hosts from %s: %s", where, ", ".join(f"{h.hostname}:{h.slots}" for h in hosts))
     else:
         hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
     if hosts:

@@ -40,6 +40,7 @@ class LaunchConfig:
     ssh_identity_file: Optional[str] = None
     ssh_known_hosts_file: Optional[str] = None
     ssh_strict_host_key_checking: bool = False
+    launcher_agent: Optional[str] = None       # --launcher-agent (None: SSH)
     network_interfaces: Optional[List[str]] = None
     mpi_args: List[str] = dataclasses.field(default_factory=list)
     #: --binding-args (--mpi only): replaces mpiexec's default binding flags

@@ -1,5 +1,11 @@
 """Starting a task process on a host: paramiko for remote hosts, a subprocess locally.
 
+With ``--launcher-agent CMD`` remote hosts are reached through ``CMD HOST COMMAND``
+instead of SSH (as Open MPI's ``plm_rsh_agent``): e.g. a wrapper around
+``kubectl exec -i POD -- sh -c COMMAND`` where pods have no sshd.  The agent must
+pass its stdin on to the command (``kubectl exec -i`` does), since the payload and
+the lifeline travel there.
+
 The task's start-up payload (which carries the job key) is written to the
 task's stdin, never put on a command line; stdin then stays open as the
 task's lifeline: when it closes (we are done, or the launcher died and the SSH
@@ -50,6 +56,9 @@ class SSHOptions:
     #: reject hosts whose key is not in the known-hosts files (else warn and accept).
     strict_host_key_checking: bool = False
     python: str = sys.executable
+    #: ``--launcher-agent``: a command that runs ``COMMAND`` on ``HOST`` when called as
+    #: ``CMD HOST COMMAND`` (None: SSH)
+    launcher_agent: Optional[str] = None
 
 
 class TaskProcess(abc.ABC):
@@ -117,10 +126,14 @@ def _pump(stream, on_line, name) -> threading.Thread:
 
 
 class LocalTask(TaskProcess):
-    def __init__(self, host: HostSlots, payload: bytes, python: str):
+    """The task as a child process: this host's, or (``argv`` given) a launcher agent
+    that runs it on another host."""
+
+    def __init__(self, host: HostSlots, payload: bytes, python: str,
+                 argv: Optional[list] = None):
         self.hostname = host.hostname
         # SIGTERM if we die: its workers are tied to the task's life in turn
-        self._proc = lifeline.popen([python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
+        self._proc = lifeline.popen(argv or [python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, death_signal=signal.SIGTERM)
         self._proc.stdin.write(payload)
@@ -173,11 +186,9 @@ class SSHTask(TaskProcess):
             client.close()
             raise _connect_error(exc, target, user, opts, timeout_s) from None
         self._client = client
-        command = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; "
-                   f"exec {shlex.quote(opts.python)} -m {TASK_MODULE}")
         try:
             chan = client.get_transport().open_session(timeout=timeout_s)
-            chan.exec_command(command)
+            chan.exec_command(remote_command(opts.python))
         except (paramiko.SSHException, OSError) as exc:
             client.close()
             raise HvdliteLaunchError(f"SSH to {target}: cannot start the task: {exc}") \
@@ -217,6 +228,32 @@ class SSHTask(TaskProcess):
 
     def kill(self):
         self._client.close()
+
+
+def remote_command(python: str) -> str:
+    """The shell command that starts a task on another host (in the launcher's directory
+    when the host has it)."""
+    return (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; "
+            f"exec {shlex.quote(python)} -m {TASK_MODULE}")
+
+
+def agent_task(host: HostSlots, payload: bytes, opts: SSHOptions) -> LocalTask:
+    """The task started on ``host`` through ``--launcher-agent``.
+
+    Raises:
+        HvdliteConfigError: the agent command is empty or cannot be run.
+    """
+    argv = shlex.split(opts.launcher_agent or "")
+    if not argv:
+        raise HvdliteConfigError("--launcher-agent: empty command")
+    try:
+        task = LocalTask(host, payload, opts.python,
+                         argv + [host.ssh_target, remote_command(opts.python)])
+    except OSError as exc:
+        raise HvdliteConfigError(f"--launcher-agent {opts.launcher_agent!r}: cannot run it: "
+                                 f"{exc.strerror or exc}") from None
+    log.info("launcher agent %s: task on %s started", argv[0], host.hostname)
+    return task
 
 
 def _open_ssh_socket(hostname: str, port: int, timeout_s: float) -> socket.socket:
@@ -286,6 +323,8 @@ def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
     data = (json.dumps(payload) + "\n").encode()
     if local:
         return LocalTask(host, data, opts.python)
+    if opts.launcher_agent:
+        return agent_task(host, data, opts)
     return SSHTask(host, data, opts, timeout_s)
 
 

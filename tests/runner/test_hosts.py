@@ -36,7 +36,8 @@ def test_hostfile_comments_blank_lines(tmp_path):
 
 
 @pytest.mark.parametrize("line", ["node1 slots=x", "node1 slot=2", "node1 slots=2 extra",
-                                  "node1:2", "node1 slots=0", "node1 slots"])
+                                  "node1:x", "node1:0", "node1:2 slots=2", "node1 slots=0",
+                                  "node1 slots"])
 def test_hostfile_bad_line_names_file_and_line(tmp_path, line):
     f = tmp_path / "hosts"
     f.write_text(f"ok slots=1\n{line}\n")
@@ -83,3 +84,36 @@ def test_is_local():
     assert is_local("localhost") and is_local("127.0.0.1") and is_local(socket.gethostname())
     assert not is_local("127.0.0.2")
     assert not is_local("no-such-host.invalid")
+
+
+def test_hostfile_mpich_form_and_mixed(tmp_path):
+    """MPICH / Intel MPI write ``host:N``; Open MPI ``host slots=N``; both may be mixed."""
+    f = tmp_path / "hosts"
+    f.write_text("worker-0:4\nworker-1 slots=2\nbob@worker-2:1\nworker-0:1\n")
+    assert parse_hostfile(str(f)) == [HostSlots("worker-0", 5), HostSlots("worker-1", 2),
+                                      HostSlots("worker-2", 1, "bob")]
+
+
+def test_cluster_environment_hosts(tmp_path):
+    from hvdlite.runner.hosts.cluster_env import hosts_from_environment
+    assert hosts_from_environment({}) is None
+    f = tmp_path / "hostfile"
+    f.write_text("pod-worker-0 slots=2\npod-worker-1 slots=2\n")
+    hosts, where = hosts_from_environment({"OMPI_MCA_orte_default_hostfile": str(f),
+                                           "LSB_MCPU_HOSTS": "x 1"})
+    assert hosts == [HostSlots("pod-worker-0", 2), HostSlots("pod-worker-1", 2)]
+    assert where == f"OMPI_MCA_orte_default_hostfile={f}"
+    with pytest.raises(HvdliteConfigError, match="OMPI_MCA_orte_default_hostfile.*cannot read"):
+        hosts_from_environment({"OMPI_MCA_orte_default_hostfile": str(tmp_path / "none")})
+    hosts, where = hosts_from_environment({"LSB_MCPU_HOSTS": "hostA 4 hostB 2 hostA 1",
+                                           "LSB_HOSTS": "ignored"})
+    assert hosts == [HostSlots("hostA", 5), HostSlots("hostB", 2)] and "LSB_MCPU_HOSTS" in where
+    hosts, where = hosts_from_environment({"LSB_HOSTS": "hostA hostA hostB"})
+    assert hosts == [HostSlots("hostA", 2), HostSlots("hostB", 1)] and "LSB_HOSTS" in where
+
+
+@pytest.mark.parametrize("value", ["hostA", "hostA 4 hostB", "hostA x", "hostA 0"])
+def test_lsf_mcpu_hosts_malformed_names_the_variable(value):
+    from hvdlite.runner.hosts.cluster_env import hosts_from_environment
+    with pytest.raises(HvdliteConfigError, match="LSB_MCPU_HOSTS"):
+        hosts_from_environment({"LSB_MCPU_HOSTS": value})

@@ -128,6 +128,38 @@ def test_ssh_two_hosts_end_to_end(sshd, monkeypatch):
 
 
 @pytest.mark.timeout(90)
+def test_launcher_agent_starts_the_remote_task_instead_of_ssh(tmp_path):
+    """``--launcher-agent CMD`` runs ``CMD HOST COMMAND`` for a remote host (here a script
+    that runs the command on this machine, as a kubectl exec wrapper would in a pod)."""
+    calls = tmp_path / "agent.log"
+    agent = tmp_path / "agent.sh"
+    agent.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec sh -c "$2"\n')
+    agent.chmod(0o755)
+    r = run_launcher(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--launcher-agent",
+                      f"{agent}", KV])
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {int(rank): fields(rest) for rank, rest in ok_lines(r.stdout)}
+    assert got[0]["host"] == "127.0.0.1" and got[1]["host"] == "127.0.0.2"
+    assert calls.read_text().split() == ["127.0.0.2"]      # the local host needs no agent
+    assert wait_gone(ANY_TASK, 5) == []
+    bad = run_launcher(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--launcher-agent",
+                        str(tmp_path / "missing-agent"), KV])
+    assert bad.returncode != 0 and "--launcher-agent" in bad.stderr, bad.stderr
+
+
+def test_mpijob_hostfile_from_the_environment(tmp_path):
+    """No -H/--hostfile: the hostfile Kubeflow's MPIJob names in OMPI_MCA_orte_default_hostfile
+    (here two local names, so two hosts without SSH)."""
+    hf = tmp_path / "hostfile"
+    hf.write_text("localhost:1\n127.0.0.1:1\n")
+    r = run_launcher(["-np", "2", KV], env={"OMPI_MCA_orte_default_hostfile": str(hf)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {int(rank): fields(rest) for rank, rest in ok_lines(r.stdout)}
+    assert [got[i]["host"] for i in range(2)] == ["localhost", "127.0.0.1"]
+    assert got[1]["cross"] == "1/2"
+
+
+@pytest.mark.timeout(90)
 def test_ssh_hostfile_strict_known_hosts_and_nic(sshd, tmp_path):
     hf = tmp_path / "hostfile"
     hf.write_text("# two slots on the 'remote' host\n127.0.0.2 slots=2\n\n127.0.0.1 slots=1\n")

@@ -130,7 +130,8 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
         return _mpiexec_starter(job, source.find())
     ssh = SSHOptions(port=config.ssh_port, identity_file=config.ssh_identity_file,
                      known_hosts_file=config.ssh_known_hosts_file,
-                     strict_host_key_checking=config.ssh_strict_host_key_checking)
+                     strict_host_key_checking=config.ssh_strict_host_key_checking,
+                     launcher_agent=config.launcher_agent)
     return AutoWorkers(
         make_local=lambda: LocalWorkers(config.command, lambda: rank_env(job, local=True),
                                         sink, base_env=dict(os.environ), on_exit=job.wake),

@@ -2,8 +2,9 @@
 
 Ranks fill hosts in the order given, each host up to its slot count; local
 ranks count within a host, cross ranks count hosts that have that local rank.
-A host is written ``[user@]name[:slots]`` on ``-H`` and ``[user@]name slots=N``
-in a hostfile.
+A host is written ``[user@]name[:slots]`` on ``-H``; a hostfile line is either
+Open MPI's ``[user@]name slots=N`` or MPICH / Intel MPI's ``[user@]name:N`` (the
+form Kubeflow's MPIJob writes depends on the MPI it was set up for).
 """
 
 import dataclasses
@@ -74,11 +75,12 @@ def parse_hosts(spec: str) -> List[HostSlots]:
         hosts.append(HostSlots(host, count, user))
     if not hosts:
         raise HvdliteConfigError(f"-H/--hosts: no hosts in {spec!r}")
-    return _merge(hosts, "-H/--hosts")
+    return merge_hosts(hosts, "-H/--hosts")
 
 
 def parse_hostfile(path: str) -> List[HostSlots]:
-    """Parse a hostfile: ``host slots=N`` per line, ``#`` comments, blank lines.
+    """Parse a hostfile: ``host slots=N`` (Open MPI) or ``host:N`` (MPICH, Intel MPI) per
+    line, ``#`` comments, blank lines.
 
     A line with just a host name has 1 slot.
 
@@ -99,8 +101,10 @@ def parse_hostfile(path: str) -> List[HostSlots]:
         where = f"--hostfile {path}, line {number} ({raw.strip()!r})"
         fields = line.split()
         if len(fields) > 2:
-            raise HvdliteConfigError(f"{where}: expected 'host slots=N'")
+            raise HvdliteConfigError(f"{where}: expected 'host slots=N' or 'host:N'")
         count = 1
+        if len(fields) == 1 and ":" in fields[0]:
+            fields[0], count = _colon_slots(fields[0], where)
         if len(fields) == 2:
             key, sep, value = fields[1].partition("=")
             if key not in ("slots", "max_slots") or not sep:
@@ -112,15 +116,27 @@ def parse_hostfile(path: str) -> List[HostSlots]:
             if count < 1:
                 raise HvdliteConfigError(f"{where}: slots must be at least 1")
         if ":" in fields[0] or "=" in fields[0]:
-            raise HvdliteConfigError(f"{where}: expected 'host slots=N'")
+            raise HvdliteConfigError(f"{where}: expected 'host slots=N' or 'host:N'")
         host, user = _split_user(fields[0], where)
         hosts.append(HostSlots(host, count, user))
     if not hosts:
         raise HvdliteConfigError(f"--hostfile {path}: no hosts in the file")
-    return _merge(hosts, f"--hostfile {path}")
+    return merge_hosts(hosts, f"--hostfile {path}")
 
 
-def _merge(hosts: List[HostSlots], where: str) -> List[HostSlots]:
+def _colon_slots(field: str, where: str) -> Tuple[str, int]:
+    """``name:N`` -> (name, N) for a hostfile line in the MPICH form."""
+    name, _, value = field.rpartition(":")
+    try:
+        count = int(value)
+    except ValueError:
+        raise HvdliteConfigError(f"{where}: slots {value!r} is not a number") from None
+    if count < 1:
+        raise HvdliteConfigError(f"{where}: slots must be at least 1")
+    return name, count
+
+
+def merge_hosts(hosts: List[HostSlots], where: str) -> List[HostSlots]:
     """A host listed twice gets the sum of its slots (at its first position)."""
     order, merged = [], {}
     for h in hosts:
