@@ -354,3 +354,11 @@ def leftover_segments(prefix: Optional[str] = None) -> List[str]:
     if not os.path.isdir(SHM_DIR):
         return []
     return sorted(f for f in os.listdir(SHM_DIR) if f.startswith(prefix or PREFIX))
+
+
+def segment_owners(name: str) -> List[int]:
+    """The pids recorded in the header of the segment ``name`` in /dev/shm."""
+    with open(os.path.join(SHM_DIR, name), "rb") as f:
+        head = f.read(_HEADER)
+    pids = np.frombuffer(head[:len(head) // 8 * 8], dtype=np.int64)[64:]
+    return [int(p) for p in pids if p > 0]
