@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from hvdlite.common.backend import shm
-from tests.common.conftest import ROOT, WORKERS, worker_env
+from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
 
 class _Job:
@@ -124,3 +124,84 @@ def test_kill_at_a_random_later_moment_leaves_no_segment():
         _kill_and_check(job, victim, pids)
     finally:
         job.end()
+
+
+def _own_named_segment(path, ready, hold):
+    """A process that owns a named segment (as earlier versions made them), then dies by
+    SIGKILL at once or holds it until ``hold`` is set."""
+    shm.SharedMemoryGroup.create(2, 4096, [0, 1], 30.0, path=path)
+    ready.set()
+    if hold is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    hold.wait(60)
+
+
+def _named_segments(*holds):
+    """Named segments in /dev/shm: one whose owner was killed and one per ``holds`` whose
+    owner lives until its event is set."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    made = []
+    for hold in (None, *holds):
+        path = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}test-{uuid.uuid4().hex}")
+        ready = ctx.Event()
+        owner = ctx.Process(target=_own_named_segment, args=(path, ready, hold))
+        owner.start()
+        assert ready.wait(30)
+        made.append((path, owner))
+    made[0][1].join(10)
+    assert made[0][1].exitcode == -signal.SIGKILL
+    return made
+
+
+@pytest.mark.timeout(60)
+def test_only_segments_whose_owners_are_all_dead_are_removed():
+    import multiprocessing as mp
+    hold = mp.get_context("fork").Event()
+    (dead, _), (live, owner) = _named_segments(hold)
+    ownerless = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}test-{uuid.uuid4().hex}")
+    with open(ownerless, "wb") as f:      # made this instant: its maker writes its pid next
+        f.truncate(8192)
+    try:
+        assert shm.segment_owners(os.path.basename(dead)) != []
+        removed = shm.remove_dead_segments()
+        assert os.path.basename(dead) in removed and not os.path.exists(dead)
+        assert os.path.exists(live) and os.path.exists(ownerless)
+        assert os.path.basename(ownerless) in shm.remove_dead_segments(grace_s=0.0)
+        assert os.path.exists(live)
+        hold.set()
+        owner.join(10)
+        assert os.path.basename(live) in shm.remove_dead_segments()
+    finally:
+        hold.set()
+        for path in (dead, live, ownerless):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_recycled_pid_does_not_keep_a_segment():
+    """A live process that started after the segment last changed is not its owner."""
+    me = os.getpid()
+    assert shm._started_before(me, time.time())
+    assert not shm._started_before(me, psutil.Process(me).create_time() - 5.0)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    assert not shm._started_before(int(dead.stdout), time.time())
+
+
+@pytest.mark.timeout(120)
+def test_the_next_job_removes_a_dead_jobs_segment_and_keeps_a_live_ones():
+    import multiprocessing as mp
+    hold = mp.get_context("fork").Event()
+    (dead, _), (live, owner) = _named_segments(hold)
+    try:
+        proc = run_job(2, "shm_worker.py", "--only", "broadcast_allgather_alltoall")
+        assert_ok(proc, ["broadcast_allgather_alltoall"], [0, 1])
+        assert not os.path.exists(dead), proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert os.path.exists(live)
+    finally:
+        hold.set()
+        owner.join(10)
+        for path in (dead, live):
+            if os.path.exists(path):
+                os.unlink(path)
