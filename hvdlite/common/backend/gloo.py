@@ -6,7 +6,6 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 
 import datetime
 import logging
-import os
 from typing import List, Optional
 
 import torch

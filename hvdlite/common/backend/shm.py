@@ -25,12 +25,14 @@ A rank that opens a recycled pid's or fd's file instead finds neither the size
 nor the random tag rank 0 wrote at the end of the header, and maps nothing else
 (:meth:`SharedMemoryGroup.attach` checks both before writing a byte).
 
-Named segments of dead jobs (left by earlier versions, or by tools that name
-one) are removed by the next job's local rank 0 (:func:`remove_dead_segments`):
-only files of this user whose header records pids none of which belongs to a
-live process that started before the file was made (a recycled pid is a newer
-process, so it does not keep a dead job's file; a live one always started before
-the segment, since rank 0 makes it only after the round's ranks met).
+Named segments of dead jobs (left by earlier versions) are removed by the next
+job's local rank 0 (:func:`remove_dead_segments`): only files of this user whose
+header records pids none of which belongs to a live process that started before
+the file last changed.  Every owner started before the segment was made (rank 0
+makes it only after the round's ranks met), so a live owner always keeps it; a
+recycled pid is a newer process, so it does not keep a dead job's file.  A file
+that names no pid yet (its maker writes its pid microseconds after creating it)
+stays for a minute.
 
 Allreduce is a reduce-scatter in place: each local rank reduces its slice of
 everyone's slot into slot 0; a multi-host job then allreduces that slice with
