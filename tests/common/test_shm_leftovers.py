@@ -73,6 +73,13 @@ def _wait_for(cond, timeout_s):
     return False
 
 
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _segments_of(pids):
     """The named segments in /dev/shm that one of ``pids`` owned."""
     owned = []
@@ -92,8 +99,7 @@ def _kill_and_check(job, victim, pids):
     os.kill(target, signal.SIGKILL)
     if victim != "launcher":
         job.proc.wait(60)                 # the launcher ends the job
-    assert _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
-                                     psutil.STATUS_ZOMBIE for p in pids.values()), 30), \
+    assert _wait_for(lambda: not any(_alive(p) for p in pids.values()), 30), \
         job.output()[-3000:]
     assert _segments_of(pids.values()) == [], job.output()[-3000:]
 
@@ -161,7 +167,9 @@ def test_only_segments_whose_owners_are_all_dead_are_removed():
     (dead, _), (live, owner) = _named_segments(hold)
     ownerless = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}test-{uuid.uuid4().hex}")
     with open(ownerless, "wb") as f:      # made this instant: its maker writes its pid next
-        f.truncate(8192)
+        f.truncate(8192)                  # (numbers no pid can be count as none)
+        f.seek(64 * 8)
+        f.write((1 << 40).to_bytes(8, "little") + (-5).to_bytes(8, "little", signed=True))
     try:
         assert shm.segment_owners(os.path.basename(dead)) != []
         removed = shm.remove_dead_segments()
@@ -177,6 +185,29 @@ def test_only_segments_whose_owners_are_all_dead_are_removed():
         for path in (dead, live, ownerless):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_what_a_ticket_names_is_mapped_only_when_it_is_that_segment(tmp_path):
+    """A rank handed a ticket whose pid or fd now leads elsewhere maps nothing and writes
+    nothing: the size, then the tag, must be the segment's."""
+    group = shm.SharedMemoryGroup.create(2, 4096, [0, 1], 30.0)
+    try:
+        address, tag = group.ticket.split(" ")
+        other_tag = f"{address} {'0' * len(tag)}"
+        with pytest.raises(Exception, match="not this job's shared-memory segment") as info:
+            shm.SharedMemoryGroup.attach(other_tag, 1, 2, 4096, [0, 1], 30.0)
+        assert type(info.value).__name__ == "HvdliteInternalError"
+        assert group._pids[1] == 0
+        stranger = tmp_path / "stranger"
+        stranger.write_bytes(b"x" * 100)
+        with pytest.raises(Exception, match="holds 100 bytes"):
+            shm.SharedMemoryGroup.attach(f"{stranger} {tag}", 1, 2, 4096, [0, 1], 30.0)
+        assert stranger.read_bytes() == b"x" * 100
+        peer = shm.SharedMemoryGroup.attach(group.ticket, 1, 2, 4096, [0, 1], 30.0)
+        assert group._pids[1] == os.getpid()
+        peer.close()
+    finally:
+        group.close()
 
 
 def test_a_recycled_pid_does_not_keep_a_segment():

@@ -64,6 +64,7 @@ _MAX_LOCAL = 64          # counters fill int64 0..63 of the header, pids 64..127
 _PIDS_AT = 64
 _TAG_AT = _HEADER - 32   # magic and the creator's random tag close the header
 _MAGIC = b"hvdlite-shm-v2\0\0"
+_PID_MAX = 1 << 22       # Linux's largest pid_max: bigger numbers in a header are no pids
 _ALIGN = 64
 #: a named segment whose header names no pid is a dead creator's after this long
 #: (a live one writes its pid microseconds after making the file)
@@ -457,7 +458,7 @@ def segment_owners(name: str) -> List[int]:
 
 def _pids_in(head: bytes) -> List[int]:
     pids = np.frombuffer(head[:len(head) // 8 * 8], dtype=np.int64)
-    return [int(p) for p in pids[_PIDS_AT:_PIDS_AT + _MAX_LOCAL] if p > 0]
+    return [int(p) for p in pids[_PIDS_AT:_PIDS_AT + _MAX_LOCAL] if 0 < p <= _PID_MAX]
 
 
 def remove_dead_segments(grace_s: float = _NO_OWNER_GRACE_S) -> List[str]:
