@@ -20,10 +20,10 @@ had mapped it and rank 0 removed the name: a SIGKILL of the launcher (whose rank
 die with it) or of rank 0 in that window left the file for good, since no process
 of the job survived to remove it.  Rank 0 keeps its fd open only until every rank
 reported its mapping (or failed), then closes it (Python's mmap keeps a duplicate
-per mapping, which goes with the process too).
-A rank that opens a recycled pid's or fd's file instead finds neither the size
-nor the random tag rank 0 wrote at the end of the header, and maps nothing else
-(:meth:`SharedMemoryGroup.attach` checks both before writing a byte).
+per mapping, which goes with the process too).  A rank whose ticket leads to a
+recycled pid's or fd's file finds another size or not the random tag rank 0 wrote
+at the end of the header, and maps nothing (:meth:`SharedMemoryGroup.attach`
+checks both before writing a byte).
 
 Named segments of dead jobs (left by earlier versions) are removed by the next
 job's local rank 0 (:func:`remove_dead_segments`): only files of this user whose
