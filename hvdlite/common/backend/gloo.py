@@ -6,7 +6,6 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 
 import datetime
 import logging
-import os
 from typing import List, Optional
 
 import torch
@@ -176,6 +175,8 @@ class GlooBackend(Backend):
         layout allows it (enabled, several ranks on every host, the same number on each),
         then whether every host's segment was made and mapped.  Otherwise the job runs
         over Gloo alone, as before."""
+        if self.local_rank == 0:
+            _remove_dead_segments(self._who)
         layout = config.shared_memory and self.local_size > 1 and \
             self.size == self.local_size * self.cross_size and shm.available()
         if not self._agree(layout, "shared-memory layout"):
@@ -209,29 +210,29 @@ class GlooBackend(Backend):
         return bool(t.item())
 
     def _open_segment(self, client, config: cfg.Config):
-        """Local rank 0 creates the host's segment, the others map it, and once all have,
-        its name is removed (the memory lives until the last of them exits)."""
+        """Local rank 0 creates the host's segment (nameless, see ``shm``) and posts where
+        the others find it; they map it, and once all have (or failed), rank 0 closes the
+        way in: the memory lives until the last of them exits."""
         tag = f"shm/{config.hostname}/{self.cross_rank}/"
-        name = shm.segment_name(config.job_id, config.secret_key or b"", self.round,
-                                self.cross_rank)
-        path = os.path.join(shm.SHM_DIR, name)
         slot = shm.slot_bytes_for(config.fusion_chunk_bytes, config.inplace_threshold_bytes)
         wait_s = config.start_timeout_s
         if self.local_rank == 0:
             try:
-                group = shm.SharedMemoryGroup.create(path, self.local_size, slot, [],
+                group = shm.SharedMemoryGroup.create(self.local_size, slot, [],
                                                      self._timeout_s)
             except Exception:
                 client.set(tag + "created", b"0")
                 raise
-            client.set(tag + "created", b"1")
+            client.set(tag + "created", group.ticket.encode())
         else:
             client.wait([tag + "created"], wait_s)
-            if client.get(tag + "created") != b"1":
+            ticket = client.get(tag + "created")
+            if ticket == b"0":
                 raise HvdliteInternalError("local rank 0 could not create the segment")
-            try:        # e.g. another container's /dev/shm: tell rank 0 at once
-                group = shm.SharedMemoryGroup.attach(path, self.local_rank, self.local_size,
-                                                     slot, [], self._timeout_s)
+            try:        # e.g. another container's /proc: tell rank 0 at once
+                group = shm.SharedMemoryGroup.attach(ticket.decode(), self.local_rank,
+                                                     self.local_size, slot, [],
+                                                     self._timeout_s)
             except Exception:
                 client.set(tag + f"attached/{self.local_rank}", b"-1")
                 raise
@@ -245,8 +246,8 @@ class GlooBackend(Backend):
         group.job_ranks = [int(client.get(k)) for k in keys]
         if min(group.job_ranks) < 0:
             group.close()
-            raise HvdliteInternalError("a local rank could not map the segment (is /dev/shm "
-                                       "shared between this host's ranks?)")
+            raise HvdliteInternalError("a local rank could not map the segment (do this "
+                                       "host's ranks share one /proc?)")
         return group
 
     def _cross_allreduce(self, part, op) -> None:
@@ -455,6 +456,14 @@ class GlooBackend(Backend):
             except Exception as exc:  # already broken by a dead peer: nothing left to release
                 log.debug("rank %d: Gloo shutdown: %s", self.rank, exc)
         self._client.close()
+
+
+def _remove_dead_segments(who: str) -> None:
+    """Every job's local rank 0 removes the named segments killed jobs left in /dev/shm."""
+    removed = shm.remove_dead_segments()
+    if removed:
+        log.info("%s: removed %d shared-memory segment(s) of dead jobs from %s: %s", who,
+                 len(removed), shm.SHM_DIR, ", ".join(removed))
 
 
 def _store_client(config: cfg.Config) -> KVClient:

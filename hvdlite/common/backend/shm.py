@@ -10,8 +10,29 @@ yield, then short sleeps) until every counter caught up: microseconds when the
 peers are there.  A waiting rank checks that its peers' processes still exist
 and gives up after the op timeout, naming the rank.
 
-The segment is unlinked as soon as every local rank has mapped it, so it
-disappears with the last process whatever way they end (even SIGKILL).
+Nothing is ever left behind, whoever is killed when.  The segment never has a
+name: local rank 0 makes it with ``memfd_create`` and the others open it through
+``/proc/<pid of rank 0>/fd/<fd>`` (allowed to the same user only, like any
+process's open files); each mapping then holds the memory, which the kernel frees
+with the last one, whatever way the processes end.  A segment with a name in
+/dev/shm (how earlier versions did it) stayed from its creation until every rank
+had mapped it and rank 0 removed the name: a SIGKILL of the launcher (whose ranks
+die with it) or of rank 0 in that window left the file for good, since no process
+of the job survived to remove it.  Rank 0 keeps its fd open only until every rank
+reported its mapping (or failed), then closes it (Python's mmap keeps a duplicate
+per mapping, which goes with the process too).  A rank whose ticket leads to a
+recycled pid's or fd's file finds another size or not the random tag rank 0 wrote
+at the end of the header, and maps nothing (:meth:`SharedMemoryGroup.attach`
+checks both before writing a byte).
+
+Named segments of dead jobs (left by earlier versions) are removed by the next
+job's local rank 0 (:func:`remove_dead_segments`): only files of this user whose
+header records pids none of which belongs to a live process that started before
+the file last changed.  Every owner started before the segment was made (rank 0
+makes it only after the round's ranks met), so a live owner always keeps it; a
+recycled pid is a newer process, so it does not keep a dead job's file.  A file
+that names no pid yet (its maker writes its pid microseconds after creating it)
+stays for a minute.
 
 Allreduce is a reduce-scatter in place: each local rank reduces its slice of
 everyone's slot into slot 0; a multi-host job then allreduces that slice with
@@ -20,10 +41,9 @@ the result out.  Ordering between the counter store and the data relies on the
 stores of one process becoming visible in order (x86's memory model).
 """
 
-import hashlib
-import hmac
 import mmap
 import os
+import stat
 import time
 from typing import List, Optional
 
@@ -35,10 +55,20 @@ from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.message import ReduceOp
 
 SHM_DIR = "/dev/shm"
-#: file-name prefix of every segment (the launcher and tests look for leftovers by it)
+#: file-name prefix of named segments (earlier versions made them; leftovers go by it)
 PREFIX = "hvdlite-"
+#: what /proc/<pid>/fd/<fd> of a segment reads as ("/memfd:hvdlite-shm (deleted)")
+MEMFD_NAME = "hvdlite-shm"
 _HEADER = 4096
+_MAX_LOCAL = 64          # counters fill int64 0..63 of the header, pids 64..127
+_PIDS_AT = 64
+_TAG_AT = _HEADER - 32   # magic and the creator's random tag close the header
+_MAGIC = b"hvdlite-shm-v2\0\0"
+_PID_MAX = 1 << 22       # Linux's largest pid_max: bigger numbers in a header are no pids
 _ALIGN = 64
+#: a named segment whose header names no pid is a dead creator's after this long
+#: (a live one writes its pid microseconds after making the file)
+_NO_OWNER_GRACE_S = 60.0
 _SPIN_S = 50e-6          # busy-wait this long before yielding the CPU
 _YIELD_S = 2e-3          # then yield for this long before sleeping between checks
 _NAP_S = 50e-6
@@ -52,68 +82,127 @@ _CHECK_PEERS_S = 0.1
 PIECE_BYTES = 1 << 20
 
 
-def segment_name(job_id: str, key: bytes, round_: int, host_index: int) -> str:
-    """The segment's file name: derived from the job's key, so another user's job cannot
-    guess it, and from the round and host, so rounds and hosts never share one."""
-    tag = hmac.new(key, f"{job_id}/{round_}/{host_index}".encode(), hashlib.sha256)
-    return f"{PREFIX}{tag.hexdigest()[:24]}"
-
-
 def available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+    """Whether this host can make nameless segments that its other processes can map."""
+    return hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd")
+
+
+def _layout(local_size: int, slot_bytes: int):
+    """Slot size rounded up to the alignment, and the segment's total size."""
+    slot = (slot_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return slot, _HEADER + 2 * local_size * slot
 
 
 class SharedMemoryGroup:
     """The local ranks of one host, exchanging through one mapped segment.
 
     Made in two steps so the ranks can meet in between: local rank 0 calls
-    :meth:`create`, the others :meth:`attach` once it exists; when every rank has
-    attached, rank 0 calls :meth:`unlink`.  Called from the background thread only.
+    :meth:`create` and hands its :attr:`ticket` to the others, who :meth:`attach` with
+    it; when every rank has attached (or failed to), rank 0 calls :meth:`unlink`.
+    Called from the background thread only.
     """
 
-    def __init__(self, path: str, local_rank: int, local_size: int, slot_bytes: int,
-                 job_ranks: List[int], timeout_s: float, create: bool):
-        self.path = path
+    def __init__(self, mapping: mmap.mmap, address: str, local_rank: int, local_size: int,
+                 slot_bytes: int, job_ranks: List[int], timeout_s: float):
+        self.address = address
         self.local_rank, self.local_size = local_rank, local_size
-        self.slot_bytes = (slot_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        self.slot_bytes = slot_bytes
         self.job_ranks = job_ranks
         self.timeout_s = timeout_s
         self._oversubscribed = local_size > _cores()
-        total = _HEADER + 2 * local_size * self.slot_bytes
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, total)
-            self._map = mmap.mmap(fd, total)
-        finally:
-            os.close(fd)
+        self._map = mapping
+        self._fd: Optional[int] = None      # rank 0's memfd, until every rank mapped it
+        self._path: Optional[str] = None    # a named segment's file, until then too
+        self.ticket = ""
         torch = lazy_torch()
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
         header = np.frombuffer(self._map, dtype=np.int64, count=_HEADER // 8)
         self._counters = header[:local_size]
-        self._pids = header[64:64 + local_size]
+        self._pids = header[_PIDS_AT:_PIDS_AT + local_size]
         self._pids[local_rank] = os.getpid()
         self._generation = int(self._counters[local_rank])
         self._set = 0
         self._last_peer_check = 0.0
 
     @classmethod
-    def create(cls, path, local_size, slot_bytes, job_ranks, timeout_s):
-        return cls(path, 0, local_size, slot_bytes, job_ranks, timeout_s, True)
+    def create(cls, local_size, slot_bytes, job_ranks, timeout_s, path=None):
+        """A new segment, nameless unless ``path`` is given (tests name one to play an
+        earlier version's leftover).  Its :attr:`ticket` tells :meth:`attach` where it is.
+
+        Raises:
+            HvdliteInternalError: more local ranks than the header has room for.
+            OSError: the memory could not be had.
+        """
+        if not 1 <= local_size <= _MAX_LOCAL:
+            raise HvdliteInternalError(f"shared memory holds 1..{_MAX_LOCAL} local ranks, "
+                                       f"not {local_size}")
+        slot, total = _layout(local_size, slot_bytes)
+        if path is None:
+            fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
+            address = f"/proc/{os.getpid()}/fd/{fd}"
+        else:
+            fd, address = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), path
+        try:
+            os.ftruncate(fd, total)
+            mapping = mmap.mmap(fd, total)
+        except BaseException:
+            os.close(fd)
+            if path is not None:
+                os.unlink(path)
+            raise
+        tag = os.urandom(16)
+        group = cls(mapping, address, 0, local_size, slot, job_ranks, timeout_s)
+        mapping[_TAG_AT:_HEADER] = _MAGIC + tag
+        group.ticket = f"{address} {tag.hex()}"
+        if path is None:
+            group._fd = fd
+        else:
+            os.close(fd)
+            group._path = path
+        return group
 
     @classmethod
-    def attach(cls, path, local_rank, local_size, slot_bytes, job_ranks, timeout_s):
-        return cls(path, local_rank, local_size, slot_bytes, job_ranks, timeout_s, False)
+    def attach(cls, ticket: str, local_rank, local_size, slot_bytes, job_ranks, timeout_s):
+        """Map the segment whose :attr:`ticket` rank 0 handed out.
+
+        Raises:
+            HvdliteInternalError: what ``ticket`` names is not that segment (its creator
+                died and the pid or fd now belongs to something else).
+            OSError: it cannot be opened (gone, or another pid namespace's).
+        """
+        address, tag = ticket.rsplit(" ", 1)
+        slot, total = _layout(local_size, slot_bytes)
+        fd = os.open(address, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size != total:
+                raise HvdliteInternalError(
+                    f"local rank {local_rank}: {address} holds {size} bytes, not the "
+                    f"{total} of this job's shared-memory segment")
+            mapping = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        if mapping[_TAG_AT:_HEADER] != _MAGIC + bytes.fromhex(tag):
+            mapping.close()
+            raise HvdliteInternalError(f"local rank {local_rank}: {address} is not this "
+                                       f"job's shared-memory segment (its tag differs)")
+        return cls(mapping, address, local_rank, local_size, slot, job_ranks, timeout_s)
 
     def unlink(self) -> None:
-        """Remove the name; the memory lives on while any rank has it mapped."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Make the segment unreachable (close rank 0's fd, or remove a named one's
+        file); the memory lives on while any rank has it mapped."""
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+        path, self._path = getattr(self, "_path", None), None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def close(self) -> None:
+        self.unlink()
         m, self._map = getattr(self, "_map", None), None
         self._bytes = None
         self._counters = self._pids = None
@@ -350,7 +439,82 @@ def slot_bytes_for(fusion_chunk_bytes: int, inplace_threshold_bytes: int = 0) ->
 
 
 def leftover_segments(prefix: Optional[str] = None) -> List[str]:
-    """Segment files of hvdlite still named in /dev/shm (there should be none)."""
+    """Named segment files of hvdlite in /dev/shm (hvdlite itself names none any more)."""
     if not os.path.isdir(SHM_DIR):
         return []
     return sorted(f for f in os.listdir(SHM_DIR) if f.startswith(prefix or PREFIX))
+
+
+def segment_owners(name: str) -> List[int]:
+    """The pids recorded in the header of the named segment ``name`` in /dev/shm.
+
+    Raises:
+        OSError: it cannot be read (gone meanwhile, or another user's).
+    """
+    with open(os.path.join(SHM_DIR, name), "rb") as f:
+        head = f.read(_HEADER)
+    return _pids_in(head)
+
+
+def _pids_in(head: bytes) -> List[int]:
+    pids = np.frombuffer(head[:len(head) // 8 * 8], dtype=np.int64)
+    return [int(p) for p in pids[_PIDS_AT:_PIDS_AT + _MAX_LOCAL] if 0 < p <= _PID_MAX]
+
+
+def remove_dead_segments(grace_s: float = _NO_OWNER_GRACE_S) -> List[str]:
+    """Remove this user's named segments in /dev/shm whose owners are all dead (left by a
+    job killed while its segment had a name); returns the names removed.
+
+    A segment stays while any pid in its header is a live process that started before
+    the file was made; one whose header names no pid stays for ``grace_s`` after it was
+    made.  See the module's docstring for why that never removes a live job's segment.
+    """
+    removed = []
+    for name in leftover_segments():
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if _owners_dead(path, grace_s):
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            continue        # gone meanwhile, or another user's: not ours to remove
+    return removed
+
+
+def _owners_dead(path: str, grace_s: float) -> bool:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        head = os.pread(fd, _HEADER, 0)
+    finally:
+        os.close(fd)
+    # the last change: when the file was made, or written through a mapping since (tmpfs
+    # updates it then too); every owner started before the file was made, so before this
+    changed = st.st_ctime
+    pids = _pids_in(head)
+    if not pids:
+        return time.time() - changed > grace_s
+    return not any(_started_before(pid, changed) for pid in pids)
+
+
+def _started_before(pid: int, when: float) -> bool:
+    """Whether ``pid`` is a live process that started before ``when`` (epoch seconds;
+    a second of slack for /proc's boot time, which is in whole seconds)."""
+    if _process_gone(pid):
+        return False
+    started = _start_time(pid)
+    return started is None or started <= when + 1.0
+
+
+def _start_time(pid: int) -> Optional[float]:
+    """When ``pid`` started, in epoch seconds (None if unknown: it then counts as live)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")

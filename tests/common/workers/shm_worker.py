@@ -2,10 +2,13 @@
 
 Run with small slots (HVDLITE_FUSION_CHUNK_BYTES=4096) so big tensors cross several slots.
 Prints ``SHM rank=R shm=0|1 hierarchical=0|1`` then ``OK <check> rank=R`` per check.
-``--sleep S`` then waits (a rank that is to be killed meanwhile).
+``--sleep S`` then waits (a rank that is to be killed meanwhile).  ``--pause-after-create S``
+makes local rank 0 print ``SEGMENT_CREATED`` and sleep right after it made the host's segment,
+before the other ranks map it: the moment a kill is most likely to leave something behind.
 """
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -14,6 +17,7 @@ import torch
 
 import hvdlite.torch as hvd
 from hvdlite.common import basics
+from hvdlite.common.backend import shm
 
 
 def values(rank, n, dtype):
@@ -82,6 +86,20 @@ def check_broadcast_allgather_alltoall():
     assert [o["rank"] for o in objs] == list(range(n))
 
 
+def pause_after_create(seconds):
+    """Wrap the segment's creation so this rank stops right after it."""
+    create = shm.SharedMemoryGroup.create.__func__
+
+    def paused(cls, *args, **kwargs):
+        group = create(cls, *args, **kwargs)
+        print(f"SEGMENT_CREATED pid={os.getpid()} at={getattr(group, 'address', None)}",
+              flush=True)
+        time.sleep(seconds)
+        return group
+
+    shm.SharedMemoryGroup.create = classmethod(paused)
+
+
 CHECKS = {"allreduce": check_allreduce, "many_fused": check_many_fused,
           "broadcast_allgather_alltoall": check_broadcast_allgather_alltoall}
 
@@ -91,7 +109,10 @@ def main():
     p.add_argument("--only", default=",".join(CHECKS))
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--tag", default="")
+    p.add_argument("--pause-after-create", type=float, default=0.0)
     args = p.parse_args()
+    if args.pause_after_create:
+        pause_after_create(args.pause_after_create)
     hvd.init()
     backend = basics.runtime().backend
     shm_on = getattr(backend, "_shm", None) is not None
