@@ -19,8 +19,10 @@ class Rounds:
     """Opens rounds on the job's store, made on the first :meth:`publish`."""
 
     def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
-                 needed: bool = True):
+                 needed: bool = True, extra_ops: Optional[Dict[str, Callable]] = None):
+        """``extra_ops``: more store ops (see ``RendezvousService``)."""
         self._key = key
+        self._extra_ops = extra_ops
         self._bind_addr = bind_addr
         self._repeat_last = repeat_last
         self._needed = needed
@@ -34,7 +36,8 @@ class Rounds:
             return self._count
         if self.service is None:
             self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
-                                             bind_addr=self._bind_addr())
+                                             bind_addr=self._bind_addr(),
+                                             extra_ops=self._extra_ops)
         return self.service.publish(slots, ids)
 
     def exit_reports(self) -> Dict[SlotId, dict]:
