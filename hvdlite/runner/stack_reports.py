@@ -55,6 +55,7 @@ class StackReports:
         self._serial = 0
         #: the newest on-demand request no rank 0 has answered yet (0: none)
         self._wanted = 0
+        self._announced = 0
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         #: how many reports were written (for tests)
@@ -66,13 +67,18 @@ class StackReports:
         return {"stack_report": self._take, "stacks_wanted": self._wanted_op}
 
     def request_all(self) -> int:
-        """Ask for every rank's stacks (SIGUSR1).  No lock: this runs in a signal
-        handler, which must not wait for a lock another thread holds."""
+        """Ask for every rank's stacks (SIGUSR1).  No lock and no output here: this runs
+        in a signal handler, which must not wait for a lock another thread holds nor
+        write to a stream the interrupted code may be writing to (the writer thread
+        announces the request)."""
         self._serial += 1
         self._wanted = self._serial
-        self._write(f"hvdlite-run: stacks of every rank requested (request {self._serial}); "
-                    f"rank 0 polls for it once a second and the report follows here\n")
         return self._serial
+
+    def start(self) -> None:
+        """Start the writer thread now (before a signal handler may need it)."""
+        with self._cond:
+            self._start_locked()
 
     def _wanted_op(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
         return {"wanted": self._wanted}, b""
@@ -123,6 +129,11 @@ class StackReports:
                     return
                 self._cond.wait(0.25)
                 done = self._take_ready_locked(time.monotonic())
+            if self._serial > self._announced:
+                self._announced = self._serial
+                self._write(f"hvdlite-run: stacks of every rank requested (request "
+                            f"{self._serial}); rank 0 checks for it once a second and the "
+                            f"report follows here\n")
             for (kind, _), entry in done:
                 if entry.summary is not None:
                     self._write(format_report(kind, entry.summary, entry.stacks))
@@ -158,6 +169,7 @@ def on_sigusr1(reports: StackReports):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    reports.start()
     previous = signal.signal(signal.SIGUSR1, lambda *_: reports.request_all())
     try:
         yield

@@ -94,13 +94,18 @@ def test_collector_writes_one_report_once_all_expected_ranks_answered():
             client.request({"op": "stack_report", "kind": "all", "id": "x"})
         with pytest.raises(ServiceError, match="takes only"):
             client.request({"op": "set", "key": "k"})
-        reports.request_all()
+        assert reports.request_all() == 1
         assert client.request({"op": "stacks_wanted"})[0]["wanted"] == 1
+        deadline = time.monotonic() + 5
+        while len(written) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.request(dict(base, id=1, rank=0, pid=10, expected=[0]), b"[]")
+        assert client.request({"op": "stacks_wanted"})[0]["wanted"] == 0    # answered
     finally:
         client.close()
         store.shutdown()
         reports.close()
-    assert len(written) == 2 and "request 1" in written[1]
+    assert "request 1" in written[1] and len(written) == 3, written
 
 
 def test_dump_stacks_refuses_a_process_that_is_no_launcher():
