@@ -214,7 +214,15 @@ def test_stall_report_under_mpi(tmp_path):
 
 @needs_torch
 @pytest.mark.timeout(90)
+def test_stall_report_in_an_elastic_job(tmp_path):
+    _check_stall_report(["-np", "2", "--min-np", "2", "--max-np", "2", "-H", "localhost:2"],
+                        40, flag=str(tmp_path / "seen"))
+
+
+@needs_torch
+@pytest.mark.timeout(90)
 def test_dump_stacks_prints_every_ranks_stacks(tmp_path):
+    # the worker asks in its second round: a new runtime, and a new poller on rank 0
     flag = str(tmp_path / "seen")
     job = Launch(["-np", "2", WORKER, "dump", "40", flag])
     try:

@@ -3,7 +3,8 @@ others wait in an allreduce; the launcher's stack report must name that function
 
 argv: MODE SECONDS [FLAG]
   MODE     ``stall``: rank 1 dawdles, rank 0 waits in the allreduce;
-           ``dump``: every rank dawdles (the test asks for stacks on demand)
+           ``dump``: every rank dawdles (the test asks for stacks on demand), in the
+           job's second rendezvous round (shutdown() then init() first)
   SECONDS  how long the dawdling lasts at most
   FLAG     a file the test creates once it saw the report: dawdling ends a second later
 """
@@ -29,6 +30,10 @@ def main():
     mode, seconds = sys.argv[1], float(sys.argv[2])
     flag = sys.argv[3] if len(sys.argv) > 3 else None
     hvd.init()
+    if mode == "dump":
+        hvd.allreduce(torch.ones(1), name="round0")
+        hvd.shutdown()
+        hvd.init()
     if mode == "dump" or hvd.rank() == 1:
         print(f"DAWDLING rank={hvd.rank()}", flush=True)
         dawdle_in_user_code(seconds, flag)
