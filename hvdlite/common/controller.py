@@ -170,6 +170,16 @@ class Controller:
                 out.append((name, have, missing, waited))
         return out
 
+    def missing_since(self, cycle: int) -> List[int]:
+        """Set ranks missing from any tensor first seen at or before ``cycle`` (the same
+        answer on every rank: the table is)."""
+        missing = set()
+        for entry in self.table.values():
+            if entry.first_cycle <= cycle:
+                missing.update(r for r in range(self.size) if r not in entry.requests
+                               and r not in self.joined)
+        return sorted(missing)
+
     def fail_older_than(self, cycle: int) -> List[Response]:
         """Error responses for every incomplete tensor first seen at or before ``cycle``."""
         out = []

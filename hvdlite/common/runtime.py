@@ -6,7 +6,8 @@ handles; only the background thread touches the backend.  Each cycle:
 1. drain new entries from the :class:`TensorQueue`;
 2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
    once: whether anybody needs a full negotiation, the longest request payload,
-   who is shutting down, rank 0's stall verdict, and the response-cache bits.
+   who is shutting down, rank 0's stall verdict, rank 0's request for stacks
+   (:mod:`hvdlite.common.stack_report`), and the response-cache bits.
    The same vector carries rank 0's live :class:`Parameters`, so a change
    (fusion threshold, cycle time, ...) takes effect on every rank in the same
    cycle;
@@ -23,13 +24,15 @@ calls raise it too: a failure never becomes a hang.
 """
 
 import logging
+import random
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hvdlite.common import arrays, fusion
+from hvdlite.common import arrays, fusion, stack_report
+from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
@@ -44,8 +47,9 @@ log = logging.getLogger(__name__)
 
 _INT_MAX = np.iinfo(np.int32).max
 # control vector layout:
-# [need_nothing_new, -payload_len, stall_cutoff, params_version, params[W], alive[size], bits[cap]]
-_NEED, _LEN, _STALL, _PVER, _PARAMS = 0, 1, 2, 3, 4
+# [need_nothing_new, -payload_len, stall_cutoff, params_version, stacks_id, stacks_age,
+#  params[W], alive[size], bits[cap]]
+_NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = 0, 1, 2, 3, 4, 5, 6
 _ALIVE = _PARAMS + Parameters.WIDTH
 #: a cache hit not executed after this long is sent through full negotiation instead,
 #: so the stall inspector sees it
@@ -85,6 +89,15 @@ class Runtime:
         self._cycle = 0
         self._stall_warned: Dict[str, float] = {}   # name -> when last reported
         self._last_stall_check = time.monotonic()
+        # stacks (rank 0): job ranks whose stacks this stall already asked for, and the
+        # request the next control vector carries: (id, cutoff cycle or None for all ranks)
+        self._stall_asked: set = set()
+        self._stacks_wanted: Optional[Tuple[int, Optional[int]]] = None
+        self._stacks_lock = threading.Lock()
+        self._stack_target = stack_report.Target.from_config(config)
+        self._poller = None
+        if self._stack_target is not None and self.rank == 0 and ranks is None:
+            self._poller = stack_report.Poller(self._stack_target, self._ask_all_for_stacks)
         # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
         self._plan_memo: Dict[tuple, list] = {}
         self._done: list = []                    # (entry, result, error) of the running group
@@ -99,6 +112,8 @@ class Runtime:
     # -- user-thread side -----------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        if self._poller is not None:
+            self._poller.start()
 
     def enqueue(self, entries: List[Entry]) -> None:
         if self._error is not None:
@@ -150,6 +165,8 @@ class Runtime:
         """Ask every rank to stop (via the control vector) and join; True if it exited."""
         self._stop.set()
         self._wake.set()
+        if self._poller is not None:
+            self._poller.stop()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -187,6 +204,8 @@ class Runtime:
             log.debug("rank %d: background loop ended with %s", self.rank, err)
             self._fail_all(err)
         finally:
+            if self._poller is not None:
+                self._poller.stop()
             self.backend.close()
 
     def _fail_all(self, err: BaseException) -> None:
@@ -208,6 +227,8 @@ class Runtime:
         agreed = self._agree(vec)
         if agreed is None:
             return False
+        if agreed[_DUMP] != _INT_MAX:
+            self._send_stacks(int(agreed[_DUMP]), int(agreed[_DUMP_AGE]))
         stalled = self._stall_failures(agreed)
         if agreed[_NEED] == 0:
             self._execute(self._negotiate(agreed, payload, stalled))
@@ -274,6 +295,9 @@ class Runtime:
             version, proposed = self._proposed
             vec[_PVER] = version
             vec[_PARAMS:_ALIVE] = proposed.encode()
+            vec[_DUMP] = vec[_DUMP_AGE] = _INT_MAX
+            if self._stacks_wanted is not None:
+                self._put_stacks_request(vec)
         else:
             vec[_STALL] = _INT_MAX
             vec[_PVER:_ALIVE] = _INT_MAX
@@ -409,6 +433,8 @@ class Runtime:
 
     # -- stall inspection -----------------------------------------------------------------
     def _check_stalls(self) -> None:
+        """Rank 0: warn about each stalled tensor once per warning period (as Horovod
+        does), and ask the missing ranks for their stacks once per stall."""
         if self.rank != 0:
             return
         every = self.config.stall_check_warning_time_s
@@ -416,6 +442,9 @@ class Runtime:
         stalled = self.controller.stalled(every)
         for name in set(self._stall_warned) - {s[0] for s in stalled}:
             del self._stall_warned[name]
+        if not stalled:
+            self._stall_asked.clear()        # the stall is over: the next one is reported
+            return
         job = self.ranks
         for name, have, missing, waited in stalled:
             if now - self._stall_warned.get(name, -every) < every:
@@ -424,8 +453,59 @@ class Runtime:
             have, missing = [job[r] for r in have], [job[r] for r in missing]
             log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
                         "(waiting %.0fs); one rank may be skipping a collective or running "
-                        "different code (--stall-check-shutdown-time-seconds turns this into "
-                        "an error)", name, have, missing, waited)
+                        "different code (%s turns this into an error)", name, have, missing,
+                        waited, _SHUTDOWN_HINT)
+        self._ask_for_stacks(stalled)
+
+    def _ask_for_stacks(self, stalled: List[Tuple[str, List[int], List[int], float]]) -> None:
+        """Rank 0: ask the stall's missing ranks not asked yet for their stacks: a summary
+        to the launcher now, the request to the ranks in the next control vector."""
+        job = self.ranks
+        missing = {job[r] for _, _, miss, _ in stalled for r in miss}
+        if self._stack_target is None or not missing - self._stall_asked:
+            return
+        self._stall_asked |= missing
+        cutoff = max(self.controller.table[name].first_cycle for name, _, _, _ in stalled)
+        request_id = random.randrange(1, _INT_MAX)
+        tensors = [[name, [job[r] for r in have], [job[r] for r in miss], round(waited, 1)]
+                   for name, have, miss, waited in stalled[:_MAX_TENSORS_REPORTED]]
+        stack_report.send_async(
+            self._stack_target, stack_report.STALL, request_id, job[self.rank],
+            {"expected": sorted(missing), "tensors": tensors, "stalled": len(stalled),
+             "hint": _SHUTDOWN_HINT}, with_stacks=False)
+        with self._stacks_lock:
+            self._stacks_wanted = (request_id, cutoff)
+
+    def _ask_all_for_stacks(self, request_id: int) -> None:
+        """Rank 0 (the poller's thread): a user asked for every rank's stacks.  Rank 0's
+        own go at once, from this thread; the others are asked in the next cycle."""
+        stack_report.send_async(self._stack_target, stack_report.ALL, request_id,
+                                self.ranks[self.rank], {"expected": list(self.ranks)})
+        with self._stacks_lock:
+            self._stacks_wanted = (request_id, None)
+        self._wake.set()
+
+    def _put_stacks_request(self, vec: np.ndarray) -> None:
+        with self._stacks_lock:
+            wanted, self._stacks_wanted = self._stacks_wanted, None
+        if wanted is not None:
+            request_id, cutoff = wanted
+            vec[_DUMP] = request_id
+            # an age in cycles, as for the stall verdict; -1: every rank
+            vec[_DUMP_AGE] = -1 if cutoff is None else min(self._cycle - cutoff, _INT_MAX - 1)
+
+    def _send_stacks(self, request_id: int, age: int) -> None:
+        """Every rank, in the cycle rank 0's request arrives: send this rank's stacks if
+        it is asked (every rank, or a rank missing from a tensor as old as the cutoff)."""
+        if self._stack_target is None:
+            return
+        if age < 0:
+            if self.rank != 0:               # rank 0 sent its own with the summary
+                stack_report.send_async(self._stack_target, stack_report.ALL, request_id,
+                                        self.ranks[self.rank])
+        elif self.rank in self.controller.missing_since(self._cycle - age):
+            stack_report.send_async(self._stack_target, stack_report.STALL, request_id,
+                                    self.ranks[self.rank])
 
     def _stall_cutoff(self) -> int:
         """Rank 0's verdict: how many cycles ago the last cycle whose tensors have waited too
@@ -437,6 +517,13 @@ class Runtime:
         expired = [e.first_cycle for e in self.controller.table.values()
                    if e.first_time <= horizon]
         return min(self._cycle - max(expired), _INT_MAX - 1) if expired else _INT_MAX
+
+
+#: how many stalled tensors one stack report names (it counts the rest)
+_MAX_TENSORS_REPORTED = 10
+#: how a user turns a stall into an error
+_SHUTDOWN_HINT = " or ".join(("--stall-check-shutdown-time-seconds",)
+                             + cfg.horovod_twins(cfg.STALL_CHECK_SHUTDOWN_TIME))
 
 
 def _nbytes(resp: Response) -> int:

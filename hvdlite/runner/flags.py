@@ -128,6 +128,10 @@ GROUPS: Tuple[Group, ...] = (
              "'fusion-threshold-mb: 32'), top level or in a section such as elastic:; flags "
              "given on the command line win", "none", {"metavar": "FILE"}),
         Flag(("--verbose",), "report each launch step", "off", _SWITCH),
+        Flag(("--dump-stacks",),
+             "ask the running hvdlite-run with this process id for every rank's Python "
+             "stacks (as SIGUSR1 to it does; the report appears in that launcher's output), "
+             "and exit", "none", {"metavar": "PID", "type": int}),
         Flag(("--disable-cache",), _no_op("--disable-cache"), "off", _SWITCH),
     )),
     Group("host arguments", None, (

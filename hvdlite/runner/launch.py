@@ -25,6 +25,7 @@ from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.launch_config import Settings
+from hvdlite.runner.stack_reports import signal_launcher
 from hvdlite.runner.starters.mpiexec import find_mpiexec
 from hvdlite.version import __version__
 
@@ -283,6 +284,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.check_build:
             print(check_build())
+            return 0
+        if args.dump_stacks is not None:
+            print(signal_launcher(args.dump_stacks))
             return 0
         if args.log_level:
             logging.getLogger("hvdlite").setLevel(cfg.log_level_name(args.log_level))

@@ -15,7 +15,7 @@ import base64
 import dataclasses
 import threading
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from hvdlite.common.net.kv import PLACE_FIELDS, arrival_key, round_prefix
 from hvdlite.common.net.service import Service, ServiceError
@@ -139,7 +139,11 @@ class RendezvousService(KVStoreService):
     _MAX_REPORTS = 65536
 
     def __init__(self, key: bytes, slots: Sequence[SlotInfo] = (), bind_addr: str = "127.0.0.1",
-                 port: int = 0, repeat_last: bool = True, job_id: Optional[str] = None):
+                 port: int = 0, repeat_last: bool = True, job_id: Optional[str] = None,
+                 extra_ops: Optional[Dict[str, Callable]] = None):
+        """``extra_ops``: more ops, each answered by ``handler(header, blob)`` (e.g. the
+        ranks' stack reports, ``hvdlite.runner.stack_reports``)."""
+        self._extra_ops = dict(extra_ops or {})
         self._repeat_last = repeat_last
         self._job_id = job_id
         self._round = -1
@@ -217,6 +221,8 @@ class RendezvousService(KVStoreService):
         if header.get("op") == "exit_report":
             self._take_exit_report(header)
             return {}, b""
+        if header.get("op") in self._extra_ops:
+            return self._extra_ops[header["op"]](header, blob)
         if header.get("op") != "join_round":
             return super().handle(header, blob, client)
         after, host = header.get("after"), header.get("hostname")

@@ -29,6 +29,7 @@ from hvdlite.runner.nics import loopback_interface
 from hvdlite.runner.procs import StopSignals
 from hvdlite.runner.rank_output import OutputSink
 from hvdlite.runner.ssh import SSHOptions
+from hvdlite.runner.stack_reports import StackReports, on_sigusr1
 from hvdlite.runner.starters.auto import AutoWorkers
 from hvdlite.runner.starters.base import Starter
 from hvdlite.runner.starters.local import LocalWorkers
@@ -48,6 +49,8 @@ class JobContext:
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
     rounds: Optional[Rounds] = None
     agent: Optional[Agent] = None
+    #: the ranks' stack reports (a stall, or --dump-stacks / SIGUSR1)
+    stacks: StackReports = dataclasses.field(default_factory=StackReports)
 
     def wake(self) -> None:
         if self.agent is not None:
@@ -82,15 +85,17 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
     """
     job.rounds = Rounds(job.key, lambda: starter.rendezvous_addr,
                         repeat_last=job.settings.static, needed=starter.needs_rendezvous,
-                        job_id=job.job_id)
+                        job_id=job.job_id, extra_ops=job.stacks.ops())
     job.agent = Agent(job.settings, source, starter, job.rounds,
                       op_timeout_s=op_timeout(job.config.tunable_env))
     try:
-        with StopSignals(job.agent.request_stop, action=starter.stop_action):
+        with StopSignals(job.agent.request_stop, action=starter.stop_action), \
+                on_sigusr1(job.stacks):
             code = job.agent.run()
     finally:
         starter.close()
         job.rounds.shutdown()
+        job.stacks.close()
     if job.agent.launch_error is not None:
         raise job.agent.launch_error
     if job.agent.summary:
@@ -186,7 +191,7 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
                           identity_file=config.ssh_identity_file, verbose=config.verbose,
                           output_dir=config.output_dir, timestamp=config.timestamp_output,
                           binding_args=config.binding_args, hidden_env=hidden,
-                          on_exit=job.wake)
+                          on_exit=job.wake, reports=(job.key, job.stacks.ops()))
 
 
 def op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:

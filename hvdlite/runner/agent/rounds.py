@@ -19,9 +19,12 @@ class Rounds:
     """Opens rounds on the job's store, made on the first :meth:`publish`."""
 
     def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
-                 needed: bool = True, job_id: str = ""):
+                 needed: bool = True, job_id: str = "",
+                 extra_ops: Optional[Dict[str, Callable]] = None):
+        """``extra_ops``: more store ops (see ``RendezvousService``)."""
         self._key = key
         self._job_id = job_id
+        self._extra_ops = extra_ops
         self._bind_addr = bind_addr
         self._repeat_last = repeat_last
         self._needed = needed
@@ -35,7 +38,8 @@ class Rounds:
             return self._count
         if self.service is None:
             self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
-                                             bind_addr=self._bind_addr(), job_id=self._job_id)
+                                             bind_addr=self._bind_addr(), job_id=self._job_id,
+                                             extra_ops=self._extra_ops)
         return self.service.publish(slots, ids)
 
     def formed(self, round_: int) -> bool:

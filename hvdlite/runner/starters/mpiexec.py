@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,9 +27,10 @@ import psutil
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
 from hvdlite.runner import lifeline
-from hvdlite.runner.hosts import HostSlots, SlotInfo
+from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local, resolve
 from hvdlite.runner.procs import describe_exit, kill_tree
 from hvdlite.runner.rank_output import wrapper_command
+from hvdlite.runner.stack_reports import Handler, ReportStore
 from hvdlite.runner.starters.base import SlotId, Starter, slot_id
 
 log = logging.getLogger(__name__)
@@ -134,8 +136,12 @@ class MpiexecStarter(Starter):
                  verbose: bool = False, output_dir: Optional[str] = None,
                  timestamp: bool = False, binding_args: Optional[Sequence[str]] = None,
                  hidden_env: Optional[Dict[str, str]] = None,
-                 on_exit: Callable[[], None] = lambda: None):
-        """Raises:
+                 on_exit: Callable[[], None] = lambda: None,
+                 reports: Optional[Tuple[bytes, Dict[str, Handler]]] = None):
+        """``reports``: (job key, store ops): a :class:`ReportStore` serves them to the
+        ranks (stack reports), its address passed as the rendezvous variables.
+
+        Raises:
             HvdliteConfigError: no mpiexec on PATH, or an unknown flavour.
         """
         self._mpiexec = find_mpiexec()
@@ -158,11 +164,29 @@ class MpiexecStarter(Starter):
         self._proc: Optional[subprocess.Popen] = None
         self._slots: List[SlotInfo] = []
         self._reported = False
+        self._reports = reports
+        self._store: Optional[ReportStore] = None
+
+    def _start_report_store(self, hosts: List[HostSlots]) -> None:
+        """The store the ranks send reports to, on an address every host reaches."""
+        if self._reports is None or self._store is not None:
+            return
+        remote = [h.hostname for h in hosts if not is_local(h.hostname)]
+        addr = _address_towards(resolve(remote[0])) if remote else "127.0.0.1"
+        self._store = ReportStore(self._reports[0], self._reports[1], bind_addr=addr,
+                                  expected_peers=sum(h.slots for h in hosts))
+        self._env[cfg.RENDEZVOUS_ADDR] = self._store.address[0]
+        self._env[cfg.RENDEZVOUS_PORT] = str(self._store.address[1])
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.shutdown()
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
         if self._proc is not None:
             raise HvdliteLaunchError("--mpi: an MPI world cannot grow; mpiexec already runs")
         used = [h for h in self._hosts if any(s.hostname == h.hostname for s in slots)]
+        self._start_report_store(used)
         cmd = build_command(self.flavor, self._mpiexec, len(slots), used, self._env,
                             self._names, self._mpi_args, self._command, *self._ssh,
                             output_dir=self._output[0], timestamp=self._output[1],
@@ -218,3 +242,11 @@ class MpiexecStarter(Starter):
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
         return (f"hvdlite-run: mpiexec ({self.flavor}) {describe_exit(code)}; see the "
                 f"rank-tagged output above for the failing rank.\n")
+
+
+def _address_towards(peer: str) -> str:
+    """This host's address on the route to ``peer`` (a UDP connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect((peer, 9))
+        return sock.getsockname()[0]

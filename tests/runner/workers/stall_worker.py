@@ -1,0 +1,47 @@
+"""Rank 1 (or, for a dump, every rank) stays in a function of this script while the
+others wait in an allreduce; the launcher's stack report must name that function.
+
+argv: MODE SECONDS [FLAG]
+  MODE     ``stall``: rank 1 dawdles, rank 0 waits in the allreduce;
+           ``dump``: every rank dawdles (the test asks for stacks on demand), in the
+           job's second rendezvous round (shutdown() then init() first)
+  SECONDS  how long the dawdling lasts at most
+  FLAG     a file the test creates once it saw the report: dawdling ends a second later
+"""
+import os
+import sys
+import time
+
+import torch
+
+import hvdlite.torch as hvd
+
+
+def dawdle_in_user_code(seconds, flag):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if flag and os.path.exists(flag):
+            time.sleep(1.0)
+            return
+        time.sleep(0.1)
+
+
+def main():
+    mode, seconds = sys.argv[1], float(sys.argv[2])
+    flag = sys.argv[3] if len(sys.argv) > 3 else None
+    hvd.init()
+    if mode == "dump":
+        hvd.allreduce(torch.ones(1), name="round0")
+        hvd.shutdown()
+        hvd.init()
+    if mode == "dump" or hvd.rank() == 1:
+        print(f"DAWDLING rank={hvd.rank()}", flush=True)
+        dawdle_in_user_code(seconds, flag)
+    out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="stall.grad")
+    assert out.tolist() == [2.0, 2.0], out
+    print(f"STALLOK rank={hvd.rank()}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
