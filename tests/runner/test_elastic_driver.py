@@ -525,6 +525,21 @@ def test_a_worker_that_only_gave_up_on_a_peer_keeps_its_host(caplog):
     assert job.finish() == 0
 
 
+def test_training_that_ends_before_a_new_round_forms_does_not_wait_for_its_newcomers():
+    """The last commit is behind the ranks when a host comes back: the round that adds it
+    never forms, so its new worker is stopped, not waited for (it would time out)."""
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2, max_np=3)
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.rounds.unformed = True
+    disc.set("a:1,b:1,c:1")
+    assert job.wait_round(1) == [("a", 0), ("b", 0), ("c", 0)]
+    job.workers.exit(("a", 0), 0)
+    job.workers.exit(("b", 0), 0)
+    assert job.finish() == 0, job.driver.error
+    assert ("c", 0) in job.workers.stopped
+
+
 def test_rounds_whose_ranks_keep_giving_up_on_each_other_end_the_job():
     job = Job(FakeDiscovery("a:1,b:1"), np=2, reset_limit=50)
     job.rounds.unformed = True

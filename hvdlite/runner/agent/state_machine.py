@@ -189,6 +189,8 @@ class Agent:
         #: failures this step whose rank only saw a peer's failure: {slot: its error line}
         self._peer_failed: Dict[SlotId, str] = {}
         self._unformed: List[int] = []        # rounds in a row replaced before they formed
+        #: new workers of a round that never formed before training finished: not waited for
+        self._excused: Set[SlotId] = set()
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -234,6 +236,7 @@ class Agent:
             self._set_state(State.FINISHING,
                             f"worker {_name(next(iter(self._finished)))} of round {self.round} "
                             f"exited 0: training is over")
+            self._excuse_newcomers()
         if self.state is State.FINISHING or (failures and self.settings.static):
             self._step_finishing(failures)
             return
@@ -345,11 +348,24 @@ class Agent:
 
     # ---- states --------------------------------------------------------------------------
 
+    def _excuse_newcomers(self) -> None:
+        """Training ended before the newest round formed: its new workers (started for it)
+        can never meet the finished ones, so they are stopped and need not finish."""
+        if self.settings.static or self._rendezvous.formed(self.round):
+            return
+        new = [sid for sid in self.round_ids if sid in self._live
+               and self._live[sid].started_round == self.round and sid not in self._finished]
+        if new:
+            log.info("round %d: training finished before new workers %s joined; stopping "
+                     "them", self.round, ", ".join(map(_name, new)))
+            self._excused.update(new)
+            self._stop(new)
+
     def _step_finishing(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
             self._fail_with_summary(failures[0])
             return
-        members = list(self.round_ids)
+        members = [m for m in self.round_ids if m not in self._excused]
         if all(m in self._finished for m in members):
             self._set_state(State.SUCCEEDED, f"all {_count(len(members), 'worker')} of round "
                                              f"{self.round} exited 0")
