@@ -32,15 +32,17 @@ PREAUTH_TIMEOUT_S = 5.0
 #: connections per listener that may wait for their hello at once
 MAX_UNAUTHENTICATED = 512
 #: how long every accepted connection may wait for its hello before a newcomer may take
-#: its place (a peer with the key answers the nonce within one round trip)
-EVICT_MIN_AGE_S = 0.25
+#: its place; a peer with the key answers the nonce at once (one round trip), and one on
+#: another address than the flood's is not in the flood's part of the table at all
+EVICT_MIN_AGE_S = 0.05
 #: connections accepted per turn of the accept loop before it reads waiting hellos again
 ACCEPTS_PER_TURN = 32
 #: connections per listener, authenticated or not (a job needs about one per rank)
 MIN_MAX_CONNECTIONS = 512
 #: pending connections the kernel queues before accept (the real bound is also capped by
-#: net.core.somaxconn); a job of N ranks may connect N at once
-MIN_BACKLOG = 128
+#: net.core.somaxconn); a job of N ranks may connect N at once, and a flood of strangers
+#: must not fill the queue so that our clients' SYNs are dropped (retried after 1 s, 3 s...)
+MIN_BACKLOG = 2048
 #: how long the accept loop sleeps (doubling up to the cap) when accept fails for want of
 #: descriptors or memory, instead of spinning
 ACCEPT_BACKOFF_S = (0.05, 1.0)
