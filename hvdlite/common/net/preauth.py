@@ -12,7 +12,8 @@ clients out:
   gets at least that long to send its hello, so a peer with the key is not pushed out
   before it could speak; when nothing is old enough, the newcomer is refused (and our
   clients connect again);
-* one source never holds more than ``per_source`` places.
+* one source never holds more than ``per_source`` places: a newcomer from a source at
+  its share takes the place of that source's oldest connection (same age rule).
 
 Authenticated connections are not in the table and are never closed to make room.
 """
