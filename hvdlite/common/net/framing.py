@@ -123,17 +123,31 @@ class SecureChannel:
             raise
         return chan
 
-    def expect_hello(self, timeout_s: float) -> None:
-        """Server side: read the peer's first frame, at most :data:`HELLO_MAX_BYTES` and
-        within ``timeout_s`` in all, and check it is a verified hello.
+    @staticmethod
+    def hello_size(prefix: bytes) -> int:
+        """The whole size of a first frame whose 4-byte length prefix is ``prefix``.
 
         Raises:
-            HvdliteAuthError: a bigger first frame, a bad MAC or not a hello.
-            socket.timeout: the hello did not arrive in time.
-            ChannelClosed: the peer left.
+            HvdliteAuthError: the declared length is over :data:`HELLO_MAX_BYTES`.
         """
-        header, blob = self.recv(deadline=time.monotonic() + timeout_s,
-                                 max_bytes=HELLO_MAX_BYTES)
+        (length,) = _LEN.unpack(prefix)
+        if length > HELLO_MAX_BYTES:
+            raise HvdliteAuthError(f"frame of {length} bytes exceeds {HELLO_MAX_BYTES} "
+                                   f"(before the hello)")
+        return _LEN.size + MAC_BYTES + length
+
+    def take_hello(self, frame: bytes) -> None:
+        """Server side: check a whole first frame (read without blocking, see
+        :meth:`hello_size`) is this connection's verified hello.
+
+        Raises:
+            HvdliteAuthError: a bad MAC, or not a hello.
+        """
+        (length,) = _LEN.unpack_from(frame)
+        if length > HELLO_MAX_BYTES or len(frame) != _LEN.size + MAC_BYTES + length:
+            raise HvdliteAuthError("malformed first frame")
+        header, blob = self._verified(frame[_LEN.size:_LEN.size + MAC_BYTES],
+                                      frame[_LEN.size + MAC_BYTES:])
         if header != HELLO or blob:
             raise HvdliteAuthError("the first frame is not a hello")
         self.authenticated = True
@@ -163,6 +177,10 @@ class SecureChannel:
                                    + ("" if self.authenticated else " (before the hello)"))
         mac = _recv_exact(self.sock, MAC_BYTES, deadline)
         body = _recv_exact(self.sock, length, deadline)
+        return self._verified(mac, body)
+
+    def _verified(self, mac: bytes, body: bytes) -> Tuple[Dict[str, Any], bytes]:
+        """The decoded body, once its MAC is checked (the next sequence number counted)."""
         if not hmac.compare_digest(mac, self._mac(self._recv_tag, self._recv_seq, body)):
             raise HvdliteAuthError("message failed HMAC verification "
                                    "(wrong job key, forged, replayed or reordered)")

@@ -7,28 +7,42 @@ can make us spend small and bounded:
 
 * time: the hello must arrive within :data:`PREAUTH_TIMEOUT_S`;
 * memory: the hello is at most ``framing.HELLO_MAX_BYTES``;
-* threads and descriptors: at most :data:`MAX_UNAUTHENTICATED` connections per
-  listener wait for their hello, and at most ``max_connections`` are open at once;
-  the rest are refused at accept;
+* threads and descriptors: connections waiting for their hello cost no thread (the
+  accept thread reads their hellos); at most :data:`MAX_UNAUTHENTICATED` of them per
+  listener (fewer when descriptors are scarce), half of those per source address, and at
+  most ``max_connections`` connections in all;
+* places: when the table of waiting connections is full, the oldest one of the busiest
+  source that has waited :data:`EVICT_MIN_AGE_S` is closed to make room for the newcomer
+  (see :mod:`hvdlite.common.net.preauth`), so that idle strangers cannot keep a job's own
+  clients out; authenticated connections are never closed for a newcomer;
 * log volume: rejections are logged a few at a time, then summarised
   (:class:`RejectLog`), so 40,000 forged frames make a handful of lines.
 """
 
 import logging
+import resource
 import socket
 import threading
 import time
 from typing import Dict, Optional
 
-#: how long a new connection may take to prove the key (its whole hello frame)
-PREAUTH_TIMEOUT_S = 10.0
+#: how long a new connection may take to prove the key (its whole hello frame); a client
+#: sends its hello as soon as the nonce arrives, one round trip after connecting
+PREAUTH_TIMEOUT_S = 5.0
 #: connections per listener that may wait for their hello at once
-MAX_UNAUTHENTICATED = 64
+MAX_UNAUTHENTICATED = 512
+#: how long every accepted connection may wait for its hello before a newcomer may take
+#: its place; a peer with the key answers the nonce at once (one round trip), and one on
+#: another address than the flood's is not in the flood's part of the table at all
+EVICT_MIN_AGE_S = 0.05
+#: connections accepted per turn of the accept loop before it reads waiting hellos again
+ACCEPTS_PER_TURN = 32
 #: connections per listener, authenticated or not (a job needs about one per rank)
 MIN_MAX_CONNECTIONS = 512
 #: pending connections the kernel queues before accept (the real bound is also capped by
-#: net.core.somaxconn); a job of N ranks may connect N at once
-MIN_BACKLOG = 128
+#: net.core.somaxconn); a job of N ranks may connect N at once, and a flood of strangers
+#: must not fill the queue so that our clients' SYNs are dropped (retried after 1 s, 3 s...)
+MIN_BACKLOG = 2048
 #: how long the accept loop sleeps (doubling up to the cap) when accept fails for want of
 #: descriptors or memory, instead of spinning
 ACCEPT_BACKOFF_S = (0.05, 1.0)
@@ -37,6 +51,18 @@ ACCEPT_BACKOFF_S = (0.05, 1.0)
 def backlog_for(expected_peers: int) -> int:
     """A listen backlog for a listener that ``expected_peers`` processes connect to at once."""
     return min(socket.SOMAXCONN, max(MIN_BACKLOG, 2 * int(expected_peers)))
+
+
+def max_unauthenticated_default() -> int:
+    """:data:`MAX_UNAUTHENTICATED`, or a quarter of this process's descriptor limit when
+    that is smaller (waiting strangers must not take the descriptors our peers need)."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        return MAX_UNAUTHENTICATED
+    if soft == resource.RLIM_INFINITY:
+        return MAX_UNAUTHENTICATED
+    return max(16, min(MAX_UNAUTHENTICATED, soft // 4))
 
 
 def max_connections_for(expected_peers: int) -> int:

@@ -10,15 +10,16 @@ rendezvous store are all built on it; workers use :class:`Client` (through
 import abc
 import errno
 import logging
-import select
+import random
+import selectors
 import socket
 import struct
 import threading
 import time
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from hvdlite.common.exceptions import HvdliteAuthError, HvdliteError, HvdliteTimeoutError
-from hvdlite.common.net import limits
+from hvdlite.common.net import limits, preauth
 from hvdlite.common.net.framing import ChannelClosed, SecureChannel
 
 log = logging.getLogger(__name__)
@@ -36,47 +37,58 @@ class ServiceError(HvdliteError):
 class Service(abc.ABC):
     """A TCP server that answers authenticated requests.
 
-    Each connection is served on its own thread, requests on one connection
-    one at a time.  A new connection first has to prove the key with a small
-    hello frame within ``preauth_timeout_s`` (see :mod:`hvdlite.common.net.limits`
-    for every bound a stranger meets); a frame that fails verification closes
-    that connection and is noted in a rate-limited log; the service itself keeps
-    running.  Connections over ``max_connections``, or over ``max_unauthenticated``
-    (at least two per expected peer) still waiting for their hello, are refused at
-    accept; :class:`Client` connects again when that happens.
+    A new connection first has to prove the key with a small hello frame within
+    ``preauth_timeout_s``.  Until then it costs no thread: the accept thread sends
+    its nonce and reads its hello without blocking, in a bounded table
+    (:mod:`hvdlite.common.net.preauth`; :mod:`hvdlite.common.net.limits` lists every
+    bound a stranger meets).  When that table is full, the oldest waiting connection
+    of the busiest source address is closed to make room, so idle strangers cannot
+    keep our own clients out; authenticated connections are never closed for a
+    newcomer.  Each authenticated connection is then served on its own thread,
+    requests one at a time.  A frame that fails verification closes that connection
+    and is noted in a rate-limited log; the service itself keeps running.
 
-    ``expected_peers`` sizes the listen backlog and the connection cap for a job of
+    ``expected_peers`` sizes the listen backlog and the connection caps for a job of
     that many processes.
     """
 
     def __init__(self, name: str, key: bytes, bind_addr: str = "127.0.0.1", port: int = 0,
                  expected_peers: int = 0, max_connections: Optional[int] = None,
-                 max_unauthenticated: int = limits.MAX_UNAUTHENTICATED,
+                 max_unauthenticated: Optional[int] = None,
                  preauth_timeout_s: float = limits.PREAUTH_TIMEOUT_S):
         self.name = name
         self._key = key
         self.rejected = 0          # frames that failed verification, for tests and logs
         #: connections refused at accept because a cap was reached
         self.refused = 0
+        #: connections closed before their hello to make room for a newcomer
+        self.evicted = 0
         self.rejections = limits.RejectLog(log, name)
         self._max_connections = max_connections or limits.max_connections_for(expected_peers)
+        if max_unauthenticated is None:
+            max_unauthenticated = limits.max_unauthenticated_default()
         # every rank of a big job may connect at the same moment: room for all of them
         self._max_unauth = max(max_unauthenticated, 2 * int(expected_peers))
         self._preauth_timeout_s = preauth_timeout_s
+        self._pending = preauth.PreauthTable(
+            per_source=max(self._max_unauth // 2, 2 * int(expected_peers), 1),
+            min_age_s=limits.EVICT_MIN_AGE_S)
         self._count_lock = threading.Lock()
-        self._open = 0
-        self._unauth = 0
-        self._conns: Set[socket.socket] = set()
+        self._open_auth = 0
+        self._backoff = limits.ACCEPT_BACKOFF_S[0]
         self._stopping = threading.Event()
+        self._selector = selectors.DefaultSelector()
         family = socket.AF_INET6 if ":" in bind_addr else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((bind_addr, port))
             sock.listen(limits.backlog_for(expected_peers))
-            sock.setblocking(False)            # accept only after poll says so
+            sock.setblocking(False)            # accept only after the selector says so
+            self._selector.register(sock, selectors.EVENT_READ)
         except OSError:
             sock.close()
+            self._selector.close()
             raise
         self._sock: Optional[socket.socket] = sock
         self._address = sock.getsockname()[:2]
@@ -98,124 +110,205 @@ class Service(abc.ABC):
         it; the connection stays open.
         """
 
+    # -- the accept thread: new connections and their hellos -------------------------------
+
     def _accept_loop(self) -> None:
-        backoff = limits.ACCEPT_BACKOFF_S[0]
-        sock = self._sock
-        poller = select.poll()              # not select(): descriptors may exceed 1024
-        poller.register(sock, select.POLLIN)
-        while not self._stopping.is_set():
+        listener = self._sock
+        try:
+            while not self._stopping.is_set():
+                due = self._pending.next_deadline(self._preauth_timeout_s)
+                wait = 0.2 if due is None else min(0.2, max(0.0, due - time.monotonic()))
+                ready = self._selector.select(wait)
+                accept = False
+                for key, _ in ready:
+                    if key.fileobj is listener:
+                        accept = True
+                        continue
+                    pending = self._pending.get(key.fd)
+                    if pending is not None:
+                        self._read_hello(pending)
+                if accept:
+                    self._accept_some(listener)
+                self._expire()
+        finally:
+            for pending in self._pending:
+                self._close_pending(pending, rst=True)
+            self._selector.close()
+
+    def _accept_some(self, listener: socket.socket) -> None:
+        """Accept what is queued, a bounded number per turn (waiting hellos are read between
+        turns, so a flood of connections does not starve them)."""
+        for _ in range(limits.ACCEPTS_PER_TURN):
             try:
-                ready = poller.poll(200)
-            except (OSError, ValueError):          # closed under us by shutdown()
+                conn, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            if not ready:
-                continue
-            try:
-                conn, peer = sock.accept()
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            except ConnectionAbortedError:
                 continue
             except OSError as exc:
-                if self._stopping.is_set():
-                    return
                 if exc.errno in _RESOURCE_ERRNOS:
                     # the queued connection stays queued: sleep instead of spinning on it
                     self.rejections.note("(accept)", f"accept failed ({exc.strerror}); "
-                                         f"backing off {backoff:.2f}s")
-                    self._stopping.wait(backoff)
-                    backoff = min(backoff * 2, limits.ACCEPT_BACKOFF_S[1])
-                    continue
-                log.warning("%s: accept failed: %s", self.name, exc)
-                self._stopping.wait(backoff)
-                continue
-            backoff = limits.ACCEPT_BACKOFF_S[0]
+                                         f"backing off {self._backoff:.2f}s")
+                else:
+                    log.warning("%s: accept failed: %s", self.name, exc)
+                self._stopping.wait(self._backoff)
+                self._backoff = min(self._backoff * 2, limits.ACCEPT_BACKOFF_S[1])
+                return
+            self._backoff = limits.ACCEPT_BACKOFF_S[0]
+            self._admit(conn, peer)
+
+    def _admit(self, conn: socket.socket, peer) -> None:
+        """Make room for ``conn`` in the table of waiting connections (closing the victim
+        the table names), send it the nonce and wait for its hello; or refuse it."""
+        now = time.monotonic()
+        for _ in range(4):
             with self._count_lock:
-                full = (self._open >= self._max_connections
-                        or self._unauth >= self._max_unauth)
-                if not full:
-                    self._open += 1
-                    self._unauth += 1
-                    self._conns.add(conn)
-            if full:
-                self.refused += 1
-                self.rejections.note(f"{peer[0]}:{peer[1]}",
-                                     "refused a connection (too many open or unauthenticated)")
-                _drop(conn)
-                continue
-            try:
-                threading.Thread(target=self._serve_connection_counted, args=(conn, peer),
-                                 name=f"{self.name}-conn", daemon=True).start()
-            except RuntimeError:                   # no more threads: refuse this one
-                self._release(conn, authenticated=False)
-                _drop(conn)
-
-    def _release(self, conn: socket.socket, authenticated: bool) -> None:
-        with self._count_lock:
-            if conn in self._conns:
-                self._conns.discard(conn)
-                self._open -= 1
-                if not authenticated:
-                    self._unauth -= 1
-
-    def _serve_connection_counted(self, sock: socket.socket, client) -> None:
-        state = {"authenticated": False}
+                room = min(self._max_unauth, self._max_connections - self._open_auth)
+            victim = self._pending.victim(peer[0], room, now)
+            if victim is None:
+                break
+            if victim is preauth.REFUSE:
+                return self._refuse(conn, peer)
+            if self._read_hello(victim) is None:      # still no hello: it gives way
+                self.evicted += 1
+                self.rejections.note(f"{victim.peer[0]}:{victim.peer[1]}",
+                                     "closed a connection still waiting for its hello, to make "
+                                     "room for a new one")
+                self._close_pending(victim, rst=True)
+        else:
+            return self._refuse(conn, peer)
         try:
-            self._serve_connection(sock, client, state)
-        finally:
-            self._release(sock, state["authenticated"])
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            chan = SecureChannel.accept(conn, self._key)      # 16 bytes: fits the empty buffer
+            pending = preauth.Pending(conn, peer, chan, now)
+            self._selector.register(conn, selectors.EVENT_READ)
+        except OSError:
+            _drop(conn)
+            return
+        self._pending.add(pending)
+
+    def _refuse(self, conn: socket.socket, peer) -> None:
+        self.refused += 1
+        self.rejections.note(f"{peer[0]}:{peer[1]}",
+                             "refused a connection (too many open or unauthenticated)")
+        _drop(conn)
+
+    def _read_hello(self, pending: preauth.Pending) -> Optional[bool]:
+        """Read what ``pending`` sent so far, without blocking and never past its hello.
+
+        Returns True once the hello is verified (the connection then gets its own
+        thread), False when the connection is gone (closed, or a bad hello), None while
+        the hello is incomplete.
+        """
+        while True:
             try:
-                sock.close()
+                chunk = pending.sock.recv(pending.need - len(pending.buf))
+            except (BlockingIOError, InterruptedError):
+                return None
             except OSError:
-                pass
+                chunk = b""
+            if not chunk:
+                self._close_pending(pending)
+                return False
+            pending.buf += chunk
+            if len(pending.buf) < pending.need:
+                return None
+            try:
+                if pending.need == preauth.PREFIX_BYTES:
+                    pending.need = SecureChannel.hello_size(bytes(pending.buf))
+                    continue
+                pending.chan.take_hello(bytes(pending.buf))
+            except HvdliteAuthError as exc:
+                self._reject(pending.peer, exc)
+                self._close_pending(pending)
+                return False
+            self._promote(pending)
+            return True
+
+    def _expire(self) -> None:
+        for pending in self._pending.expired(time.monotonic(), self._preauth_timeout_s):
+            client = pending.peer
+            self.rejections.note(f"{client[0]}:{client[1]}",
+                                 f"closed a connection that did not prove the key within "
+                                 f"{self._preauth_timeout_s:g}s")
+            self._close_pending(pending, rst=True)
+
+    def _close_pending(self, pending: preauth.Pending, rst: bool = False) -> None:
+        self._forget(pending)
+        if rst:
+            _drop(pending.sock)
+        else:
+            _close(pending.sock)
+
+    def _forget(self, pending: preauth.Pending) -> None:
+        self._pending.remove(pending)
+        try:
+            self._selector.unregister(pending.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _promote(self, pending: preauth.Pending) -> None:
+        """Give an authenticated connection its own thread (within ``max_connections``)."""
+        self._forget(pending)
+        with self._count_lock:
+            full = self._open_auth >= self._max_connections
+            if not full:
+                self._open_auth += 1
+        if full:
+            return self._refuse(pending.sock, pending.peer)
+        try:
+            pending.sock.setblocking(True)
+            threading.Thread(target=self._serve_connection, args=(pending.chan, pending.peer),
+                             name=f"{self.name}-conn", daemon=True).start()
+        except (RuntimeError, OSError):            # no more threads: refuse this one
+            with self._count_lock:
+                self._open_auth -= 1
+            _drop(pending.sock)
+
+    # -- one thread per authenticated connection ------------------------------------------
 
     def _reject(self, client, exc: Exception) -> None:
         self.rejected += 1
         self.rejections.note(f"{client[0]}:{client[1]}", f"rejected a frame ({exc})")
 
-    def _serve_connection(self, sock: socket.socket, client, state) -> None:
+    def _serve_connection(self, chan: SecureChannel, client) -> None:
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            chan = SecureChannel.accept(sock, self._key)
-            chan.expect_hello(self._preauth_timeout_s)
-        except HvdliteAuthError as exc:
-            self._reject(client, exc)
-            return
-        except socket.timeout:
-            self.rejections.note(f"{client[0]}:{client[1]}",
-                                 f"closed a connection that did not prove the key within "
-                                 f"{self._preauth_timeout_s:g}s")
-            return
-        except OSError:                           # ChannelClosed included
-            return
-        with self._count_lock:
-            self._unauth -= 1
-        state["authenticated"] = True
-        while True:
-            try:
-                header, blob = chan.recv(timeout_s=None)
-            except ChannelClosed:
-                return
-            except HvdliteAuthError as exc:
-                self._reject(client, exc)
-                return
-            except OSError:
-                return
-            try:
-                reply, out = self.handle(header, blob, client)
-                reply = dict(reply, ok=True)
-            except (HvdliteError, ValueError, KeyError, TypeError) as exc:
-                reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
-            except Exception as exc:  # a handler bug must not take the service down
-                log.exception("%s: handler failed on %r from %s", self.name,
-                              header.get("op"), client[0])
-                reply, out = {"ok": False, "error": f"internal error: {type(exc).__name__}"}, b""
-            try:
-                chan.send(reply, out)
-            except OSError:
-                return
+            while True:
+                try:
+                    header, blob = chan.recv(timeout_s=None)
+                except ChannelClosed:
+                    return
+                except HvdliteAuthError as exc:
+                    self._reject(client, exc)
+                    return
+                except OSError:
+                    return
+                reply, out = self._answer(header, blob, client)
+                try:
+                    chan.send(reply, out)
+                except OSError:
+                    return
+        finally:
+            with self._count_lock:
+                self._open_auth -= 1
+            chan.close()
+
+    def _answer(self, header: Header, blob: bytes, client) -> Tuple[Header, bytes]:
+        try:
+            reply, out = self.handle(header, blob, client)
+            return dict(reply, ok=True), out
+        except (HvdliteError, ValueError, KeyError, TypeError) as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
+        except Exception as exc:  # a handler bug must not take the service down
+            log.exception("%s: handler failed on %r from %s", self.name,
+                          header.get("op"), client[0])
+            return {"ok": False, "error": f"internal error: {type(exc).__name__}"}, b""
 
     def shutdown(self) -> None:
-        """Stop accepting, close the listening socket and log the summary of rejections
-        (idempotent)."""
+        """Stop accepting, close the listening socket and the connections still waiting
+        for their hello, and log the summary of rejections (idempotent)."""
         if self._sock is None:
             return
         sock, self._sock = self._sock, None
@@ -226,6 +319,13 @@ class Service(abc.ABC):
         except OSError:
             pass
         self.rejections.flush()
+
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
 
 
 def _drop(conn: socket.socket) -> None:
@@ -243,8 +343,10 @@ def _drop(conn: socket.socket) -> None:
 class Client:
     """A connection to a :class:`Service`; one request at a time (thread-safe).
 
-    ``request`` reconnects once if the connection was dropped; requests that
-    can be retried that way must be idempotent on the service side.
+    Connecting is retried, with a growing pause, until ``timeout_s`` while the service
+    drops us before its nonce (its caps were reached).  ``request`` reconnects once if
+    the connection was dropped; requests that can be retried that way must be idempotent
+    on the service side.
     """
 
     def __init__(self, addr: Tuple[str, int], key: bytes, timeout_s: float, name: str = "service"):
@@ -255,21 +357,26 @@ class Client:
         self._chan: Optional[SecureChannel] = None
         self._lock = threading.Lock()
 
-    #: pauses before connecting again when the service dropped us before its nonce (it was
-    #: at its connection cap, e.g. while many ranks connect at once)
-    _RETRY_PAUSES_S = (0.05, 0.2, 0.5, 1.0)
+    #: first and longest pause (s) before connecting again after the service dropped us
+    #: before its nonce (its table of waiting connections was full: a burst of ranks, or a
+    #: flood of strangers); the pause doubles, with jitter, until the client's timeout
+    RETRY_PAUSE_S = (0.05, 1.0)
 
     def _connect(self) -> SecureChannel:
         deadline = time.monotonic() + self._timeout_s
+        pause, tries = self.RETRY_PAUSE_S[0], 0
         try:
-            for pause in self._RETRY_PAUSES_S + (None,):
+            while True:
+                tries += 1
+                left = max(0.05, deadline - time.monotonic())
                 try:
-                    return SecureChannel.connect(self._addr, self._key, self._timeout_s)
-                except (ConnectionResetError, ChannelClosed):
-                    if pause is None or time.monotonic() + pause >= deadline:
-                        raise
-                    time.sleep(pause)
-            raise AssertionError("unreachable")
+                    return SecureChannel.connect(self._addr, self._key, left)
+                except (ConnectionResetError, ChannelClosed) as exc:
+                    if time.monotonic() + pause >= deadline:
+                        raise ConnectionError(f"{exc} ({tries} tries in "
+                                              f"{self._timeout_s:.0f}s)") from None
+                    time.sleep(pause * random.uniform(0.5, 1.0))
+                    pause = min(pause * 2, self.RETRY_PAUSE_S[1])
         except socket.timeout:
             raise HvdliteTimeoutError(
                 f"connecting to the {self._name} at {self._addr[0]}:{self._addr[1]} "

@@ -29,6 +29,7 @@ import os
 import select
 import sys
 import threading
+import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hvdlite.common import config as cfg
@@ -227,6 +228,19 @@ class _Task:
         self.on_terminate()
 
     def _find_driver(self) -> List[str]:
+        """Ping every driver address; connect through the first that answers.  While none
+        does, try them all again until the start timeout (a flood of strangers may keep
+        the driver's door busy for a while; an address that never answers costs its 3 s)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return self._try_driver_addresses()
+            except HvdliteLaunchError:
+                if time.monotonic() + 1.0 >= deadline or self.stop.is_set():
+                    raise
+                self.stop.wait(1.0)
+
+    def _try_driver_addresses(self) -> List[str]:
         reachable, chosen = [], None
         for iface, addr, port in self.driver_addrs:
             client = Client((addr, int(port)), self.key, min(3.0, self.timeout_s),
