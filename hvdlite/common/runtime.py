@@ -29,11 +29,13 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hvdlite.common import arrays, fusion
+from hvdlite.common import arrays, flight_recorder, fusion
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
 from hvdlite.common.executor import Executor
+from hvdlite.common.flight_recorder import (CYCLE, DONE, END, ERROR, FAILED, NEGOTIATED,
+                                            STATE, WAITED)
 from hvdlite.common.message import Response, decode_requests, encode_requests
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import NULL, Recorder
@@ -77,6 +79,10 @@ class Runtime:
         self._rec = recorder if recorder.active else None
         self._next_rec: Optional[Recorder] = None   # set_recorder's, taken at a cycle start
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
+        #: this process's flight recorder (None: off) and this runtime's key in it
+        self._flight = flight_recorder.current()
+        self._flight_key = "global" if ranks is None else "ranks " + ",".join(
+            map(str, self.ranks))
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()
@@ -185,16 +191,22 @@ class Runtime:
                     f"{type(exc).__name__}: {exc}")
                 err.__cause__ = exc
             log.debug("rank %d: background loop ended with %s", self.rank, err)
-            self._fail_all(err)
+            self._fail_all(err, dump=True)
         finally:
             self.backend.close()
 
-    def _fail_all(self, err: BaseException) -> None:
+    def _fail_all(self, err: BaseException, dump: bool = False) -> None:
+        """Fail every pending handle with ``err``; the flight recorder is written when
+        ``dump`` or when operations were still pending (a peer left in the middle)."""
         self._error = err
-        for entry in self.queue.close(err):
+        left = self.queue.close(err)
+        for entry in left:
             entry.handle._fail(err)
         self._unsent.clear()
         self._sent.clear()
+        if self._flight is not None and (dump or left):
+            self._flight.failed(left, err)
+            flight_recorder.dump(f"{self.label}: {err}")
 
     def _cycle_once(self) -> bool:
         """One cycle: drain, agree, negotiate or take the cache's fast path, execute.
@@ -222,13 +234,16 @@ class Runtime:
 
     def _drain(self, now: float) -> None:
         """Move new submissions into the unsent table (the recorder sees each one)."""
+        entries = self.queue.drain()
+        if self._flight is not None and entries:
+            self._flight.queued(entries, self._flight_key)
         rec = self._rec
         if rec is None:
-            for entry in self.queue.drain():
+            for entry in entries:
                 self._unsent[entry.request.name] = entry
             return
         rec.cycle(self._cycle, now)
-        for entry in self.queue.drain():
+        for entry in entries:
             self._unsent[entry.request.name] = entry
             rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
                        getattr(entry.tensor, "nbytes", 0))
@@ -315,7 +330,11 @@ class Runtime:
             return []
         # rank 0 sent an age in cycles (every rank counts cycles alike): a cycle number
         # itself would overflow the int32 vector after 2^31 cycles
-        return self.controller.fail_older_than(self._cycle - int(agreed[_STALL]))
+        failed = self.controller.fail_older_than(self._cycle - int(agreed[_STALL]))
+        if failed and self._flight is not None:
+            flight_recorder.dump(f"{self.label}: stall past the shutdown time: "
+                                 f"{', '.join(r.name for r in failed[:8])}")
+        return failed
 
     def _negotiate(self, agreed: np.ndarray, payload: Optional[bytes],
                    responses: List[Response]) -> List[Response]:
@@ -361,11 +380,18 @@ class Runtime:
         entries: Dict[str, Entry] = {}
         cache = self.cache
         store = self.params.cache_enabled
+        fl = self._flight
+        cycle = self._cycle
         for resp in responses:
             name = resp.name
             entry = self._sent.pop(name, None) or self._unsent.pop(name, None)
             if entry is not None:
                 entries[name] = entry
+                if fl is not None:
+                    r = entry.flight
+                    r[CYCLE] = cycle
+                    r[STATE] = NEGOTIATED
+                    r[WAITED] = resp.waited_for
             if cached_slots is not None:
                 cache.touch(name)
             elif resp.cacheable:
@@ -387,6 +413,8 @@ class Runtime:
         done = self._done
         rec = self._rec
         for group in groups:
+            if fl is not None:
+                fl.running[self._flight_key] = group
             self.executor.run(group, entries, self._collect, self._collect_error)
             # forget the names before waking their owners, who may reuse them at once
             self.queue.finish([e.request.name for e, _, _ in done])
@@ -399,7 +427,11 @@ class Runtime:
                 end = time.monotonic()
                 for entry, _, err in done:
                     rec.done(entry.request.name, end, err)
+            if fl is not None:
+                _flight_done(done)
             done.clear()
+        if fl is not None:
+            fl.running[self._flight_key] = None
 
     def _collect(self, entry: Entry, result) -> None:
         self._done.append((entry, result, None))
@@ -437,6 +469,19 @@ class Runtime:
         expired = [e.first_cycle for e in self.controller.table.values()
                    if e.first_time <= horizon]
         return min(self._cycle - max(expired), _INT_MAX - 1) if expired else _INT_MAX
+
+
+def _flight_done(done: list) -> None:
+    """Close the flight records of a completed group."""
+    end = time.monotonic()
+    for entry, _, err in done:
+        r = entry.flight
+        r[END] = end
+        if err is None:
+            r[STATE] = DONE
+        else:
+            r[STATE] = FAILED
+            r[ERROR] = err
 
 
 def _nbytes(resp: Response) -> int:

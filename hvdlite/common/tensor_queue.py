@@ -63,7 +63,8 @@ class Handle:
 class Entry:
     """One tensor of an operation: the request plus the local buffers."""
 
-    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "wire")
+    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "wire",
+                 "flight")
 
     def __init__(self, request: Request, tensor: Any, output: Any, handle: Handle, index: int):
         self.request = request
@@ -73,6 +74,7 @@ class Entry:
         self.index = index
         self.enqueued_at = 0.0
         self.wire = 0                  # the request's wire bound, counted while in flight
+        self.flight = None             # its flight-recorder record, once drained
 
 
 #: the most request bytes (their wire bound) one rank may have in flight: a negotiation
