@@ -194,11 +194,11 @@ def diagnose(dumps: List[dict]) -> List[str]:
     lines += [line for _, line in sorted(stuck)[:10]]
     if len(stuck) > 10:
         lines.append(f"... {len(stuck) - 10} more operations never completed")
+    if len(lines) == 1 + bool(absent):
+        lines.append("no divergence found: every rank's operations agree and completed")
     late = _lateness(job, keyed)
     if late:
         lines.append(late)
-    if len(lines) == 1 + bool(absent):
-        lines.append("no divergence found: every rank's operations agree and completed")
     return lines
 
 
