@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 QUEUED, NEGOTIATED, IN_COLLECTIVE, DONE, FAILED = range(5)
 STATE_NAMES = ("queued", "negotiated", "in collective", "done", "failed")
 
-# slots of one record (a list, so the background thread updates it in place)
-NAME, OP, DTYPE, SHAPE, SET, SUBMITTED, CYCLE, STATE, END, WAITED, ERROR = range(11)
+# slots of one record (a list, so the background thread updates it in place); the request
+# is held, not copied (it names the tensor, op, dtype and shape, and holds no tensor)
+REQUEST, SET, SUBMITTED, CYCLE, STATE, END, WAITED, ERROR = range(8)
 
 #: the file format's version (the doctor refuses others)
 FORMAT_VERSION = 1
@@ -70,10 +71,9 @@ class FlightRecorder:
     def queued(self, entries, set_key: str) -> None:
         """Start a record for each drained entry (the entry keeps it as ``entry.flight``)."""
         append = self.ring.append
+        queued = QUEUED
         for entry in entries:
-            req = entry.request
-            rec = [req.name, req.op, req.dtype, req.shape, set_key, entry.enqueued_at, -1,
-                   QUEUED, 0.0, (), None]
+            rec = [entry.request, set_key, entry.enqueued_at, -1, queued, 0.0, (), None]
             entry.flight = rec
             append(rec)
         self.appended += len(entries)
@@ -108,13 +108,13 @@ class FlightRecorder:
         for rec in records:
             rec = list(rec)
             state = rec[STATE]
-            if state == NEGOTIATED and rec[NAME] in running.get(rec[SET], ()):
+            req = rec[REQUEST]
+            if state == NEGOTIATED and req.name in running.get(rec[SET], ()):
                 state = IN_COLLECTIVE
             end = rec[END] if state >= DONE else now_mono
-            op = rec[OP]
             ops.append({
-                "name": rec[NAME], "op": OpType(op).name.lower() if op is not None else "",
-                "dtype": rec[DTYPE], "shape": list(rec[SHAPE]), "process_set": rec[SET],
+                "name": req.name, "op": OpType(req.op).name.lower(),
+                "dtype": req.dtype, "shape": list(req.shape), "process_set": rec[SET],
                 "submitted": round(rec[SUBMITTED] + shift, 6), "cycle": rec[CYCLE],
                 "state": STATE_NAMES[state],
                 "duration_s": round(max(0.0, end - rec[SUBMITTED]), 6),

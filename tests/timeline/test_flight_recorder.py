@@ -29,7 +29,7 @@ def test_ring_keeps_the_last_n_and_dumps_them(tmp_path):
     entries = [entry(f"t{i}", t=float(i)) for i in range(5)]
     rec.queued(entries[:2], "global")
     rec.queued(entries[2:], "global")
-    assert [r[fr.NAME] for r in rec.ring] == ["t2", "t3", "t4"] and rec.appended == 5
+    assert [r[fr.REQUEST].name for r in rec.ring] == ["t2", "t3", "t4"] and rec.appended == 5
     assert all(e.flight is not None for e in entries)
     # t2 done at cycle 7, t3 negotiated and now running, t4 failed
     entries[2].flight[fr.CYCLE], entries[2].flight[fr.STATE] = 7, fr.DONE
