@@ -139,12 +139,25 @@ class FlightRecorder:
         data = self.snapshot(reason)
         path = self.path()
         with self._lock:
-            os.makedirs(self.directory, exist_ok=True)
+            _private_directory(self.directory)
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(data, f)
             os.replace(tmp, path)
         return path
+
+
+def _private_directory(path: str) -> None:
+    """Make ``path`` readable by this user only; refuse one that another user owns (a
+    shared temporary directory's name could be taken first).
+
+    Raises:
+        OSError: it cannot be made, or another user owns it (names it).
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        raise OSError(f"{path} is not a directory of this user")
 
 
 _CURRENT: Optional[FlightRecorder] = None

@@ -136,3 +136,15 @@ def test_size_zero_turns_the_recorder_off(tmp_path):
                       str(d), sys.executable, WORKER, "mismatch"], timeout=50)
     assert r.returncode != 0 and "mismatched shape" in r.stderr, r.stdout + r.stderr
     assert not d.exists() and "flight recorder dumps" not in r.stderr
+
+
+@pytest.mark.timeout(10)
+def test_dump_directory_is_private_and_a_foreign_one_is_refused(tmp_path):
+    rec = fr.FlightRecorder(4, str(tmp_path / "mine"))
+    rec.queued([entry("a")], "global")
+    path = rec.dump("asked")
+    assert os.stat(tmp_path / "mine").st_mode & 0o777 == 0o700 and os.path.exists(path)
+    os.symlink(tmp_path / "mine", tmp_path / "link")
+    rec.directory = str(tmp_path / "link")
+    with pytest.raises(OSError, match="not a directory of this user"):
+        rec.dump("asked")
