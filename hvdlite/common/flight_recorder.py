@@ -114,7 +114,7 @@ class FlightRecorder:
             end = rec[END] if state >= DONE else now_mono
             ops.append({
                 "name": req.name, "op": OpType(req.op).name.lower(),
-                "dtype": req.dtype, "shape": list(req.shape), "process_set": rec[SET],
+                "dtype": req.dtype, "shape": [int(d) for d in req.shape], "process_set": rec[SET],
                 "submitted": round(rec[SUBMITTED] + shift, 6), "cycle": rec[CYCLE],
                 "state": STATE_NAMES[state],
                 "duration_s": round(max(0.0, end - rec[SUBMITTED]), 6),
