@@ -22,7 +22,6 @@ import collections
 import json
 import logging
 import os
-import socket
 import sys
 import tempfile
 import threading
