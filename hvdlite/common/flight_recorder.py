@@ -7,10 +7,12 @@ answers that after the fact; ``hvdlite-doctor`` (:mod:`hvdlite.timeline.doctor`)
 reads the files of all ranks and names the first op where they diverge.
 
 It is on by default, so the background thread pays only for what it already has
-at hand: one small list per operation appended to a ``deque(maxlen=N)`` when the
-op is drained, a few item stores when it is executed and completed, one clock read
-per executed group.  No strings are formatted until a dump.  The ring is one per
-process, shared by the runtimes of all process sets (``deque.append`` is atomic).
+at hand, and only after it has completed a group's handles (off the path of the
+user waiting for them): one clock read, three list comprehensions over the group
+and one ``deque.append`` per executed group.  Nothing is recorded when an op is
+submitted or negotiated: a dump asks the live runtimes for what is still pending.
+No strings are formatted until a dump.  The ring is one per process, shared by
+the runtimes of all process sets (``deque.append`` is atomic).
 
 Dumps go to ``<dir>/flight-rank<R>.json`` (written whole, then renamed, so a
 reader never sees half a file) when the background thread fails, when a stall
@@ -26,19 +28,15 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+import weakref
+from typing import List, Optional
 
 from hvdlite.common.message import OpType
 
 log = logging.getLogger(__name__)
 
-#: states of one operation, in order
-QUEUED, NEGOTIATED, IN_COLLECTIVE, DONE, FAILED = range(5)
+#: the states an operation is reported in
 STATE_NAMES = ("queued", "negotiated", "in collective", "done", "failed")
-
-# slots of one record (a list, so the background thread updates it in place); the request
-# is held, not copied (it names the tensor, op, dtype and shape, and holds no tensor)
-REQUEST, SET, SUBMITTED, CYCLE, STATE, END, WAITED, ERROR = range(8)
 
 #: the file format's version (the doctor refuses others)
 FORMAT_VERSION = 1
@@ -52,74 +50,75 @@ def default_directory(job_id: str) -> str:
 
 
 class FlightRecorder:
-    """The ring of one process; :func:`configure` makes it, the runtimes feed it."""
+    """The ring of one process; :func:`configure` makes it, the runtimes feed it.
+
+    The ring holds executed groups, newest last, each as ``(process set, cycle, end,
+    requests, submit times, errors, responses)``: lists the background thread builds in
+    one pass over a group it has just completed (the requests and responses exist
+    already and hold no tensor).  Oldest groups are dropped while the rest still hold
+    ``capacity`` operations.  Operations not yet completed are not in the ring: a dump
+    asks each live runtime for them (:meth:`Runtime.flight_pending`).
+    """
 
     def __init__(self, capacity: int, directory: str, rank: int = 0, size: int = 1,
                  hostname: str = "", job_id: str = "job"):
-        self.ring: collections.deque = collections.deque(maxlen=capacity)
+        self.groups: collections.deque = collections.deque()
         self.capacity = capacity
         self.directory = directory
         self.rank, self.size, self.hostname, self.job_id = rank, size, hostname, job_id
-        #: process set key -> the response group its background thread is executing
-        self.running: Dict[str, Any] = {}
-        #: every record ever appended (to tell a wrapped ring from a short history)
+        #: operations in ``groups``, and every operation ever recorded
+        self.count = 0
         self.appended = 0
+        self._runtimes: "weakref.WeakSet" = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    # -- background thread ---------------------------------------------------------------
-    def queued(self, entries, set_key: str) -> None:
-        """Start a record for each drained entry (the entry keeps it as ``entry.flight``)."""
-        append = self.ring.append
-        queued = QUEUED
-        for entry in entries:
-            rec = [entry.request, set_key, entry.enqueued_at, -1, queued, 0.0, (), None]
-            entry.flight = rec
-            append(rec)
-        self.appended += len(entries)
+    def watch(self, runtime) -> None:
+        """Ask ``runtime`` (while it lives) for its pending operations at each dump."""
+        self._runtimes.add(runtime)
 
-    @staticmethod
-    def failed(entries, err: BaseException) -> None:
+    # -- background thread ---------------------------------------------------------------
+    def completed(self, set_key: str, cycle: int, group, done) -> None:
+        """``done`` (``(entry, result, error)`` of ``group``'s responses on this rank)
+        has just completed in ``cycle``."""
+        n = len(done)
+        if not n:
+            return
+        groups = self.groups
+        groups.append((set_key, cycle, time.monotonic(), [e.request for e, _, _ in done],
+                       [e.enqueued_at for e, _, _ in done], [err for _, _, err in done],
+                       group))
+        self.count += n
+        self.appended += n
+        while self.count - len(groups[0][3]) >= self.capacity:
+            self.count -= len(groups.popleft()[3])
+
+    def failed(self, set_key: str, entries, err: BaseException) -> None:
         """The runtime failed these entries without executing them."""
-        end = time.monotonic()
-        for entry in entries:
-            rec = entry.flight
-            if rec is not None and rec[STATE] < DONE:
-                rec[STATE], rec[END], rec[ERROR] = FAILED, end, err
+        if entries:
+            self.completed(set_key, -1, (), [(e, None, err) for e in entries])
 
     # -- any thread ----------------------------------------------------------------------
     def snapshot(self, reason: str) -> dict:
-        """The ring as a JSON-ready dict (times as wall-clock seconds)."""
-        for _ in range(3):
-            try:
-                records = list(self.ring)
-                break
-            except RuntimeError:       # appended to while copied: try again
-                continue
-        else:
-            records = []
+        """The ring and the pending operations as a JSON-ready dict (times as wall-clock
+        seconds; durations from submission to completion, or to now when pending)."""
+        groups = list(self.groups)          # one C-level copy: consistent
         now_mono, now_wall = time.monotonic(), time.time()
         shift = now_wall - now_mono
-        running = {}
-        for key, group in list(self.running.items()):
-            if group is not None:
-                running[key] = {r.name for r in group}
         ops = []
-        for rec in records:
-            rec = list(rec)
-            state = rec[STATE]
-            req = rec[REQUEST]
-            if state == NEGOTIATED and req.name in running.get(rec[SET], ()):
-                state = IN_COLLECTIVE
-            end = rec[END] if state >= DONE else now_mono
-            ops.append({
-                "name": req.name, "op": OpType(req.op).name.lower(),
-                "dtype": req.dtype, "shape": [int(d) for d in req.shape], "process_set": rec[SET],
-                "submitted": round(rec[SUBMITTED] + shift, 6), "cycle": rec[CYCLE],
-                "state": STATE_NAMES[state],
-                "duration_s": round(max(0.0, end - rec[SUBMITTED]), 6),
-                "waited_for": [int(r) for r in rec[WAITED]],
-                "error": None if rec[ERROR] is None else str(rec[ERROR]),
-            })
+        for set_key, cycle, end, requests, submitted, errors, responses in groups:
+            waited = {r.name: r.waited_for for r in responses}
+            for req, sub, err in zip(requests, submitted, errors):
+                ops.append(_op_dict(req, set_key, sub + shift, cycle,
+                                    "done" if err is None else "failed", end - sub,
+                                    waited.get(req.name, ()), err))
+        ops = ops[-self.capacity:]
+        pending = []
+        for runtime in list(self._runtimes):
+            for state, entry, cycle in runtime.flight_pending():
+                pending.append(_op_dict(entry.request, runtime.flight_key,
+                                        entry.enqueued_at + shift, cycle, state,
+                                        now_mono - entry.enqueued_at, (), None))
+        ops += sorted(pending, key=lambda o: o["submitted"])
         return {"format": "hvdlite-flight-recorder", "version": FORMAT_VERSION,
                 "rank": self.rank, "size": self.size, "hostname": self.hostname,
                 "pid": os.getpid(), "job_id": self.job_id, "reason": reason,
@@ -144,6 +143,16 @@ class FlightRecorder:
                 json.dump(data, f)
             os.replace(tmp, path)
         return path
+
+
+def _op_dict(req, set_key: str, submitted: float, cycle: int, state: str, duration: float,
+             waited, err) -> dict:
+    return {"name": req.name, "op": OpType(req.op).name.lower(), "dtype": req.dtype,
+            "shape": [int(d) for d in req.shape], "process_set": set_key,
+            "submitted": round(submitted, 6), "cycle": cycle, "state": state,
+            "duration_s": round(max(0.0, duration), 6),
+            "waited_for": [int(r) for r in waited],
+            "error": None if err is None else str(err)}
 
 
 def _private_directory(path: str) -> None:

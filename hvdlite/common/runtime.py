@@ -34,8 +34,6 @@ from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
 from hvdlite.common.executor import Executor
-from hvdlite.common.flight_recorder import (CYCLE, DONE, END, ERROR, FAILED, NEGOTIATED,
-                                            STATE, WAITED)
 from hvdlite.common.message import Response, decode_requests, encode_requests
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import NULL, Recorder
@@ -79,10 +77,14 @@ class Runtime:
         self._rec = recorder if recorder.active else None
         self._next_rec: Optional[Recorder] = None   # set_recorder's, taken at a cycle start
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
-        #: this process's flight recorder (None: off) and this runtime's key in it
+        #: this process's flight recorder (None: off), this runtime's key in it, and the
+        #: (group, entries) on the wire while a group executes
         self._flight = flight_recorder.current()
-        self._flight_key = "global" if ranks is None else "ranks " + ",".join(
+        self.flight_key = "global" if ranks is None else "ranks " + ",".join(
             map(str, self.ranks))
+        self._flight_running: Optional[tuple] = None
+        if self._flight is not None:
+            self._flight.watch(self)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()
@@ -205,7 +207,7 @@ class Runtime:
         self._unsent.clear()
         self._sent.clear()
         if self._flight is not None and (dump or left):
-            self._flight.failed(left, err)
+            self._flight.failed(self.flight_key, left, err)
             flight_recorder.dump(f"{self.label}: {err}")
 
     def _cycle_once(self) -> bool:
@@ -234,16 +236,13 @@ class Runtime:
 
     def _drain(self, now: float) -> None:
         """Move new submissions into the unsent table (the recorder sees each one)."""
-        entries = self.queue.drain()
-        if self._flight is not None and entries:
-            self._flight.queued(entries, self._flight_key)
         rec = self._rec
         if rec is None:
-            for entry in entries:
+            for entry in self.queue.drain():
                 self._unsent[entry.request.name] = entry
             return
         rec.cycle(self._cycle, now)
-        for entry in entries:
+        for entry in self.queue.drain():
             self._unsent[entry.request.name] = entry
             rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
                        getattr(entry.tensor, "nbytes", 0))
@@ -380,18 +379,11 @@ class Runtime:
         entries: Dict[str, Entry] = {}
         cache = self.cache
         store = self.params.cache_enabled
-        fl = self._flight
-        cycle = self._cycle
         for resp in responses:
             name = resp.name
             entry = self._sent.pop(name, None) or self._unsent.pop(name, None)
             if entry is not None:
                 entries[name] = entry
-                if fl is not None:
-                    r = entry.flight
-                    r[CYCLE] = cycle
-                    r[STATE] = NEGOTIATED
-                    r[WAITED] = resp.waited_for
             if cached_slots is not None:
                 cache.touch(name)
             elif resp.cacheable:
@@ -412,9 +404,10 @@ class Runtime:
                 self._plan_memo[key] = groups
         done = self._done
         rec = self._rec
+        fl = self._flight
         for group in groups:
             if fl is not None:
-                fl.running[self._flight_key] = group
+                self._flight_running = (group, entries)
             self.executor.run(group, entries, self._collect, self._collect_error)
             # forget the names before waking their owners, who may reuse them at once
             self.queue.finish([e.request.name for e, _, _ in done])
@@ -427,17 +420,35 @@ class Runtime:
                 end = time.monotonic()
                 for entry, _, err in done:
                     rec.done(entry.request.name, end, err)
-            if fl is not None:
-                _flight_done(done)
+            if fl is not None:       # after the handles: off the waiting user's path
+                fl.completed(self.flight_key, self._cycle, group, done)
             done.clear()
-        if fl is not None:
-            fl.running[self._flight_key] = None
+        self._flight_running = None
 
     def _collect(self, entry: Entry, result) -> None:
         self._done.append((entry, result, None))
 
     def _collect_error(self, entry: Entry, err: BaseException) -> None:
         self._done.append((entry, None, err))
+
+    def flight_pending(self) -> List[Tuple[str, Entry, int]]:
+        """``(state, entry, cycle)`` of every operation submitted and not completed, for a
+        flight-recorder dump (any thread; a copy the background thread disturbed is
+        retried, and after five tries the dump goes without them)."""
+        for _ in range(5):
+            try:
+                out = [("queued", e, -1) for e in self.queue.incoming()]
+                out += [("queued", e, -1) for e in list(self._unsent.values())]
+                out += [("negotiated", e, -1) for e in list(self._sent.values())]
+                running = self._flight_running
+                if running is not None:
+                    group, entries = running
+                    out += [("in collective", entries[r.name], self._cycle)
+                            for r in group if r.name in entries]
+                return out
+            except RuntimeError:          # a table changed size while copied
+                continue
+        return []
 
     # -- stall inspection -----------------------------------------------------------------
     def _check_stalls(self) -> None:
@@ -469,19 +480,6 @@ class Runtime:
         expired = [e.first_cycle for e in self.controller.table.values()
                    if e.first_time <= horizon]
         return min(self._cycle - max(expired), _INT_MAX - 1) if expired else _INT_MAX
-
-
-def _flight_done(done: list) -> None:
-    """Close the flight records of a completed group."""
-    end = time.monotonic()
-    for entry, _, err in done:
-        r = entry.flight
-        r[END] = end
-        if err is None:
-            r[STATE] = DONE
-        else:
-            r[STATE] = FAILED
-            r[ERROR] = err
 
 
 def _nbytes(resp: Response) -> int:

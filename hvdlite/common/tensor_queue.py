@@ -63,8 +63,7 @@ class Handle:
 class Entry:
     """One tensor of an operation: the request plus the local buffers."""
 
-    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "wire",
-                 "flight")
+    __slots__ = ("request", "tensor", "output", "handle", "index", "enqueued_at", "wire")
 
     def __init__(self, request: Request, tensor: Any, output: Any, handle: Handle, index: int):
         self.request = request
@@ -74,7 +73,6 @@ class Entry:
         self.index = index
         self.enqueued_at = 0.0
         self.wire = 0                  # the request's wire bound, counted while in flight
-        self.flight = None             # its flight-recorder record, once drained
 
 
 #: the most request bytes (their wire bound) one rank may have in flight: a negotiation
@@ -158,6 +156,10 @@ class TensorQueue:
             self._wire = 0
             self._incoming = []
         return left
+
+    def incoming(self) -> List[Entry]:
+        """A copy of the submissions not yet drained (any thread; for diagnostics)."""
+        return list(self._incoming)
 
     def has_incoming(self) -> bool:
         return bool(self._incoming)

@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from hvdlite.common import flight_recorder as fr
-from hvdlite.common.message import OpType, Request
+from hvdlite.common.message import OpType, Request, Response
 from hvdlite.common.tensor_queue import Entry, Handle
 from hvdlite.timeline import doctor
 from tests.runner.conftest import REPO, run_launcher
@@ -23,31 +24,48 @@ def entry(name, shape=(4,), t=1.0):
     return e
 
 
+class FakeRuntime:
+    """What a dump asks a live runtime: its pending operations."""
+
+    flight_key = "global"
+
+    def __init__(self, pending):
+        self.pending = pending
+
+    def flight_pending(self):
+        return self.pending
+
+
 @pytest.mark.timeout(10)
-def test_ring_keeps_the_last_n_and_dumps_them(tmp_path):
+def test_ring_keeps_the_last_n_and_dumps_them_with_the_pending_ones(tmp_path):
     rec = fr.FlightRecorder(3, str(tmp_path / "d"), rank=1, size=2, hostname="h", job_id="j")
-    entries = [entry(f"t{i}", t=float(i)) for i in range(5)]
-    rec.queued(entries[:2], "global")
-    rec.queued(entries[2:], "global")
-    assert [r[fr.REQUEST].name for r in rec.ring] == ["t2", "t3", "t4"] and rec.appended == 5
-    assert all(e.flight is not None for e in entries)
-    # t2 done at cycle 7, t3 negotiated and now running, t4 failed
-    entries[2].flight[fr.CYCLE], entries[2].flight[fr.STATE] = 7, fr.DONE
-    entries[2].flight[fr.END] = 2.5
-    entries[3].flight[fr.STATE] = fr.NEGOTIATED
-    rec.running["global"] = [Request("t3", OpType.ALLREDUCE)]
-    rec.failed([entries[4]], RuntimeError("boom"))
+    now = time.monotonic()
+    es = [entry(f"t{i}", t=now - 1.0) for i in range(5)]
+    resp = Response("t3", OpType.ALLREDUCE)
+    resp.waited_for = [0]
+    rec.completed("global", 7, [Response("t0", OpType.ALLREDUCE)], [(es[0], None, None)])
+    rec.completed("global", 8, [Response("t1", OpType.ALLREDUCE)], [(es[1], None, None)])
+    rec.completed("global", 9, [Response("t2", OpType.ALLREDUCE), resp],
+                  [(es[2], None, None), (es[3], None, None)])
+    rec.failed("global", [es[4]], RuntimeError("boom"))
+    # whole groups are dropped while the rest hold 3 operations
+    assert rec.count == 3 and rec.appended == 5 and len(rec.groups) == 2
+    pending = entry("late", shape=(2, 3), t=now - 0.5)
+    runtime = FakeRuntime([("negotiated", pending, -1)])
+    rec.watch(runtime)
     path = rec.dump("asked")
     assert path == str(tmp_path / "d" / "flight-rank1.json")
     data = fr.load(path)
     assert (data["rank"], data["size"], data["reason"], data["appended"]) == (1, 2, "asked", 5)
     ops = {o["name"]: o for o in data["ops"]}
-    assert list(ops) == ["t2", "t3", "t4"]
-    assert ops["t2"]["state"] == "done" and ops["t2"]["cycle"] == 7
-    assert ops["t2"]["duration_s"] == pytest.approx(0.5)
-    assert ops["t2"]["shape"] == [4] and ops["t2"]["op"] == "allreduce"
-    assert ops["t3"]["state"] == "in collective"
+    assert [o["name"] for o in data["ops"]] == ["t2", "t3", "t4", "late"]
+    assert ops["t3"]["state"] == "done" and ops["t3"]["cycle"] == 9
+    assert ops["t3"]["waited_for"] == [0] and ops["t3"]["shape"] == [4]
+    assert ops["t3"]["op"] == "allreduce" and 0.9 < ops["t3"]["duration_s"] < 5
     assert ops["t4"]["state"] == "failed" and ops["t4"]["error"] == "boom"
+    assert ops["t4"]["cycle"] == -1
+    assert ops["late"]["state"] == "negotiated" and ops["late"]["shape"] == [2, 3]
+    assert abs(ops["late"]["submitted"] - (time.time() - 0.5)) < 2
     with pytest.raises(ValueError, match="not an hvdlite flight-recorder dump"):
         (tmp_path / "x.json").write_text("{}")
         fr.load(str(tmp_path / "x.json"))
@@ -141,10 +159,28 @@ def test_size_zero_turns_the_recorder_off(tmp_path):
 @pytest.mark.timeout(10)
 def test_dump_directory_is_private_and_a_foreign_one_is_refused(tmp_path):
     rec = fr.FlightRecorder(4, str(tmp_path / "mine"))
-    rec.queued([entry("a")], "global")
+    rec.completed("global", 1, [], [(entry("a"), None, None)])
     path = rec.dump("asked")
     assert os.stat(tmp_path / "mine").st_mode & 0o777 == 0o700 and os.path.exists(path)
     os.symlink(tmp_path / "mine", tmp_path / "link")
     rec.directory = str(tmp_path / "link")
     with pytest.raises(OSError, match="not a directory of this user"):
         rec.dump("asked")
+
+
+@pytest.mark.timeout(10)
+def test_a_runtime_reports_what_is_pending(tmp_path):
+    from hvdlite.common.backend.local import LocalBackend
+    from hvdlite.common.config import Config
+    from hvdlite.common.runtime import Runtime
+    config = Config(flight_recorder_dir=str(tmp_path))
+    rec = fr.configure(config)
+    try:
+        runtime = Runtime(config, LocalBackend(config))      # never started: nothing drains
+        runtime.enqueue([entry("stuck", shape=(3,), t=time.monotonic())])
+        data = rec.snapshot("asked")
+        assert [(o["name"], o["state"], o["shape"]) for o in data["ops"]] == [
+            ("stuck", "queued", [3])]
+        runtime.backend.close()
+    finally:
+        fr.configure(config.replace(flight_recorder_size=0))
