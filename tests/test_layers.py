@@ -169,7 +169,7 @@ _COMMON_LAYERS = (
                  "hvdlite.common.adasum", "hvdlite.common.parameters",
                  "hvdlite.common.recorder", "hvdlite.common.observers",
                  "hvdlite.common.timeline_writer", "hvdlite.common.autotune",
-                 "hvdlite.common.stack_report")),
+                 "hvdlite.common.stack_report", "hvdlite.common.flight_recorder")),
     ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets",
                 "hvdlite.common.exit_report")),
     ("op layer", ("hvdlite.common.ops",)),

@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import arrays, exit_report, observers
+from hvdlite.common import arrays, exit_report, flight_recorder, observers
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
@@ -128,6 +128,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
                                 local_rank=backend.local_rank, local_size=backend.local_size,
                                 cross_rank=backend.cross_rank, cross_size=backend.cross_size)
         _STATE.last_round = getattr(backend, "round", _STATE.last_round)
+        flight_recorder.configure(config)
         runtime = Runtime(config, backend, recorder)
         observers.attach(runtime, config, recorder)
         runtime.start()

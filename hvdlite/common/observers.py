@@ -91,7 +91,8 @@ def attach(runtime, config, user: Recorder = NULL) -> None:
 def _new_timeline(runtime, path: str, mark_cycles: bool):
     from hvdlite.common.timeline_writer import Timeline
     return Timeline(path, mark_cycles=mark_cycles,
-                    backend_name=getattr(runtime.backend, "name", ""))
+                    backend_name=getattr(runtime.backend, "name", ""),
+                    max_bytes=runtime.config.timeline_max_bytes)
 
 
 def detach() -> None:

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hvdlite.common import arrays, fusion, stack_report
+from hvdlite.common import arrays, flight_recorder, fusion, stack_report
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
@@ -81,6 +81,14 @@ class Runtime:
         self._rec = recorder if recorder.active else None
         self._next_rec: Optional[Recorder] = None   # set_recorder's, taken at a cycle start
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
+        #: this process's flight recorder (None: off), this runtime's key in it, and the
+        #: (group, entries) on the wire while a group executes
+        self._flight = flight_recorder.current()
+        self.flight_key = "global" if ranks is None else "ranks " + ",".join(
+            map(str, self.ranks))
+        self._flight_running: Optional[tuple] = None
+        if self._flight is not None:
+            self._flight.watch(self)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()
@@ -202,18 +210,24 @@ class Runtime:
                     f"{type(exc).__name__}: {exc}")
                 err.__cause__ = exc
             log.debug("rank %d: background loop ended with %s", self.rank, err)
-            self._fail_all(err)
+            self._fail_all(err, dump=True)
         finally:
             if self._poller is not None:
                 self._poller.stop()
             self.backend.close()
 
-    def _fail_all(self, err: BaseException) -> None:
+    def _fail_all(self, err: BaseException, dump: bool = False) -> None:
+        """Fail every pending handle with ``err``; the flight recorder is written when
+        ``dump`` or when operations were still pending (a peer left in the middle)."""
         self._error = err
-        for entry in self.queue.close(err):
+        left = self.queue.close(err)
+        for entry in left:
             entry.handle._fail(err)
         self._unsent.clear()
         self._sent.clear()
+        if self._flight is not None and (dump or left):
+            self._flight.failed(self.flight_key, left, err)
+            flight_recorder.dump(f"{self.label}: {err}")
 
     def _cycle_once(self) -> bool:
         """One cycle: drain, agree, negotiate or take the cache's fast path, execute.
@@ -339,7 +353,11 @@ class Runtime:
             return []
         # rank 0 sent an age in cycles (every rank counts cycles alike): a cycle number
         # itself would overflow the int32 vector after 2^31 cycles
-        return self.controller.fail_older_than(self._cycle - int(agreed[_STALL]))
+        failed = self.controller.fail_older_than(self._cycle - int(agreed[_STALL]))
+        if failed and self._flight is not None:
+            flight_recorder.dump(f"{self.label}: stall past the shutdown time: "
+                                 f"{', '.join(r.name for r in failed[:8])}")
+        return failed
 
     def _negotiate(self, agreed: np.ndarray, payload: Optional[bytes],
                    responses: List[Response]) -> List[Response]:
@@ -410,7 +428,10 @@ class Runtime:
                 self._plan_memo[key] = groups
         done = self._done
         rec = self._rec
+        fl = self._flight
         for group in groups:
+            if fl is not None:
+                self._flight_running = (group, entries)
             self.executor.run(group, entries, self._collect, self._collect_error)
             # forget the names before waking their owners, who may reuse them at once
             self.queue.finish([e.request.name for e, _, _ in done])
@@ -423,13 +444,35 @@ class Runtime:
                 end = time.monotonic()
                 for entry, _, err in done:
                     rec.done(entry.request.name, end, err)
+            if fl is not None:       # after the handles: off the waiting user's path
+                fl.completed(self.flight_key, self._cycle, group, done)
             done.clear()
+        self._flight_running = None
 
     def _collect(self, entry: Entry, result) -> None:
         self._done.append((entry, result, None))
 
     def _collect_error(self, entry: Entry, err: BaseException) -> None:
         self._done.append((entry, None, err))
+
+    def flight_pending(self) -> List[Tuple[str, Entry, int]]:
+        """``(state, entry, cycle)`` of every operation submitted and not completed, for a
+        flight-recorder dump (any thread; a copy the background thread disturbed is
+        retried, and after five tries the dump goes without them)."""
+        for _ in range(5):
+            try:
+                out = [("queued", e, -1) for e in self.queue.incoming()]
+                out += [("queued", e, -1) for e in list(self._unsent.values())]
+                out += [("negotiated", e, -1) for e in list(self._sent.values())]
+                running = self._flight_running
+                if running is not None:
+                    group, entries = running
+                    out += [("in collective", entries[r.name], self._cycle)
+                            for r in group if r.name in entries]
+                return out
+            except RuntimeError:          # a table changed size while copied
+                continue
+        return []
 
     # -- stall inspection -----------------------------------------------------------------
     def _check_stalls(self) -> None:

@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from hvdlite.common import flight_recorder
 from hvdlite.common.net.service import Client, ServiceError
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ def send_async(target: Target, kind: str, request_id: int, rank: int,
         header = {"op": "stack_report", "kind": kind, "id": int(request_id), "rank": int(rank),
                   "host": target.hostname, "pid": os.getpid()}
         header.update(extra or {})
-        # HOOK(flight recorder, issue 21 item 2): on demand, also write this rank's ring, off
-        # the background thread: if kind == ALL: flight_recorder.dump("stacks requested")
+        if kind == ALL:      # on demand, this rank's flight recorder too (off the loop)
+            flight_recorder.dump("stacks requested")
         blob = b""
         if with_stacks:
             blob = json.dumps(capture(skip=(threading.get_ident(),))).encode()

@@ -157,5 +157,9 @@ class TensorQueue:
             self._incoming = []
         return left
 
+    def incoming(self) -> List[Entry]:
+        """A copy of the submissions not yet drained (any thread; for diagnostics)."""
+        return list(self._incoming)
+
     def has_incoming(self) -> bool:
         return bool(self._incoming)

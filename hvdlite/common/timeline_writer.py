@@ -14,12 +14,19 @@ tensor name gets its own row with ``QUEUED``, ``NEGOTIATE_<OP>`` (args: the
 ranks waited for), and ``<OP>`` holding ``MEMCPY_IN_FUSION_BUFFER``, the
 collective (``<BACKEND>_<OP>``) and ``MEMCPY_OUT_FUSION_BUFFER``, one slice per
 pipelined chunk.
+
+With a size bound (``--timeline-max-mb``) the file is rotated: once it holds about a
+quarter of the bound it is finished (a complete trace), renamed ``FILE.1`` (``FILE.1``
+becomes ``FILE.2``, ..., ``FILE.3`` is dropped), and a new ``FILE`` starts with the
+row names it needs again, so each file loads on its own and a day-long job keeps
+only its last few hours.  Times count from the same origin in every file.
 """
 
 import collections
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
@@ -48,6 +55,17 @@ _YIELD_EVERY = 64
 # event kinds in the deque
 _Q, _N, _S, _D, _C, _P = range(6)
 
+#: rotated files kept beside the live one (FILE.1 .. FILE.<ROTATED_FILES>)
+ROTATED_FILES = 3
+#: the smallest file a size bound rotates at (smaller bounds are raised to it)
+_MIN_FILE_BYTES = 16 * 1024
+
+
+def rotated_paths(path: str) -> List[str]:
+    """The files of a rotated timeline, oldest first, ``path`` last (those that exist)."""
+    older = [f"{path}.{i}" for i in range(ROTATED_FILES, 0, -1)]
+    return [p for p in older if os.path.exists(p)] + ([path] if os.path.exists(path) else [])
+
 
 class Timeline(Recorder):
     """A recorder that writes a Chrome trace to ``path`` (call :meth:`close` to finish it).
@@ -59,8 +77,12 @@ class Timeline(Recorder):
     active = True
 
     def __init__(self, path: str, mark_cycles: bool = False, backend_name: str = "",
-                 flush_interval_s: float = 0.1):
+                 flush_interval_s: float = 0.1, max_bytes: int = 0):
+        """``max_bytes``: rotate so the files hold about this much in all (0: no bound)."""
         self.path = path
+        self._file_limit = max(_MIN_FILE_BYTES, max_bytes // (ROTATED_FILES + 1)) \
+            if max_bytes > 0 else 0
+        self._size = 0                          # characters in the live file
         self.mark_cycles = mark_cycles
         self._collective_prefix = (backend_name.upper() + "_") if backend_name else ""
         try:
@@ -72,7 +94,8 @@ class Timeline(Recorder):
         self._t0 = time.monotonic()
         self._events: collections.deque = collections.deque()
         # writer-thread state
-        self._rows: Dict[str, int] = {}
+        self._rows: Dict[str, int] = {}         # name -> row, for the whole run
+        self._file_rows: Dict[str, int] = {}    # the rows named in the live file
         self._ops: Dict[str, str] = {}          # name -> op, from queued
         self._drained: Dict[str, float] = {}    # name -> when taken from the queue
         self._started: Dict[str, float] = {}    # name -> negotiation end (its op begins)
@@ -81,11 +104,9 @@ class Timeline(Recorder):
         self._interval = flush_interval_s
         self._stop = threading.Event()
         self._closed = False
-        self._file.write("[\n")
-        self._emit_meta(0, RUNTIME_ROW)
-        self._file.write(json.dumps({"name": "process_name", "ph": "M", "pid": 0,
-                                     "args": {"name": "hvdlite rank 0"}}) + ",\n")
-        self._file.flush()
+        for old in rotated_paths(path)[:-1]:    # a previous run's: not part of this trace
+            os.remove(old)
+        self._start_file()
         self._thread = threading.Thread(target=self._run, name="hvdlite-timeline", daemon=True)
         self._thread.start()
 
@@ -119,9 +140,35 @@ class Timeline(Recorder):
         self._stop.set()
         self._thread.join(timeout_s)
         self._flush()
+        self._end_file()
+
+    def _start_file(self) -> None:
+        self._write("[\n")
+        self._emit_meta(0, RUNTIME_ROW)
+        self._write(json.dumps({"name": "process_name", "ph": "M", "pid": 0,
+                                "args": {"name": "hvdlite rank 0"}}) + ",\n")
+        self._file.flush()
+
+    def _write(self, text: str) -> None:
+        self._file.write(text)
+        self._size += len(text)
+
+    def _end_file(self) -> None:
         self._file.write(json.dumps({"name": "timeline_end", "ph": "i", "s": "g", "pid": 0,
                                      "tid": 0, "ts": self._us(time.monotonic())}) + "\n]\n")
         self._file.close()
+
+    def _rotate(self) -> None:
+        """Finish the live file, shift FILE.i to FILE.i+1 (the oldest goes), start anew."""
+        self._end_file()
+        for i in range(ROTATED_FILES - 1, 0, -1):
+            if os.path.exists(f"{self.path}.{i}"):
+                os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
+        os.replace(self.path, f"{self.path}.1")
+        self._file = open(self.path, "w", encoding="utf-8")
+        self._size = 0
+        self._file_rows = {}
+        self._start_file()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -135,15 +182,18 @@ class Timeline(Recorder):
         return round(max(0.0, t - self._t0) * 1e6, 1)
 
     def _emit_meta(self, tid: int, label: str) -> None:
-        self._file.write(json.dumps({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
-                                     "args": {"name": label}}) + ",\n")
-        self._file.write(json.dumps({"name": "thread_sort_index", "ph": "M", "pid": 0,
-                                     "tid": tid, "args": {"sort_index": tid}}) + ",\n")
+        self._write(json.dumps({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+                                "args": {"name": label}}) + ",\n")
+        self._write(json.dumps({"name": "thread_sort_index", "ph": "M", "pid": 0,
+                                "tid": tid, "args": {"sort_index": tid}}) + ",\n")
 
     def _row(self, name: str) -> int:
-        tid = self._rows.get(name)
+        tid = self._file_rows.get(name)
         if tid is None:
-            tid = self._rows[name] = len(self._rows) + 1
+            tid = self._rows.get(name)
+            if tid is None:
+                tid = self._rows[name] = len(self._rows) + 1
+            self._file_rows[name] = tid
             self._emit_meta(tid, name)
         return tid
 
@@ -172,6 +222,8 @@ class Timeline(Recorder):
                 # a collective, may wait a whole switch interval (5 ms) for this thread
                 budget = _YIELD_EVERY
                 time.sleep(0)
+                if self._file_limit:
+                    self._write_out(out)        # so a big batch rotates in time
             ev = events.popleft()
             kind = ev[0]
             if kind == _S:
@@ -206,9 +258,16 @@ class Timeline(Recorder):
                 out.append(json.dumps({"name": PARAMETERS_NAME, "ph": "i", "s": "p", "pid": 0,
                                        "tid": 0, "ts": self._us(t),
                                        "args": {"cycle": cycle, **_params_dict(params)}}))
+        self._write_out(out)
+
+    def _write_out(self, out: List[str]) -> None:
+        """Write the formatted events (and empty ``out``); rotate past the file bound."""
         if out:
-            self._file.write(",\n".join(out) + ",\n")
+            self._write(",\n".join(out) + ",\n")
+            out.clear()
             self._file.flush()
+            if self._file_limit and self._size >= self._file_limit:
+                self._rotate()
 
     def _write_span(self, out: List[str], phase: str, names: Sequence[str], start: float,
                     end: float, chunk: int) -> None:

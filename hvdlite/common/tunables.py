@@ -231,6 +231,17 @@ TUNABLES: Tuple[Tunable, ...] = (
                       "do not mark cycles"),),
         yaml=(YamlKey("timeline", "mark_cycles", "timeline_mark_cycles"),)),
     Tunable(
+        "timeline_max_bytes", int, 0, "HVDLITE_TIMELINE_MAX_BYTES",
+        "keep the timeline on disk to about this many bytes: the file is rotated "
+        "(FILE, FILE.1, ... FILE.3, each a complete trace) and the oldest is dropped "
+        "(0: one file, unbounded)", unit="bytes", group="timeline parameters",
+        range=Range(0, None, ">= 0 bytes (0: unbounded)"),
+        flags=(Option(("--timeline-max-mb",), "MB", float, MIB,
+                      help="keep the timeline to about this many MiB on disk, in rotated "
+                           "files FILE, FILE.1, ... (0: unbounded)"),),
+        shown_default="unbounded",
+        note="rotation: FILE, FILE.1 .. FILE.3, each a complete trace"),
+    Tunable(
         "autotune", bool, False, "HVDLITE_AUTOTUNE",
         "rank 0 searches the live parameters (Bayesian optimisation) during the first steps",
         horovod=("HOROVOD_AUTOTUNE",), group="autotune parameters",
@@ -309,6 +320,19 @@ TUNABLES: Tuple[Tunable, ...] = (
         flags=(Option(("--log-level",), type=str.upper, choices=LOG_LEVEL_NAMES),),
         yaml=(YamlKey("logging", "level", "log_level"),),
         note="Horovod's TRACE is DEBUG, FATAL is CRITICAL"),
+    Tunable(
+        "flight_recorder_size", int, 1000, "HVDLITE_FLIGHT_RECORDER_SIZE",
+        "each rank keeps its last N operations in memory and writes them to a file when the "
+        "job fails or stalls past the shutdown time (0: off)",
+        group="output", range=Range(0, 10_000_000, "0..10000000 operations (0: off)"),
+        flags=(Option(("--flight-recorder-size",), "N"),),
+        note="0 = off; read the dumps with `hvdlite-doctor`"),
+    Tunable(
+        "flight_recorder_dir", str, "", "HVDLITE_FLIGHT_RECORDER_DIR",
+        "where each rank writes its flight-recorder dump (flight-rank<R>.json)",
+        group="output", flags=(Option(("--flight-recorder-dir",), "DIR"),),
+        shown_default="<tempdir>/hvdlite-flight-<job id>",
+        note="on each rank's host"),
     Tunable(
         "shared_memory", bool, True, "HVDLITE_SHARED_MEMORY",
         "ranks on one host exchange through a shared segment, hierarchically across hosts "

@@ -9,7 +9,7 @@ import collections
 from typing import Dict, List
 
 from hvdlite.common.timeline_writer import (COPY_IN_NAME, COPY_OUT_NAME, NEGOTIATE_PREFIX,
-                                            QUEUED_NAME, load_events)
+                                            QUEUED_NAME, load_events, rotated_paths)
 
 #: the phases a summary reports, in the order a tensor passes them
 PHASES = ("queued", "negotiate", "copy_in", "collective", "copy_out")
@@ -29,6 +29,8 @@ class Summary:
         self.cycles = 0
         self.parameter_changes = 0
         self.span_s = 0.0
+        #: files read (a rotated timeline has several)
+        self.files = 1
 
     def total(self) -> Dict[str, float]:
         out = dict.fromkeys(PHASES, 0.0)
@@ -102,7 +104,8 @@ def format_summary(s: Summary, top: int = 20) -> str:
     lines.append(f"{len(names)} tensors, {sum(s.ops.values())} operations over "
                  f"{s.span_s:.3f} s of trace"
                  + (f", {s.cycles} cycles marked" if s.cycles else "")
-                 + (f", {s.parameter_changes} parameter changes" if s.parameter_changes else ""))
+                 + (f", {s.parameter_changes} parameter changes" if s.parameter_changes else "")
+                 + (f", read from {s.files} rotated files" if s.files > 1 else ""))
     head = (f"{'tensor':<40s} {'ops':>5s} {'fused':>5s} " +
             " ".join(f"{p + ' ms':>14s}" for p in PHASES) + f" {'op ms':>10s}")
     lines.append(head)
@@ -171,4 +174,12 @@ def plot_summary(s: Summary, path: str, top: int = 20) -> None:
 
 
 def summary_of_file(path: str) -> Summary:
-    return summarize(load_events(path))
+    """The summary of a timeline file and of its rotated older parts (``path.1``, ...),
+    which share its rows and time origin."""
+    paths = rotated_paths(path) or [path]
+    events: List[dict] = []
+    for p in paths:
+        events += load_events(p)
+    s = summarize(events)
+    s.files = len(paths)
+    return s

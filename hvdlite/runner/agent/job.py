@@ -15,6 +15,7 @@ import uuid
 from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
+from hvdlite.common import flight_recorder
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.rounds import Rounds
@@ -102,6 +103,8 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
         sys.stderr.write(job.agent.summary)
     elif job.agent.error:
         sys.stderr.write(f"hvdlite-run: error: {job.agent.error}\n")
+    if code not in (0, 130):
+        sys.stderr.write(flight_note(job))
     sys.stderr.flush()
     return code
 
@@ -184,6 +187,7 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
     hidden = dict(config.user_env)
     hidden.update(config.secret_env)
     hidden[cfg.SECRET_KEY] = job.key.hex()
+    hidden[cfg.JOB_ID] = job.job_id          # names the ranks' flight-recorder directory
     names = [n for n in os.environ if forwarded(n) and n not in hidden] + sorted(hidden)
     return MpiexecStarter(hosts, config.command, dict(config.tunable_env), names,
                           config.mpi_args,
@@ -192,6 +196,14 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
                           output_dir=config.output_dir, timestamp=config.timestamp_output,
                           binding_args=config.binding_args, hidden_env=hidden,
                           on_exit=job.wake, reports=(job.key, job.stacks.ops()))
+
+
+def flight_note(job: JobContext) -> str:
+    """Where the ranks' flight-recorder dumps are ("" when the recorder is off)."""
+    env = {**os.environ, **job.config.user_env, **job.config.tunable_env}
+    if env.get(cfg.FLIGHT_RECORDER_SIZE, "").strip() in ("0", "0.0"):
+        return ""
+    return flight_recorder.launcher_note(job.job_id, env.get(cfg.FLIGHT_RECORDER_DIR, ""))
 
 
 def op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:
