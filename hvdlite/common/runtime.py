@@ -29,12 +29,13 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hvdlite.common import arrays, fusion
+from hvdlite.common import arrays, fusion, stragglers
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
 from hvdlite.common.executor import Executor
 from hvdlite.common.message import Response, decode_requests, encode_requests
+from hvdlite.common.metrics_counters import Counters
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.response_cache import ResponseCache
@@ -43,8 +44,8 @@ from hvdlite.common.tensor_queue import Entry, TensorQueue
 log = logging.getLogger(__name__)
 
 _INT_MAX = np.iinfo(np.int32).max
-# control vector layout:
-# [need_nothing_new, -payload_len, stall_cutoff, params_version, params[W], alive[size], bits[cap]]
+# control vector layout: [need_nothing_new, -payload_len, stall_cutoff, params_version,
+# params[W], alive[size], ready_age[size] (stragglers.py), bits[cap]]
 _NEED, _LEN, _STALL, _PVER, _PARAMS = 0, 1, 2, 3, 4
 _ALIVE = _PARAMS + Parameters.WIDTH
 #: a cache hit not executed after this long is sent through full negotiation instead,
@@ -88,8 +89,19 @@ class Runtime:
         # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
         self._plan_memo: Dict[tuple, list] = {}
         self._done: list = []                    # (entry, result, error) of the running group
-        base = _ALIVE + self.size
+        self._ages = _ALIVE + self.size
+        base = self._ages + self.size
         self._vec_len = base + config.cache_capacity
+        self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
+        self._completed = False                    # the last cycle executed responses
+        self._stragglers = stragglers.StragglerTracker(
+            self.ranks, config.straggler_window_s, stragglers.announcer(config),
+            "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
+        #: counters for hvdlite-run --metrics-port (None: metrics off; the job's runtime only)
+        self.metrics = Counters(config.fusion_threshold_bytes) \
+            if config.metrics_port and ranks is None else None
+        if self.metrics is not None:
+            self.metrics.stragglers = self._stragglers
         self._bits_base = base
         name = f"hvdlite-background-r{self.ranks[self.rank]}"
         if ranks is not None:
@@ -204,14 +216,21 @@ class Runtime:
         if self._next_rec is not None:
             self._take_recorder()
         self._drain(now)
+        oldest = self._oldest_pending()
         vec, hits, payload = self._control_vector(now)
         agreed = self._agree(vec)
         if agreed is None:
             return False
+        self._track_readiness(agreed, oldest)
         stalled = self._stall_failures(agreed)
         if agreed[_NEED] == 0:
-            self._execute(self._negotiate(agreed, payload, stalled))
+            responses = self._negotiate(agreed, payload, stalled)
+            if self.metrics is not None:
+                self._count_cycle(now, oldest)
+            self._execute(responses)
         else:
+            if self.metrics is not None:
+                self._count_cycle(now, oldest)
             self._execute(stalled)          # stall errors, if any, first
             if hits:
                 self._execute_cache_hits(agreed)
@@ -232,6 +251,39 @@ class Runtime:
             self._unsent[entry.request.name] = entry
             rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
                        getattr(entry.tensor, "nbytes", 0))
+
+    def _oldest_pending(self) -> Optional[float]:
+        """When this rank's oldest pending submission was made (None: nothing pending);
+        O(1): the tables keep submission order."""
+        oldest = None
+        for table in (self._sent, self._unsent):
+            if table:
+                t = next(iter(table.values())).enqueued_at
+                if oldest is None or t < oldest:
+                    oldest = t
+        return oldest
+
+    def _track_readiness(self, agreed: np.ndarray, oldest: Optional[float]) -> None:
+        """The straggler report's input: every rank's ready age at the previous agreement
+        (rank 0 tallies it if that cycle completed work), and this rank's for the next."""
+        agreed_at = time.monotonic()
+        if self._completed and self._stragglers is not None:
+            ages = agreed[self._ages:self._bits_base]
+            if ages.max() < stragglers.NOT_PENDING:
+                self._stragglers.observe(ages, agreed_at)
+        self._completed = False
+        self._ready_age = stragglers.ready_age_us(oldest, agreed_at)
+
+    def _count_cycle(self, start: float, oldest: Optional[float]) -> None:
+        """Metrics: this cycle's agreement time (when this rank had work), and rank 0's
+        count of stalled tensors about once a second."""
+        m = self.metrics
+        now = time.monotonic()
+        if oldest is not None:
+            m.negotiated(now - start)
+        if self.rank == 0 and now - m.stall_counted_at > 1.0:
+            m.stall_counted_at = now
+            m.stalled = len(self.controller.stalled(self.config.stall_check_warning_time_s))
 
     def _look_up_cache(self, now: float) -> Tuple[bool, List[int], int]:
         """The unsent requests against the response cache.
@@ -265,6 +317,8 @@ class Runtime:
         vec = np.ones(self._vec_len, dtype=np.int32)
         vec[_LEN] = 0
         vec[self._bits_base:] = 0
+        vec[self._ages:self._bits_base] = _INT_MAX
+        vec[self._ages + self.rank] = self._ready_age
         if slots:
             vec[[self._bits_base + s for s in slots]] = 1
         if need_full:
@@ -358,6 +412,10 @@ class Runtime:
     def _execute(self, responses: List[Response], cached_slots=None) -> None:
         if not responses:
             return
+        self._completed = True
+        m = self.metrics
+        if m is not None:
+            m.responses(len(responses), cached_slots is not None)
         entries: Dict[str, Entry] = {}
         cache = self.cache
         store = self.params.cache_enabled
@@ -387,7 +445,10 @@ class Runtime:
         done = self._done
         rec = self._rec
         for group in groups:
+            start = time.monotonic() if m is not None else 0.0
             self.executor.run(group, entries, self._collect, self._collect_error)
+            if m is not None:
+                m.executed(group, start)
             # forget the names before waking their owners, who may reuse them at once
             self.queue.finish([e.request.name for e, _, _ in done])
             for entry, result, err in done:
