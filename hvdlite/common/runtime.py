@@ -270,7 +270,9 @@ class Runtime:
         if self._completed and self._stragglers is not None:
             ages = agreed[self._ages:self._bits_base]
             if ages.max() < stragglers.NOT_PENDING:
-                self._stragglers.observe(ages, agreed_at)
+                late = self._stragglers.observe(ages, agreed_at)
+                if late is not None and self._rec is not None:
+                    self._rec.late(agreed_at, self.ranks[late[0]], late[1])
         self._completed = False
         self._ready_age = stragglers.ready_age_us(oldest, agreed_at)
 

@@ -14,7 +14,7 @@ cycle, so it is always on.
 
 import logging
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -58,25 +58,29 @@ class StragglerTracker:
         self._previous: Optional[float] = None
         self._warned_at = [-float("inf")] * size
 
-    def observe(self, ages_us: np.ndarray, now: float) -> None:
+    def observe(self, ages_us: np.ndarray, now: float) -> Optional[Tuple[int, float]]:
         """One completing cycle: ``ages_us[r]`` is how long rank r's oldest pending
-        submission had waited when that cycle's agreement ended (microseconds)."""
+        submission had waited when that cycle's agreement ended (microseconds).  Returns
+        (member, seconds the others waited for it) when one member was clearly last."""
         if self._window_start is None:
-            self._window_start = self._previous = now
+            self._window_start = now
         newest = int(ages_us.argmin())
         spread = (int(ages_us.max()) - int(ages_us[newest])) / 1e6
         self._cycles += 1
         self.cycles_total += 1
+        late = None
         if spread >= MIN_SPREAD_S:
             # several completions inside one wait must not count that wait twice
-            cost = min(spread, now - self._previous)
+            cost = spread if self._previous is None else min(spread, now - self._previous)
             self._last[newest] += 1
             self._late_s[newest] += cost
             self.last_total[newest] += 1
             self.late_total_s[newest] += cost
+            late = (newest, cost)
         self._previous = now
         if now - self._window_start >= self.window_s:
             self._close_window(now)
+        return late
 
     def _close_window(self, now: float) -> None:
         elapsed = now - self._window_start
