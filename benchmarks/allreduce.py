@@ -32,6 +32,9 @@ Implementations:
   the limit of this transport (no packing cost at all);
 * ``hvdlite_timeline`` (opt-in) ``hvdlite_fusion`` with ``hvd.start_timeline`` writing a trace
   the whole time: its ratio to ``hvdlite_fusion`` in the same run is the timeline's cost;
+* ``hvdlite_metrics`` (opt-in) ``hvdlite_fusion`` with the ranks counting and sending their
+  counters every second, as under ``hvdlite-run --metrics-port``: its ratio to
+  ``hvdlite_fusion`` in the same run is the metrics' cost;
 * ``hvdlite_autotune`` (opt-in) ``hvdlite_fusion`` with the parameters ``--autotune`` chose: the
   first round tunes on ``--autotune-workload`` (untimed) until rank 0 keeps its best, every
   round then runs with those parameters.
@@ -137,7 +140,7 @@ DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big6
 IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
          "torch_per_tensor_sync", "torch_flat")
 #: run only when named in --impls (they cost a trace file / a tuning phase)
-OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune")
+OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune", "hvdlite_metrics")
 ALL_IMPLS = IMPLS + OPT_IN_IMPLS
 RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
 
@@ -236,6 +239,7 @@ def step_torch_flat(tensors, names):
 STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
          "hvdlite_noshm": step_hvdlite,
          "hvdlite_timeline": step_hvdlite, "hvdlite_autotune": step_hvdlite,
+         "hvdlite_metrics": step_hvdlite,
          "torch_per_tensor": step_torch_per_tensor,
          "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
 
@@ -367,7 +371,7 @@ TUNED_VARS = ("HVDLITE_FUSION_THRESHOLD", "HVDLITE_FUSION_CHUNK_BYTES",
               "HVDLITE_INPLACE_THRESHOLD", "HVDLITE_CYCLE_TIME", "HVDLITE_CACHE_CAPACITY",
               "HVDLITE_AUTOTUNE", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES",
               "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-              "HVDLITE_SHARED_MEMORY")
+              "HVDLITE_SHARED_MEMORY", "HVDLITE_METRICS_PORT")
 _LAUNCH_ENV = {k: os.environ.get(k) for k in TUNED_VARS}
 
 
@@ -441,7 +445,10 @@ def main(argv=None):
     # each hvdlite phase: (fusion threshold or None for the launch's, extra variables)
     variants = {"hvdlite_fusion": (None, {}), "hvdlite_nofusion": (0, {}),
                 "hvdlite_noshm": (None, {"HVDLITE_SHARED_MEMORY": "0"}),
-                "hvdlite_timeline": (None, {}), "hvdlite_autotune": (None, {})}
+                "hvdlite_timeline": (None, {}), "hvdlite_autotune": (None, {}),
+                # the ranks count and send to the store as under --metrics-port (the
+                # launcher serves nothing unless that flag is given)
+                "hvdlite_metrics": (None, {"HVDLITE_METRICS_PORT": "1"})}
     for impl, restart in variants.items():
         if impl in args.impls:
             phases.append((impl, [impl], restart))

@@ -99,7 +99,7 @@ class Runtime:
             "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
         #: counters for hvdlite-run --metrics-port (None: metrics off; the job's runtime only)
         self.metrics = Counters(config.fusion_threshold_bytes) \
-            if config.metrics_port and ranks is None else None
+            if config.metrics_port and ranks is None and config.rendezvous_addr else None
         if self.metrics is not None:
             self.metrics.stragglers = self._stragglers
         self._bits_base = base
