@@ -114,19 +114,22 @@ class Reporter:
         self._thread.start()
 
     def _main(self) -> None:
+        while True:
+            running = self._runtime.running()
+            self._send(json.dumps(self._runtime.metrics.snapshot()).encode())
+            if not running:
+                return
+            time.sleep(REPORT_INTERVAL_S)
+
+    def _send(self, blob: bytes) -> None:
+        """One snapshot on a connection of its own: the store caps connections per job, and
+        a connection held by every rank for the whole job would halve what is left."""
         from hvdlite.common.net.service import Client
         client = Client(self._addr, self._key, SEND_TIMEOUT_S, name="rendezvous store")
         try:
-            while True:
-                running = self._runtime.running()
-                blob = json.dumps(self._runtime.metrics.snapshot()).encode()
-                try:
-                    client.request(dict(self._header), blob, timeout_s=SEND_TIMEOUT_S)
-                except Exception as err:   # noqa: BLE001 -- metrics never end a rank
-                    log.debug("metrics snapshot not delivered: %s", err)
-                if not running:
-                    return
-                time.sleep(REPORT_INTERVAL_S)
+            client.request(dict(self._header), blob, timeout_s=SEND_TIMEOUT_S)
+        except Exception as err:   # noqa: BLE001 -- metrics never end a rank
+            log.debug("metrics snapshot not delivered: %s", err)
         finally:
             client.close()
 
