@@ -6,7 +6,8 @@ handles; only the background thread touches the backend.  Each cycle:
 1. drain new entries from the :class:`TensorQueue`;
 2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
    once: whether anybody needs a full negotiation, the longest request payload,
-   who is shutting down, rank 0's stall verdict, and the response-cache bits.
+   who is shutting down, rank 0's stall verdict, each rank's ready age (the straggler
+   report, :mod:`hvdlite.common.stragglers`) and the response-cache bits.
    The same vector carries rank 0's live :class:`Parameters`, so a change
    (fusion threshold, cycle time, ...) takes effect on every rank in the same
    cycle;
@@ -103,6 +104,11 @@ class Runtime:
         if self.metrics is not None:
             self.metrics.stragglers = self._stragglers
         self._bits_base = base
+        # what every vector starts from (one copy per cycle instead of several fills)
+        self._vec_template = np.ones(self._vec_len, dtype=np.int32)
+        self._vec_template[_LEN] = 0
+        self._vec_template[self._ages:base] = _INT_MAX
+        self._vec_template[base:] = 0
         name = f"hvdlite-background-r{self.ranks[self.rank]}"
         if ranks is not None:
             name += f"-set{'-'.join(map(str, self.ranks))}"
@@ -255,12 +261,12 @@ class Runtime:
     def _oldest_pending(self) -> Optional[float]:
         """When this rank's oldest pending submission was made (None: nothing pending);
         O(1): the tables keep submission order."""
-        oldest = None
-        for table in (self._sent, self._unsent):
-            if table:
-                t = next(iter(table.values())).enqueued_at
-                if oldest is None or t < oldest:
-                    oldest = t
+        sent, unsent = self._sent, self._unsent
+        if not sent:
+            return next(iter(unsent.values())).enqueued_at if unsent else None
+        oldest = next(iter(sent.values())).enqueued_at
+        if unsent:
+            return min(oldest, next(iter(unsent.values())).enqueued_at)
         return oldest
 
     def _track_readiness(self, agreed: np.ndarray, oldest: Optional[float]) -> None:
@@ -274,7 +280,8 @@ class Runtime:
                 if late is not None and self._rec is not None:
                     self._rec.late(agreed_at, self.ranks[late[0]], late[1])
         self._completed = False
-        self._ready_age = stragglers.ready_age_us(oldest, agreed_at)
+        self._ready_age = stragglers.NOT_PENDING if oldest is None else \
+            stragglers.ready_age_us(oldest, agreed_at)
 
     def _count_cycle(self, start: float, oldest: Optional[float]) -> None:
         """Metrics: this cycle's agreement time (when this rank had work), and rank 0's
@@ -316,10 +323,7 @@ class Runtime:
         cache slots this rank hit, and its encoded requests when it needs a negotiation
         (else None: encoded only if a peer forces one)."""
         need_full, slots, bound = self._look_up_cache(now)
-        vec = np.ones(self._vec_len, dtype=np.int32)
-        vec[_LEN] = 0
-        vec[self._bits_base:] = 0
-        vec[self._ages:self._bits_base] = _INT_MAX
+        vec = self._vec_template.copy()
         vec[self._ages + self.rank] = self._ready_age
         if slots:
             vec[[self._bits_base + s for s in slots]] = 1

@@ -64,7 +64,7 @@ def test_metrics_endpoint_during_a_stall_shows_the_stalled_tensor():
     port = free_port()
     proc = _launch(["-np", "2", "--metrics-port", str(port),
                     "--stall-check-warning-time-seconds", "1", sys.executable, WORKER,
-                    "stall", "8"])
+                    "stall", "6"])
     try:
         deadline = time.monotonic() + 40
         families = None
