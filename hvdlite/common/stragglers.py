@@ -102,8 +102,8 @@ class StragglerTracker:
         return (f"straggler{where}: rank {self.ranks[r]} was the last to be ready in "
                 f"{self._last[r]} of {self._cycles} completing cycles over the last "
                 f"{elapsed:.0f}s and kept the others waiting {self._late_s[r]:.2f}s "
-                f"({100.0 * self._late_s[r] / elapsed:.0f}% of the time); look for extra "
-                f"work, a slower host or data loading on that rank")
+                f"({100.0 * min(1.0, self._late_s[r] / elapsed):.0f}% of the time); look for "
+                f"extra work, a slower host or data loading on that rank")
 
 
 def announcer(config) -> Callable[[int, str], None]:

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import sys
 import types
 
 import pytest
@@ -97,3 +98,18 @@ def test_endpoint_reads_the_flag_then_the_environment():
         ("0.0.0.0", 9001)
     with pytest.raises(HvdliteConfigError, match="--metrics-port"):
         metrics_server.endpoint({"HVDLITE_METRICS_PORT": "http"}, {})
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_metrics_port_is_refused_naming_the_flag():
+    import socket
+    from tests.runner.conftest import run_launcher
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run_launcher(["-np", "2", "--metrics-port", str(port), sys.executable, "-c",
+                          "print('never')"], timeout=50)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--metrics-port {port}" in r.stderr and "cannot listen" in r.stderr
+    assert "never" not in r.stdout

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from hvdlite.runner.starters.mpiexec import find_mpiexec
 from tests.runner.conftest import REPO, free_port, run_launcher, worker
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -57,6 +58,17 @@ def test_straggler_warning_names_the_rank_that_sleeps_each_step():
                for ln in lines), lines
     # rate-limited: one line per REPEAT_AFTER_WINDOWS windows, the job lasts about 3
     assert len(lines) == 1, lines
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
+def test_straggler_warning_under_mpi_comes_from_rank_0():
+    # no store under --mpi: rank 0 prints the line itself (without the host)
+    r = run_launcher(["-np", "2", "--mpi", "--straggler-window-seconds", "1", sys.executable,
+                      WORKER, "straggler"], timeout=80)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "straggler" in ln]
+    assert len(lines) == 1 and "rank 1 was the last to be ready" in lines[0], lines
 
 
 @pytest.mark.timeout(90)

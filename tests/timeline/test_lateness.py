@@ -1,8 +1,13 @@
 """The timeline's per-rank lateness table, from synthetic traces."""
 
 import json
+import subprocess
+import sys
+
+import pytest
 
 from hvdlite.timeline import lateness
+from tests.runner.conftest import REPO, run_launcher, worker
 
 
 def _late(rank, ms, ts):
@@ -36,3 +41,19 @@ def test_no_late_rank_says_so(tmp_path):
     path = tmp_path / "t.json"
     path.write_text("[]")
     assert "no rank kept the others waiting" in lateness.report(str(path))
+
+
+@pytest.mark.timeout(90)
+def test_a_job_with_a_slow_rank_writes_late_events_the_summary_tabulates(tmp_path):
+    trace = tmp_path / "trace.json"
+    r = run_launcher(["-np", "2", "--timeline-filename", str(trace), sys.executable,
+                      worker("monitoring_worker.py"), "straggler"], timeout=80)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = subprocess.run([sys.executable, "-m", "hvdlite.timeline", "summary", str(trace),
+                          "--top", "1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    table = out.stdout[out.stdout.index("per-rank lateness (from LATE events"):]
+    rows = [ln.split() for ln in table.splitlines()[2:]]
+    # rank 1 sleeps 50 ms before each of its 50 steps: late in most, ~45 ms each
+    assert rows[0][0] == "1" and int(rows[0][1]) >= 40, table
+    assert 30.0 <= float(rows[0][3]) <= 80.0, table

@@ -85,8 +85,9 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
                         repeat_last=job.settings.static, needed=starter.needs_rendezvous)
     job.agent = Agent(job.settings, source, starter, job.rounds,
                       op_timeout_s=op_timeout(job.config.tunable_env))
-    metrics = _serve_metrics(job)
+    metrics = None
     try:
+        metrics = _serve_metrics(job)
         with StopSignals(job.agent.request_stop, action=starter.stop_action):
             code = job.agent.run()
     finally:
