@@ -34,6 +34,9 @@ Implementations:
   the whole time: its ratio to ``hvdlite_fusion`` in the same run is the timeline's cost;
 * ``hvdlite_noflight`` (opt-in) ``hvdlite_fusion`` with the flight recorder off
   (``HVDLITE_FLIGHT_RECORDER_SIZE=0``): ``hvdlite_fusion`` over it is the recorder's cost;
+* ``hvdlite_metrics`` (opt-in) ``hvdlite_fusion`` with the ranks counting and sending their
+  counters every second, as under ``hvdlite-run --metrics-port``: its ratio to
+  ``hvdlite_fusion`` in the same run is the metrics' cost;
 * ``hvdlite_autotune`` (opt-in) ``hvdlite_fusion`` with the parameters ``--autotune`` chose: the
   first round tunes on ``--autotune-workload`` (untimed) until rank 0 keeps its best, every
   round then runs with those parameters.
@@ -139,7 +142,8 @@ DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big6
 IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
          "torch_per_tensor_sync", "torch_flat")
 #: run only when named in --impls (they cost a trace file / a tuning phase)
-OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune", "hvdlite_noflight")
+OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune", "hvdlite_noflight",
+                "hvdlite_metrics")
 ALL_IMPLS = IMPLS + OPT_IN_IMPLS
 RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
 
@@ -239,6 +243,7 @@ STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
          "hvdlite_noshm": step_hvdlite,
          "hvdlite_timeline": step_hvdlite, "hvdlite_autotune": step_hvdlite,
          "hvdlite_noflight": step_hvdlite,
+         "hvdlite_metrics": step_hvdlite,
          "torch_per_tensor": step_torch_per_tensor,
          "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
 
@@ -370,7 +375,8 @@ TUNED_VARS = ("HVDLITE_FUSION_THRESHOLD", "HVDLITE_FUSION_CHUNK_BYTES",
               "HVDLITE_INPLACE_THRESHOLD", "HVDLITE_CYCLE_TIME", "HVDLITE_CACHE_CAPACITY",
               "HVDLITE_AUTOTUNE", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES",
               "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-              "HVDLITE_SHARED_MEMORY", "HVDLITE_FLIGHT_RECORDER_SIZE")
+              "HVDLITE_SHARED_MEMORY", "HVDLITE_FLIGHT_RECORDER_SIZE",
+              "HVDLITE_METRICS_PORT")
 _LAUNCH_ENV = {k: os.environ.get(k) for k in TUNED_VARS}
 
 
@@ -445,7 +451,10 @@ def main(argv=None):
     variants = {"hvdlite_fusion": (None, {}), "hvdlite_nofusion": (0, {}),
                 "hvdlite_noshm": (None, {"HVDLITE_SHARED_MEMORY": "0"}),
                 "hvdlite_timeline": (None, {}), "hvdlite_autotune": (None, {}),
-                "hvdlite_noflight": (None, {"HVDLITE_FLIGHT_RECORDER_SIZE": "0"})}
+                "hvdlite_noflight": (None, {"HVDLITE_FLIGHT_RECORDER_SIZE": "0"}),
+                # the ranks count and send to the store as under --metrics-port (the
+                # launcher serves nothing unless that flag is given)
+                "hvdlite_metrics": (None, {"HVDLITE_METRICS_PORT": "1"})}
     for impl, restart in variants.items():
         if impl in args.impls:
             phases.append((impl, [impl], restart))

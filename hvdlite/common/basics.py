@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import arrays, exit_report, flight_recorder, observers
+from hvdlite.common import arrays, exit_report, flight_recorder, metrics_counters, observers
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
@@ -132,6 +132,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         runtime = Runtime(config, backend, recorder)
         observers.attach(runtime, config, recorder)
         runtime.start()
+        metrics_counters.start_reporting(runtime, config)
         _STATE.runtime = runtime
         _STATE.config = config
         if config.gc_freeze:

@@ -45,6 +45,11 @@ class Recorder:
     def parameters(self, cycle: int, params) -> None:
         """Every rank switched to ``params`` (a :class:`Parameters`) in ``cycle``."""
 
+    def late(self, end: float, rank: int, seconds: float) -> None:
+        """Rank 0 only: job rank ``rank`` became ready last for the operations completed in
+        the cycle whose agreement ended at ``end``; the others waited ``seconds`` for it
+        (``hvdlite.common.stragglers``)."""
+
 
 #: the shared do-nothing recorder
 NULL = Recorder()
@@ -81,6 +86,10 @@ class Tee(Recorder):
     def parameters(self, cycle, params):
         for r in self.recorders:
             r.parameters(cycle, params)
+
+    def late(self, end, rank, seconds):
+        for r in self.recorders:
+            r.late(end, rank, seconds)
 
 
 def combine(recorders: Sequence[Recorder]) -> Recorder:

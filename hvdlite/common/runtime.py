@@ -7,7 +7,8 @@ handles; only the background thread touches the backend.  Each cycle:
 2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
    once: whether anybody needs a full negotiation, the longest request payload,
    who is shutting down, rank 0's stall verdict, rank 0's request for stacks
-   (:mod:`hvdlite.common.stack_report`), and the response-cache bits.
+   (:mod:`hvdlite.common.stack_report`), each rank's ready age (the straggler report,
+   :mod:`hvdlite.common.stragglers`) and the response-cache bits.
    The same vector carries rank 0's live :class:`Parameters`, so a change
    (fusion threshold, cycle time, ...) takes effect on every rank in the same
    cycle;
@@ -31,13 +32,14 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hvdlite.common import arrays, flight_recorder, fusion, stack_report
+from hvdlite.common import arrays, flight_recorder, fusion, stack_report, stragglers
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
 from hvdlite.common.executor import Executor
 from hvdlite.common.message import Response, decode_requests, encode_requests
+from hvdlite.common.metrics_counters import Counters
 from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.response_cache import ResponseCache
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 _INT_MAX = np.iinfo(np.int32).max
 # control vector layout:
 # [need_nothing_new, -payload_len, stall_cutoff, params_version, stacks_id, stacks_age,
-#  params[W], alive[size], bits[cap]]
+#  params[W], alive[size], ready_age[size] (stragglers.py), bits[cap]]
 _NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = 0, 1, 2, 3, 4, 5, 6
 _ALIVE = _PARAMS + Parameters.WIDTH
 #: a cache hit not executed after this long is sent through full negotiation instead,
@@ -109,9 +111,25 @@ class Runtime:
         # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
         self._plan_memo: Dict[tuple, list] = {}
         self._done: list = []                    # (entry, result, error) of the running group
-        base = _ALIVE + self.size
+        self._ages = _ALIVE + self.size
+        base = self._ages + self.size
         self._vec_len = base + config.cache_capacity
+        self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
+        self._completed = False                    # the last cycle executed responses
+        self._stragglers = stragglers.StragglerTracker(
+            self.ranks, config.straggler_window_s, stragglers.announcer(config),
+            "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
+        #: counters for hvdlite-run --metrics-port (None: metrics off; the job's runtime only)
+        self.metrics = Counters(config.fusion_threshold_bytes) \
+            if config.metrics_port and ranks is None and config.rendezvous_addr else None
+        if self.metrics is not None:
+            self.metrics.stragglers = self._stragglers
         self._bits_base = base
+        # what every vector starts from (one copy per cycle instead of several fills)
+        self._vec_template = np.ones(self._vec_len, dtype=np.int32)
+        self._vec_template[_LEN] = 0
+        self._vec_template[self._ages:base] = _INT_MAX
+        self._vec_template[base:] = 0
         name = f"hvdlite-background-r{self.ranks[self.rank]}"
         if ranks is not None:
             name += f"-set{'-'.join(map(str, self.ranks))}"
@@ -237,16 +255,23 @@ class Runtime:
         if self._next_rec is not None:
             self._take_recorder()
         self._drain(now)
+        oldest = self._oldest_pending()
         vec, hits, payload = self._control_vector(now)
         agreed = self._agree(vec)
         if agreed is None:
             return False
+        self._track_readiness(agreed, oldest)
         if agreed[_DUMP] != _INT_MAX:
             self._send_stacks(int(agreed[_DUMP]), int(agreed[_DUMP_AGE]))
         stalled = self._stall_failures(agreed)
         if agreed[_NEED] == 0:
-            self._execute(self._negotiate(agreed, payload, stalled))
+            responses = self._negotiate(agreed, payload, stalled)
+            if self.metrics is not None:
+                self._count_cycle(now, oldest)
+            self._execute(responses)
         else:
+            if self.metrics is not None:
+                self._count_cycle(now, oldest)
             self._execute(stalled)          # stall errors, if any, first
             if hits:
                 self._execute_cache_hits(agreed)
@@ -267,6 +292,42 @@ class Runtime:
             self._unsent[entry.request.name] = entry
             rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
                        getattr(entry.tensor, "nbytes", 0))
+
+    def _oldest_pending(self) -> Optional[float]:
+        """When this rank's oldest pending submission was made (None: nothing pending);
+        O(1): the tables keep submission order."""
+        sent, unsent = self._sent, self._unsent
+        if not sent:
+            return next(iter(unsent.values())).enqueued_at if unsent else None
+        oldest = next(iter(sent.values())).enqueued_at
+        if unsent:
+            return min(oldest, next(iter(unsent.values())).enqueued_at)
+        return oldest
+
+    def _track_readiness(self, agreed: np.ndarray, oldest: Optional[float]) -> None:
+        """The straggler report's input: every rank's ready age at the previous agreement
+        (rank 0 tallies it if that cycle completed work), and this rank's for the next."""
+        agreed_at = time.monotonic()
+        if self._completed and self._stragglers is not None:
+            ages = agreed[self._ages:self._bits_base]
+            if ages.max() < stragglers.NOT_PENDING:
+                late = self._stragglers.observe(ages, agreed_at)
+                if late is not None and self._rec is not None:
+                    self._rec.late(agreed_at, self.ranks[late[0]], late[1])
+        self._completed = False
+        self._ready_age = stragglers.NOT_PENDING if oldest is None else \
+            stragglers.ready_age_us(oldest, agreed_at)
+
+    def _count_cycle(self, start: float, oldest: Optional[float]) -> None:
+        """Metrics: this cycle's agreement time (when this rank had work), and rank 0's
+        count of stalled tensors about once a second."""
+        m = self.metrics
+        now = time.monotonic()
+        if oldest is not None:
+            m.negotiated(now - start)
+        if self.rank == 0 and now - m.stall_counted_at > 1.0:
+            m.stall_counted_at = now
+            m.stalled = len(self.controller.stalled(self.config.stall_check_warning_time_s))
 
     def _look_up_cache(self, now: float) -> Tuple[bool, List[int], int]:
         """The unsent requests against the response cache.
@@ -297,9 +358,8 @@ class Runtime:
         cache slots this rank hit, and its encoded requests when it needs a negotiation
         (else None: encoded only if a peer forces one)."""
         need_full, slots, bound = self._look_up_cache(now)
-        vec = np.ones(self._vec_len, dtype=np.int32)
-        vec[_LEN] = 0
-        vec[self._bits_base:] = 0
+        vec = self._vec_template.copy()
+        vec[self._ages + self.rank] = self._ready_age
         if slots:
             vec[[self._bits_base + s for s in slots]] = 1
         if need_full:
@@ -400,6 +460,10 @@ class Runtime:
     def _execute(self, responses: List[Response], cached_slots=None) -> None:
         if not responses:
             return
+        self._completed = True
+        m = self.metrics
+        if m is not None:
+            m.responses(len(responses), cached_slots is not None)
         entries: Dict[str, Entry] = {}
         cache = self.cache
         store = self.params.cache_enabled
@@ -432,7 +496,10 @@ class Runtime:
         for group in groups:
             if fl is not None:
                 self._flight_running = (group, entries)
+            start = time.monotonic() if m is not None else 0.0
             self.executor.run(group, entries, self._collect, self._collect_error)
+            if m is not None:
+                m.executed(group, start)
             # forget the names before waking their owners, who may reuse them at once
             self.queue.finish([e.request.name for e, _, _ in done])
             for entry, result, err in done:

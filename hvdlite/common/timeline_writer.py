@@ -44,6 +44,8 @@ COPY_IN_NAME = "MEMCPY_IN_FUSION_BUFFER"
 COPY_OUT_NAME = "MEMCPY_OUT_FUSION_BUFFER"
 CYCLE_NAME = "CYCLE_START"
 PARAMETERS_NAME = "PARAMETERS"
+#: an instant event: the rank the others waited for in a completing cycle (stragglers.py)
+LATE_NAME = "LATE"
 #: row 0: the runtime's own events and the fused responses
 RUNTIME_ROW = "(runtime: cycles, parameters, fused responses)"
 #: how many tensor names a fused slice lists in its args
@@ -53,7 +55,7 @@ _NAMES_SHOWN = 64
 _YIELD_EVERY = 64
 
 # event kinds in the deque
-_Q, _N, _S, _D, _C, _P = range(6)
+_Q, _N, _S, _D, _C, _P, _L = range(7)
 
 #: rotated files kept beside the live one (FILE.1 .. FILE.<ROTATED_FILES>)
 ROTATED_FILES = 3
@@ -130,6 +132,9 @@ class Timeline(Recorder):
 
     def parameters(self, cycle, params):
         self._events.append((_P, cycle, time.monotonic(), params))
+
+    def late(self, end, rank, seconds):
+        self._events.append((_L, rank, end, seconds))
 
     # -- writer thread ------------------------------------------------------------------------
     def close(self, timeout_s: float = 5.0) -> None:
@@ -249,6 +254,10 @@ class Timeline(Recorder):
                 if start is not None:
                     self._slice(out, self._row(name), op, start, end,
                                 json.dumps({"error": str(error)}) if error is not None else None)
+            elif kind == _L:
+                out.append(json.dumps({"name": LATE_NAME, "ph": "i", "s": "p", "pid": 0,
+                                       "tid": 0, "ts": self._us(ev[2]),
+                                       "args": {"rank": ev[1], "ms": round(ev[3] * 1e3, 3)}}))
             elif kind == _C:
                 out.append(json.dumps({"name": CYCLE_NAME, "ph": "i", "s": "g", "pid": 0,
                                        "tid": 0, "ts": self._us(ev[2]),

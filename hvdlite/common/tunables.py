@@ -314,6 +314,26 @@ TUNABLES: Tuple[Tunable, ...] = (
                       "stall_check_shutdown_time_seconds"),),
         note="0 = only warn"),
     Tunable(
+        "straggler_window_s", float, 60.0, "HVDLITE_STRAGGLER_WINDOW_SECONDS",
+        "rank 0 warns, naming the rank, when one rank was the last to be ready in more than "
+        "half of the completing cycles of such a window and kept the others waiting more "
+        "than a tenth of it", unit="s", range=_POSITIVE_S, group="monitoring",
+        flags=(Option(("--straggler-window-seconds",), "SECONDS"),),
+        note="the straggler report's window"),
+    Tunable(
+        "metrics_port", int, 0, "HVDLITE_METRICS_PORT",
+        "hvdlite-run serves Prometheus metrics of every rank at http://ADDRESS:PORT/metrics "
+        "(0: off); the ranks then send it their counters every second",
+        range=Range(0, 65535, "0..65535 (0: off)"), group="monitoring",
+        flags=(Option(("--metrics-port",), "PORT"),), launcher_reads_env=True,
+        shown_default="off", note="0 = off; Gloo jobs"),
+    Tunable(
+        "metrics_address", str, "127.0.0.1", "HVDLITE_METRICS_ADDRESS",
+        "the address the metrics endpoint listens on (unauthenticated and read-only: "
+        "0.0.0.0 opens it to the network)", group="monitoring",
+        flags=(Option(("--metrics-address",), "ADDRESS"),), launcher_reads_env=True,
+        note="loopback by default"),
+    Tunable(
         "log_level", str, "WARNING", "HVDLITE_LOG_LEVEL",
         "log level of the launcher and the workers (TRACE is DEBUG, FATAL is CRITICAL)",
         horovod=("HOROVOD_LOG_LEVEL",), group="output",

@@ -227,6 +227,8 @@ GROUPS: Tuple[Group, ...] = (
              "it stays out", {"type": float, "nargs": 2, "metavar": ("MIN", "MAX")}),
     )),
     Group("stall check parameters", None),
+    Group("monitoring", "live Prometheus metrics served by hvdlite-run, and the straggler "
+          "report"),
     Group("autotune parameters", "rank 0 searches the fusion threshold, cycle time, in-place "
           "threshold, chunk size and response-cache use by Bayesian optimisation during the "
           "first steps, then keeps the best; every rank switches in the same cycle"),

@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from hvdlite.common.net.kv import PLACE_FIELDS, arrival_key, round_prefix
 from hvdlite.common.net.service import Service, ServiceError
 from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.metrics_inbox import MetricsInbox
 
 
 class KVStoreService(Service):
@@ -149,6 +150,8 @@ class RendezvousService(KVStoreService):
         self._round = -1
         self._places: Dict[Tuple[str, int], SlotInfo] = {}
         self._reports: Dict[Tuple[str, int], dict] = {}
+        #: what running ranks report: counters (op ``metrics``) and straggler lines
+        self.inbox = MetricsInbox(self._host_of_rank)
         super().__init__(key, bind_addr, port, expected_peers=len(slots))
         if slots:
             self.publish(slots)
@@ -214,7 +217,17 @@ class RendezvousService(KVStoreService):
                 self._reports[(host, slot)] = {"peer": peer, "error": error[:_ERROR_CHARS],
                                                "at": time.monotonic()}
 
+    def _host_of_rank(self, rank: int) -> Optional[str]:
+        with self._cond:
+            return next((s.hostname for s in self._places.values() if s.rank == rank), None)
+
     def handle(self, header, blob, client):
+        if header.get("op") == "metrics":
+            self.inbox.take_metrics(header, blob)
+            return {}, b""
+        if header.get("op") == "straggler":
+            self.inbox.take_straggler(header)
+            return {}, b""
         if header.get("op") == "newest_round":
             with self._cond:
                 return {"round": self._round}, b""

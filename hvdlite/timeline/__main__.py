@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-from hvdlite.timeline import format_summary, plot_summary, summary_of_file
+from hvdlite.timeline import format_summary, lateness, plot_summary, summary_of_file
 
 
 def main(argv=None) -> int:
@@ -28,6 +28,7 @@ def main(argv=None) -> int:
         print(f"python -m hvdlite.timeline: {exc}", file=sys.stderr)
         return 2
     print(format_summary(summary, args.top))
+    print(lateness.report(args.trace, args.plot))
     if args.plot:
         plot_summary(summary, args.plot, args.top)
         print(f"plot written to {args.plot}")

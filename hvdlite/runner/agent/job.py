@@ -26,6 +26,7 @@ from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.hosts.script import ScriptDiscovery
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.launch_config import LaunchConfig, forwarded
+from hvdlite.runner import metrics_server
 from hvdlite.runner.nics import loopback_interface
 from hvdlite.runner.procs import StopSignals
 from hvdlite.runner.rank_output import OutputSink
@@ -89,11 +90,15 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
                         job_id=job.job_id, extra_ops=job.stacks.ops())
     job.agent = Agent(job.settings, source, starter, job.rounds,
                       op_timeout_s=op_timeout(job.config.tunable_env))
+    metrics = None
     try:
+        metrics = _serve_metrics(job)
         with StopSignals(job.agent.request_stop, action=starter.stop_action), \
                 on_sigusr1(job.stacks):
             code = job.agent.run()
     finally:
+        if metrics is not None:
+            metrics.stop()
         starter.close()
         job.rounds.shutdown()
         job.stacks.close()
@@ -107,6 +112,12 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
         sys.stderr.write(flight_note(job))
     sys.stderr.flush()
     return code
+
+
+def _serve_metrics(job: JobContext):
+    """The ``--metrics-port`` endpoint (``hvdlite.runner.metrics_server``), or None."""
+    address = metrics_server.endpoint(job.config.tunable_env)
+    return None if address is None else metrics_server.serve(address, job)
 
 
 def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
