@@ -17,9 +17,11 @@ import inspect
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from typing import Callable, List, Optional
 
@@ -153,8 +155,8 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
 #: the module rank 0 of a plain ``srun`` step runs as its store (a process, not an import:
 #: the store is the launcher's, a layer above this one)
 STEP_STORE_MODULE = "hvdlite.runner.slurm_store"
-#: how long rank 0 waits for its store to listen
-STEP_STORE_START_S = 30.0
+#: how long rank 0 waits for its store to listen, and the other ranks for rank 0's store
+STEP_STORE_START_S = 60.0
 
 
 def _adopt_srun_step() -> None:
@@ -173,9 +175,31 @@ def _adopt_srun_step() -> None:
     port = int(derived.get(RENDEZVOUS_PORT, env.get(RENDEZVOUS_PORT, "0")))
     if step.rank == 0 and _STATE.step_store is None:
         _STATE.step_store = _start_step_store(env[SECRET_KEY], port, step.nodes)
+    elif step.rank != 0:
+        _await_step_store(step.nodes[0][0], port, step.rank)
     os.environ.update(derived)
     log.info("srun step %s.%s: rank %d of %d, rendezvous at %s:%d", step.job_id,
              step.step_id, step.rank, step.size, step.nodes[0][0], port)
+
+
+def _await_step_store(host: str, port: int, rank: int) -> None:
+    """Wait until rank 0's store accepts connections (ranks start in any order).
+
+    Raises:
+        HvdliteConfigError: it did not within :data:`STEP_STORE_START_S`.
+    """
+    deadline = time.monotonic() + STEP_STORE_START_S
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=5.0).close()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise HvdliteConfigError(
+                    f"rank {rank} of the srun step: rank 0's rendezvous store at {host}:{port} "
+                    f"did not answer within {STEP_STORE_START_S:.0f}s ({exc}); did rank 0 "
+                    f"start, with the same {SECRET_KEY} and {RENDEZVOUS_PORT}?") from None
+            time.sleep(0.1)
 
 
 def _start_step_store(key_hex: str, port: int, nodes) -> subprocess.Popen:
