@@ -4,6 +4,7 @@ weights as one process; killing the launcher leaves no task or worker behind."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,27 @@ def test_plain_srun_with_an_exported_key(slurm_cluster, reference, tmp_path):
     assert [p[0] for p in result["places"]] == [0, 1]
     assert [p[3] for p in result["places"]] == ["0", "1"]
     assert [p[1] for p in result["places"]] == [0, 1]
+
+
+def _sbatch_script() -> str:
+    """The batch script of docs/clusters.md (the first bash block of its Slurm section)."""
+    with open(os.path.join(ROOT, "docs", "clusters.md")) as f:
+        text = f.read()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("#!/bin/bash") and "#SBATCH" in block
+    return block
+
+
+def test_the_documented_sbatch_script(slurm_cluster, reference, tmp_path):
+    for name in os.listdir(WORKERS):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(WORKERS, name), tmp_path)
+    (tmp_path / "job.sh").write_text(_sbatch_script())
+    _run(["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}",
+          f"--output={tmp_path}/slurm.out", str(tmp_path / "job.sh")], _env(slurm_cluster))
+    for out in ("result-hvdlite-run.json", "result-srun.json"):
+        assert (tmp_path / out).exists(), (tmp_path / "slurm.out").read_text()
+        _check(tmp_path / out, reference)
 
 
 def test_plain_srun_without_a_key_says_how_to_make_one(slurm_cluster):
