@@ -180,6 +180,11 @@ def _slurm_defaults(args: argparse.Namespace) -> None:
     total = sum(h.slots for h in hosts)
     if args.np is None and args.min_np is None:
         args.np = total
+    if args.np is not None and args.np > total:
+        raise HvdliteConfigError(
+            f"-np {args.np} asks for more processes than the {total} tasks of the Slurm "
+            f"allocation ({slurm_hosts.describe()}: {args.hosts}); lower -np, ask Slurm for "
+            f"more tasks, or give the hosts yourself with -H/--hostfile")
     log.info("hosts from the Slurm allocation (%s): %s; -np %s%s", slurm_hosts.describe(),
              args.hosts, args.np, " (the allocation's total)" if args.np == total else "")
 

@@ -136,3 +136,59 @@ def test_other_processes_take_nothing_from_slurm(env):
 def test_a_bad_step_variable_is_named():
     with pytest.raises(HvdliteConfigError, match="SLURM_LOCALID='x'"):
         slurm.srun_step_env(_step(0, "x", 0))
+
+
+CMD = ["python", __file__]
+
+
+def _launch_env(monkeypatch):
+    for name in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                 "SLURM_TASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3")
+
+
+def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
+    from hvdlite.runner import launch
+    _launch_env(monkeypatch)
+    s = launch.settings_from_args(launch.parse_args([*CMD]))
+    assert s.np == 3 and s.hosts == [HostSlots("localhost", 3)]
+    s = launch.settings_from_args(launch.parse_args(["-np", "2", *CMD]))
+    assert s.np == 2 and s.hosts == [HostSlots("localhost", 3)]
+    # -H wins over the allocation: its hosts, and -np is then needed as always
+    s = launch.settings_from_args(launch.parse_args(["-np", "5", "-H", "localhost:5", *CMD]))
+    assert s.hosts == [HostSlots("localhost", 5)]
+    with pytest.raises(HvdliteConfigError, match="-np is required"):
+        launch.settings_from_args(launch.parse_args(["-H", "localhost:5", *CMD]))
+
+
+def test_more_ranks_than_the_allocation_names_it(monkeypatch):
+    from hvdlite.runner import launch
+    _launch_env(monkeypatch)
+    with pytest.raises(HvdliteConfigError, match="-np 4 .* 3 tasks of the Slurm allocation "
+                                                 r"\(SLURM_JOB_NODELIST=localhost"):
+        launch.settings_from_args(launch.parse_args(["-np", "4", *CMD]))
+
+
+def test_the_srun_command_of_a_task():
+    from hvdlite.runner.starters.srun import srun_command
+    cmd = srun_command("node07", python="/py", srun="/bin/srun")
+    assert cmd[0] == "/bin/srun" and cmd[-3:] == ["/py", "-m",
+                                                  "hvdlite.runner.services.task_service"]
+    for flag in ("--nodes=1", "--ntasks=1", "--nodelist=node07", "--overlap", "--mpi=none",
+                 "--kill-on-bad-exit=1", "--cpu-bind=none"):
+        assert flag in cmd
+
+
+def test_srun_is_used_only_for_nodes_of_the_allocation(monkeypatch, tmp_path):
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "1(x3)"}
+    assert slurm_hosts.srun_reaches(["n2", "n3"], env)
+    assert not slurm_hosts.srun_reaches(["n2", "elsewhere"], env)
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert not slurm_hosts.srun_reaches(["n2"], env)             # no srun on PATH
