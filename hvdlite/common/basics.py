@@ -28,7 +28,7 @@ from typing import Callable, List, Optional
 from hvdlite.common import arrays, exit_report, observers, slurm
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
-from hvdlite.common.config import Config
+from hvdlite.common.config import CPU_OPERATIONS, Config
 from hvdlite.common.env_names import RENDEZVOUS_PORT, SECRET_KEY
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteNotInitializedError)
@@ -168,7 +168,9 @@ def _adopt_srun_step() -> None:
             0's store cannot listen on its port.
     """
     env = environ_with_taken_secrets()
-    derived = slurm.srun_step_env(env)
+    mpi_step = launched_by_mpi() and env.get(CPU_OPERATIONS, "").strip().lower() != "gloo" \
+        and mpi_available()
+    derived = slurm.srun_step_env(env, mpi_step)
     if not derived:
         return
     step = slurm.srun_step(env)

@@ -21,8 +21,6 @@ NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 TASKS_PER_NODE_VARIABLE = "SLURM_TASKS_PER_NODE"
 #: set in every process of a job step (``srun``), absent in the batch script
 STEP_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
-#: what MPI process managers set (an ``srun --mpi=pmix`` step is an MPI job)
-_MPI_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
 #: derived rendezvous ports lie in [_PORT_BASE, _PORT_BASE + _PORT_SPAN)
 _PORT_BASE = 29500
 _PORT_SPAN = 20000
@@ -200,17 +198,18 @@ def rendezvous_port(step: SrunStep) -> int:
     return _PORT_BASE + (job * 16 + sub) % _PORT_SPAN
 
 
-def srun_step_env(environ: Mapping[str, str]) -> Dict[str, str]:
+def srun_step_env(environ: Mapping[str, str], mpi_step: bool = False) -> Dict[str, str]:
     """The job variables a rank of a plain ``srun -n N python train.py`` takes from its step
     (rank, size, local and cross ranks, the rendezvous on the first node); empty when this
-    process is not such a rank (not in a step, one task, started by hvdlite-run, or an MPI
-    step).  Variables already set win over the derived ones.
+    process is not such a rank (not in a step, one task, started by hvdlite-run, or
+    ``mpi_step``: srun's MPI plugin started it and the job runs on MPI, which needs no
+    rendezvous).  Variables already set win over the derived ones.
 
     Raises:
         HvdliteConfigError: the step has several tasks but no job key was exported, its
             ranks are not placed node by node, or a Slurm variable does not parse.
     """
-    if environ.get(RENDEZVOUS_ADDR) or any(v in environ for v in _MPI_VARIABLES):
+    if environ.get(RENDEZVOUS_ADDR) or mpi_step:
         return {}
     step = srun_step(environ)
     if step is None or step.size <= 1:

@@ -127,10 +127,13 @@ def test_a_cyclic_distribution_is_refused():
     {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},  # the batch script
     _step(0, 0, 0, SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1,0"),  # one task
     _step(0, 0, 0, HVDLITE_RENDEZVOUS_ADDR="10.0.0.1"),          # started by hvdlite-run
-    _step(0, 0, 0, PMIX_RANK="0"),                                 # an MPI step
 ])
 def test_other_processes_take_nothing_from_slurm(env):
     assert slurm.srun_step_env(env) == {}
+
+
+def test_an_mpi_step_takes_nothing_from_slurm():
+    assert slurm.srun_step_env(_step(0, 0, 0), mpi_step=True) == {}
 
 
 def test_a_bad_step_variable_is_named():
