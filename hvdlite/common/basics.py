@@ -28,7 +28,7 @@ from typing import Callable, List, Optional
 from hvdlite.common import arrays, exit_report, observers, slurm
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
-from hvdlite.common.config import CPU_OPERATIONS, Config
+from hvdlite.common.config import CPU_OPERATIONS, START_TIMEOUT, Config
 from hvdlite.common.env_names import RENDEZVOUS_PORT, SECRET_KEY
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteNotInitializedError)
@@ -155,8 +155,16 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
 #: the module rank 0 of a plain ``srun`` step runs as its store (a process, not an import:
 #: the store is the launcher's, a layer above this one)
 STEP_STORE_MODULE = "hvdlite.runner.slurm_store"
-#: how long rank 0 waits for its store to listen, and the other ranks for rank 0's store
+#: how long rank 0 waits for its store to listen, and the other ranks for rank 0's store,
+#: unless the start timeout (``--start-timeout``'s variable) is longer
 STEP_STORE_START_S = 60.0
+
+
+def _step_store_wait_s(env) -> float:
+    try:
+        return max(STEP_STORE_START_S, float(env.get(START_TIMEOUT, "0")))
+    except ValueError:
+        return STEP_STORE_START_S
 
 
 def _adopt_srun_step() -> None:
@@ -175,22 +183,23 @@ def _adopt_srun_step() -> None:
         return
     step = slurm.srun_step(env)
     port = int(derived.get(RENDEZVOUS_PORT, env.get(RENDEZVOUS_PORT, "0")))
+    wait_s = _step_store_wait_s(env)
     if step.rank == 0 and _STATE.step_store is None:
-        _STATE.step_store = _start_step_store(env[SECRET_KEY], port, step.nodes)
+        _STATE.step_store = _start_step_store(env[SECRET_KEY], port, step.nodes, wait_s)
     elif step.rank != 0:
-        _await_step_store(step.nodes[0][0], port, step.rank)
+        _await_step_store(step.nodes[0][0], port, step.rank, wait_s)
     os.environ.update(derived)
     log.info("srun step %s.%s: rank %d of %d, rendezvous at %s:%d", step.job_id,
              step.step_id, step.rank, step.size, step.nodes[0][0], port)
 
 
-def _await_step_store(host: str, port: int, rank: int) -> None:
+def _await_step_store(host: str, port: int, rank: int, wait_s: float) -> None:
     """Wait until rank 0's store accepts connections (ranks start in any order).
 
     Raises:
-        HvdliteConfigError: it did not within :data:`STEP_STORE_START_S`.
+        HvdliteConfigError: it did not within ``wait_s``.
     """
-    deadline = time.monotonic() + STEP_STORE_START_S
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             socket.create_connection((host, port), timeout=5.0).close()
@@ -199,12 +208,12 @@ def _await_step_store(host: str, port: int, rank: int) -> None:
             if time.monotonic() > deadline:
                 raise HvdliteConfigError(
                     f"rank {rank} of the srun step: rank 0's rendezvous store at {host}:{port} "
-                    f"did not answer within {STEP_STORE_START_S:.0f}s ({exc}); did rank 0 "
+                    f"did not answer within {wait_s:.0f}s ({exc}); did rank 0 "
                     f"start, with the same {SECRET_KEY} and {RENDEZVOUS_PORT}?") from None
             time.sleep(0.1)
 
 
-def _start_step_store(key_hex: str, port: int, nodes) -> subprocess.Popen:
+def _start_step_store(key_hex: str, port: int, nodes, wait_s: float) -> subprocess.Popen:
     """Start the store child and wait until it listens; its stdin is its lifeline (it
     ends when this process does).  The key goes on stdin, never on a command line.
 
@@ -216,7 +225,7 @@ def _start_step_store(key_hex: str, port: int, nodes) -> subprocess.Popen:
     proc.stdin.write((json.dumps({"key": key_hex, "port": port, "nodes": nodes}) + "\n")
                      .encode())
     proc.stdin.flush()
-    timer = threading.Timer(STEP_STORE_START_S, proc.kill)
+    timer = threading.Timer(wait_s, proc.kill)
     timer.start()
     try:
         ready = proc.stdout.readline()
@@ -226,7 +235,7 @@ def _start_step_store(key_hex: str, port: int, nodes) -> subprocess.Popen:
         proc.kill()
         raise HvdliteConfigError(
             f"rank 0 of the srun step could not serve the rendezvous store on port {port} "
-            f"within {STEP_STORE_START_S:.0f}s (in use? export another {RENDEZVOUS_PORT})")
+            f"within {wait_s:.0f}s (in use? export another {RENDEZVOUS_PORT})")
     return proc
 
 

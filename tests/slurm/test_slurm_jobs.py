@@ -34,6 +34,7 @@ def _env(cluster, **extra):
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
     env.pop("HVDLITE_SECRET_KEY", None)
+    env["HVDLITE_START_TIMEOUT"] = "120"         # 2 shared cores: imports can be slow
     env.update(extra)
     return env
 
