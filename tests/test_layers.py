@@ -171,7 +171,7 @@ _COMMON_LAYERS = (
                  "hvdlite.common.recorder", "hvdlite.common.observers",
                  "hvdlite.common.timeline_writer", "hvdlite.common.autotune")),
     ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets",
-                "hvdlite.common.exit_report")),
+                "hvdlite.common.exit_report", "hvdlite.common.srun_step")),
     ("op layer", ("hvdlite.common.ops",)),
     ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic",
                            "hvdlite.common.compression")),

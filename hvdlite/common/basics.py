@@ -14,25 +14,17 @@ at every ``init()`` and ``shutdown()``.
 import atexit
 import gc
 import inspect
-import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import arrays, exit_report, observers, slurm
+from hvdlite.common import arrays, exit_report, observers, srun_step
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
-from hvdlite.common.config import CPU_OPERATIONS, START_TIMEOUT, Config
-from hvdlite.common.env_names import RENDEZVOUS_PORT, SECRET_KEY
+from hvdlite.common.config import Config
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteNotInitializedError)
-from hvdlite.common.secret_env import environ_with_taken_secrets
 from hvdlite.common.recorder import NULL, Recorder
 from hvdlite.common.runtime import Runtime
 
@@ -49,8 +41,6 @@ class _State:
         self.atexit_registered = False
         #: callables returning a hook, or None once its owner is gone
         self.reset_hooks: List[Callable[[], Optional[Callable[[], None]]]] = []
-        #: the store rank 0 of a plain ``srun`` step serves (a child process), once started
-        self.step_store: Optional[subprocess.Popen] = None
 
 
 _STATE = _State()
@@ -128,7 +118,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         if _STATE.runtime is not None:      # stopped by a peer or a failure: start over
             _shutdown_locked()
         if config is None:
-            _adopt_srun_step()
+            srun_step.adopt()
             config = Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
         _run_reset_hooks()
@@ -150,93 +140,6 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         if not _STATE.atexit_registered:
             atexit.register(shutdown)
             _STATE.atexit_registered = True
-
-
-#: the module rank 0 of a plain ``srun`` step runs as its store (a process, not an import:
-#: the store is the launcher's, a layer above this one)
-STEP_STORE_MODULE = "hvdlite.runner.slurm_store"
-#: how long rank 0 waits for its store to listen, and the other ranks for rank 0's store,
-#: unless the start timeout (``--start-timeout``'s variable) is longer
-STEP_STORE_START_S = 60.0
-
-
-def _step_store_wait_s(env) -> float:
-    try:
-        return max(STEP_STORE_START_S, float(env.get(START_TIMEOUT, "0")))
-    except ValueError:
-        return STEP_STORE_START_S
-
-
-def _adopt_srun_step() -> None:
-    """In a rank of a plain ``srun -n N`` step (no hvdlite-run), take the job variables
-    from the step (:func:`slurm.srun_step_env`); rank 0 starts the job's store first.
-
-    Raises:
-        HvdliteConfigError: no job key exported, a Slurm variable does not parse, or rank
-            0's store cannot listen on its port.
-    """
-    env = environ_with_taken_secrets()
-    mpi_step = launched_by_mpi() and env.get(CPU_OPERATIONS, "").strip().lower() != "gloo" \
-        and mpi_available()
-    derived = slurm.srun_step_env(env, mpi_step)
-    if not derived:
-        return
-    step = slurm.srun_step(env)
-    port = int(derived.get(RENDEZVOUS_PORT, env.get(RENDEZVOUS_PORT, "0")))
-    wait_s = _step_store_wait_s(env)
-    if step.rank == 0 and _STATE.step_store is None:
-        _STATE.step_store = _start_step_store(env[SECRET_KEY], port, step.nodes, wait_s)
-    elif step.rank != 0:
-        _await_step_store(step.nodes[0][0], port, step.rank, wait_s)
-    os.environ.update(derived)
-    log.info("srun step %s.%s: rank %d of %d, rendezvous at %s:%d", step.job_id,
-             step.step_id, step.rank, step.size, step.nodes[0][0], port)
-
-
-def _await_step_store(host: str, port: int, rank: int, wait_s: float) -> None:
-    """Wait until rank 0's store accepts connections (ranks start in any order).
-
-    Raises:
-        HvdliteConfigError: it did not within ``wait_s``.
-    """
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            socket.create_connection((host, port), timeout=5.0).close()
-            return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise HvdliteConfigError(
-                    f"rank {rank} of the srun step: rank 0's rendezvous store at {host}:{port} "
-                    f"did not answer within {wait_s:.0f}s ({exc}); did rank 0 "
-                    f"start, with the same {SECRET_KEY} and {RENDEZVOUS_PORT}?") from None
-            time.sleep(0.1)
-
-
-def _start_step_store(key_hex: str, port: int, nodes, wait_s: float) -> subprocess.Popen:
-    """Start the store child and wait until it listens; its stdin is its lifeline (it
-    ends when this process does).  The key goes on stdin, never on a command line.
-
-    Raises:
-        HvdliteConfigError: the store did not start listening on ``port``.
-    """
-    proc = subprocess.Popen([sys.executable, "-m", STEP_STORE_MODULE], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, start_new_session=True)
-    proc.stdin.write((json.dumps({"key": key_hex, "port": port, "nodes": nodes}) + "\n")
-                     .encode())
-    proc.stdin.flush()
-    timer = threading.Timer(wait_s, proc.kill)
-    timer.start()
-    try:
-        ready = proc.stdout.readline()
-    finally:
-        timer.cancel()
-    if not ready.startswith(b"listening"):
-        proc.kill()
-        raise HvdliteConfigError(
-            f"rank 0 of the srun step could not serve the rendezvous store on port {port} "
-            f"within {wait_s:.0f}s (in use? export another {RENDEZVOUS_PORT})")
-    return proc
 
 
 def _shutdown_locked() -> None:

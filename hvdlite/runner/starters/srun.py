@@ -4,9 +4,10 @@ One ``srun`` per node runs a one-task step (``--nodes=1 --ntasks=1 -w NODE``) th
 node's task service (:mod:`hvdlite.runner.services.task_service`).  ``--overlap`` lets the
 step share the node's CPUs with the job's other steps (and with the workers the task
 starts), ``--cpu-bind=none`` keeps it from being pinned to one core, ``--mpi=none`` keeps
-MPI plugins out, and ``--kill-on-bad-exit=1`` ends the step if the task fails.  The task's
-start-up payload (with the job key) goes to srun's stdin, which srun forwards; stdin stays
-open as the task's lifeline, as over SSH.  Killing srun (which the launcher's death does,
+MPI plugins out, and ``--kill-on-bad-exit=1`` ends the step if the task fails.  ``--exact``
+is left out on purpose: it would confine the step, and so every worker the task starts, to
+the one CPU its one task asks for.  The task's start-up payload (with the job key) goes to
+srun's stdin, which srun forwards; stdin stays open as the task's lifeline, as over SSH.  Killing srun (which the launcher's death does,
 through the parent-death signal) ends the step and so the task and its workers.
 """
 
