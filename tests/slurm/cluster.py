@@ -37,12 +37,13 @@ def _free_port() -> int:
 
 
 class Cluster:
-    """One node, named as this machine, with ``cpus`` CPUs (``nproc``, at least 2)."""
+    """One node, named as this machine, with ``cpus`` CPUs."""
 
     def __init__(self, root: str):
         self.root = root
         self.node = socket.gethostname().split(".")[0]
-        self.cpus = max(2, os.cpu_count() or 2)
+        # nproc's count; at least 2 (the tests run 2 tasks), which config_overrides allows
+        self.cpus = max(2, len(os.sched_getaffinity(0)))
         self.conf = os.path.join(root, "slurm.conf")
         self.procs: List[subprocess.Popen] = []
 
@@ -83,6 +84,7 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+SlurmdParameters=config_overrides
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
