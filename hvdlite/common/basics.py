@@ -19,7 +19,8 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import arrays, exit_report, flight_recorder, metrics_counters, observers
+from hvdlite.common import (arrays, exit_report, flight_recorder, metrics_counters, observers,
+                            srun_step)
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
@@ -117,7 +118,9 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
             return
         if _STATE.runtime is not None:      # stopped by a peer or a failure: start over
             _shutdown_locked()
-        config = config or Config.from_env()
+        if config is None:
+            srun_step.adopt()
+            config = Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
         _run_reset_hooks()
         # the slot this process joins rounds with, before the round renumbers it

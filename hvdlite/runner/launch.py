@@ -24,6 +24,7 @@ from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.config_file import config_file_defaults
 from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
+from hvdlite.runner.hosts import slurm as slurm_hosts
 from hvdlite.runner.launch_config import Settings
 from hvdlite.runner.stack_reports import signal_launcher
 from hvdlite.runner.starters.mpiexec import find_mpiexec
@@ -123,6 +124,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if refused:
         raise HvdliteConfigError(refused)
     elastic = _is_elastic(args)
+    _slurm_defaults(args)
     if args.np is None and elastic and args.min_np is not None:
         args.np = args.min_np
     if args.np is None:
@@ -167,6 +169,31 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host or 1)
+
+
+def _slurm_defaults(args: argparse.Namespace) -> None:
+    """Inside a Slurm allocation, with neither -H nor --hostfile (nor a discovery script):
+    the allocation's nodes and tasks are the hosts, and -np defaults to their total.
+
+    Raises:
+        HvdliteConfigError: a Slurm variable does not parse (names it).
+    """
+    if args.hosts or args.hostfile or args.host_discovery_script:
+        return
+    hosts = slurm_hosts.allocation_hosts()
+    if not hosts:
+        return
+    args.hosts = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
+    total = sum(h.slots for h in hosts)
+    if args.np is None and args.min_np is None:
+        args.np = total
+    if args.np is not None and args.np > total:
+        raise HvdliteConfigError(
+            f"-np {args.np} asks for more processes than the {total} tasks of the Slurm "
+            f"allocation ({slurm_hosts.describe()}: {args.hosts}); lower -np, ask Slurm for "
+            f"more tasks, or give the hosts yourself with -H/--hostfile")
+    log.info("hosts from the Slurm allocation (%s): %s; -np %s%s", slurm_hosts.describe(),
+             args.hosts, args.np, " (the allocation's total)" if args.np == total else "")
 
 
 def _hosts(args: argparse.Namespace) -> List[HostSlots]:

@@ -23,6 +23,7 @@ from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent.state_machine import Agent
 from hvdlite.runner.hosts import HostSlots, assign_slots, is_local, resolve
 from hvdlite.runner.hosts.fixed import FixedHosts
+from hvdlite.runner.hosts import slurm as slurm_hosts
 from hvdlite.runner.hosts.script import ScriptDiscovery
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.launch_config import LaunchConfig, forwarded
@@ -36,6 +37,7 @@ from hvdlite.runner.starters.auto import AutoWorkers
 from hvdlite.runner.starters.base import Starter
 from hvdlite.runner.starters.local import LocalWorkers
 from hvdlite.runner.starters.mpiexec import MpiexecStarter
+from hvdlite.runner.starters.srun import task_opener
 from hvdlite.runner.starters.ssh_tasks import TaskWorkers
 
 log = logging.getLogger(__name__)
@@ -143,10 +145,18 @@ def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
 
 
 def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Starter:
-    """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoWorkers`)."""
+    """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoWorkers`),
+    the tasks started through ``srun`` when every remote host is a node of the Slurm
+    allocation we run in, else over SSH."""
     config = job.config
     if config.controller == "mpi":
         return _mpiexec_starter(job, source.find())
+    remote = [h.hostname for h in source.find() if not is_local(h.hostname)]
+    via_srun = bool(remote) and not config.discovery_script \
+        and slurm_hosts.srun_reaches(remote)
+    if via_srun:
+        log.info("remote hosts %s are nodes of this Slurm allocation: tasks start through "
+                 "srun, not SSH", ", ".join(remote))
     ssh = SSHOptions(port=config.ssh_port, identity_file=config.ssh_identity_file,
                      known_hosts_file=config.ssh_known_hosts_file,
                      strict_host_key_checking=config.ssh_strict_host_key_checking,
@@ -158,8 +168,9 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
                                        lambda: rank_env(job, local=False),
                                        config.forward_env(), ssh, config.start_timeout_s, sink,
                                        network_interfaces=config.network_interfaces,
-                                       on_exit=job.wake, verbose=config.verbose),
-        tasks_from_start=any(not is_local(h.hostname) for h in source.find()))
+                                       on_exit=job.wake, verbose=config.verbose,
+                                       open_task=task_opener() if via_srun else None),
+        tasks_from_start=bool(remote))
 
 
 def rank_env(job: JobContext, local: bool) -> Dict[str, str]:

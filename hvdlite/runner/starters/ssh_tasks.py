@@ -61,7 +61,10 @@ class TaskWorkers(Starter):
                  job_env: Callable[[], Dict[str, str]], forward_env: Dict[str, str],
                  ssh: SSHOptions, start_timeout_s: float, sink: OutputTarget,
                  network_interfaces: Optional[List[str]] = None,
-                 on_exit: Callable[[], None] = lambda: None, verbose: bool = False):
+                 on_exit: Callable[[], None] = lambda: None, verbose: bool = False,
+                 open_task: Optional[Callable[[HostSlots, bool, dict, float],
+                                              TaskProcess]] = None):
+        self._open_task = open_task     # None: SSH (e.g. srun: starters/srun.py)
         self._key = key
         self._job_id = job_id
         self._command = list(command)
@@ -165,8 +168,9 @@ class TaskWorkers(Starter):
             "env": self._forward_env, "cwd": os.getcwd(),
             "timeout_s": max(1.0, deadline - time.monotonic()), "verbose": self._verbose,
         }
-        task = start_task(host, local, payload, self._ssh,
-                          timeout_s=max(1.0, deadline - time.monotonic()))
+        timeout_s = max(1.0, deadline - time.monotonic())
+        task = (self._open_task(host, local, payload, timeout_s) if self._open_task
+                else start_task(host, local, payload, self._ssh, timeout_s=timeout_s))
         task.pump_output(on_rank_line=self._sink.write,
                          on_other_line=lambda line, h=host.hostname: _task_line(h, line))
         ht = _HostTask(host.hostname, index, task)
