@@ -29,7 +29,7 @@ def elastic_train(steps, kill_at):
     hvd.init()
     me = (os.environ["HVDLITE_HOSTNAME"], int(os.environ["HVDLITE_LOCAL_RANK"]))
     model, state = run_training(steps, 0.1, lambda step: (*me, step) == tuple(kill_at))
-    out = {"rank": hvd.rank(), "size": hvd.size(), "slot": list(me), "resets": state.resets,
+    out = {"rank": hvd.rank(), "size": hvd.size(), "slot": list(me), "sizes": state.sizes,
            "weight": model.weight.detach().view(-1).tolist(),
            "bias": model.bias.detach().tolist(), "history": state.history}
     hvd.shutdown()
