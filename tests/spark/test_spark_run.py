@@ -114,3 +114,10 @@ def test_run_elastic_survives_a_killed_task(sc):
     # means the job could not have finished without it
     assert sorted(r["slot"][1] for r in results) == [0, 2]
     assert _no_active_jobs(sc)
+
+
+def test_docs_notebook_cell_is_the_tested_code():
+    import inspect
+    cell = (REPO / "docs" / "clusters.md").read_text()
+    assert inspect.getsource(train) in cell
+    assert "hvdlite.spark.run(train, args=(10,), num_proc=2)" in cell
