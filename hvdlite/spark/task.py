@@ -108,6 +108,16 @@ def _leave_clean(succeeded: bool) -> None:
         os._exit(1)
 
 
+def _forget_earlier_jobs() -> None:
+    """Spark reuses Python workers across jobs: the rendezvous round this process last
+    joined belongs to an earlier job's store, so a new job's rank starts from none (the
+    round a later ``init()`` asks for is after the one it joined in *this* job)."""
+    from hvdlite.common import basics
+    if basics.is_initialized():
+        basics.shutdown()
+    basics._STATE.last_round = -1    # noqa: SLF001 -- no public reset for a reused process
+
+
 def serve_task(addr: Tuple[str, int], key: bytes, fn: Callable, args: Sequence,
                kwargs: Dict[str, Any], partition: int, tag: int, wait_s: float) -> int:
     """Register, wait up to ``wait_s`` for an order, run ``fn`` if told to; returns 0."""
@@ -130,6 +140,7 @@ def serve_task(addr: Tuple[str, int], key: bytes, fn: Callable, args: Sequence,
         iface = iface_of(seen_as)
         if iface:
             env.setdefault(cfg.GLOO_IFACE, iface)
+        _forget_earlier_jobs()
         with _Beats(client, task):
             kind, blob, text = _call(fn, args, kwargs, env)
             client.request({"op": kind, "task": task, "traceback": text}, blob,

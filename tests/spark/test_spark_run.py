@@ -69,6 +69,14 @@ def test_run_returns_results_in_rank_order_after_allreduce(sc):
     assert _no_active_jobs(sc)
 
 
+@pytest.mark.timeout(60)
+def test_a_second_job_runs_in_the_reused_python_workers(sc):
+    # Spark reuses its Python workers: the first job's rendezvous round must not leak
+    first = hvdlite.spark.run(train, args=(1,), num_proc=2, start_timeout=60)
+    again = hvdlite.spark.run(train, args=(2,), num_proc=2, start_timeout=60)
+    assert [r["total"] for r in first + again] == [3.0, 3.0, 6.0, 6.0]
+
+
 @pytest.mark.timeout(120)
 def test_raising_rank_is_named_and_job_cancelled(sc):
     with pytest.raises(hvdlite.spark.HvdliteSparkError) as info:
