@@ -146,19 +146,22 @@ class SparkJob:
         return [loads(self.pool.results[sid]) for sid in agent.round_ids]
 
     def failure(self, agent: Agent, what: str) -> HvdliteSparkError:
-        """The error naming the rank that failed first (a raised exception before a lost
-        task), its host and its traceback."""
+        """The error naming why the agent failed the job and the rank that failed first (a
+        raised exception before a lost task), its host and its traceback."""
         failures = self.pool.failures
         raised = [sid for sid in failures if not failures[sid].startswith("its ")]
         sid = (raised or list(failures) or [None])[0]
+        why = (agent.error or "a rank failed").strip()
+        if why.startswith("hvdlite-run: "):         # the static summary's launcher prefix
+            why = why[len("hvdlite-run: "):]
+        head = f"{what}: the job failed: {why}"
         if sid is None:
-            return HvdliteSparkError(f"{what}: the job failed: {agent.error or '?'}")
+            return HvdliteSparkError(head)
         rank = agent.round_ids.index(sid) if sid in agent.round_ids else -1
         task = next((t for t in self.pool.tasks() if t.sid == sid), None)
-        where = f"host {sid[0]}" + (f", Spark partition {task.partition}, pid {task.pid}"
-                                    if task else "")
-        return HvdliteSparkError(f"{what}: rank {rank} ({where}) failed; the other ranks "
-                                 f"were ended:\n{failures[sid].rstrip()}")
+        where = f"host {sid[0]}, slot {sid[1]}" + (
+            f", Spark partition {task.partition}, pid {task.pid}" if task else "")
+        return HvdliteSparkError(f"{head}\nrank {rank} ({where}):\n{failures[sid].rstrip()}")
 
 
 def _first_lines(text: str, count: int = 3) -> str:
