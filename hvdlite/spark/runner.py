@@ -164,9 +164,18 @@ class SparkJob:
         return HvdliteSparkError(f"{head}\nrank {rank} ({where}):\n{failures[sid].rstrip()}")
 
 
-def _first_lines(text: str, count: int = 3) -> str:
-    lines = [x for x in text.strip().splitlines() if x.strip()]
-    return " | ".join(lines[:count]) or "no message"
+def _first_lines(text: str, count: int = 2) -> str:
+    """Spark's error in short: its first lines, and the Python error a task died of (the
+    last line of the task's traceback, before the JVM's stack frames)."""
+    lines = [x.rstrip() for x in text.strip().splitlines() if x.strip()]
+    start = next((i for i, x in enumerate(lines) if "Traceback (most recent call" in x), None)
+    python = []
+    for line in lines[start + 1:] if start is not None else []:
+        if line.lstrip().startswith("at "):
+            break
+        python.append(line)
+    picked = lines[:count] + [x for x in python[-1:] if x not in lines[:count]]
+    return " | ".join(picked) or "no message"
 
 
 def run_static(sc, fn, args, kwargs, num_proc: int, start_timeout_s: float,

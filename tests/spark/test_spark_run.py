@@ -3,6 +3,7 @@ allreduces between Spark tasks, a raising rank named, an elastic job surviving a
 Python worker is SIGKILLed, and no Spark job or Python worker left running afterwards."""
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def sc():
     spark = (SparkSession.builder.master("local[2]").appName("hvdlite-tests")
              .config("spark.ui.enabled", "false")
              .config("spark.python.worker.reuse", "true")
+             .config("spark.pyspark.python", sys.executable)
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.executorEnv.PYTHONPATH", str(REPO))
              .getOrCreate())
