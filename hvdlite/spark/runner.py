@@ -13,6 +13,7 @@ task still running is told to end its Python worker.
 """
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -164,6 +165,10 @@ class SparkJob:
         return HvdliteSparkError(f"{head}\nrank {rank} ({where}):\n{failures[sid].rstrip()}")
 
 
+#: the line of a Python traceback that names the error (``ModuleNotFoundError: ...``)
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
 def _first_lines(text: str, count: int = 2) -> str:
     """Spark's error in short: its first lines, and the Python error a task died of (the
     last line of the task's traceback, before the JVM's stack frames)."""
@@ -174,7 +179,8 @@ def _first_lines(text: str, count: int = 2) -> str:
         if line.lstrip().startswith("at "):
             break
         python.append(line)
-    picked = lines[:count] + [x for x in python[-1:] if x not in lines[:count]]
+    errors = [x.strip() for x in python if _ERROR_LINE.match(x.strip())]
+    picked = lines[:count] + [x for x in errors[-1:] if x not in lines[:count]]
     return " | ".join(picked) or "no message"
 
 

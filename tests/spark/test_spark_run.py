@@ -36,12 +36,12 @@ def _spark_processes():
 @pytest.fixture(scope="module")
 def sc():
     from pyspark.sql import SparkSession
+    os.environ["PYSPARK_PYTHON"] = sys.executable     # the executors' Python: this venv's
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     spark = (SparkSession.builder.master("local[2]").appName("hvdlite-tests")
              .config("spark.ui.enabled", "false")
              .config("spark.python.worker.reuse", "true")
-             .config("spark.pyspark.python", sys.executable)
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.executorEnv.PYTHONPATH", str(REPO))
              .getOrCreate())
