@@ -119,3 +119,30 @@ def test_a_stranger_without_the_key_is_refused():
     finally:
         client.close()
         job.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_running_task_whose_heartbeat_stops_is_lost(monkeypatch):
+    import time
+    from hvdlite.spark import pool as pool_module
+    job = SparkJob(FakeContext(), None, (), {}, None, 10.0, 1)
+    job.pool.number_slots = True
+    client = Client(job.pool.address, job.key, timeout_s=5)
+    try:
+        number = client.request({"op": "register", "host": "a", "pid": 7, "partition": 0,
+                                 "tag": 0})[0]["task"]
+        task = job.pool.tasks()[number]
+        job.pool.order(task, "run", {"X": "1"})
+        reply, _ = client.request({"op": "order", "task": number})
+        assert reply["order"] == "run" and reply["env"] == {"X": "1"}
+        assert job.pool.take_exits() == []                  # running, recently seen
+        monkeypatch.setattr(pool_module, "TASK_LOST_S", 0.2)
+        time.sleep(0.4)                                      # no beat meanwhile
+        assert job.pool.take_exits() == [(("a", 0), pool_module.LOST_EXIT)]
+        assert "heartbeat stopped" in job.pool.failures[("a", 0)]
+        # its late report changes nothing: the exit was counted once
+        client.request({"op": "result", "task": number}, b"late")
+        assert job.pool.take_exits() == [] and ("a", 0) not in job.pool.results
+    finally:
+        client.close()
+        job.close()
