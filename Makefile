@@ -15,6 +15,8 @@ $(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
 	$(PIP) install -q -r requirements.txt
 	# TensorFlow (extra `tensorflow`) pinned; torch stays pinned too so pip never swaps it
 	$(PIP) install -q tensorflow-cpu==2.21.0 torch==2.13.0
+	# Spark (extra `spark`; pyspark 4 needs Java 17), torch pinned on the same line
+	$(PIP) install -q pyspark==4.3.0 torch==2.13.0
 	$(PIP) install -q --no-deps -e .
 	touch $@
 

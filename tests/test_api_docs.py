@@ -25,6 +25,7 @@ EXPECTED = {
     "tensorflow_keras.html": ["hvdlite.tensorflow.keras.DistributedOptimizer",
                               "hvdlite.tensorflow.keras.callbacks.MetricAverageCallback"],
     "ray.html": ["hvdlite.ray.RayExecutor", "hvdlite.ray.RayExecutor.run"],
+    "spark.html": ["hvdlite.spark.run", "hvdlite.spark.run_elastic"],
     "run.html": ["hvdlite.run"],
 }
 

@@ -1,0 +1,148 @@
+"""The driver's task pool, the Spark starter and the task loop without Spark: tasks as threads
+of this process calling ``serve_task`` (what each Spark task runs), driven by the real agent.
+These run where pyspark is not installed too."""
+
+import os
+import threading
+
+import pytest
+
+from hvdlite.common import config as cfg
+from hvdlite.common.net.service import Client
+from hvdlite.runner.agent.rounds import Rounds
+from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.state_machine import Agent
+from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.hosts.fixed import FixedHosts
+from hvdlite.spark.runner import SparkJob
+from hvdlite.spark.starter import SparkTasks
+from hvdlite.spark.task import serve_task
+
+
+class FakeContext:
+    """What SparkJob reads from a SparkContext when nothing is submitted."""
+
+    master = "local[2]"
+    cancelled = []
+
+    def cancelJobGroup(self, group):     # noqa: N802 -- Spark's name
+        self.cancelled.append(group)
+
+
+def _rank_and_key():
+    return int(os.environ[cfg.RANK]), bool(os.environ.get(cfg.SECRET_KEY))
+
+
+def _raise_on_rank_1():
+    if os.environ[cfg.RANK] == "1":
+        raise KeyError("no such column")
+    return "fine"
+
+
+def _static_job(fn, count=2):
+    """Run ``fn`` as a static job of ``count`` thread tasks; returns (job, agent, code)."""
+    job = SparkJob(FakeContext(), fn, (), {}, {"EXTRA_FOR_TEST": "1"}, 10.0, count)
+    threads = [threading.Thread(target=serve_task, daemon=True,
+                                args=(job.pool.address, job.key, fn, (), {}, i, 0, 10.0))
+               for i in range(count)]
+    for t in threads:
+        t.start()
+    tasks = job.pool.wait_registered(count, 10.0, lambda: None)
+    for i, task in enumerate(sorted(tasks, key=lambda t: t.partition)):
+        job.pool.assign(task, (task.host, i))
+    job.rounds = Rounds(job.key, lambda: job.addr, repeat_last=True)
+    starter = SparkTasks(job.pool, job.job_env, job.addr, missing_is_exit=False)
+    agent = Agent(JobSettings.static_job(count),
+                  FixedHosts([HostSlots(hostname=tasks[0].host, slots=count)]), starter,
+                  job.rounds)
+    job.pool.on_change = agent.wake
+    code = agent.run()
+    for t in threads:
+        t.join(10)
+    return job, agent, code
+
+
+@pytest.mark.timeout(60)
+def test_static_job_results_in_rank_order_with_the_rank_env():
+    job, agent, code = _static_job(_rank_and_key, count=3)
+    try:
+        assert code == 0
+        assert job.results(agent) == [(0, True), (1, True), (2, True)]
+        assert cfg.SECRET_KEY not in os.environ and "EXTRA_FOR_TEST" not in os.environ
+    finally:
+        job.close()
+    assert job.group in FakeContext.cancelled
+
+
+@pytest.mark.timeout(60)
+def test_static_job_failure_names_the_rank_and_its_traceback():
+    job, agent, code = _static_job(_raise_on_rank_1)
+    try:
+        assert code != 0
+        text = str(job.failure(agent, "hvdlite.spark.run"))
+        assert "rank 1 (host" in text and "KeyError: 'no such column'" in text
+        assert "Traceback" in text
+    finally:
+        job.close()
+
+
+@pytest.mark.timeout(30)
+def test_elastic_pool_numbers_slots_per_host_and_never_reuses_one():
+    job = SparkJob(FakeContext(), None, (), {}, None, 10.0, 3)
+    job.pool.number_slots = True
+    client = Client(job.pool.address, job.key, timeout_s=5)
+    try:
+        numbers = [client.request({"op": "register", "host": h, "pid": 1, "partition": 0,
+                                   "tag": tag})[0]["task"]
+                   for tag, h in enumerate(["a", "b", "a"])]
+        assert [t.sid for t in job.pool.tasks()] == [("a", 0), ("b", 0), ("a", 1)]
+        assert [(h.hostname, h.slots) for h in job.pool.live_hosts()] == [("a", 2), ("b", 1)]
+        job.pool.job_ended(2, "Python worker exited unexpectedly")   # task ("a", 1) died
+        assert [(h.hostname, h.slots) for h in job.pool.live_hosts()] == [("a", 1), ("b", 1)]
+        again = client.request({"op": "register", "host": "a", "pid": 2, "partition": 0,
+                                "tag": 3})[0]["task"]
+        assert job.pool.tasks()[again].sid == ("a", 2)
+        assert numbers == [0, 1, 2]
+    finally:
+        client.close()
+        job.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stranger_without_the_key_is_refused():
+    job = SparkJob(FakeContext(), None, (), {}, None, 10.0, 1)
+    client = Client(job.pool.address, b"\x00" * 32, timeout_s=3)
+    try:
+        with pytest.raises(ConnectionError):
+            client.request({"op": "register", "host": "x", "pid": 1, "partition": 0})
+        assert job.pool.tasks() == []
+    finally:
+        client.close()
+        job.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_running_task_whose_heartbeat_stops_is_lost(monkeypatch):
+    import time
+    from hvdlite.spark import pool as pool_module
+    job = SparkJob(FakeContext(), None, (), {}, None, 10.0, 1)
+    job.pool.number_slots = True
+    client = Client(job.pool.address, job.key, timeout_s=5)
+    try:
+        number = client.request({"op": "register", "host": "a", "pid": 7, "partition": 0,
+                                 "tag": 0})[0]["task"]
+        task = job.pool.tasks()[number]
+        job.pool.order(task, "run", {"X": "1"})
+        reply, _ = client.request({"op": "order", "task": number})
+        assert reply["order"] == "run" and reply["env"] == {"X": "1"}
+        assert job.pool.take_exits() == []                  # running, recently seen
+        monkeypatch.setattr(pool_module, "TASK_LOST_S", 0.2)
+        time.sleep(0.4)                                      # no beat meanwhile
+        assert job.pool.take_exits() == [(("a", 0), pool_module.LOST_EXIT)]
+        assert "heartbeat stopped" in job.pool.failures[("a", 0)]
+        # its late report changes nothing: the exit was counted once
+        client.request({"op": "result", "task": number}, b"late")
+        assert job.pool.take_exits() == [] and ("a", 0) not in job.pool.results
+    finally:
+        client.close()
+        job.close()
