@@ -109,12 +109,7 @@ def parse_hostfile(path: str) -> List[HostSlots]:
             key, sep, value = fields[1].partition("=")
             if key not in ("slots", "max_slots") or not sep:
                 raise HvdliteConfigError(f"{where}: expected 'slots=N' after the host name")
-            try:
-                count = int(value)
-            except ValueError:
-                raise HvdliteConfigError(f"{where}: slots {value!r} is not a number") from None
-            if count < 1:
-                raise HvdliteConfigError(f"{where}: slots must be at least 1")
+            count = _slot_count(value, where)
         if ":" in fields[0] or "=" in fields[0]:
             raise HvdliteConfigError(f"{where}: expected 'host slots=N' or 'host:N'")
         host, user = _split_user(fields[0], where)
@@ -127,13 +122,22 @@ def parse_hostfile(path: str) -> List[HostSlots]:
 def _colon_slots(field: str, where: str) -> Tuple[str, int]:
     """``name:N`` -> (name, N) for a hostfile line in the MPICH form."""
     name, _, value = field.rpartition(":")
+    return name, _slot_count(value, where)
+
+
+def _slot_count(value: str, where: str) -> int:
+    """A hostfile line's slot count.
+
+    Raises:
+        HvdliteConfigError: not a number, or below 1 (names the file and line).
+    """
     try:
         count = int(value)
     except ValueError:
         raise HvdliteConfigError(f"{where}: slots {value!r} is not a number") from None
     if count < 1:
         raise HvdliteConfigError(f"{where}: slots must be at least 1")
-    return name, count
+    return count
 
 
 def merge_hosts(hosts: List[HostSlots], where: str) -> List[HostSlots]:
