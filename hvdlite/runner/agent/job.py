@@ -106,12 +106,12 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
         job.stacks.close()
     if job.agent.launch_error is not None:
         raise job.agent.launch_error
+    if code not in (0, 130):          # before the verdict, which stays the last line
+        sys.stderr.write(flight_note(job))
     if job.agent.summary:
         sys.stderr.write(job.agent.summary)
     elif job.agent.error:
         sys.stderr.write(f"hvdlite-run: error: {job.agent.error}\n")
-    if code not in (0, 130):
-        sys.stderr.write(flight_note(job))
     sys.stderr.flush()
     return code
 
