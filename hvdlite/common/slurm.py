@@ -21,8 +21,9 @@ NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 TASKS_PER_NODE_VARIABLE = "SLURM_TASKS_PER_NODE"
 #: set in every process of a job step (``srun``), absent in the batch script
 STEP_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
-#: derived rendezvous ports lie in [_PORT_BASE, _PORT_BASE + _PORT_SPAN)
-_PORT_BASE = 29500
+#: derived rendezvous ports lie in [_PORT_BASE, _PORT_BASE + _PORT_SPAN): below Linux's
+#: ephemeral range (32768 and up), where any outgoing connection's local port could take it
+_PORT_BASE = 12000
 _PORT_SPAN = 20000
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")

@@ -108,8 +108,10 @@ def _start_step_store(key_hex: str, port: int, nodes, wait_s: float) -> subproce
     finally:
         timer.cancel()
     if not ready.startswith(b"listening"):
+        exited = proc.poll() is not None
         proc.kill()
         raise HvdliteConfigError(
             f"rank 0 of the srun step could not serve the rendezvous store on port {port} "
-            f"within {wait_s:.0f}s (in use? export another {RENDEZVOUS_PORT})")
+            f"(it {'exited' if exited else 'did not listen'} within "
+            f"{wait_s:.0f}s; in use? export another {RENDEZVOUS_PORT})")
     return proc
