@@ -83,14 +83,6 @@ class Runtime:
         self._rec = recorder if recorder.active else None
         self._next_rec: Optional[Recorder] = None   # set_recorder's, taken at a cycle start
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
-        #: this process's flight recorder (None: off), this runtime's key in it, and the
-        #: (group, entries) on the wire while a group executes
-        self._flight = flight_recorder.current()
-        self.flight_key = "global" if ranks is None else "ranks " + ",".join(
-            map(str, self.ranks))
-        self._flight_running: Optional[tuple] = None
-        if self._flight is not None:
-            self._flight.watch(self)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
         self._wake = threading.Event()
@@ -99,6 +91,40 @@ class Runtime:
         self._cycle = 0
         self._stall_warned: Dict[str, float] = {}   # name -> when last reported
         self._last_stall_check = time.monotonic()
+        # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
+        self._plan_memo: Dict[tuple, list] = {}
+        self._done: list = []                    # (entry, result, error) of the running group
+        self._set_up_vector(config.cache_capacity)
+        self._set_up_diagnosis(config, ranks)
+        name = f"hvdlite-background-r{self.ranks[self.rank]}"
+        if ranks is not None:
+            name += f"-set{'-'.join(map(str, self.ranks))}"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def _set_up_vector(self, cache_capacity: int) -> None:
+        """The control vector's layout (see ``_NEED``) and the template every cycle's vector
+        starts from (one copy per cycle instead of several fills)."""
+        self._ages = _ALIVE + self.size
+        base = self._ages + self.size
+        self._vec_len = base + cache_capacity
+        self._bits_base = base
+        self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
+        self._completed = False                    # the last cycle executed responses
+        self._vec_template = np.ones(self._vec_len, dtype=np.int32)
+        self._vec_template[_LEN] = 0
+        self._vec_template[self._ages:base] = _INT_MAX
+        self._vec_template[base:] = 0
+
+    def _set_up_diagnosis(self, config: Config, ranks: Optional[List[int]]) -> None:
+        """The flight recorder, stall stacks, straggler tracking and metrics counters."""
+        #: this process's flight recorder (None: off), this runtime's key in it, and the
+        #: (group, entries) on the wire while a group executes
+        self._flight = flight_recorder.current()
+        self.flight_key = "global" if ranks is None else "ranks " + ",".join(
+            map(str, self.ranks))
+        self._flight_running: Optional[tuple] = None
+        if self._flight is not None:
+            self._flight.watch(self)
         # stacks (rank 0): job ranks whose stacks this stall already asked for, and the
         # request the next control vector carries: (id, cutoff cycle or None for all ranks)
         self._stall_asked: set = set()
@@ -108,14 +134,6 @@ class Runtime:
         self._poller = None
         if self._stack_target is not None and self.rank == 0 and ranks is None:
             self._poller = stack_report.Poller(self._stack_target, self._ask_all_for_stacks)
-        # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
-        self._plan_memo: Dict[tuple, list] = {}
-        self._done: list = []                    # (entry, result, error) of the running group
-        self._ages = _ALIVE + self.size
-        base = self._ages + self.size
-        self._vec_len = base + config.cache_capacity
-        self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
-        self._completed = False                    # the last cycle executed responses
         self._stragglers = stragglers.StragglerTracker(
             self.ranks, config.straggler_window_s, stragglers.announcer(config),
             "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
@@ -124,16 +142,6 @@ class Runtime:
             if config.metrics_port and ranks is None and config.rendezvous_addr else None
         if self.metrics is not None:
             self.metrics.stragglers = self._stragglers
-        self._bits_base = base
-        # what every vector starts from (one copy per cycle instead of several fills)
-        self._vec_template = np.ones(self._vec_len, dtype=np.int32)
-        self._vec_template[_LEN] = 0
-        self._vec_template[self._ages:base] = _INT_MAX
-        self._vec_template[base:] = 0
-        name = f"hvdlite-background-r{self.ranks[self.rank]}"
-        if ranks is not None:
-            name += f"-set{'-'.join(map(str, self.ranks))}"
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # -- user-thread side -----------------------------------------------------------------
     def start(self) -> None:
