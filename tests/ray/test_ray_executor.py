@@ -279,7 +279,8 @@ def _stop_cluster(temp):
             p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(list(procs), timeout=15)
+    # some of Ray's processes never end on SIGTERM: a short grace, then SIGKILL
+    _, alive = psutil.wait_procs(list(procs), timeout=3)
     for p in alive:
         try:
             p.kill()
