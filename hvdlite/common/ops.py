@@ -272,8 +272,9 @@ def broadcast_async(buffer, output, root_rank, name: Optional[str], process_set=
 
 
 def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
-                   process_set=None) -> Handle:
-    """Send ``splits[r]`` rows to rank r; the result is ``(rows received, received splits)``."""
+                   process_set=None, finish=None) -> Handle:
+    """Send ``splits[r]`` rows to rank r; the result is ``(rows received, received splits)``
+    (or ``finish`` of the list holding that pair)."""
     runtime, set_id = _runtime(process_set)
     [nm] = op_names(OpType.ALLTOALL, name, 1, False, set_id)
     _check_has_rows(buffer, nm, OpType.ALLTOALL)
@@ -289,7 +290,7 @@ def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
         if len(split_list) != n or any(s < 0 for s in split_list) or sum(split_list) != rows:
             raise ValueError(f"alltoall of tensor {nm!r}: splits {split_list} must have {n} "
                              f"non-negative entries summing to the first dimension {rows}")
-    return _submit(OpType.ALLTOALL, [buffer], [nm], [None], None, runtime,
+    return _submit(OpType.ALLTOALL, [buffer], [nm], [None], finish, runtime,
                    splits=tuple(split_list))
 
 

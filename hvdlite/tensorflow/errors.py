@@ -5,8 +5,14 @@ that disagree on a tensor's shape, dtype, op or root raise ``FailedPreconditionE
 bad arguments (alltoall splits that do not fit, a root outside the set) raise
 ``InvalidArgumentError``.  The classes here are those TensorFlow errors *and* the runtime's
 own types (``HvdliteMismatchError``, ``ValueError``), so code written for either keeps
-working.  Inside a graph a ``py_function`` passes an ``OpError``'s code on, and turns a
-``ValueError`` into ``InvalidArgumentError`` itself.
+working.
+
+Inside a graph (``tf.function`` or a TF1 session) a collective is a ``py_function``, and a
+``py_function`` keeps no error code but those of a few built-in exceptions (``ValueError``
+becomes ``InvalidArgumentError``, anything else ``UnknownError``).  So in a graph a mismatch
+is not raised from the ``py_function``: it returns the message as an extra output
+(:func:`report_mismatch`), and a real TensorFlow op raises ``FailedPreconditionError`` with it
+(:func:`raise_reported`).
 """
 
 import functools
@@ -15,7 +21,8 @@ import tensorflow as tf
 
 from hvdlite.common.exceptions import HvdliteError, HvdliteMismatchError
 
-__all__ = ["TensorMismatchError", "InvalidCollectiveArgument", "as_tf_errors"]
+__all__ = ["TensorMismatchError", "InvalidCollectiveArgument", "as_tf_errors",
+           "report_mismatch", "raise_reported"]
 
 
 class TensorMismatchError(tf.errors.FailedPreconditionError, HvdliteMismatchError):
@@ -49,3 +56,34 @@ def as_tf_errors(fn):
                 raise
             raise InvalidCollectiveArgument(str(exc)) from exc
     return wrapper
+
+
+def report_mismatch(fn, touts):
+    """``fn`` for a graph's ``py_function``, with one more output: ``""``, or the message of
+    the ``FailedPreconditionError`` it raised (its other outputs are then empty)."""
+
+    def reporting(*xs):
+        try:
+            return list(fn(*xs)) + [tf.constant("")]
+        except tf.errors.FailedPreconditionError as exc:
+            return [tf.zeros([0], d) for d in touts] + [tf.constant(exc.message)]
+    return reporting
+
+
+#: a path under a file that is not a directory: writing there fails with ``ENOTDIR``, which
+#: TensorFlow's file system reports as ``FailedPreconditionError`` with the path in the message
+_NOT_A_DIRECTORY = "/dev/null/"
+
+
+def raise_reported(outs, message):
+    """``outs`` when ``message`` (a :func:`report_mismatch` output) is empty; else fail with
+    ``FailedPreconditionError`` carrying it.  TensorFlow has no op that raises that code with
+    a message taken from a tensor; a write under ``/dev/null`` does, the message being the
+    file name (with ``/`` shown as ``|``)."""
+
+    def fail():
+        path = tf.strings.join([_NOT_A_DIRECTORY, tf.strings.regex_replace(message, "/", "|")])
+        with tf.control_dependencies([tf.io.write_file(path, "")]):
+            return [tf.identity(o) for o in outs]
+
+    return list(tf.cond(tf.equal(message, ""), lambda: [tf.identity(o) for o in outs], fail))

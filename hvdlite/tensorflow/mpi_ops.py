@@ -44,7 +44,7 @@ from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet, 
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
 from hvdlite.tensorflow import graph_order
-from hvdlite.tensorflow.errors import as_tf_errors
+from hvdlite.tensorflow.errors import as_tf_errors, raise_reported, report_mismatch
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -82,8 +82,7 @@ _RAISES_DTYPE = ("TypeError: an input has an unsupported dtype (or is an ``Index
                  "where only allreduce takes one).")
 _RAISES_MISMATCH = (
     "tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes, "
-    "dtypes, operations or roots (also an ``HvdliteMismatchError``; inside ``tf.function`` "
-    "or a TF1 graph it surfaces as ``tf.errors.UnknownError`` naming the tensor).")
+    "dtypes, operations or roots (eagerly also an ``HvdliteMismatchError``).")
 _RAISES_REFUSED = ("tf.errors.InvalidArgumentError: an argument the runtime refused when the "
                    "op ran (eagerly also a ``ValueError``).")
 _RAISES_STOPPED = ("HvdliteInternalError: the runtime stopped (a peer died or shut down) "
@@ -185,9 +184,12 @@ def _run(fn, inputs, touts, collective=None):
     TF1 graph's one order of collectives (:mod:`hvdlite.tensorflow.graph_order`)."""
     if tf.executing_eagerly():
         return list(fn(*inputs))
+    fn, touts = report_mismatch(fn, touts), list(touts) + [tf.string]
     if collective is None:
-        return list(tf.py_function(fn, list(inputs), list(touts)))
-    return list(graph_order.ordered_py_function(fn, list(inputs), list(touts), collective))
+        outs = tf.py_function(fn, list(inputs), touts)
+    else:
+        outs = graph_order.ordered_py_function(fn, list(inputs), touts, collective)
+    return raise_reported(outs[:-1], outs[-1])
 
 
 #: the process-wide counter TensorFlow appends to a control-flow branch's graph name

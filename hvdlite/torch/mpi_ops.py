@@ -121,6 +121,45 @@ def _copy_back_finish(back, single: bool):
     return finish
 
 
+#: dtypes torch has but the runtime does not carry, and what they travel as: a wider dtype
+#: for arithmetic (reductions), a same-size one for moves (gather, broadcast, alltoall);
+#: torch's uint16 has almost no arithmetic, so it is reduced as int32 (wrapping on the way
+#: back, as uint16 arithmetic would) and moved as its int16 bits
+_CARRIED = {torch.uint16: (torch.int32, torch.int16)} if hasattr(torch, "uint16") else {}
+
+
+def _carry(tensors, arithmetic: bool, inplace: bool = False):
+    """``tensors`` in dtypes the runtime carries, and a ``finish`` step turning the op's
+    results back into the original dtypes (for in-place ops: into the original tensors),
+    or ``None`` when nothing needed carrying."""
+    dtypes = [t.dtype for t in tensors]
+    if not any(d in _CARRIED for d in dtypes):
+        return tensors, None
+    work = [t if d not in _CARRIED else t.to(_CARRIED[d][0]) if arithmetic
+            else t.view(_CARRIED[d][1]) for t, d in zip(tensors, dtypes)]
+
+    def back(results):
+        outs = []
+        for r, t, d in zip(results, tensors, dtypes):
+            if d in _CARRIED:
+                r = r.to(d) if arithmetic else r.view(d)
+                if inplace:
+                    r = t.copy_(r)
+            outs.append(r)
+        return outs
+    return work, back
+
+
+def _then(back, finish, grouped: bool):
+    """``finish`` for an op's handle that first applies ``back`` (from :func:`_carry`) to the
+    results, then ``finish`` (``None``: the single result, or the list when grouped)."""
+    if back is None:
+        return finish
+    if finish is not None:
+        return lambda results: finish(back(results))
+    return (lambda results: back(results)) if grouped else (lambda results: back(results)[0])
+
+
 def _compressed(compression, tensors, run):
     """``run`` (a list of tensors to a list of results) on the compressed ``tensors``, each
     result decompressed with its own tensor's context; ``run(tensors)`` without a compressor.
@@ -139,7 +178,7 @@ def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postsca
                    process_set) -> Handle:
     """One tensor: the case an optimizer issues thousands of times per step."""
     if type(t) is torch.Tensor and process_set is global_process_set and t.is_cpu \
-            and not t.is_sparse and t.is_contiguous():
+            and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
         rop = _OP_OF.get(op) if average is None else None
         if rop is None:
             rop = ops.reduce_op(average, op, name or "allreduce")
@@ -159,16 +198,17 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
     finish = None
     if inplace:
         work, back = _contiguous_inplace(tensors, name, "allreduce")
-        outputs = work
         if back or grouped:
             finish = _copy_back_finish(back, single=not grouped)
+        work, carried = _carry(work, arithmetic=True, inplace=True)
+        outputs = work
     else:
-        work = _buffers(tensors, name, "allreduce")
+        work, carried = _carry(_buffers(tensors, name, "allreduce"), arithmetic=True)
         outputs = [torch.empty_like(t) for t in work]
         if grouped:
             finish = list
     return ops.allreduce_async(work, outputs, name, grouped, rop, prescale_factor,
-                               postscale_factor, process_set, finish)
+                               postscale_factor, process_set, _then(carried, finish, grouped))
 
 
 @_args(raises=_RAISES_START)
@@ -325,8 +365,9 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # -- allgather -------------------------------------------------------------------------------
 def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
-    return ops.allgather_async(_buffers(tensors, name, "allgather"), name, grouped,
-                               process_set, list if grouped else None)
+    work, carried = _carry(_buffers(tensors, name, "allgather"), arithmetic=False)
+    return ops.allgather_async(work, name, grouped, process_set,
+                               _then(carried, list if grouped else None, grouped))
 
 
 @_args(tensor=_ROWS, raises=_RAISES_START)
@@ -398,13 +439,15 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Handle:
     if inplace:
         [work], back = _contiguous_inplace([tensor], name, "broadcast")
-        out = work
         finish = _copy_back_finish(back, True) if back else None
+        [work], carried = _carry([work], arithmetic=False, inplace=True)
+        out = work
     else:
-        [work] = _buffers([tensor], name, "broadcast")
+        [work], carried = _carry(_buffers([tensor], name, "broadcast"), arithmetic=False)
         out = work.clone() if rank() == root_rank else torch.empty_like(work)
         finish = None
-    return ops.broadcast_async(work, out, root_rank, name, process_set, finish)
+    return ops.broadcast_async(work, out, root_rank, name, process_set,
+                               _then(carried, finish, False))
 
 
 @_args(raises=_RAISES_START)
@@ -487,8 +530,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
-    [work] = _buffers([tensor], name, "alltoall")
-    return ops.alltoall_async(work, splits, name, process_set)
+    [work], carried = _carry(_buffers([tensor], name, "alltoall"), arithmetic=False)
+    finish = None if carried is None else (
+        lambda results: (carried([results[0][0]])[0], results[0][1]))
+    return ops.alltoall_async(work, splits, name, process_set, finish)
 
 
 @_args(tensor=_ONE_DIM, raises=_RAISES_WAIT)
@@ -523,9 +568,10 @@ def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_facto
             f"reducescatter of {'an unnamed tensor' if name is None else repr(name)}: "
             "Reducescatter currently only supports SUM (op=hvd.Adasum is not supported; use "
             "hvd.Sum or hvd.Average)")
-    return ops.reducescatter_async(_buffers(tensors, name, "reducescatter"), rop, name, grouped,
-                                   prescale_factor, postscale_factor, process_set,
-                                   list if grouped else None)
+    work, carried = _carry(_buffers(tensors, name, "reducescatter"), arithmetic=True)
+    return ops.reducescatter_async(work, rop, name, grouped, prescale_factor, postscale_factor,
+                                   process_set, _then(carried, list if grouped else None,
+                                                      grouped))
 
 
 @_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_START)

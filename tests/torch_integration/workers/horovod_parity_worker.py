@@ -1,7 +1,7 @@
 """Corners where hvdlite.torch must behave as horovod.torch does (issue 20), at np=2 and np=3:
 DistributedOptimizer on process sets of 1 and 2 ranks, sparse reductions in a set, join with
 allgather/broadcast, duplicate names, reducescatter with Adasum, generated parameter names,
-SparseAdam under the wrapper, and the synchronize()-then-step() warning."""
+SparseAdam under the wrapper, the synchronize()-then-step() warning, and uint16."""
 
 import copy
 import sys
@@ -290,7 +290,58 @@ def sync_then_step_warns():
     assert not caught, [str(w.message) for w in caught]
 
 
+def uint16_everywhere():
+    """torch's uint16 in every collective (Horovod's TF ops accept it): reductions wrap as
+    uint16 arithmetic does, moves keep every bit, in-place forms write the caller's tensor."""
+    r, n = hvd.rank(), hvd.size()
+    u16 = torch.uint16
+
+    def mine(k=0, rows=None):
+        base = torch.tensor([65530, 1, 300 + r, 7 * r], dtype=torch.int64) + k
+        if rows is not None:
+            base = torch.arange(rows, dtype=torch.int64) + 100 * r
+        return base.to(torch.int32).to(u16)
+
+    def every(k=0):
+        return [(torch.tensor([65530, 1, 300 + q, 7 * q], dtype=torch.int64) + k)
+                for q in range(n)]
+
+    def expect(got, want):
+        assert got.dtype == u16, got.dtype
+        assert torch.equal(got.to(torch.int64), torch.as_tensor(want, dtype=torch.int64)), \
+            (got, want)
+
+    total = sum(every())
+    expect(hvd.allreduce(mine(), op=hvd.Sum, name="u16.sum"), total % 65536)
+    expect(hvd.allreduce(mine(), name="u16.avg"), torch.div(total, n, rounding_mode="trunc"))
+    expect(hvd.allreduce(mine(), op=hvd.Max, name="u16.max"),
+           torch.stack(every()).max(0).values)
+    t = mine()
+    assert hvd.allreduce_(t, op=hvd.Sum, name="u16.inplace") is t
+    expect(t, total % 65536)
+    ts = [mine(), mine(1)]
+    outs = hvd.grouped_allreduce_(ts, op=hvd.Sum, name="u16.grouped")
+    assert all(o is x for o, x in zip(outs, ts))
+    expect(ts[1], sum(every(1)) % 65536)
+    expect(hvd.allgather(mine(), name="u16.gather"), torch.cat(every()))
+    [g] = hvd.grouped_allgather([mine()], name="u16.ggather")
+    expect(g, torch.cat(every()))
+    expect(hvd.broadcast(mine(), 0, name="u16.bcast"), every()[0])
+    t = mine()
+    hvd.broadcast_(t, n - 1, name="u16.bcast_")
+    expect(t, every()[n - 1])
+    rows = mine(rows=2 * n)
+    got = hvd.alltoall(rows, name="u16.a2a")
+    expect(got, torch.cat([torch.arange(2 * r, 2 * r + 2) + 100 * q for q in range(n)]))
+    got, splits = hvd.alltoall(rows, splits=[2] * n, name="u16.a2a.splits")
+    expect(got, torch.cat([torch.arange(2 * r, 2 * r + 2) + 100 * q for q in range(n)]))
+    assert splits.tolist() == [2] * n
+    rs = hvd.reducescatter(mine(rows=n), op=hvd.Sum, name="u16.rs")
+    expect(rs, [sum(r_ + 100 * q for q in range(n)) for r_ in [r]])
+
+
 CASES = {
+    "uint16_everywhere": uint16_everywhere,
     "optimizer_on_sets": optimizer_on_sets,
     "sparse_in_sets": sparse_in_sets,
     "join_refuses_allgather_broadcast": join_refuses_allgather_broadcast,
