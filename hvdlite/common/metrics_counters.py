@@ -51,19 +51,26 @@ class Counters:
         self.stall_counted_at = 0.0
         self.threshold = fusion_threshold_bytes
         self.stragglers = None         # rank 0's StragglerTracker, for per-rank lateness
+        self._last_group = None        # the last fused group counted, and its bytes
+        self._last_bytes = 0
 
     def negotiated(self, seconds: float) -> None:
         """A cycle with work of this rank reached agreement after ``seconds``."""
         self.negotiation[bisect.bisect_left(BUCKETS_S, seconds)] += 1
         self.negotiation_s += seconds
 
-    def executed(self, group, start: float) -> None:
-        """``group`` (responses of one collective) ran from ``start`` until now."""
-        seconds = time.monotonic() - start
+    def executed(self, group, seconds: float) -> None:
+        """``group`` (responses of one collective) ran for ``seconds``."""
         self.collective[bisect.bisect_left(BUCKETS_S, seconds)] += 1
         self.collective_s += seconds
         op = int(group[0].op)
-        nbytes = sum(r.nbytes for r in group) if len(group) > 1 else group[0].nbytes
+        if len(group) == 1:
+            nbytes = group[0].nbytes
+        elif self._last_group is group:     # a cached plan runs the same group objects
+            nbytes = self._last_bytes
+        else:
+            nbytes = self._last_bytes = sum(r.nbytes for r in group)
+            self._last_group = group
         self.ops[op] += len(group)
         self.bytes[op] += nbytes
         if len(group) > 1 and self.threshold > 0:

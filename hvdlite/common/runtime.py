@@ -506,8 +506,7 @@ class Runtime:
                 self._flight_running = (group, entries)
             start = time.monotonic() if m is not None else 0.0
             self.executor.run(group, entries, self._collect, self._collect_error)
-            if m is not None:
-                m.executed(group, start)
+            end = time.monotonic() if m is not None else 0.0
             # forget the names before waking their owners, who may reuse them at once
             self.queue.finish([e.request.name for e, _, _ in done])
             for entry, result, err in done:
@@ -516,11 +515,13 @@ class Runtime:
                 else:
                     entry.handle._fail(err)
             if rec is not None:
-                end = time.monotonic()
+                t_done = time.monotonic()
                 for entry, _, err in done:
-                    rec.done(entry.request.name, end, err)
+                    rec.done(entry.request.name, t_done, err)
             if fl is not None:       # after the handles: off the waiting user's path
                 fl.completed(self.flight_key, self._cycle, group, done)
+            if m is not None:        # likewise
+                m.executed(group, end - start)
             done.clear()
         self._flight_running = None
 

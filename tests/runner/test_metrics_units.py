@@ -48,7 +48,8 @@ def _counters(ops, nbytes, rank0=False):
     group = [Response(f"t{i}", OpType.ALLREDUCE, "float32", (nbytes // 4,)) for i in range(ops)]
     for r in group:
         r.nbytes = nbytes
-    c.executed(group, 0.0)
+    c.executed(group, 0.003)
+    c.executed(group, 0.003)      # the same group again: its bytes are remembered
     c.negotiated(0.002)
     c.responses(ops, cached=True)
     c.responses(1, cached=False)
@@ -76,8 +77,8 @@ def test_collector_sums_ranks_and_takes_lateness_from_rank_0():
     def value(name, **labels):
         return sum(s.value for s in f[name].samples if s.name.endswith(("_total", name))
                    and all(s.labels.get(k) == v for k, v in labels.items()))
-    assert value("hvdlite_operations", op="allreduce") == 6
-    assert value("hvdlite_bytes", op="allreduce") == 600
+    assert value("hvdlite_operations", op="allreduce") == 12     # 2 ranks x 2 runs x 3
+    assert value("hvdlite_bytes", op="allreduce") == 1200
     assert value("hvdlite_stalled_tensors") == 2
     assert value("hvdlite_rank_last_ready", rank="1") == 9
     assert value("hvdlite_rank_lateness_seconds", rank="1") == 0.5
@@ -87,7 +88,7 @@ def test_collector_sums_ranks_and_takes_lateness_from_rank_0():
             if s.name.endswith("_bucket")}
     assert hist["0.001"] == 0 and hist["0.0025"] == 2 and hist["+Inf"] == 2
     fill = {s.name: s.value for s in f["hvdlite_fusion_buffer_fill_ratio"].samples}
-    assert fill["hvdlite_fusion_buffer_fill_ratio_sum"] == pytest.approx(2 * 0.3)
+    assert fill["hvdlite_fusion_buffer_fill_ratio_sum"] == pytest.approx(4 * 0.3)
 
 
 def test_endpoint_reads_the_flag_then_the_environment():
