@@ -1,6 +1,7 @@
 """What ranks report to the launcher's store while they run: counters and straggler lines.
 
-The store (``hvdlite.runner.rendezvous.RendezvousService``) hands two ops here:
+The store (``hvdlite.runner.rendezvous.RendezvousService``, or under ``--mpi`` the report
+store, through :meth:`MetricsInbox.ops`) hands two ops here:
 ``metrics`` (a rank's snapshot of ``hvdlite.common.metrics_counters.Counters``, JSON in
 the blob, about once a second) and ``straggler`` (rank 0's one-line warning, printed here
 with the named rank's host).  Both come over the store's authenticated channel; what
@@ -70,9 +71,26 @@ class MetricsInbox:
         rank, text = header.get("rank"), header.get("text")
         if not (_is_int(rank) and isinstance(text, str)):
             raise ServiceError("straggler: rank and text are required")
-        host = self._host_of(rank)
+        host = self._host_of(rank) or self._host_in_snapshots(rank)
         where = f" on host {host}" if host else ""
         log.warning("%s [rank %d%s]", text[:MAX_LINE_CHARS], rank, where)
+
+    def _host_in_snapshots(self, rank: int) -> Optional[str]:
+        with self._lock:
+            return next((host for (host, _), s in self._snapshots.items()
+                         if s["rank"] == rank), None)
+
+    def ops(self) -> Dict[str, Callable[[dict, bytes], Tuple[dict, bytes]]]:
+        """The store ops this serves, for a store other than the rendezvous store (the
+        report store of an ``--mpi`` job)."""
+        def metrics(header, blob):
+            self.take_metrics(header, blob)
+            return {}, b""
+
+        def straggler(header, _blob):
+            self.take_straggler(header)
+            return {}, b""
+        return {"metrics": metrics, "straggler": straggler}
 
     def snapshots(self) -> Dict[SlotKey, dict]:
         """(host, local slot) -> ``{"rank", "at" (monotonic arrival), "data"}``."""

@@ -51,8 +51,8 @@ def endpoint(tunable_env: Dict[str, str], environ=None) -> Optional[Tuple[str, i
 
 
 class JobCollector:
-    """A ``prometheus_client`` collector over one job: ``job.rounds.service`` (the store,
-    made with the first round) and ``job.agent`` are read at each scrape."""
+    """A ``prometheus_client`` collector over one job: ``job.inbox()`` (the snapshots the
+    ranks sent) and ``job.agent`` are read at each scrape."""
 
     def __init__(self, job):
         self._job = job
@@ -60,9 +60,8 @@ class JobCollector:
     def collect(self) -> Iterable:
         from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                             HistogramMetricFamily, SummaryMetricFamily)
-        rounds = self._job.rounds
-        service = rounds.service if rounds is not None else None
-        snaps = list(service.inbox.snapshots().values()) if service is not None else []
+        inbox = self._job.inbox()
+        snaps = list(inbox.snapshots().values()) if inbox is not None else []
         now = time.monotonic()
         fresh = [s for s in snaps if now - s["at"] <= FRESH_S]
         data = [s["data"] for s in snaps]

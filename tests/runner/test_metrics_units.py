@@ -61,8 +61,7 @@ def _counters(ops, nbytes, rank0=False):
 
 
 def _families(inbox, agent=None):
-    job = types.SimpleNamespace(rounds=types.SimpleNamespace(
-        service=types.SimpleNamespace(inbox=inbox)), agent=agent)
+    job = types.SimpleNamespace(inbox=lambda: inbox, agent=agent)
     return {f.name: f for f in metrics_server.JobCollector(job).collect()}
 
 

@@ -62,19 +62,22 @@ def test_straggler_warning_names_the_rank_that_sleeps_each_step():
 
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
-def test_straggler_warning_under_mpi_comes_from_rank_0():
-    # no store under --mpi: rank 0 prints the line itself (without the host)
+def test_straggler_warning_under_mpi_reaches_the_launcher():
+    # under --mpi rank 0 sends the line to the launcher's report store, which prints it
     r = run_launcher(["-np", "2", "--mpi", "--straggler-window-seconds", "1", sys.executable,
                       WORKER, "straggler"], timeout=80)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "straggler" in ln]
     assert len(lines) == 1 and "rank 1 was the last to be ready" in lines[0], lines
+    assert "[rank 1]" in lines[0] and "could not be told" not in lines[0], lines
 
 
 @pytest.mark.timeout(90)
-def test_metrics_endpoint_during_a_stall_shows_the_stalled_tensor():
+@pytest.mark.parametrize("transport", ["gloo", pytest.param("mpi", marks=pytest.mark.skipif(
+    find_mpiexec() is None, reason="no mpiexec on PATH"))])
+def test_metrics_endpoint_during_a_stall_shows_the_stalled_tensor(transport):
     port = free_port()
-    proc = _launch(["-np", "2", "--metrics-port", str(port),
+    proc = _launch(["-np", "2", f"--{transport}", "--metrics-port", str(port),
                     "--stall-check-warning-time-seconds", "1", sys.executable, WORKER,
                     "stall", "6"])
     try:

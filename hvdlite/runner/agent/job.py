@@ -28,6 +28,7 @@ from hvdlite.runner.hosts.script import ScriptDiscovery
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.launch_config import LaunchConfig, forwarded
 from hvdlite.runner import metrics_server
+from hvdlite.runner.metrics_inbox import MetricsInbox
 from hvdlite.runner.nics import loopback_interface
 from hvdlite.runner.procs import StopSignals
 from hvdlite.runner.rank_output import OutputSink
@@ -55,6 +56,15 @@ class JobContext:
     agent: Optional[Agent] = None
     #: the ranks' stack reports (a stall, or --dump-stacks / SIGUSR1)
     stacks: StackReports = dataclasses.field(default_factory=StackReports)
+    #: --mpi: the ranks' metrics and straggler lines (elsewhere the rendezvous store's)
+    reports_inbox: MetricsInbox = dataclasses.field(
+        default_factory=lambda: MetricsInbox(lambda rank: None))
+
+    def inbox(self) -> Optional[MetricsInbox]:
+        """Where the ranks' metrics snapshots arrive: the rendezvous store's inbox, or (no
+        store, ``--mpi``) the report store's."""
+        service = self.rounds.service if self.rounds is not None else None
+        return service.inbox if service is not None else self.reports_inbox
 
     def wake(self) -> None:
         if self.agent is not None:
@@ -217,7 +227,8 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
                           identity_file=config.ssh_identity_file, verbose=config.verbose,
                           output_dir=config.output_dir, timestamp=config.timestamp_output,
                           binding_args=config.binding_args, hidden_env=hidden,
-                          on_exit=job.wake, reports=(job.key, job.stacks.ops()))
+                          on_exit=job.wake,
+                          reports=(job.key, {**job.stacks.ops(), **job.reports_inbox.ops()}))
 
 
 def flight_note(job: JobContext) -> str:
