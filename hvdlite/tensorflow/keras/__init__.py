@@ -86,6 +86,19 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         ValueError: ``backward_passes_per_step`` is not a positive integer.
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
     """
+    _check_wrappable(optimizer, backward_passes_per_step)
+    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                    gradient_predivide_factor=gradient_predivide_factor,
+                    process_set=process_set)
+    cls = _distributed_class(optimizer.__class__, settings, backward_passes_per_step,
+                             average_aggregated_gradients)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)
+
+
+def _check_wrappable(optimizer, backward_passes_per_step) -> None:
     if isinstance(backward_passes_per_step, bool) or \
             not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"DistributedOptimizer: backward_passes_per_step="
@@ -93,24 +106,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer: expected a keras.optimizers.Optimizer (Keras "
                         f"3), got {type(optimizer).__name__}")
-    base = optimizer.__class__
-    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                    gradient_predivide_factor=gradient_predivide_factor,
-                    process_set=process_set)
+
+
+def _distributed_class(base, settings: dict, passes: int, average: bool):
+    """The subclass of ``base`` whose ``apply`` reduces the gradients first (every
+    ``passes``-th call, the ones summed since, when ``passes`` > 1)."""
 
     def apply(self, grads, trainable_variables=None):
         return base.apply(self, reduce_gradients(list(grads), **settings),
                           trainable_variables)
 
     members = {"apply": apply, "_hvdlite_distributed": True, "__module__": base.__module__}
-    if backward_passes_per_step > 1:
-        members.update(_aggregating_members(base, backward_passes_per_step,
-                                            average_aggregated_gradients, settings))
-    cls = type(base.__name__, (base,), members)
-    config = optimizer.get_config()
-    if name is not None:
-        config["name"] = name
-    return cls.from_config(config)
+    if passes > 1:
+        members.update(_aggregating_members(base, passes, average, settings))
+    return type(base.__name__, (base,), members)
 
 
 def _aggregating_members(base, passes: int, average: bool, settings: dict) -> dict:
