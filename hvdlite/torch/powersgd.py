@@ -122,7 +122,7 @@ class _PowerSGDExchange(GradientExchange):
             st = self.state[name]
             m = g.view(st["error"].shape)
             m.add_(st["error"])
-            mats.append((m, m @ st["q"], st))
+            mats.append((m, torch.mm(m, st["q"]), st))
         h = mpi_ops.grouped_allreduce_async_(
             [p for _, p, _ in mats], name=unit + ".powersgd.P", op=mpi_ops.Sum,
             process_set=self.kw["process_set"])
@@ -130,11 +130,12 @@ class _PowerSGDExchange(GradientExchange):
         mpi_ops.synchronize(h)
         for m, p, st in mats:
             orthogonalize_(p)
-            torch.matmul(m.t(), p, out=st["q"])
-            st["error"].copy_(m).addmm_(p, st["q"].t(), alpha=-1)
+            # Q = M^T P computed as (P^T M)^T: a transposed M is many times slower on CPU
+            st["q"].copy_(torch.mm(p.t(), m).t())
+            torch.addmm(m, p, st["q"].t(), alpha=-1, out=st["error"])
         h = mpi_ops.grouped_allreduce_async_(
             [st["q"] for _, _, st in mats], name=unit + ".powersgd.Q", **self.kw)
         yield
         mpi_ops.synchronize(h)
         for m, p, st in mats:
-            m.copy_(p @ st["q"].t())
+            torch.mm(p, st["q"].t(), out=m)

@@ -65,6 +65,26 @@ class TopK(StatefulCompression):
         return max(1, min(numel, int(math.ceil(self.ratio * numel))))
 
 
+#: every this-many-th entry is looked at to guess the k-th largest magnitude
+_SAMPLE_STRIDE = 64
+
+
+def largest_entries(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` entries of largest magnitude (as ``torch.topk``, several times
+    faster on big tensors): a strided sample gives a threshold a little below the k-th
+    magnitude, the exact top-k runs on the entries above it; when fewer than ``k`` pass (an
+    unlucky sample), on all of them."""
+    mags = flat.abs()
+    if k * 8 < mags.numel() and mags.numel() >= 16 * _SAMPLE_STRIDE:
+        sample = mags[::_SAMPLE_STRIDE]
+        take = min(sample.numel(), max(1, int(sample.numel() * k / mags.numel() * 1.3)))
+        threshold = torch.topk(sample, take, sorted=False).values.min()
+        candidates = (mags >= threshold).nonzero().squeeze(1)
+        if candidates.numel() >= k:
+            return candidates[torch.topk(mags[candidates], k, sorted=False).indices]
+    return torch.topk(mags, k, sorted=False).indices
+
+
 class _TopKExchange(GradientExchange):
     """Per sparsified gradient: this rank's residual ``error`` (flat); nothing is shared."""
 
@@ -89,7 +109,7 @@ class _TopKExchange(GradientExchange):
             flat = g.view(-1)
             err = self.state[name]["error"]
             flat.add_(err)
-            idx = torch.topk(flat.abs(), self.spec.k_of(flat.numel()), sorted=False).indices
+            idx = largest_entries(flat, self.spec.k_of(flat.numel()))
             values.append(flat[idx])
             err.copy_(flat)
             err[idx] = 0
