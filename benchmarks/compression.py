@@ -15,6 +15,9 @@ network link between hosts; with shared memory on one host compression mostly ad
   labels Gaussian inputs, each rank its own samples) trained ``--train-steps`` steps with
   each variant from the same start; the final loss is the mean of the last 20 steps.
 
+A ``local`` row times the same step without communication (each rank alone): ``step -
+local`` is what exchanging the gradients costs, compression included.
+
 All variants live in the same job and are timed interleaved, round by round, so machine noise
 hits them alike; the tables give medians and ratios to ``none`` from the same run.  Bytes
 are the payload each rank hands to the collectives per step (from the shapes; a ring
@@ -44,6 +47,8 @@ VARIANTS = {
     "powersgd-r4": lambda: hvd.Compression.powersgd(rank=4, start_iter=0),
     "topk-1%": lambda: hvd.Compression.topk(ratio=0.01),
 }
+#: the row of steps without communication: the compute every variant shares
+LOCAL = "local"
 #: the classifier keeps PowerSGD's default warm-up (uncompressed steps first)
 TRAIN_VARIANTS = dict(VARIANTS, **{
     "powersgd-r1": lambda: hvd.Compression.powersgd(rank=1, start_iter=10),
@@ -99,9 +104,11 @@ def resnet_workload(_args):
 
 
 def make_step(model, loss_fn, spec, lr=1e-4):
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
-                                   named_parameters=model.named_parameters(),
-                                   compression=spec)
+    """One training step with ``spec`` (``None``: no DistributedOptimizer, no communication)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    if spec is not None:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=spec)
 
     def step():
         opt.zero_grad()
@@ -113,12 +120,14 @@ def make_step(model, loss_fn, spec, lr=1e-4):
 
 
 def time_workload(name, build, args, variants):
-    """Median step time (ms) per variant, interleaved, and the payload bytes per step."""
+    """Median step time (ms) per variant, interleaved, and the payload bytes per step.
+    ``local`` is the same step without any communication (each rank alone)."""
     model, loss_fn = build(args)
     shapes = [tuple(p.shape) for p in model.parameters()]
     steps, specs = {}, {}
+    variants = [LOCAL] + variants
     for v in variants:
-        specs[v] = VARIANTS[v]()
+        specs[v] = None if v == LOCAL else VARIANTS[v]()
         steps[v] = make_step(copy.deepcopy(model), loss_fn, specs[v])
         for _ in range(args.warmup):
             steps[v]()
@@ -134,7 +143,7 @@ def time_workload(name, build, args, variants):
                 times[v].append((time.perf_counter() - t0) * 1000)
     rows = {}
     for v in variants:
-        rows[v] = {"bytes": payload_bytes(specs[v], shapes),
+        rows[v] = {"bytes": 0 if v == LOCAL else payload_bytes(specs[v], shapes),
                    "step_ms": statistics.median(times[v]), "samples": len(times[v])}
     return {"params": sum(torch.Size(s).numel() for s in shapes), "rows": rows}
 
@@ -174,13 +183,15 @@ def train_classifier(args, variants):
 def print_tables(results):
     for name, res in results["timing"].items():
         base = res["rows"]["none"]
+        local = res["rows"][LOCAL]["step_ms"]
         print(f"\n{name} ({res['params'] / 1e6:.1f} M parameters), np={results['size']}, "
-              f"medians of {base['samples']} steps")
+              f"medians of {base['samples']} steps; exchange = step - local step")
         print(f"{'variant':<13}{'MiB/step':>10}{'bytes vs none':>15}{'step ms':>10}"
-              f"{'speed-up':>10}")
+              f"{'speed-up':>10}{'exchange ms':>13}")
         for v, row in res["rows"].items():
             print(f"{v:<13}{row['bytes'] / 2**20:>10.2f}{row['bytes'] / base['bytes']:>15.4f}"
-                  f"{row['step_ms']:>10.1f}{base['step_ms'] / row['step_ms']:>10.2f}")
+                  f"{row['step_ms']:>10.1f}{base['step_ms'] / row['step_ms']:>10.2f}"
+                  f"{row['step_ms'] - local:>13.1f}")
     if results.get("classifier"):
         base = results["classifier"]["none"]["final_loss"]
         print("\nclassifier: final loss (mean of the last 20 of "
