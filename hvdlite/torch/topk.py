@@ -69,12 +69,12 @@ class TopK(StatefulCompression):
 _SAMPLE_STRIDE = 64
 
 
-def largest_entries(flat: torch.Tensor, k: int) -> torch.Tensor:
+def largest_entries(flat: torch.Tensor, k: int, scratch=None) -> torch.Tensor:
     """Indices of the ``k`` entries of largest magnitude (as ``torch.topk``, several times
     faster on big tensors): a strided sample gives a threshold a little below the k-th
     magnitude, the exact top-k runs on the entries above it; when fewer than ``k`` pass (an
-    unlucky sample), on all of them."""
-    mags = flat.abs()
+    unlucky sample), on all of them.  ``scratch`` (``flat``'s size) receives the magnitudes."""
+    mags = flat.abs() if scratch is None else torch.abs(flat, out=scratch)
     if k * 8 < mags.numel() and mags.numel() >= 16 * _SAMPLE_STRIDE:
         sample = mags[::_SAMPLE_STRIDE]
         take = min(sample.numel(), max(1, int(sample.numel() * k / mags.numel() * 1.3)))
@@ -91,6 +91,7 @@ class _TopKExchange(GradientExchange):
     def __init__(self, spec: TopK, params: List[torch.Tensor],
                  names: Dict[torch.Tensor, str], reduce_kwargs: dict):
         super().__init__(spec, names, reduce_kwargs, spec.start_iter)
+        self._scratches: Dict[tuple, torch.Tensor] = {}
         for p in params:
             if p.dtype.is_floating_point and p.numel() >= spec.min_numel:
                 self.state[names[p]] = {
@@ -102,41 +103,67 @@ class _TopKExchange(GradientExchange):
         n = ops.process_set_size(self.kw["process_set"])
         return n * kept * (itemsize + 4) > 2 * total * itemsize
 
-    def _compressed_unit(self, unit, items):
+    def _select(self, items):
+        """Error feedback and selection: the flat gradients, the kept values and their
+        indices in the unit (the gradients laid end to end); updates the residuals."""
         flats, values, indices = [], [], []
         offset = 0
         for name, g in items:
             flat = g.view(-1)
             err = self.state[name]["error"]
             flat.add_(err)
-            idx = largest_entries(flat, self.spec.k_of(flat.numel()))
+            idx = largest_entries(flat, self.spec.k_of(flat.numel()), self._scratch(flat))
             values.append(flat[idx])
             err.copy_(flat)
             err[idx] = 0
             indices.append(idx + offset)
             flats.append(flat)
             offset += flat.numel()
-        values = torch.cat(values)
-        indices = torch.cat(indices)
+        return flats, torch.cat(values), torch.cat(indices), offset
+
+    def _scratch(self, flat: torch.Tensor) -> torch.Tensor:
+        """A reused buffer for the magnitudes (a fresh one per step costs page faults)."""
+        key = (flat.dtype, flat.device)
+        buf = self._scratches.get(key)
+        if buf is None or buf.numel() < flat.numel():
+            buf = self._scratches[key] = torch.empty(flat.numel(), dtype=flat.dtype,
+                                                     device=flat.device)
+        return buf[:flat.numel()]
+
+    def _compressed_unit(self, unit, items):
+        flats, values, indices, total = self._select(items)
         kw = {"process_set": self.kw["process_set"]}
-        if self._use_dense(values.numel(), offset, values.element_size()):
-            summed = torch.zeros(offset, dtype=values.dtype, device=values.device)
+        if self._use_dense(values.numel(), total, values.element_size()):
+            summed = torch.zeros(total, dtype=values.dtype, device=values.device)
             summed[indices] = values
             h = mpi_ops.allreduce_async_(summed, name=unit + ".topk.dense", **self.kw)
             yield
             mpi_ops.synchronize(h)
-        else:
-            hv = mpi_ops.allgather_async(values, name=unit + ".topk.values", **kw)
-            wide = offset >= 2 ** 31
-            hi = mpi_ops.allgather_async(indices if wide else indices.to(torch.int32),
-                                         name=unit + ".topk.indices", **kw)
-            yield
-            all_values = mpi_ops.synchronize(hv)
-            all_indices = mpi_ops.synchronize(hi).long()
-            summed = torch.zeros(offset, dtype=values.dtype, device=values.device)
-            summed.index_add_(0, all_indices, all_values)
-            summed.mul_(self._average_scale())
-        start = 0
-        for flat in flats:
-            flat.copy_(summed[start:start + flat.numel()])
-            start += flat.numel()
+            start = 0
+            for flat in flats:
+                flat.copy_(summed[start:start + flat.numel()])
+                start += flat.numel()
+            return
+        hv = mpi_ops.allgather_async(values, name=unit + ".topk.values", **kw)
+        hi = mpi_ops.allgather_async(indices if total >= 2 ** 31 else indices.to(torch.int32),
+                                     name=unit + ".topk.indices", **kw)
+        yield
+        all_values = mpi_ops.synchronize(hv)
+        all_indices = mpi_ops.synchronize(hi).long()
+        _scatter_sum(flats, all_indices, all_values * self._average_scale())
+
+
+def _scatter_sum(flats: List[torch.Tensor], indices: torch.Tensor, values: torch.Tensor):
+    """Overwrite the ``flats`` (laid end to end) with zeros plus ``values`` summed at
+    ``indices``, tensor by tensor (no buffer of the whole unit)."""
+    order = torch.argsort(indices)
+    indices, values = indices[order], values[order]
+    bounds = [0]
+    for flat in flats:
+        bounds.append(bounds[-1] + flat.numel())
+    cuts = torch.searchsorted(indices, torch.tensor(bounds, dtype=indices.dtype)).tolist()
+    for i, flat in enumerate(flats):
+        flat.zero_()
+        a, b = cuts[i], cuts[i + 1]
+        if b > a:
+            flat.index_add_(0, indices[a:b] - bounds[i], values[a:b])

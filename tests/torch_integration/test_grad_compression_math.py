@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hvdlite.torch.powersgd import PowerSGD, orthogonalize_
-from hvdlite.torch.topk import TopK, largest_entries
+from hvdlite.torch.topk import TopK, _scatter_sum, largest_entries
 
 
 @pytest.mark.timeout(60)
@@ -26,6 +26,19 @@ def test_largest_entries_when_the_sample_misleads():
     got = set(largest_entries(flat, 500).tolist())
     assert got == set(torch.topk(flat.abs(), 500).indices.tolist())
     assert 1 in got
+
+
+@pytest.mark.timeout(60)
+def test_scatter_sum_over_several_tensors():
+    """Gathered (index, value) pairs of a unit of three tensors, with repeats and a tensor
+    that gets none, land summed in the right tensor; the rest is zeroed."""
+    flats = [torch.full((n,), 7.0) for n in (5, 3, 4)]
+    indices = torch.tensor([11, 0, 4, 4, 8, 0, 11])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    _scatter_sum(flats, indices, values)
+    want = torch.zeros(12)
+    want.index_add_(0, indices, values)
+    assert torch.equal(torch.cat(flats), want)
 
 
 @pytest.mark.timeout(60)
