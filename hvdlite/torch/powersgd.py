@@ -122,7 +122,9 @@ class _PowerSGDExchange(GradientExchange):
             st = self.state[name]
             m = g.view(st["error"].shape)
             m.add_(st["error"])
-            mats.append((m, torch.mm(m, st["q"]), st))
+            # the small factors enter the products transposed-contiguous: MKL's skinny
+            # products are several times faster so than with row-major (n x rank) operands
+            mats.append((m, torch.mm(m, st["q"].t().contiguous().t()), st))
         h = mpi_ops.grouped_allreduce_async_(
             [p for _, p, _ in mats], name=unit + ".powersgd.P", op=mpi_ops.Sum,
             process_set=self.kw["process_set"])
@@ -131,11 +133,12 @@ class _PowerSGDExchange(GradientExchange):
         for m, p, st in mats:
             orthogonalize_(p)
             # Q = M^T P computed as (P^T M)^T: a transposed M is many times slower on CPU
-            st["q"].copy_(torch.mm(p.t(), m).t())
-            torch.addmm(m, p, st["q"].t(), alpha=-1, out=st["error"])
+            q_t = torch.mm(p.t(), m)
+            torch.addmm(m, p, q_t, alpha=-1, out=st["error"])
+            st["q"].copy_(q_t.t())
         h = mpi_ops.grouped_allreduce_async_(
             [st["q"] for _, _, st in mats], name=unit + ".powersgd.Q", **self.kw)
         yield
         mpi_ops.synchronize(h)
         for m, p, st in mats:
-            torch.mm(p, st["q"].t(), out=m)
+            torch.mm(p, st["q"].t().contiguous(), out=m)
