@@ -10,16 +10,11 @@ import numpy as np
 import torch
 
 from _common import hvd
+from tests.compression_reference import grads as _grads, powersgd_reference, topk_reference
 from tests.worker_cases import run_cases
 
 MODES = ({}, {"bucket_cap_mb": 0}, {"num_groups": 1})
 STEPS = 4
-
-
-def _grads(rank, step, shapes, seed=0):
-    """The fixed gradient of each parameter on ``rank`` at ``step`` (float64)."""
-    g = np.random.default_rng([seed, rank, step])
-    return [g.standard_normal(s) for s in shapes]
 
 
 class _Params(torch.nn.Module):
@@ -41,47 +36,6 @@ def _wrap(model, compression, lr=0.0, opt_cls=torch.optim.SGD, **kw):
     return hvd.DistributedOptimizer(opt_cls(model.parameters(), lr=lr),
                                     named_parameters=model.named_parameters(),
                                     compression=compression, **kw)
-
-
-def _orthogonalize(p, eps=1e-8):
-    p = p.copy()
-    for i in range(p.shape[1]):
-        p[:, i] /= np.linalg.norm(p[:, i]) + eps
-        rest = p[:, i + 1:]
-        rest -= np.outer(p[:, i], p[:, i] @ rest)
-    return p
-
-
-def _powersgd_reference(grads_by_step, q, start_iter, n):
-    """Per step: the reduced matrix and every rank's residual after it."""
-    errors = [np.zeros_like(grads_by_step[0][0]) for _ in range(n)]
-    out = []
-    for s, grads in enumerate(grads_by_step):
-        if s < start_iter:
-            out.append((sum(grads) / n, [e.copy() for e in errors]))
-            continue
-        ms = [g + e for g, e in zip(grads, errors)]
-        p = _orthogonalize(sum(m @ q for m in ms))
-        qs = [m.T @ p for m in ms]
-        errors = [m - p @ qr.T for m, qr in zip(ms, qs)]
-        q = sum(qs) / n
-        out.append((p @ q.T, [e.copy() for e in errors]))
-    return out
-
-
-def _topk_reference(grads_by_step, k, n):
-    errors = [np.zeros(grads_by_step[0][0].size) for _ in range(n)]
-    out = []
-    for grads in grads_by_step:
-        total = np.zeros_like(errors[0])
-        for r in range(n):
-            m = grads[r].ravel() + errors[r]
-            idx = np.argsort(-np.abs(m), kind="stable")[:k]
-            total[idx] += m[idx]
-            errors[r] = m.copy()
-            errors[r][idx] = 0
-        out.append(((total / n).reshape(grads[0].shape), [e.copy() for e in errors]))
-    return out
 
 
 def _check(what, got, want, atol=1e-9):
@@ -128,7 +82,7 @@ def _powersgd_case(bpps=1, with_set=False):
     spec = hvd.Compression.powersgd(rank=2, start_iter=1, min_compression_rate=1.0)
 
     def reference(by_step, initial, n):
-        return _powersgd_reference(by_step, initial["q"].numpy(), 1, n)
+        return powersgd_reference(by_step, initial["q"].numpy(), 1, n)
 
     def case():
         _run_against(reference, spec, [(12, 10), (10,)], "error", bpps)
@@ -148,7 +102,7 @@ def _topk_case(dense=None):
     spec = hvd.Compression.topk(ratio=0.05, min_numel=100, dense=dense)
 
     def reference(by_step, _initial, n):
-        return _topk_reference(by_step, spec.k_of(by_step[0][0].size), n)
+        return topk_reference(by_step, spec.k_of(by_step[0][0].size), n)
 
     return lambda: _run_against(reference, spec, [(40, 30), (30,)], "error")
 
