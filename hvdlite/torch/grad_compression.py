@@ -27,6 +27,9 @@ from hvdlite.torch import mpi_ops
 
 __all__ = ["StatefulCompression", "GradientExchange"]
 
+#: what ``next`` returns for a unit whose generator has finished
+_DONE = object()
+
 
 class StatefulCompression:
     """Settings of a compressor that keeps state across steps (base of PowerSGD and top-k).
@@ -104,7 +107,7 @@ class GradientExchange:
         count one step."""
         pending, self._pending = self._pending, []
         while pending:
-            pending = [u for u in pending if next(u, StopIteration) is not StopIteration]
+            pending = [u for u in pending if next(u, _DONE) is not _DONE]
         self.step += 1
 
     def reset(self) -> None:
