@@ -8,6 +8,7 @@ with the same two static methods works too.
 import tensorflow as tf
 
 from hvdlite.common.compression import Compressor, NoneCompressor
+from hvdlite.tensorflow.powersgd import PowerSGD
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
@@ -28,7 +29,9 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """The compressors by Horovod's names: ``Compression.none``, ``Compression.fp16``."""
+    """The compressors by Horovod's names: ``Compression.none``, ``Compression.fp16``; and
+    ``Compression.powersgd(...)``, for the Keras ``DistributedOptimizer`` only."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    powersgd = PowerSGD

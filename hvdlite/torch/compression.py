@@ -10,6 +10,8 @@ so a user-defined class with the same two static methods works too.
 import torch
 
 from hvdlite.common.compression import Compressor, NoneCompressor
+from hvdlite.torch.powersgd import PowerSGD
+from hvdlite.torch.topk import TopK
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
@@ -37,9 +39,19 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """The built-in compressors, under Horovod's names."""
+    """The built-in compressors, under Horovod's names, and hvdlite's stateful ones.
+
+    ``powersgd(...)`` and ``topk(...)`` build settings objects
+    (:class:`~hvdlite.torch.powersgd.PowerSGD`, :class:`~hvdlite.torch.topk.TopK`) for
+    ``DistributedOptimizer(opt, compression=...)`` only: they keep error-feedback state
+    across steps, so the plain collectives refuse them with a ``TypeError``.
+    """
 
     #: no compression
     none = NoneCompressor
     #: float16 on the wire for floating-point tensors
     fp16 = FP16Compressor
+    #: low-rank PowerSGD with error feedback (DistributedOptimizer only)
+    powersgd = PowerSGD
+    #: top-k sparsification with error feedback (DistributedOptimizer only)
+    topk = TopK

@@ -148,7 +148,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     over the same model in the same order.  Tensor state is broadcast in
     place where the rank already has a tensor of the same shape and dtype;
     otherwise it is created.  No optimizer step is taken.  In a one-rank job it
-    returns at once.
+    returns at once.  A ``DistributedOptimizer`` with PowerSGD or top-k also takes the
+    root's compression step count and PowerSGD's ``Q`` (error residuals stay each rank's).
 
     Raises:
         TypeError: ``root_rank`` is not an int.
@@ -175,6 +176,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
             "rank")
     targets = enc.tensors if is_root else _adopt_description(optimizer, params, desc)
     _broadcast_in_place(targets, root_rank, "broadcast_optimizer_state", process_set)
+    # a DistributedOptimizer with PowerSGD/top-k: its step count and shared state (Q) too
+    compression_sync = getattr(optimizer, "_hvd_broadcast_compression_state", None)
+    if compression_sync is not None:
+        compression_sync(root_rank, process_set)
 
 
 def _describe_state(optimizer, params, enc: "_Encoder") -> bytes:

@@ -44,6 +44,7 @@ from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer_hooks import _HookedOptimizer
 from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.grad_compression import StatefulCompression
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,10 @@ class _Bucket:
             offset += n
         self.pending = len(params)
         self.handle = None  # (handle, ctx, compressed) while in flight
+
+
+#: the handle entry of a bucket/group/parameter whose reduction a GradientExchange runs
+_EXCHANGED = "exchanged"
 
 
 def _is_view_of(grad: Optional[torch.Tensor], view: torch.Tensor) -> bool:
@@ -139,11 +144,18 @@ class _DistributedOptimizer(_HookedOptimizer):
         """Check the arguments, pick how gradients travel and hook every parameter."""
         _check_passes(backward_passes_per_step)
         _check_averaging(op, gradient_predivide_factor, bucket_cap_mb)
-        _check_compression(compression)
+        _check_compression(compression, stateful_ok=op != mpi_ops.Adasum)
         self._hvd_names = _param_names(self, named_parameters)
         self._parameter_names = self._hvd_names  # Horovod's attribute, read by user code
-        self._hvd_init_state(compression, backward_passes_per_step, op,
-                             gradient_predivide_factor, sparse_as_dense, process_set)
+        stateful = compression if isinstance(compression, StatefulCompression) else None
+        self._hvd_init_state(Compression.none if stateful else compression,
+                             backward_passes_per_step, op, gradient_predivide_factor,
+                             sparse_as_dense, process_set)
+        # PowerSGD / top-k: their state (residuals, Q, step count) lives in this wrapper
+        self._hvd_exchange = None if stateful is None else stateful.make_exchange(
+            self._hvd_params, self._hvd_names,
+            dict(self._hvd_op_kwargs(),
+                 process_set=global_process_set if process_set is None else process_set))
         self._hvd_choose_mode(num_groups, groups, bucket_cap_mb)
         self._hvd_attach_hooks()
 
@@ -306,6 +318,10 @@ class _DistributedOptimizer(_HookedOptimizer):
     # -- launching ---------------------------------------------------------------------
 
     def _hvd_launch_bucket(self, b: _Bucket):
+        if self._hvd_exchange is not None:
+            self._hvd_exchange.start(b.name, b.params, b.views)
+            b.handle = _EXCHANGED
+            return
         compressed, ctx = self._hvd_compression.compress(b.buffer)
         h = mpi_ops.allreduce_async_(compressed, name=b.name, **self._hvd_op_kwargs())
         b.handle = (h, ctx, compressed)
@@ -332,6 +348,10 @@ class _DistributedOptimizer(_HookedOptimizer):
             hv = mpi_ops.allgather_async(values, name=name + ".values", **kw)
             self._hvd_handles[p] = ("sparse", hi, hv)
             return
+        if self._hvd_exchange is not None:
+            self._hvd_exchange.start(name, [p], [g])
+            self._hvd_handles[p] = _EXCHANGED
+            return
         compressed, ctx = self._hvd_compression.compress(g)
         h = mpi_ops.allreduce_async_(compressed, name=name, **self._hvd_op_kwargs())
         self._hvd_handles[p] = ("dense", h, ctx, compressed)
@@ -346,10 +366,14 @@ class _DistributedOptimizer(_HookedOptimizer):
                     f"DistributedOptimizer: parameter {self._hvd_names[p]!r} has a sparse gradient "
                     "and is in a group; pass sparse_as_dense=True or leave it out of groups")
             grads.append(g)
+        name = f"grouped_allreduce.{len(params)}.{self._hvd_names[params[0]]}"
+        if self._hvd_exchange is not None:
+            self._hvd_exchange.start(name, params, grads)
+            self._hvd_group_handles[gi] = _EXCHANGED
+            return
         packed = [self._hvd_compression.compress(g) for g in grads]
         compressed = [c for c, _ in packed]
         ctxs = [x for _, x in packed]
-        name = f"grouped_allreduce.{len(params)}.{self._hvd_names[params[0]]}"
         h = mpi_ops.grouped_allreduce_async_(compressed, name=name, **self._hvd_op_kwargs())
         self._hvd_group_handles[gi] = (h, ctxs, compressed)
 
@@ -368,7 +392,10 @@ class _DistributedOptimizer(_HookedOptimizer):
                         for j, p in enumerate(b.params):
                             self._hvd_adopt_view(p, b, j)
                         self._hvd_launch_bucket(b)
+                self._hvd_finish_exchange()
                 for b in self._hvd_buckets:
+                    if b.handle is _EXCHANGED:
+                        continue
                     h, ctx, compressed = b.handle
                     mpi_ops.synchronize(h)
                     if compressed is not b.buffer:
@@ -381,13 +408,19 @@ class _DistributedOptimizer(_HookedOptimizer):
                 for p in self._hvd_params:
                     if p not in self._hvd_group_of and p not in self._hvd_handles:
                         self._hvd_launch_param(p)
-                for gi, (h, ctxs, compressed) in sorted(self._hvd_group_handles.items()):
+                self._hvd_finish_exchange()
+                for gi, entry in sorted(self._hvd_group_handles.items()):
+                    if entry is _EXCHANGED:
+                        continue
+                    h, ctxs, compressed = entry
                     mpi_ops.synchronize(h)
                     with torch.no_grad():
                         for p, c, ctx in zip(self._hvd_groups[gi], compressed, ctxs):
                             if c is not p.grad:
                                 p.grad.copy_(self._hvd_compression.decompress(c, ctx))
                 for p, entry in self._hvd_handles.items():
+                    if entry is _EXCHANGED:
+                        continue
                     if entry[0] == "sparse":
                         self._hvd_finish_sparse(p, entry[1], entry[2])
                         continue
@@ -400,6 +433,10 @@ class _DistributedOptimizer(_HookedOptimizer):
         finally:
             self._hvd_reset()
         self._hvd_synchronized = True
+
+    def _hvd_finish_exchange(self):
+        if self._hvd_exchange is not None:
+            self._hvd_exchange.finish()
 
     def _hvd_resparsify(self):
         """Give parameters whose gradients came sparse their reduced gradient as a sparse
@@ -431,6 +468,34 @@ class _DistributedOptimizer(_HookedOptimizer):
         self._hvd_group_pending = [len(g) for g in self._hvd_groups]
         self._hvd_group_handles.clear()
         self._hvd_handles.clear()
+        if getattr(self, "_hvd_exchange", None) is not None:
+            self._hvd_exchange.reset()
+
+    # -- checkpoints of the compression state ---------------------------------------------
+
+    def state_dict(self):
+        """The wrapped optimizer's ``state_dict()``, plus (with PowerSGD or top-k) this rank's
+        compression state under ``"hvdlite_compression"``."""
+        state = super().state_dict()
+        if self._hvd_exchange is not None:
+            state["hvdlite_compression"] = self._hvd_exchange.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Load a :meth:`state_dict`; its ``"hvdlite_compression"`` entry (if any) restores the
+        compression state when this wrapper compresses the same way, else it is ignored."""
+        extra = state_dict.get("hvdlite_compression")
+        if extra is not None:
+            state_dict = {k: v for k, v in state_dict.items() if k != "hvdlite_compression"}
+        super().load_state_dict(state_dict)
+        if extra is not None and self._hvd_exchange is not None:
+            self._hvd_exchange.load_state_dict(extra)
+
+    def _hvd_broadcast_compression_state(self, root_rank, process_set):
+        """Called by ``broadcast_optimizer_state``: every rank takes ``root_rank``'s
+        compression step count and shared state (residuals stay each rank's own)."""
+        if self._hvd_exchange is not None:
+            self._hvd_exchange.broadcast_state(root_rank, process_set)
 
     def _hvd_in_flight(self) -> bool:
         return (bool(self._hvd_handles) or bool(self._hvd_group_handles)
@@ -508,7 +573,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             ``None`` names them ``allreduce.noname.<group>.<index>`` as Horovod does; the
             wrapper's ``_parameter_names`` maps each parameter to its name.
         compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (or any object
-            with static ``compress``/``decompress``).
+            with static ``compress``/``decompress``), or the stateful
+            ``hvd.Compression.powersgd(...)`` / ``hvd.Compression.topk(...)`` (error
+            feedback; their state is kept by this wrapper, in ``state_dict()`` and
+            ``broadcast_optimizer_state``; not with ``op=hvd.Adasum``).
         backward_passes_per_step: backward passes whose gradients accumulate locally before
             one reduction (gradient accumulation); the loss is not rescaled.
         op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.  With Adasum (and more
@@ -541,7 +609,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             lacks ``compress``/``decompress``.
         ValueError: ``optimizer`` is already wrapped; bad or duplicate names, a parameter
             not named, bad factors or groups; ``op=Adasum`` with
-            ``gradient_predivide_factor`` other than 1.
+            ``gradient_predivide_factor`` other than 1 or with PowerSGD/top-k.
     """
     op = mpi_ops.Average if op is None else op
     _check_wrappable(optimizer, op, gradient_predivide_factor)
@@ -561,7 +629,7 @@ def _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_s
     """The Adasum wrapper (see :mod:`hvdlite.torch.adasum_optimizer`), its arguments checked."""
     obj = _rebind(optimizer, _DistributedAdasumOptimizer)
     _check_passes(backward_passes_per_step)
-    _check_compression(compression)
+    _check_compression(compression, stateful_ok=False)
     obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
                           backward_passes_per_step, process_set)
     return obj
@@ -606,8 +674,16 @@ def _check_passes(backward_passes_per_step) -> None:
             "must be >= 1")
 
 
-def _check_compression(compression) -> None:
-    """Raises: TypeError: ``compression`` lacks compress/decompress (both wrappers check it)."""
+def _check_compression(compression, stateful_ok: bool) -> None:
+    """Raises: TypeError: ``compression`` lacks compress/decompress (both wrappers check it).
+    ValueError: PowerSGD/top-k where they do not apply (``op=hvd.Adasum``)."""
+    if isinstance(compression, StatefulCompression):
+        if not stateful_ok:
+            raise ValueError(
+                f"DistributedOptimizer: compression={compression!r} does not work with "
+                "op=hvd.Adasum (Adasum combines parameter updates, not gradients); use "
+                "hvd.Compression.none or hvd.Compression.fp16")
+        return
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise TypeError(
             "DistributedOptimizer: compression must have compress/decompress, e.g. "

@@ -25,6 +25,8 @@ from hvdlite.tensorflow import (Adasum, Compression, ProcessSet, Sum,  # noqa: F
                                 remove_process_set, rocm_built, shutdown, size,
                                 start_timeline, stop_timeline)
 from hvdlite.tensorflow.gradient_tape import reduce_gradients
+from hvdlite.tensorflow.powersgd import PowerSGD
+from hvdlite.tensorflow.powersgd import keras_members as powersgd_members
 from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
 from hvdlite.tensorflow.keras.collectives import (allgather, allreduce,  # noqa: F401
                                                   broadcast, reducescatter)
@@ -65,7 +67,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         name: the copy's name (default: the original's).
         device_dense, device_sparse: accepted for Horovod compatibility and ignored.
         compression: ``hvd.Compression.fp16`` to send floating-point gradients as float16;
-            ``None`` sends them as they are.
+            ``None`` sends them as they are; ``hvd.Compression.powersgd(...)`` sends matrix
+            gradients as PowerSGD factors with error feedback (its residuals, ``Q`` and step
+            count are optimizer variables; not with Adasum or ``backward_passes_per_step``).
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the reduction
             (otherwise they are allgathered).
         gradient_predivide_factor: with ``hvd.Average``, divide by this before the sum and
@@ -83,15 +87,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         A new optimizer of a subclass of ``optimizer``'s class.
 
     Raises:
-        ValueError: ``backward_passes_per_step`` is not a positive integer.
+        ValueError: ``backward_passes_per_step`` is not a positive integer; PowerSGD with
+            Adasum or ``backward_passes_per_step`` > 1.
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
     """
     _check_wrappable(optimizer, backward_passes_per_step)
+    powersgd = compression if isinstance(compression, PowerSGD) else None
+    if powersgd is not None:
+        _check_powersgd(powersgd, op, backward_passes_per_step)
+        compression = None
     settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                     gradient_predivide_factor=gradient_predivide_factor,
                     process_set=process_set)
     cls = _distributed_class(optimizer.__class__, settings, backward_passes_per_step,
-                             average_aggregated_gradients)
+                             average_aggregated_gradients, powersgd)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -108,9 +117,10 @@ def _check_wrappable(optimizer, backward_passes_per_step) -> None:
                         f"3), got {type(optimizer).__name__}")
 
 
-def _distributed_class(base, settings: dict, passes: int, average: bool):
+def _distributed_class(base, settings: dict, passes: int, average: bool, powersgd=None):
     """The subclass of ``base`` whose ``apply`` reduces the gradients first (every
-    ``passes``-th call, the ones summed since, when ``passes`` > 1)."""
+    ``passes``-th call, the ones summed since, when ``passes`` > 1; compressed by
+    ``powersgd`` when given)."""
 
     def apply(self, grads, trainable_variables=None):
         return base.apply(self, reduce_gradients(list(grads), **settings),
@@ -119,7 +129,20 @@ def _distributed_class(base, settings: dict, passes: int, average: bool):
     members = {"apply": apply, "_hvdlite_distributed": True, "__module__": base.__module__}
     if passes > 1:
         members.update(_aggregating_members(base, passes, average, settings))
+    if powersgd is not None:
+        members.update(powersgd_members(base, powersgd, settings, reduce_gradients))
     return type(base.__name__, (base,), members)
+
+
+def _check_powersgd(spec, op, backward_passes_per_step) -> None:
+    """Raises: ValueError: PowerSGD with ``op=hvd.Adasum`` or with local aggregation."""
+    if op not in (Average, Sum):
+        raise ValueError(f"DistributedOptimizer: compression={spec!r} needs op=hvd.Average or "
+                         "hvd.Sum")
+    if backward_passes_per_step > 1:
+        raise ValueError(f"DistributedOptimizer: compression={spec!r} does not combine with "
+                         "backward_passes_per_step > 1 in Keras (accumulate in the train step "
+                         "instead)")
 
 
 def _aggregating_members(base, passes: int, average: bool, settings: dict) -> dict:

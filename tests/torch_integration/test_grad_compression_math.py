@@ -1,0 +1,73 @@
+"""The building blocks of PowerSGD and top-k in one process: the fast top-k selection equals
+torch.topk (also when its sample misleads it), Gram-Schmidt gives orthonormal columns and
+keeps a zero matrix zero, and the specs check their arguments."""
+
+import pytest
+import torch
+
+from hvdlite.torch.powersgd import PowerSGD, orthogonalize_
+from hvdlite.torch.topk import TopK, _scatter_sum, largest_entries
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("numel,k", [(100_000, 1000), (5000, 7), (2000, 1500), (50, 3)])
+def test_largest_entries_equal_topk(numel, k):
+    flat = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    want = set(torch.topk(flat.abs(), k).indices.tolist())
+    assert set(largest_entries(flat, k).tolist()) == want
+
+
+@pytest.mark.timeout(60)
+def test_largest_entries_when_the_sample_misleads():
+    """Every sampled entry is huge, so the guessed threshold passes too few: the fallback."""
+    flat = torch.randn(64 * 1000, generator=torch.Generator().manual_seed(1)) * 1e-3
+    flat[::64] = 100.0 + torch.arange(1000.0)
+    flat[1] = 1e6                       # outside the sample, the largest of all
+    got = set(largest_entries(flat, 500).tolist())
+    assert got == set(torch.topk(flat.abs(), 500).indices.tolist())
+    assert 1 in got
+
+
+@pytest.mark.timeout(60)
+def test_scatter_sum_over_several_tensors():
+    """Gathered (index, value) pairs of a unit of three tensors, with repeats and a tensor
+    that gets none, land summed in the right tensor; the rest is zeroed."""
+    flats = [torch.full((n,), 7.0) for n in (5, 3, 4)]
+    indices = torch.tensor([11, 0, 4, 4, 8, 0, 11])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    _scatter_sum(flats, indices, values)
+    want = torch.zeros(12)
+    want.index_add_(0, indices, values)
+    assert torch.equal(torch.cat(flats), want)
+
+
+@pytest.mark.timeout(60)
+def test_orthogonalize():
+    p = torch.randn(50, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    q = orthogonalize_(p.clone())
+    assert torch.allclose(q.t() @ q, torch.eye(4, dtype=torch.float64), atol=1e-6)
+    # same column space: projecting p onto q's columns gives p back
+    assert torch.allclose(q @ (q.t() @ p), p, atol=1e-9)
+    zero = orthogonalize_(torch.zeros(5, 2))
+    assert torch.equal(zero, torch.zeros(5, 2))
+
+
+@pytest.mark.timeout(60)
+def test_which_gradients_powersgd_compresses():
+    spec = PowerSGD(rank=4, min_compression_rate=2.0)
+    assert spec.matrix_shape(torch.empty(64, 3, 3, 3)) == (64, 27, 4)
+    assert spec.matrix_shape(torch.empty(100)) is None              # a vector
+    assert spec.matrix_shape(torch.empty(8, 8)) is None             # 64 < 2 * 16 * 4
+    assert spec.matrix_shape(torch.empty(8, 8, dtype=torch.int64)) is None
+    assert torch.equal(spec.initial_q("w", 10, 2, torch.float32),
+                       PowerSGD(rank=4).initial_q("w", 10, 2, torch.float32))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("make", [lambda: PowerSGD(rank=0), lambda: PowerSGD(start_iter=-1),
+                                  lambda: PowerSGD(min_compression_rate=0),
+                                  lambda: TopK(ratio=0), lambda: TopK(ratio=1.5),
+                                  lambda: TopK(min_numel=0)])
+def test_bad_arguments(make):
+    with pytest.raises(ValueError):
+        make()
