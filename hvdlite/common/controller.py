@@ -142,6 +142,8 @@ class Controller:
         if first.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
             checks.append(("reduce op", lambda q: ReduceOp(q.reduce_op).name.lower()))
             checks.append(("prescale/postscale factors", lambda q: (q.prescale, q.postscale)))
+            checks.append(("grouped tensors (count, digest of their shapes)",
+                           lambda q: list(q.parts) if q.parts else "one tensor"))
         for what, fn in checks:
             msg = disagree(what, fn)
             if msg:

@@ -85,7 +85,9 @@ class Runtime:
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
-        self._wake = threading.Event()
+        self._wake = threading.Event()           # a submission arrived
+        self._flush = threading.Event()          # a user waits: stop gathering submissions
+        self._progress = False                   # the last cycle negotiated or executed
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self._cycle = 0
@@ -171,14 +173,14 @@ class Runtime:
         version, current = self._proposed
         params = current.replace(**changes)
         self._proposed = (version + 1, params)
-        self._wake.set()
+        self.hurry()
         return params
 
     def set_recorder(self, recorder: Recorder) -> None:
         """Replace the recorder (a timeline started or stopped at run time).  The background
         thread switches at its next cycle start, so no group is reported half.  Any thread."""
         self._next_rec = recorder
-        self._wake.set()
+        self.hurry()
 
     def recorder_switched(self) -> bool:
         """True once the background thread took the last :meth:`set_recorder`'s recorder."""
@@ -198,6 +200,7 @@ class Runtime:
     def stop(self, timeout_s: float) -> bool:
         """Ask every rank to stop (via the control vector) and join; True if it exited."""
         self._stop.set()
+        self._flush.set()
         self._wake.set()
         if self._poller is not None:
             self._poller.stop()
@@ -209,24 +212,8 @@ class Runtime:
     def _main(self) -> None:
         try:
             self.executor.enter_thread()
-            while True:
-                start = time.monotonic()
-                if not self._cycle_once():
-                    break
-                period = self.params.cycle_time_ms / 1000.0
-                if self._unsent or self._sent or self.queue.has_incoming():
-                    left = period - (time.monotonic() - start)
-                    if left > 0:
-                        self._wake.wait(left)
-                else:
-                    # Nothing of ours is pending, so no collective can complete before this
-                    # rank submits something, and submitting wakes us: sleep long and spare
-                    # the CPU for training.  Peers' shutdowns are still seen within the bound.
-                    if self._wake.wait(_IDLE_WAIT_S) and period > 0 and not self._stop.is_set():
-                        # woken by a submission: give the rest of the burst one cycle
-                        # time to arrive so it negotiates and fuses together
-                        time.sleep(period)
-                self._wake.clear()
+            while self._cycle_once():
+                self._pace()
         except BaseException as exc:  # delivered to every handle, never swallowed
             if isinstance(exc, HvdliteError):
                 err = exc
@@ -241,6 +228,38 @@ class Runtime:
             if self._poller is not None:
                 self._poller.stop()
             self.backend.close()
+
+    def _pace(self) -> None:
+        """Wait until the next cycle is worth running.
+
+        Work that arrived is gathered for up to one cycle time, so a burst of submissions
+        negotiates and fuses together; a user waiting on a handle (:meth:`hurry`) ends the
+        gathering at once.  After a cycle that negotiated or executed something, the next
+        one starts at once (the peers are active; this rank just blocks in the control
+        collective until they arrive).  An empty cycle is followed by a gap of one cycle
+        time, so jobs whose ranks wait on each other do not spin the control plane; a rank
+        with nothing pending sleeps until a submission (peers' shutdowns are still seen
+        within :data:`_IDLE_WAIT_S`)."""
+        period = self.params.cycle_time_ms / 1000.0
+        wake = self._wake
+        if self._stop.is_set():
+            pass
+        elif self.queue.has_incoming():
+            self._flush.wait(period)
+        elif self._unsent or self._sent:
+            if not self._progress and wake.wait(period) and self.queue.has_incoming():
+                self._flush.wait(period)
+        elif wake.wait(_IDLE_WAIT_S) and not self._stop.is_set():
+            self._flush.wait(period)
+        wake.clear()
+        self._flush.clear()
+
+    def hurry(self) -> None:
+        """A user thread waits on one of this runtime's handles: run the next cycle now
+        instead of gathering more submissions.  Any thread."""
+        if not self._flush.is_set():
+            self._flush.set()
+            self._wake.set()
 
     def _fail_all(self, err: BaseException, dump: bool = False) -> None:
         """Fail every pending handle with ``err``; the flight recorder is written when
@@ -272,7 +291,8 @@ class Runtime:
         if agreed[_DUMP] != _INT_MAX:
             self._send_stacks(int(agreed[_DUMP]), int(agreed[_DUMP_AGE]))
         stalled = self._stall_failures(agreed)
-        if agreed[_NEED] == 0:
+        negotiate = agreed[_NEED] == 0
+        if negotiate:
             responses = self._negotiate(agreed, payload, stalled)
             if self.metrics is not None:
                 self._count_cycle(now, oldest)
@@ -286,6 +306,7 @@ class Runtime:
         if self.config.stall_check and now - self._last_stall_check > 1.0:
             self._last_stall_check = now
             self._check_stalls()
+        self._progress = negotiate or self._completed
         return True
 
     def _drain(self, now: float) -> None:
@@ -601,7 +622,7 @@ class Runtime:
                                 self.ranks[self.rank], {"expected": list(self.ranks)})
         with self._stacks_lock:
             self._stacks_wanted = (request_id, None)
-        self._wake.set()
+        self.hurry()
 
     def _put_stacks_request(self, vec: np.ndarray) -> None:
         with self._stacks_lock:
