@@ -43,7 +43,7 @@ class Request:
     """One rank's request for one named tensor."""
 
     __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale",
-                 "postscale", "splits", "parts", "sig")
+                 "postscale", "splits", "parts", "sig", "wire")
 
     def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
                  root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
@@ -64,12 +64,14 @@ class Request:
         #: everything that must be equal for a cached response to be reused
         self.sig = (op, dtype, self.shape, root, reduce_op, prescale, postscale, self.splits,
                     self.parts)
+        #: :meth:`wire_bound`, computed once
+        self.wire = 12 * len(name) + 24 * (len(self.shape) + len(self.splits or ())) + 250
 
     def wire_bound(self) -> int:
         """An upper bound of this request's share of :func:`encode_requests` in bytes,
         computable without encoding (a name character escapes to at most 12 bytes; every
         number fits in 24)."""
-        return 12 * len(self.name) + 24 * (len(self.shape) + len(self.splits or ())) + 250
+        return self.wire
 
     def to_list(self) -> list:
         out = [self.name, int(self.op), self.dtype, list(self.shape), self.root,

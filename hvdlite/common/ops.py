@@ -226,15 +226,31 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
         _check_reducible(dt, op, name)
     if name is None:
         name = auto_name(OpType.ALLREDUCE)
-    elif len(name) > MAX_NAME_CHARS:
-        check_name_length(name)
+        req = key = None
+    else:
+        # a named request repeats every step: reuse it (requests are never changed)
+        key = (name, dt, buffer.shape, op, prescale, postscale)
+        req = _REQUESTS.get(key)
+    if req is None:
+        if len(name) > MAX_NAME_CHARS:
+            check_name_length(name)
+        req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,
+                      prescale if type(prescale) is float else float(prescale),
+                      postscale if type(postscale) is float else float(postscale))
+        if key is not None:
+            if len(_REQUESTS) >= _MAX_REUSED_REQUESTS:
+                _REQUESTS.clear()
+            _REQUESTS[key] = req
     handle = Handle(1, finish, runtime.hurry)
     handle.names = [name]
-    req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,
-                  prescale if type(prescale) is float else float(prescale),
-                  postscale if type(postscale) is float else float(postscale))
-    runtime.enqueue([Entry(req, buffer, output, handle, 0)])
+    runtime.enqueue_one(Entry(req, buffer, output, handle, 0))
     return handle
+
+
+#: named single-allreduce requests by (name, dtype, shape, op, prescale, postscale)
+_REQUESTS: Dict[tuple, Request] = {}
+_MAX_REUSED_REQUESTS = 1 << 16
+basics.register_reset_hook(_REQUESTS.clear)
 
 
 def allreduce_packed(flat, count: int, digest: int, name: Optional[str], op: ReduceOp,

@@ -158,6 +158,14 @@ class Runtime:
         if not self._wake.is_set():
             self._wake.set()
 
+    def enqueue_one(self, entry: Entry) -> None:
+        """:meth:`enqueue` of one entry (the per-op fast path)."""
+        if self._error is not None:
+            raise self._error
+        self.queue.push_one(entry, time.monotonic())
+        if not self._wake.is_set():
+            self._wake.set()
+
     def propose_parameters(self, **changes) -> Parameters:
         """Rank 0 only: change live parameters; every rank applies them in one later cycle.
 

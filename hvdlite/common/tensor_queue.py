@@ -106,23 +106,31 @@ class TensorQueue:
                 f"use shorter names")
         self._wire += wire
 
-    def push(self, entries: List[Entry], now: float) -> None:
+    def push_one(self, e: Entry, now: float) -> None:
+        """:meth:`push` of one entry, the common case (one allreduce of an optimizer)."""
+        name = e.request.name
+        wire = e.wire = e.request.wire
         with self._lock:
             if self._closed_error is not None:
                 raise self._closed_error
-            if len(entries) == 1:
-                e = entries[0]
-                name = e.request.name
-                if name in self._in_flight:
-                    raise HvdliteDuplicateNameError(
-                        f"tensor name {name!r} is already in flight; wait for its handle or "
-                        f"give each concurrent operation a distinct name")
-                e.wire = e.request.wire_bound()
-                self._reserve(e.wire, 1)
-                e.enqueued_at = now
-                self._in_flight[name] = e
-                self._incoming.append(e)
-                return
+            if name in self._in_flight:
+                raise HvdliteDuplicateNameError(
+                    f"tensor name {name!r} is already in flight; wait for its handle or "
+                    f"give each concurrent operation a distinct name")
+            if self._wire + wire > MAX_IN_FLIGHT_WIRE_BYTES:
+                self._reserve(wire, 1)                 # raises, naming the limit
+            self._wire += wire
+            e.enqueued_at = now
+            self._in_flight[name] = e
+            self._incoming.append(e)
+
+    def push(self, entries: List[Entry], now: float) -> None:
+        if len(entries) == 1:
+            self.push_one(entries[0], now)
+            return
+        with self._lock:
+            if self._closed_error is not None:
+                raise self._closed_error
             seen = set()
             for e in entries:
                 name = e.request.name
@@ -132,7 +140,7 @@ class TensorQueue:
                         f"give each concurrent operation a distinct name")
                 seen.add(name)
             for e in entries:
-                e.wire = e.request.wire_bound()
+                e.wire = e.request.wire
             self._reserve(sum(e.wire for e in entries), len(entries))
             for e in entries:
                 e.enqueued_at = now
