@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from hvdlite.common import arrays, flight_recorder, fusion, stack_report, stragglers
+from hvdlite.common import control_vector as cv
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
@@ -47,12 +48,13 @@ from hvdlite.common.tensor_queue import Entry, TensorQueue
 
 log = logging.getLogger(__name__)
 
-_INT_MAX = np.iinfo(np.int32).max
-# control vector layout:
-# [need_nothing_new, -payload_len, stall_cutoff, params_version, stacks_id, stacks_age,
-#  params[W], alive[size], ready_age[size] (stragglers.py), bits[cap]]
-_NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = 0, 1, 2, 3, 4, 5, 6
-_ALIVE = _PARAMS + Parameters.WIDTH
+_INT_MAX = cv.INT_MAX
+# control vector layout (control_vector.py): [need_nothing_new, -payload_len, stall_cutoff,
+#  params_version, stacks_id, stacks_age, params[W], leaving, ready-age summary,
+#  request digests, packed cache bits]
+_NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = (cv.NEED, cv.LEN, cv.STALL, cv.PVER,
+                                                         cv.DUMP, cv.DUMP_AGE, cv.PARAMS)
+_PARAMS_END = cv.LEAVING
 #: a cache hit not executed after this long is sent through full negotiation instead,
 #: so the stall inspector sees it
 _CACHE_PATIENCE_S = 1.0
@@ -106,16 +108,12 @@ class Runtime:
     def _set_up_vector(self, cache_capacity: int) -> None:
         """The control vector's layout (see ``_NEED``) and the template every cycle's vector
         starts from (one copy per cycle instead of several fills)."""
-        self._ages = _ALIVE + self.size
-        base = self._ages + self.size
-        self._vec_len = base + cache_capacity
-        self._bits_base = base
+        self._words = cv.words_for(cache_capacity)
+        self._vec_len = cv.length(cache_capacity)
         self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
         self._completed = False                    # the last cycle executed responses
-        self._vec_template = np.ones(self._vec_len, dtype=np.int32)
-        self._vec_template[_LEN] = 0
-        self._vec_template[self._ages:base] = _INT_MAX
-        self._vec_template[base:] = 0
+        self._leaving = False                      # this rank's vector said it shuts down
+        self._vec_template = cv.template(cache_capacity)
 
     def _set_up_diagnosis(self, config: Config, ranks: Optional[List[int]]) -> None:
         """The flight recorder, stall stacks, straggler tracking and metrics counters."""
@@ -309,8 +307,7 @@ class Runtime:
             if self.metrics is not None:
                 self._count_cycle(now, oldest)
             self._execute(stalled)          # stall errors, if any, first
-            if hits:
-                self._execute_cache_hits(agreed)
+            self._execute_cache_hits(agreed, hits)
         if self.config.stall_check and now - self._last_stall_check > 1.0:
             self._last_stall_check = now
             self._check_stalls()
@@ -346,9 +343,10 @@ class Runtime:
         (rank 0 tallies it if that cycle completed work), and this rank's for the next."""
         agreed_at = time.monotonic()
         if self._completed and self._stragglers is not None:
-            ages = agreed[self._ages:self._bits_base]
-            if ages.max() < stragglers.NOT_PENDING:
-                late = self._stragglers.observe(ages, agreed_at)
+            newest, youngest, oldest_age = cv.read_ages(agreed, self.size)
+            if oldest_age < stragglers.NOT_PENDING:
+                late = self._stragglers.observe_summary(newest, youngest, oldest_age,
+                                                        agreed_at)
                 if late is not None and self._rec is not None:
                     self._rec.late(agreed_at, self.ranks[late[0]], late[1])
         self._completed = False
@@ -396,28 +394,30 @@ class Runtime:
         (else None: encoded only if a peer forces one)."""
         need_full, slots, bound = self._look_up_cache(now)
         vec = self._vec_template.copy()
-        vec[self._ages + self.rank] = self._ready_age
+        cv.put_age(vec, self._ready_age, self.rank, self.size)
         if slots:
-            vec[[self._bits_base + s for s in slots]] = 1
+            cv.put_slots(vec, slots, self._words)
         if need_full:
             vec[_NEED] = 0
         if self.rank == 0:
             vec[_STALL] = self._stall_cutoff()
             version, proposed = self._proposed
             vec[_PVER] = version
-            vec[_PARAMS:_ALIVE] = proposed.encode()
+            vec[_PARAMS:_PARAMS_END] = proposed.encode()
             vec[_DUMP] = vec[_DUMP_AGE] = _INT_MAX
             if self._stacks_wanted is not None:
                 self._put_stacks_request(vec)
         else:
             vec[_STALL] = _INT_MAX
-            vec[_PVER:_ALIVE] = _INT_MAX
+            vec[_PVER:_PARAMS_END] = _INT_MAX
         if self._stop.is_set():
-            vec[_ALIVE + self.rank] = 0
+            vec[cv.LEAVING] = self.rank
+            self._leaving = True
         payload = None
         if need_full:
             payload = encode_requests([e.request for e in self._unsent.values()])
             vec[_LEN] = -len(payload)
+            cv.put_digest(vec, payload)
         elif bound:
             # every rank reports at least what it would send, so the allgather buffer fits
             # the payload we only encode if some other rank forces a negotiation
@@ -430,13 +430,14 @@ class Runtime:
         everywhere."""
         agreed = self.backend.control_allreduce_min(vec)
         if agreed[_PVER] != self._params_version:
-            self._apply_parameters(int(agreed[_PVER]), Parameters.decode(agreed[_PARAMS:_ALIVE]))
-        leaving = [r for r in range(self.size) if agreed[_ALIVE + r] == 0]
-        if not leaving:
+            self._apply_parameters(int(agreed[_PVER]),
+                                   Parameters.decode(agreed[_PARAMS:_PARAMS_END]))
+        leaving = int(agreed[cv.LEAVING])
+        if leaving == _INT_MAX:
             return agreed
-        if self.rank not in leaving:
+        if not self._leaving:
             err = HvdliteInternalError(
-                f"{self.label}: rank {self.ranks[leaving[0]]} shut down (hvd.shutdown(), "
+                f"{self.label}: rank {self.ranks[leaving]} shut down (hvd.shutdown(), "
                 f"exit, or removal of the process set) while this rank was still running; "
                 f"pending and later operations fail")
         else:
@@ -460,13 +461,20 @@ class Runtime:
                    responses: List[Response]) -> List[Response]:
         """Full negotiation: allgather every rank's unsent requests and run the controller
         on them; returns ``responses`` extended by the controller's, in order."""
-        if payload is None:
-            payload = encode_requests([e.request for e in self._unsent.values()])
-        gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
-        self._sent.update(self._unsent)
-        self._unsent = {}
-        requests = [decode_requests(p) for p in gathered]
-        responses = responses + self.controller.ingest(requests, self._cycle)
+        if cv.uniform(agreed):
+            # every rank asks for exactly these requests: nothing needs to travel
+            mine = [e.request for e in self._unsent.values()]
+            self._sent.update(self._unsent)
+            self._unsent = {}
+            responses = responses + self.controller.ingest_uniform(mine, self._cycle)
+        else:
+            if payload is None:
+                payload = encode_requests([e.request for e in self._unsent.values()])
+            gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
+            self._sent.update(self._unsent)
+            self._unsent = {}
+            requests = [decode_requests(p) for p in gathered]
+            responses = responses + self.controller.ingest(requests, self._cycle)
         rec = self._rec
         if rec is not None:
             end = time.monotonic()
@@ -474,9 +482,19 @@ class Runtime:
                 rec.negotiated(resp.name, end, resp.waited_for)
         return responses
 
-    def _execute_cache_hits(self, agreed: np.ndarray) -> None:
-        """The fast path: run the cached responses of the slots every rank hit."""
-        ready = np.flatnonzero(agreed[self._bits_base:]).tolist()
+    def _execute_cache_hits(self, agreed: np.ndarray, hits: List[int]) -> None:
+        """The fast path: run the cached responses of the slots every rank hit (this rank's
+        ``hits``).  Words of the bit vector in which the ranks differ take a second, small
+        MIN-allreduce of their bits, on every rank alike (control_vector.py)."""
+        ragged = cv.ragged_words(agreed, self._words)
+        second = None
+        if len(ragged):
+            second = self.backend.control_allreduce_min(cv.own_bits(hits, ragged))
+        elif not hits:
+            return
+        ready = cv.ready_slots(agreed, self._words, ragged, second)
+        if not ready:
+            return
         cached = [self.cache.response(s) for s in ready]
         rec = self._rec
         if rec is not None:
