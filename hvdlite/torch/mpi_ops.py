@@ -194,27 +194,30 @@ def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscal
     tensors are packed here (one C++ call), reduced as one flat buffer, and unpacked when
     the handle is synchronized.  None when the group does not qualify (the per-tensor path
     then checks and names each tensor)."""
-    kinds = {(type(t), t.device.type, t.layout, t.dtype) for t in tensors}
+    kinds = {(type(t), t.device, t.dtype, t.is_sparse) for t in tensors}
     if len(kinds) != 1:
         return None
-    cls, device, layout, dtype = kinds.pop()
-    if cls is not torch.Tensor or device != "cpu" or layout != torch.strided or \
-            dtype in _CARRIED:
+    cls, device, dtype, sparse = kinds.pop()
+    if cls not in _PLAIN or device != _CPU or sparse or dtype in _CARRIED:
         return None
-    flat = _flatten(tensors)
+    with torch.no_grad():               # as the per-tensor path: results carry no graph
+        flat = _flatten(tensors)
     digest = hash(tuple([t.shape for t in tensors]))
 
     def finish(results):
-        views = _unflatten(results[0], tensors)
-        if not inplace:
-            return list(views)
-        torch._foreach_copy_(tensors, views)
+        with torch.no_grad():
+            views = _unflatten(results[0], tensors)
+            if not inplace:
+                return list(views)
+            torch._foreach_copy_(tensors, views)
         return list(tensors)
     return ops.allreduce_packed(flat, len(tensors), digest, name, rop, prescale_factor,
                                 postscale_factor, process_set, finish)
 
 
 _flatten, _unflatten = torch._utils._flatten_dense_tensors, torch._utils._unflatten_dense_tensors
+_CPU = torch.device("cpu")
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 #: op= values that need no further checking (the average= path goes through ops.reduce_op)
