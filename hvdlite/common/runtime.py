@@ -318,8 +318,9 @@ class Runtime:
         """Move new submissions into the unsent table (the recorder sees each one)."""
         rec = self._rec
         if rec is None:
+            unsent = self._unsent
             for entry in self.queue.drain():
-                self._unsent[entry.request.name] = entry
+                unsent[entry.request.name] = entry
             return
         rec.cycle(self._cycle, now)
         for entry in self.queue.drain():
@@ -375,10 +376,12 @@ class Runtime:
         slots = []
         bound = 0
         use_cache = self.params.cache_enabled
+        lookup = self.cache.lookup
+        recent = now - _CACHE_PATIENCE_S
         for name, entry in self._unsent.items():
             slot = -1
-            if use_cache and name not in table and now - entry.enqueued_at < _CACHE_PATIENCE_S:
-                slot = self.cache.lookup(entry.request)
+            if use_cache and entry.enqueued_at > recent and name not in table:
+                slot = lookup(entry.request)
             if slot < 0:
                 need_full = True
             else:
@@ -519,22 +522,8 @@ class Runtime:
         m = self.metrics
         if m is not None:
             m.responses(len(responses), cached_slots is not None)
-        entries: Dict[str, Entry] = {}
+        entries = self._take_entries(responses, cached_slots is not None)
         cache = self.cache
-        store = self.params.cache_enabled
-        for resp in responses:
-            name = resp.name
-            entry = self._sent.pop(name, None) or self._unsent.pop(name, None)
-            if entry is not None:
-                entries[name] = entry
-            if cached_slots is not None:
-                cache.touch(name)
-            elif resp.cacheable:
-                resp.nbytes = _nbytes(resp)
-                if store:
-                    cache.put(resp, entry.request if entry is not None else None)
-            elif resp.error is not None:
-                cache.erase(name)
         groups = None
         if cached_slots is not None:
             key = (cache.version, self._params_version, cached_slots)
@@ -570,6 +559,34 @@ class Runtime:
                 fl.completed(self.flight_key, self._cycle, group, done)
             done.clear()
         self._flight_running = None
+
+    def _take_entries(self, responses: List[Response], cached: bool) -> Dict[str, Entry]:
+        """This rank's entries of ``responses`` (out of the pending tables), and the cache
+        brought up to date: touched for cache hits, filled or erased after a negotiation."""
+        entries: Dict[str, Entry] = {}
+        cache = self.cache
+        sent_pop, unsent_pop = self._sent.pop, self._unsent.pop
+        if cached:                          # the steady state: one tight loop
+            cache.touch_all(responses)
+            for resp in responses:
+                name = resp.name
+                entry = sent_pop(name, None) or unsent_pop(name, None)
+                if entry is not None:
+                    entries[name] = entry
+            return entries
+        store = self.params.cache_enabled
+        for resp in responses:
+            name = resp.name
+            entry = sent_pop(name, None) or unsent_pop(name, None)
+            if entry is not None:
+                entries[name] = entry
+            if resp.cacheable:
+                resp.nbytes = _nbytes(resp)
+                if store:
+                    cache.put(resp, entry.request if entry is not None else None)
+            elif resp.error is not None:
+                cache.erase(name)
+        return entries
 
     def _collect(self, entry: Entry, result) -> None:
         self._done.append((entry, result, None))
