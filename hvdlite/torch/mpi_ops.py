@@ -202,6 +202,7 @@ def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscal
         return None
     with torch.no_grad():               # as the per-tensor path: results carry no graph
         flat = _flatten(tensors)
+    # tuples of ints hash the same in every process (only str/bytes hashes are salted)
     digest = hash(tuple([t.shape for t in tensors]))
 
     def finish(results):
