@@ -7,6 +7,7 @@ about all ranks at once.  Layout (int32)::
     LEAVING                  lowest rank shutting down (INT_MAX: none)
     AGE_MIN  AGE_MAX_NEG  AGE_WHO      the straggler summary (stragglers.py)
     DIG1  DIG1_NEG  DIG2  DIG2_NEG     digest of the request payload, and its negation
+    WAITED_NEG               minus how long the oldest request to negotiate has waited (µs)
     BITS[words]  BITS_NEG[words]       response-cache hits, 31 slots per word, and negations
 
 Why each is enough:
@@ -19,10 +20,12 @@ Why each is enough:
   the same ragged words, so every rank runs that second round or none does;
 * the digests: when the smallest and largest agree, every rank is asking for exactly the
   same requests, and a negotiation needs no allgather (:meth:`Controller.ingest_uniform`);
+* the wait: its MIN is minus the longest any rank's oldest request has waited, so every rank
+  decides alike whether lists that differ get a little longer to become the same;
 * the ready ages: the smallest and largest age, and ``age_units * size + rank``, whose MIN
   names the rank that became ready last (the one with the smallest age, ties to the lowest).
 
-At 1,024 ranks and the default 1,024-slot cache that is 87 ints (348 bytes), against
+At 1,024 ranks and the default 1,024-slot cache that is 88 ints (352 bytes), against
 ``4 * (11 + 2 * size + capacity)`` bytes when every rank had an entry and every slot an int.
 """
 
@@ -44,7 +47,8 @@ NEED, LEN, STALL, PVER, DUMP, DUMP_AGE, PARAMS = 0, 1, 2, 3, 4, 5, 6
 LEAVING = PARAMS + Parameters.WIDTH
 AGE_MIN, AGE_MAX_NEG, AGE_WHO = LEAVING + 1, LEAVING + 2, LEAVING + 3
 DIG1, DIG1_NEG, DIG2, DIG2_NEG = AGE_WHO + 1, AGE_WHO + 2, AGE_WHO + 3, AGE_WHO + 4
-BITS = DIG2_NEG + 1
+WAITED_NEG = DIG2_NEG + 1
+BITS = WAITED_NEG + 1
 
 _SHIFTS = np.arange(BITS_PER_WORD, dtype=np.int64)
 
@@ -123,6 +127,16 @@ def put_digest(vec: np.ndarray, payload: bytes) -> None:
     d1 = int.from_bytes(h[:4], "little") & 0x3FFFFFFF
     d2 = int.from_bytes(h[4:], "little") & 0x3FFFFFFF
     vec[DIG1], vec[DIG1_NEG], vec[DIG2], vec[DIG2_NEG] = d1, -d1, d2, -d2
+
+
+def put_waited(vec: np.ndarray, waited_us: int) -> None:
+    """How long this rank's oldest request to negotiate has waited (INT_MAX: do not wait)."""
+    vec[WAITED_NEG] = -min(max(waited_us, 0), INT_MAX)
+
+
+def longest_wait_us(agreed: np.ndarray) -> int:
+    """The longest any rank's oldest request to negotiate has waited (µs)."""
+    return -int(agreed[WAITED_NEG])
 
 
 def uniform(agreed: np.ndarray) -> bool:

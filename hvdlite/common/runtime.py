@@ -60,6 +60,9 @@ _PARAMS_END = cv.LEAVING
 _CACHE_PATIENCE_S = 1.0
 #: how long the loop sleeps when this rank has nothing pending (a submission wakes it at once)
 _IDLE_WAIT_S = 0.05
+#: how long a negotiation whose ranks ask for different requests waits for the lists to become
+#: the same (a rank still submitting), so that it needs no allgather; after that it allgathers
+_CONVERGE_US = 5000
 
 
 class Runtime:
@@ -297,7 +300,8 @@ class Runtime:
         if agreed[_DUMP] != _INT_MAX:
             self._send_stacks(int(agreed[_DUMP]), int(agreed[_DUMP_AGE]))
         stalled = self._stall_failures(agreed)
-        negotiate = agreed[_NEED] == 0
+        negotiate = agreed[_NEED] == 0 and (
+            cv.uniform(agreed) or cv.longest_wait_us(agreed) >= _CONVERGE_US)
         if negotiate:
             responses = self._negotiate(agreed, payload, stalled)
             if self.metrics is not None:
@@ -421,6 +425,9 @@ class Runtime:
             payload = encode_requests([e.request for e in self._unsent.values()])
             vec[_LEN] = -len(payload)
             cv.put_digest(vec, payload)
+            unsent = self._unsent
+            cv.put_waited(vec, int((now - next(iter(unsent.values())).enqueued_at) * 1e6)
+                          if unsent and not self.controller.joined else _INT_MAX)
         elif bound:
             # every rank reports at least what it would send, so the allgather buffer fits
             # the payload we only encode if some other rank forces a negotiation

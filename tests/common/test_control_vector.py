@@ -149,3 +149,27 @@ def test_grouped_parts_mismatch_names_the_group():
 
     on_every_rank(rts, body)
     stop(rts)
+
+
+def test_lists_that_differ_wait_to_become_the_same_instead_of_allgathering(monkeypatch):
+    """Rank 1 submits its second tensor later: the negotiation waits for its list to match
+    rank 0's (here without bound), then needs no allgather."""
+    import time
+    from hvdlite.common import runtime as runtime_module
+    monkeypatch.setattr(runtime_module, "_CONVERGE_US", 10 ** 9)
+    hub, rts = start(2)
+    bufs = [[torch.full((3,), float(r + 1)) for _ in range(2)] for r in range(2)]
+
+    def body(r, rt):
+        first = _submit(rt, "late.0", bufs[r][0])
+        if r == 1:
+            time.sleep(0.01)
+        second = _submit(rt, "late.1", bufs[r][1])
+        wait(first)
+        wait(second)
+
+    on_every_rank(rts, body)
+    assert hub.calls.get("control_allgather", 0) == 0
+    for r in range(2):
+        assert [b.tolist() for b in bufs[r]] == [[3.0] * 3, [3.0] * 3]
+    stop(rts)
