@@ -69,6 +69,7 @@ if REPO not in sys.path:          # for tests.common.loopback (the thread harnes
 
 import numpy as np                                           # noqa: E402
 
+from hvdlite.common import control_vector as cv              # noqa: E402
 from hvdlite.common.backend.base import Backend              # noqa: E402
 from hvdlite.common.config import Config                     # noqa: E402
 from hvdlite.common.controller import Controller             # noqa: E402
@@ -79,7 +80,7 @@ from hvdlite.common.runtime import Runtime                   # noqa: E402
 from hvdlite.common.tensor_queue import Entry, Handle        # noqa: E402
 
 #: the int32 fields in front of the per-rank alive flags (need, -len, stall, version, params)
-HEADER_INTS = 4 + Parameters.WIDTH
+HEADER_INTS = 6 + Parameters.WIDTH
 #: Horovod's cache bit vector: 3 status bits + one bit per active cache entry, in 64-bit words
 HOROVOD_STATUS_BITS = 3
 PREDICT_AT = (256, 1024)
@@ -91,8 +92,14 @@ FIT_MAX_NP = 64
 # exact sizes (from the vector layout; nothing measured)
 
 def control_vector_bytes(size: int, cache_capacity: int) -> int:
-    """Bytes of hvdlite's per-cycle control vector (every rank contributes one)."""
-    return 4 * (HEADER_INTS + size + cache_capacity)
+    """Bytes of hvdlite's per-cycle control vector (every rank contributes one); the same at
+    every size since the vector became O(1) (hvdlite/common/control_vector.py)."""
+    return 4 * cv.length(cache_capacity)
+
+
+def control_vector_bytes_before(size: int, cache_capacity: int) -> int:
+    """The vector before it was packed: an int per rank (twice) and per cache slot."""
+    return 4 * (HEADER_INTS + 2 * size + cache_capacity)
 
 
 def horovod_bitvector_bytes(active_entries: int) -> int:
@@ -132,6 +139,7 @@ class TimedBackend:
         self._inner = inner
         self._log = log
         self._ag_end = 0.0
+        self.vec_len = -1        # the control vector's length; shorter: a second round
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -141,10 +149,12 @@ class TimedBackend:
         if log is None:
             return self._inner.control_allreduce_min(vec)
         t0 = time.perf_counter()
-        log.begin(t0, time.thread_time())
+        second = len(vec) != self.vec_len    # the cache bits' second round: same cycle
+        if not second:
+            log.begin(t0, time.thread_time())
         out = self._inner.control_allreduce_min(vec)
         if log._open is not None:
-            log._open["ar_s"] = time.perf_counter() - t0
+            log._open["ar_s"] += time.perf_counter() - t0
         return out
 
     def control_allgather(self, payload, max_len):
@@ -180,15 +190,25 @@ class TimedController(Controller):
         t0 = time.perf_counter()
         out = super().ingest(gathered, cycle)
         log = self._log
-        if log is not None and log._open is not None:
+        if log is not None and log._open is not None and log._open["ingest_s"] is None:
             log._open["ingest_s"] = time.perf_counter() - t0
             log._open["decode_s"] = t0 - self._backend._ag_end
+        return out
+
+    def ingest_uniform(self, requests, cycle):
+        t0 = time.perf_counter()
+        out = super().ingest_uniform(requests, cycle)
+        log = self._log
+        if log is not None and log._open is not None:
+            log._open["ingest_s"] = time.perf_counter() - t0
+            log._open["decode_s"] = 0.0      # nothing gathered, nothing decoded
         return out
 
 
 def instrument(runtime: Runtime, log: Optional[CycleLog]) -> None:
     """Wrap a runtime's backend and controller (call before ``runtime.start()``)."""
     timed = TimedBackend(runtime.backend, log)
+    timed.vec_len = runtime._vec_len
     runtime.backend = timed
     runtime.executor.backend = timed
     runtime.controller = TimedController(runtime.size, timed, log)
@@ -260,8 +280,9 @@ def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_cap
         return statistics.median(xs) * 1e3 if xs else None
 
     cycles = log.cycles
-    miss = [c for c in cycles if c["ag_s"] is not None]
-    hit = [c for c in cycles if c["phase"] == "hit" and c["ag_s"] is None and c["data"] > 0]
+    # a negotiating cycle ran the controller (with an allgather, or uniform without one)
+    miss = [c for c in cycles if c["ingest_s"] is not None]
+    hit = [c for c in cycles if c["phase"] == "hit" and c["ingest_s"] is None and c["data"] > 0]
     hit_phase = [c for c in cycles if c["phase"] == "hit"]
     miss_phase = [c for c in cycles if c["phase"] == "miss"]
     return {
@@ -272,14 +293,16 @@ def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_cap
         "cycles_per_hit_step": len(hit_phase) / max(1, len(times["hit"])),
         "cycles_per_miss_step": len(miss_phase) / max(1, len(times["miss"])),
         # negotiation on a cache miss: control allreduce + allgather + decode + controller
-        "miss_negotiation_ms": med([c["ar_s"] + c["ag_s"] + (c["decode_s"] or 0)
+        "miss_negotiation_ms": med([c["ar_s"] + (c["ag_s"] or 0) + (c["decode_s"] or 0)
                                     + (c["ingest_s"] or 0) for c in miss]),
+        "uniform_negotiations": sum(1 for c in miss if c["ag_s"] is None),
         "miss_control_allreduce_ms": med([c["ar_s"] for c in miss]),
         "miss_allgather_ms": med([c["ag_s"] for c in miss]),
         "miss_decode_ingest_ms": med([(c["decode_s"] or 0) + (c["ingest_s"] or 0)
                                       for c in miss]),
         "miss_allgather_bytes": int(statistics.median([c["ag_bytes"] for c in miss]))
         if miss else None,
+        "vector_bytes_before": control_vector_bytes_before(size, cache_capacity),
         "rank0_miss_cycle_cpu_ms": med([c.get("cpu_s") for c in miss]),
         # steady state: the cache answers, one control allreduce per cycle
         "hit_control_allreduce_ms": med([c["ar_s"] for c in hit]),
@@ -503,8 +526,19 @@ def controller_row(size: int, tensors: int, reps: int) -> dict:
         cpu.append(time.thread_time() - c0)
         wall.append(time.perf_counter() - t0)
         assert len(responses) == tensors, (size, len(responses))
+    # the uniform negotiation (every rank asked for the same requests, digests agree): a
+    # rank encodes and digests its own list and builds the responses from it, nothing more
+    uniform = []
+    vec = cv.template(Config().cache_capacity)
+    for rep in range(reps):
+        c0 = time.thread_time()
+        cv.put_digest(vec, encode_requests(reqs))
+        responses = Controller(size).ingest_uniform(reqs, rep)
+        uniform.append(time.thread_time() - c0)
+        assert len(responses) == tensors, (size, len(responses))
     max_len = max(len(p) for p in payloads)
     return {"harness": "controller", "np": size, "requests": size * tensors,
+            "uniform_cpu_ms": statistics.median(uniform) * 1e3,
             "payload_bytes_per_rank": max_len,
             "gathered_bytes_per_rank": size * (max_len + 4),
             # CPU time is the number to use on a loaded machine; wall includes preemption
@@ -614,6 +648,7 @@ def exact_model(cache_capacity: int, tensors: int, payload_bytes: int) -> List[d
 
 COLUMNS = [
     ("harness", "src", "{}"), ("np", "np", "{}"), ("vector_bytes", "vec B", "{}"),
+    ("uniform_negotiations", "uniform", "{}"),
     ("miss_negotiation_ms", "miss negot ms", "{:.3f}"),
     ("miss_control_allreduce_ms", "ctl AR ms", "{:.3f}"),
     ("miss_allgather_ms", "AG ms", "{:.3f}"), ("miss_allgather_bytes", "AG B/rank", "{}"),
@@ -640,13 +675,14 @@ def print_table(rows: List[dict], controller: List[dict], fits: Dict[str, dict])
             continue
         print("| " + " | ".join(fmt(r.get(k), s) for k, _, s in COLUMNS) + " |")
     if controller:
-        print("\ncontroller alone (decode every rank's payload + Controller.ingest), ms:")
-        print("| np | requests | gathered B/rank | CPU median | wall median | wall min |\n"
-              "|---|---|---|---|---|---|")
+        print("\ncontroller alone (decode every rank's payload + Controller.ingest; uniform: "
+              "encode + digest + Controller.ingest_uniform), ms:")
+        print("| np | requests | gathered B/rank | CPU median | wall median | wall min | "
+              "uniform CPU |\n|---|---|---|---|---|---|---|")
         for c in controller:
             print(f"| {c['np']} | {c['requests']} | {c['gathered_bytes_per_rank']} | "
                   f"{c['decode_ingest_cpu_ms']:.3f} | {c['decode_ingest_ms']:.3f} | "
-                  f"{c['decode_ingest_min_ms']:.3f} |")
+                  f"{c['decode_ingest_min_ms']:.3f} | {fmt(c.get('uniform_cpu_ms'), '{:.3f}')} |")
     if fits:
         print("\nfits (linear: a + b*n; power: c * n^k, least squares on log-log); "
               "predictions at " + ", ".join(map(str, PREDICT_AT)) + " ranks:")

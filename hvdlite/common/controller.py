@@ -74,6 +74,29 @@ class Controller:
             self.joined.clear()
         return responses
 
+    def ingest_uniform(self, requests: Sequence[Request], cycle: int) -> List[Response]:
+        """:meth:`ingest` for the case where every rank sent exactly ``requests`` (their
+        digests agreed): O(len(requests)), whatever the number of ranks.  Every name is then
+        new and complete at once; anything unusual (a join, a name already waiting) takes
+        the general path with ``requests`` as every rank's list."""
+        if self.joined or any(r.op == OpType.JOIN or r.name in self.table for r in requests):
+            return self.ingest([requests] * self.size, cycle)
+        out = []
+        n = self.size
+        for req in requests:
+            resp = Response(req.name, req.op, req.dtype, req.shape, req.root, req.reduce_op,
+                            req.prescale, req.postscale)
+            if req.op == OpType.ALLGATHER:
+                resp.first_dims = [req.shape[0]] * n
+            elif req.op == OpType.ALLTOALL:
+                error = self._validate(req.name, {0: req})
+                if error is not None:
+                    resp = Response(req.name, req.op, req.dtype, req.shape, error=error)
+                else:
+                    resp.splits = [req.splits] * n
+            out.append(resp)
+        return out
+
     def _complete(self, entry: _Pending) -> bool:
         have = entry.requests
         if not self.joined:           # the common case, O(1): no set built per request
@@ -142,6 +165,8 @@ class Controller:
         if first.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
             checks.append(("reduce op", lambda q: ReduceOp(q.reduce_op).name.lower()))
             checks.append(("prescale/postscale factors", lambda q: (q.prescale, q.postscale)))
+            checks.append(("grouped tensors (count, digest of their shapes)",
+                           lambda q: list(q.parts) if q.parts else "one tensor"))
         for what, fn in checks:
             msg = disagree(what, fn)
             if msg:

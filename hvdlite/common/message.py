@@ -43,11 +43,14 @@ class Request:
     """One rank's request for one named tensor."""
 
     __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale",
-                 "postscale", "splits", "sig")
+                 "postscale", "splits", "parts", "sig", "wire")
 
     def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
                  root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
-                 postscale: float = 1.0, splits: Optional[Tuple[int, ...]] = None):
+                 postscale: float = 1.0, splits: Optional[Tuple[int, ...]] = None,
+                 parts: Optional[Tuple[int, int]] = None):
+        """``parts``: a packed grouped allreduce's (tensor count, digest of their shapes);
+        the ranks must agree on it as on the shape."""
         self.name = name
         self.op = op
         self.dtype = dtype
@@ -57,26 +60,35 @@ class Request:
         self.prescale = prescale
         self.postscale = postscale
         self.splits = tuple(splits) if splits is not None else None
+        self.parts = tuple(parts) if parts is not None else None
         #: everything that must be equal for a cached response to be reused
-        self.sig = (op, dtype, self.shape, root, reduce_op, prescale, postscale, self.splits)
+        self.sig = (op, dtype, self.shape, root, reduce_op, prescale, postscale, self.splits,
+                    self.parts)
+        #: :meth:`wire_bound`, computed once
+        self.wire = 12 * len(name) + 24 * (len(self.shape) + len(self.splits or ())) + 250
 
     def wire_bound(self) -> int:
         """An upper bound of this request's share of :func:`encode_requests` in bytes,
         computable without encoding (a name character escapes to at most 12 bytes; every
         number fits in 24)."""
-        return 12 * len(self.name) + 24 * (len(self.shape) + len(self.splits or ())) + 200
+        return self.wire
 
     def to_list(self) -> list:
-        return [self.name, int(self.op), self.dtype, list(self.shape), self.root,
-                self.reduce_op, self.prescale, self.postscale,
-                list(self.splits) if self.splits is not None else None]
+        out = [self.name, int(self.op), self.dtype, list(self.shape), self.root,
+               self.reduce_op, self.prescale, self.postscale,
+               list(self.splits) if self.splits is not None else None]
+        if self.parts is not None:
+            out.append(list(self.parts))
+        return out
 
     @classmethod
     def from_list(cls, item: list) -> "Request":
-        name, op, dtype, shape, root, reduce_op, pre, post, splits = item
+        name, op, dtype, shape, root, reduce_op, pre, post, splits = item[:9]
+        parts = item[9] if len(item) > 9 else None
         return cls(str(name), OpType(op), str(dtype), tuple(int(s) for s in shape), int(root),
                    int(reduce_op), float(pre), float(post),
-                   tuple(int(s) for s in splits) if splits is not None else None)
+                   tuple(int(s) for s in splits) if splits is not None else None,
+                   (int(parts[0]), int(parts[1])) if parts is not None else None)
 
 
 def encode_requests(requests: Sequence[Request]) -> bytes:

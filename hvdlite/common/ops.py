@@ -174,7 +174,7 @@ def _submit(op: OpType, buffers: Sequence, names: Sequence[str], outputs: Sequen
             finish: Optional[Callable[[list], object]] = None, runtime=None,
             **fields) -> Handle:
     runtime = runtime or basics.runtime()
-    handle = Handle(len(buffers), finish)
+    handle = Handle(len(buffers), finish, runtime.hurry)
     handle.names = list(names)
     entries = []
     for i, (buf, nm, out) in enumerate(zip(buffers, names, outputs)):
@@ -226,14 +226,56 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
         _check_reducible(dt, op, name)
     if name is None:
         name = auto_name(OpType.ALLREDUCE)
-    elif len(name) > MAX_NAME_CHARS:
-        check_name_length(name)
-    handle = Handle(1, finish)
+        req = key = None
+    else:
+        # a named request repeats every step: reuse it (requests are never changed)
+        key = (name, dt, buffer.shape, op, prescale, postscale)
+        req = _REQUESTS.get(key)
+    if req is None:
+        if len(name) > MAX_NAME_CHARS:
+            check_name_length(name)
+        req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,
+                      prescale if type(prescale) is float else float(prescale),
+                      postscale if type(postscale) is float else float(postscale))
+        if key is not None:
+            if len(_REQUESTS) >= _MAX_REUSED_REQUESTS:
+                _REQUESTS.clear()
+            _REQUESTS[key] = req
+    handle = Handle(1, finish, runtime.hurry)
     handle.names = [name]
-    req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,
-                  prescale if type(prescale) is float else float(prescale),
-                  postscale if type(postscale) is float else float(postscale))
-    runtime.enqueue([Entry(req, buffer, output, handle, 0)])
+    runtime.enqueue_one(Entry(req, buffer, output, handle, 0))
+    return handle
+
+
+#: named single-allreduce requests by (name, dtype, shape, op, prescale, postscale)
+_REQUESTS: Dict[tuple, Request] = {}
+_MAX_REUSED_REQUESTS = 1 << 16
+basics.register_reset_hook(_REQUESTS.clear)
+
+
+def allreduce_packed(flat, count: int, digest: int, name: Optional[str], op: ReduceOp,
+                     prescale: float = 1.0, postscale: float = 1.0, process_set=None,
+                     finish=None) -> Handle:
+    """A grouped allreduce of ``count`` same-dtype tensors that the caller packed into the
+    one flat buffer ``flat`` (reduced in place): one request, one queue entry and one cache
+    slot instead of ``count``.  ``digest`` stands for the tensors' shapes, which every rank
+    must agree on as on the total size; ``finish`` unpacks the result.
+
+    Raises:
+        TypeError: the dtype is not carried, or bool with an op other than Min/Max.
+        ValueError: ``name`` is too long.
+    """
+    runtime, set_id = _runtime(process_set)
+    base = name if name is not None else auto_name(OpType.ALLREDUCE, set_id)
+    if len(base) > MAX_NAME_CHARS:
+        check_name_length(base)
+    dt = buffer_dtype(flat, base, OpType.ALLREDUCE)
+    _check_reducible(dt, op, base)
+    handle = Handle(1, finish, runtime.hurry)
+    handle.names = [base]
+    req = Request(base, OpType.ALLREDUCE, dt, tuple(flat.shape), -1, int(op), float(prescale),
+                  float(postscale), parts=(count, digest))
+    runtime.enqueue([Entry(req, flat, flat, handle, 0)])
     return handle
 
 
@@ -359,9 +401,10 @@ def synchronize(handle: Handle):
 
 
 def _control(op: OpType, name: str, runtime=None) -> Handle:
-    handle = Handle(1)
+    runtime = runtime or basics.runtime()
+    handle = Handle(1, None, runtime.hurry)
     handle.names = [name]
-    (runtime or basics.runtime()).enqueue([Entry(Request(name, op), None, None, handle, 0)])
+    runtime.enqueue([Entry(Request(name, op), None, None, handle, 0)])
     return handle
 
 

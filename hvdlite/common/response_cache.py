@@ -63,6 +63,14 @@ class ResponseCache:
         if name in self._by_name:
             self._by_name.move_to_end(name)
 
+    def touch_all(self, responses) -> None:
+        """:meth:`touch` of every response's name (a cache-hit cycle's)."""
+        by_name = self._by_name
+        move = by_name.move_to_end
+        for resp in responses:
+            if resp.name in by_name:
+                move(resp.name)
+
     def erase(self, name: str) -> None:
         slot = self._by_name.pop(name, None)
         if slot is not None:

@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from hvdlite.common import arrays, flight_recorder, fusion, stack_report, stragglers
+from hvdlite.common import control_vector as cv
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.controller import Controller, plan_fusion
@@ -47,17 +48,21 @@ from hvdlite.common.tensor_queue import Entry, TensorQueue
 
 log = logging.getLogger(__name__)
 
-_INT_MAX = np.iinfo(np.int32).max
-# control vector layout:
-# [need_nothing_new, -payload_len, stall_cutoff, params_version, stacks_id, stacks_age,
-#  params[W], alive[size], ready_age[size] (stragglers.py), bits[cap]]
-_NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = 0, 1, 2, 3, 4, 5, 6
-_ALIVE = _PARAMS + Parameters.WIDTH
+_INT_MAX = cv.INT_MAX
+# control vector layout (control_vector.py): [need_nothing_new, -payload_len, stall_cutoff,
+#  params_version, stacks_id, stacks_age, params[W], leaving, ready-age summary,
+#  request digests, packed cache bits]
+_NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = (cv.NEED, cv.LEN, cv.STALL, cv.PVER,
+                                                         cv.DUMP, cv.DUMP_AGE, cv.PARAMS)
+_PARAMS_END = cv.LEAVING
 #: a cache hit not executed after this long is sent through full negotiation instead,
 #: so the stall inspector sees it
 _CACHE_PATIENCE_S = 1.0
 #: how long the loop sleeps when this rank has nothing pending (a submission wakes it at once)
 _IDLE_WAIT_S = 0.05
+#: how long a negotiation whose ranks ask for different requests waits for the lists to become
+#: the same (a rank still submitting), so that it needs no allgather; after that it allgathers
+_CONVERGE_US = 5000
 
 
 class Runtime:
@@ -85,7 +90,9 @@ class Runtime:
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
         self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
         self._sent: Dict[str, Entry] = {}        # in the controller's table
-        self._wake = threading.Event()
+        self._wake = threading.Event()           # a submission arrived
+        self._flush = threading.Event()          # a user waits: stop gathering submissions
+        self._progress = False                   # the last cycle negotiated or executed
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self._cycle = 0
@@ -104,16 +111,12 @@ class Runtime:
     def _set_up_vector(self, cache_capacity: int) -> None:
         """The control vector's layout (see ``_NEED``) and the template every cycle's vector
         starts from (one copy per cycle instead of several fills)."""
-        self._ages = _ALIVE + self.size
-        base = self._ages + self.size
-        self._vec_len = base + cache_capacity
-        self._bits_base = base
+        self._words = cv.words_for(cache_capacity)
+        self._vec_len = cv.length(cache_capacity)
         self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
         self._completed = False                    # the last cycle executed responses
-        self._vec_template = np.ones(self._vec_len, dtype=np.int32)
-        self._vec_template[_LEN] = 0
-        self._vec_template[self._ages:base] = _INT_MAX
-        self._vec_template[base:] = 0
+        self._leaving = False                      # this rank's vector said it shuts down
+        self._vec_template = cv.template(cache_capacity)
 
     def _set_up_diagnosis(self, config: Config, ranks: Optional[List[int]]) -> None:
         """The flight recorder, stall stacks, straggler tracking and metrics counters."""
@@ -156,6 +159,14 @@ class Runtime:
         if not self._wake.is_set():
             self._wake.set()
 
+    def enqueue_one(self, entry: Entry) -> None:
+        """:meth:`enqueue` of one entry (the per-op fast path)."""
+        if self._error is not None:
+            raise self._error
+        self.queue.push_one(entry, time.monotonic())
+        if not self._wake.is_set():
+            self._wake.set()
+
     def propose_parameters(self, **changes) -> Parameters:
         """Rank 0 only: change live parameters; every rank applies them in one later cycle.
 
@@ -171,14 +182,14 @@ class Runtime:
         version, current = self._proposed
         params = current.replace(**changes)
         self._proposed = (version + 1, params)
-        self._wake.set()
+        self.hurry()
         return params
 
     def set_recorder(self, recorder: Recorder) -> None:
         """Replace the recorder (a timeline started or stopped at run time).  The background
         thread switches at its next cycle start, so no group is reported half.  Any thread."""
         self._next_rec = recorder
-        self._wake.set()
+        self.hurry()
 
     def recorder_switched(self) -> bool:
         """True once the background thread took the last :meth:`set_recorder`'s recorder."""
@@ -198,6 +209,7 @@ class Runtime:
     def stop(self, timeout_s: float) -> bool:
         """Ask every rank to stop (via the control vector) and join; True if it exited."""
         self._stop.set()
+        self._flush.set()
         self._wake.set()
         if self._poller is not None:
             self._poller.stop()
@@ -209,24 +221,8 @@ class Runtime:
     def _main(self) -> None:
         try:
             self.executor.enter_thread()
-            while True:
-                start = time.monotonic()
-                if not self._cycle_once():
-                    break
-                period = self.params.cycle_time_ms / 1000.0
-                if self._unsent or self._sent or self.queue.has_incoming():
-                    left = period - (time.monotonic() - start)
-                    if left > 0:
-                        self._wake.wait(left)
-                else:
-                    # Nothing of ours is pending, so no collective can complete before this
-                    # rank submits something, and submitting wakes us: sleep long and spare
-                    # the CPU for training.  Peers' shutdowns are still seen within the bound.
-                    if self._wake.wait(_IDLE_WAIT_S) and period > 0 and not self._stop.is_set():
-                        # woken by a submission: give the rest of the burst one cycle
-                        # time to arrive so it negotiates and fuses together
-                        time.sleep(period)
-                self._wake.clear()
+            while self._cycle_once():
+                self._pace()
         except BaseException as exc:  # delivered to every handle, never swallowed
             if isinstance(exc, HvdliteError):
                 err = exc
@@ -241,6 +237,38 @@ class Runtime:
             if self._poller is not None:
                 self._poller.stop()
             self.backend.close()
+
+    def _pace(self) -> None:
+        """Wait until the next cycle is worth running.
+
+        Work that arrived is gathered for up to one cycle time, so a burst of submissions
+        negotiates and fuses together; a user waiting on a handle (:meth:`hurry`) ends the
+        gathering at once.  After a cycle that negotiated or executed something, the next
+        one starts at once (the peers are active; this rank just blocks in the control
+        collective until they arrive).  An empty cycle is followed by a gap of one cycle
+        time, so jobs whose ranks wait on each other do not spin the control plane; a rank
+        with nothing pending sleeps until a submission (peers' shutdowns are still seen
+        within :data:`_IDLE_WAIT_S`)."""
+        period = self.params.cycle_time_ms / 1000.0
+        wake = self._wake
+        if self._stop.is_set():
+            pass
+        elif self.queue.has_incoming():
+            self._flush.wait(period)
+        elif self._unsent or self._sent:
+            if not self._progress and wake.wait(period) and self.queue.has_incoming():
+                self._flush.wait(period)
+        elif wake.wait(_IDLE_WAIT_S) and not self._stop.is_set():
+            self._flush.wait(period)
+        wake.clear()
+        self._flush.clear()
+
+    def hurry(self) -> None:
+        """A user thread waits on one of this runtime's handles: run the next cycle now
+        instead of gathering more submissions.  Any thread."""
+        if not self._flush.is_set():
+            self._flush.set()
+            self._wake.set()
 
     def _fail_all(self, err: BaseException, dump: bool = False) -> None:
         """Fail every pending handle with ``err``; the flight recorder is written when
@@ -272,7 +300,9 @@ class Runtime:
         if agreed[_DUMP] != _INT_MAX:
             self._send_stacks(int(agreed[_DUMP]), int(agreed[_DUMP_AGE]))
         stalled = self._stall_failures(agreed)
-        if agreed[_NEED] == 0:
+        negotiate = agreed[_NEED] == 0 and (
+            cv.uniform(agreed) or cv.longest_wait_us(agreed) >= _CONVERGE_US)
+        if negotiate:
             responses = self._negotiate(agreed, payload, stalled)
             if self.metrics is not None:
                 self._count_cycle(now, oldest)
@@ -281,19 +311,20 @@ class Runtime:
             if self.metrics is not None:
                 self._count_cycle(now, oldest)
             self._execute(stalled)          # stall errors, if any, first
-            if hits:
-                self._execute_cache_hits(agreed)
+            self._execute_cache_hits(agreed, hits)
         if self.config.stall_check and now - self._last_stall_check > 1.0:
             self._last_stall_check = now
             self._check_stalls()
+        self._progress = negotiate or self._completed
         return True
 
     def _drain(self, now: float) -> None:
         """Move new submissions into the unsent table (the recorder sees each one)."""
         rec = self._rec
         if rec is None:
+            unsent = self._unsent
             for entry in self.queue.drain():
-                self._unsent[entry.request.name] = entry
+                unsent[entry.request.name] = entry
             return
         rec.cycle(self._cycle, now)
         for entry in self.queue.drain():
@@ -317,9 +348,10 @@ class Runtime:
         (rank 0 tallies it if that cycle completed work), and this rank's for the next."""
         agreed_at = time.monotonic()
         if self._completed and self._stragglers is not None:
-            ages = agreed[self._ages:self._bits_base]
-            if ages.max() < stragglers.NOT_PENDING:
-                late = self._stragglers.observe(ages, agreed_at)
+            newest, youngest, oldest_age = cv.read_ages(agreed, self.size)
+            if oldest_age < stragglers.NOT_PENDING:
+                late = self._stragglers.observe_summary(newest, youngest, oldest_age,
+                                                        agreed_at)
                 if late is not None and self._rec is not None:
                     self._rec.late(agreed_at, self.ranks[late[0]], late[1])
         self._completed = False
@@ -348,10 +380,12 @@ class Runtime:
         slots = []
         bound = 0
         use_cache = self.params.cache_enabled
+        lookup = self.cache.lookup
+        recent = now - _CACHE_PATIENCE_S
         for name, entry in self._unsent.items():
             slot = -1
-            if use_cache and name not in table and now - entry.enqueued_at < _CACHE_PATIENCE_S:
-                slot = self.cache.lookup(entry.request)
+            if use_cache and entry.enqueued_at > recent and name not in table:
+                slot = lookup(entry.request)
             if slot < 0:
                 need_full = True
             else:
@@ -367,28 +401,33 @@ class Runtime:
         (else None: encoded only if a peer forces one)."""
         need_full, slots, bound = self._look_up_cache(now)
         vec = self._vec_template.copy()
-        vec[self._ages + self.rank] = self._ready_age
+        cv.put_age(vec, self._ready_age, self.rank, self.size)
         if slots:
-            vec[[self._bits_base + s for s in slots]] = 1
+            cv.put_slots(vec, slots, self._words)
         if need_full:
             vec[_NEED] = 0
         if self.rank == 0:
             vec[_STALL] = self._stall_cutoff()
             version, proposed = self._proposed
             vec[_PVER] = version
-            vec[_PARAMS:_ALIVE] = proposed.encode()
+            vec[_PARAMS:_PARAMS_END] = proposed.encode()
             vec[_DUMP] = vec[_DUMP_AGE] = _INT_MAX
             if self._stacks_wanted is not None:
                 self._put_stacks_request(vec)
         else:
             vec[_STALL] = _INT_MAX
-            vec[_PVER:_ALIVE] = _INT_MAX
+            vec[_PVER:_PARAMS_END] = _INT_MAX
         if self._stop.is_set():
-            vec[_ALIVE + self.rank] = 0
+            vec[cv.LEAVING] = self.rank
+            self._leaving = True
         payload = None
         if need_full:
             payload = encode_requests([e.request for e in self._unsent.values()])
             vec[_LEN] = -len(payload)
+            cv.put_digest(vec, payload)
+            unsent = self._unsent
+            cv.put_waited(vec, int((now - next(iter(unsent.values())).enqueued_at) * 1e6)
+                          if unsent and not self.controller.joined else _INT_MAX)
         elif bound:
             # every rank reports at least what it would send, so the allgather buffer fits
             # the payload we only encode if some other rank forces a negotiation
@@ -401,13 +440,14 @@ class Runtime:
         everywhere."""
         agreed = self.backend.control_allreduce_min(vec)
         if agreed[_PVER] != self._params_version:
-            self._apply_parameters(int(agreed[_PVER]), Parameters.decode(agreed[_PARAMS:_ALIVE]))
-        leaving = [r for r in range(self.size) if agreed[_ALIVE + r] == 0]
-        if not leaving:
+            self._apply_parameters(int(agreed[_PVER]),
+                                   Parameters.decode(agreed[_PARAMS:_PARAMS_END]))
+        leaving = int(agreed[cv.LEAVING])
+        if leaving == _INT_MAX:
             return agreed
-        if self.rank not in leaving:
+        if not self._leaving:
             err = HvdliteInternalError(
-                f"{self.label}: rank {self.ranks[leaving[0]]} shut down (hvd.shutdown(), "
+                f"{self.label}: rank {self.ranks[leaving]} shut down (hvd.shutdown(), "
                 f"exit, or removal of the process set) while this rank was still running; "
                 f"pending and later operations fail")
         else:
@@ -431,13 +471,20 @@ class Runtime:
                    responses: List[Response]) -> List[Response]:
         """Full negotiation: allgather every rank's unsent requests and run the controller
         on them; returns ``responses`` extended by the controller's, in order."""
-        if payload is None:
-            payload = encode_requests([e.request for e in self._unsent.values()])
-        gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
-        self._sent.update(self._unsent)
-        self._unsent = {}
-        requests = [decode_requests(p) for p in gathered]
-        responses = responses + self.controller.ingest(requests, self._cycle)
+        if cv.uniform(agreed):
+            # every rank asks for exactly these requests: nothing needs to travel
+            mine = [e.request for e in self._unsent.values()]
+            self._sent.update(self._unsent)
+            self._unsent = {}
+            responses = responses + self.controller.ingest_uniform(mine, self._cycle)
+        else:
+            if payload is None:
+                payload = encode_requests([e.request for e in self._unsent.values()])
+            gathered = self.backend.control_allgather(payload, int(-agreed[_LEN]))
+            self._sent.update(self._unsent)
+            self._unsent = {}
+            requests = [decode_requests(p) for p in gathered]
+            responses = responses + self.controller.ingest(requests, self._cycle)
         rec = self._rec
         if rec is not None:
             end = time.monotonic()
@@ -445,9 +492,19 @@ class Runtime:
                 rec.negotiated(resp.name, end, resp.waited_for)
         return responses
 
-    def _execute_cache_hits(self, agreed: np.ndarray) -> None:
-        """The fast path: run the cached responses of the slots every rank hit."""
-        ready = np.flatnonzero(agreed[self._bits_base:]).tolist()
+    def _execute_cache_hits(self, agreed: np.ndarray, hits: List[int]) -> None:
+        """The fast path: run the cached responses of the slots every rank hit (this rank's
+        ``hits``).  Words of the bit vector in which the ranks differ take a second, small
+        MIN-allreduce of their bits, on every rank alike (control_vector.py)."""
+        ragged = cv.ragged_words(agreed, self._words)
+        second = None
+        if len(ragged):
+            second = self.backend.control_allreduce_min(cv.own_bits(hits, ragged))
+        elif not hits:
+            return
+        ready = cv.ready_slots(agreed, self._words, ragged, second)
+        if not ready:
+            return
         cached = [self.cache.response(s) for s in ready]
         rec = self._rec
         if rec is not None:
@@ -472,22 +529,8 @@ class Runtime:
         m = self.metrics
         if m is not None:
             m.responses(len(responses), cached_slots is not None)
-        entries: Dict[str, Entry] = {}
+        entries = self._take_entries(responses, cached_slots is not None)
         cache = self.cache
-        store = self.params.cache_enabled
-        for resp in responses:
-            name = resp.name
-            entry = self._sent.pop(name, None) or self._unsent.pop(name, None)
-            if entry is not None:
-                entries[name] = entry
-            if cached_slots is not None:
-                cache.touch(name)
-            elif resp.cacheable:
-                resp.nbytes = _nbytes(resp)
-                if store:
-                    cache.put(resp, entry.request if entry is not None else None)
-            elif resp.error is not None:
-                cache.erase(name)
         groups = None
         if cached_slots is not None:
             key = (cache.version, self._params_version, cached_slots)
@@ -524,6 +567,34 @@ class Runtime:
                 m.executed(group, end - start)
             done.clear()
         self._flight_running = None
+
+    def _take_entries(self, responses: List[Response], cached: bool) -> Dict[str, Entry]:
+        """This rank's entries of ``responses`` (out of the pending tables), and the cache
+        brought up to date: touched for cache hits, filled or erased after a negotiation."""
+        entries: Dict[str, Entry] = {}
+        cache = self.cache
+        sent_pop, unsent_pop = self._sent.pop, self._unsent.pop
+        if cached:                          # the steady state: one tight loop
+            cache.touch_all(responses)
+            for resp in responses:
+                name = resp.name
+                entry = sent_pop(name, None) or unsent_pop(name, None)
+                if entry is not None:
+                    entries[name] = entry
+            return entries
+        store = self.params.cache_enabled
+        for resp in responses:
+            name = resp.name
+            entry = sent_pop(name, None) or unsent_pop(name, None)
+            if entry is not None:
+                entries[name] = entry
+            if resp.cacheable:
+                resp.nbytes = _nbytes(resp)
+                if store:
+                    cache.put(resp, entry.request if entry is not None else None)
+            elif resp.error is not None:
+                cache.erase(name)
+        return entries
 
     def _collect(self, entry: Entry, result) -> None:
         self._done.append((entry, result, None))
@@ -602,7 +673,7 @@ class Runtime:
                                 self.ranks[self.rank], {"expected": list(self.ranks)})
         with self._stacks_lock:
             self._stacks_wanted = (request_id, None)
-        self._wake.set()
+        self.hurry()
 
     def _put_stacks_request(self, vec: np.ndarray) -> None:
         with self._stacks_lock:

@@ -8,8 +8,9 @@ smallest age is the one that became ready last, and the spread between the large
 the smallest age is what it cost the others.  Rank 0 keeps, per rank, how often and by
 how much it was last (:class:`StragglerTracker`) and, once per window, warns about a rank
 that was last in more than half of the completing cycles and cost more than a tenth of
-the window.  It is O(size) integers per cycle and a few array operations per completing
-cycle, so it is always on.
+the window.  The control vector carries three numbers for it whatever the job's size (the
+smallest age, the largest, and the rank with the smallest; control_vector.py), and a
+completing cycle costs rank 0 a few operations, so it is always on.
 """
 
 import logging
@@ -62,10 +63,16 @@ class StragglerTracker:
         """One completing cycle: ``ages_us[r]`` is how long rank r's oldest pending
         submission had waited when that cycle's agreement ended (microseconds).  Returns
         (member, seconds the others waited for it) when one member was clearly last."""
+        newest = int(ages_us.argmin())
+        return self.observe_summary(newest, int(ages_us[newest]), int(ages_us.max()), now)
+
+    def observe_summary(self, newest: int, youngest_us: int, oldest_us: int, now: float
+                        ) -> Optional[Tuple[int, float]]:
+        """:meth:`observe` from what the control vector carries instead of every age: the
+        member that became ready last, and the smallest and largest age (microseconds)."""
         if self._window_start is None:
             self._window_start = now
-        newest = int(ages_us.argmin())
-        spread = (int(ages_us.max()) - int(ages_us[newest])) / 1e6
+        spread = (oldest_us - youngest_us) / 1e6
         self._cycles += 1
         self.cycles_total += 1
         late = None

@@ -15,9 +15,12 @@ from hvdlite.common.message import Request
 class Handle:
     """The user's side of one (possibly grouped) asynchronous operation."""
 
-    __slots__ = ("_done", "_remaining", "_error", "_finish", "results", "names")
+    __slots__ = ("_done", "_remaining", "_error", "_finish", "_hurry", "results", "names")
 
-    def __init__(self, count: int, finish: Optional[Callable[[list], Any]] = None):
+    def __init__(self, count: int, finish: Optional[Callable[[list], Any]] = None,
+                 hurry: Optional[Callable[[], None]] = None):
+        """``hurry`` (the runtime's) is called when somebody starts waiting: the background
+        thread then stops gathering submissions and runs its next cycle."""
         # A lock held until completion is far cheaper to create and signal than an Event,
         # which matters with thousands of small tensors per step.
         self._done = threading.Lock()
@@ -25,6 +28,7 @@ class Handle:
         self._remaining = count
         self._error: Optional[BaseException] = None
         self._finish = finish
+        self._hurry = hurry
         self.results: List[Any] = [None] * count
         self.names: List[str] = []
 
@@ -46,6 +50,8 @@ class Handle:
         return not self._done.locked()
 
     def wait(self, timeout_s: float) -> bool:
+        if self._hurry is not None and self._done.locked():
+            self._hurry()
         if self._done.acquire(timeout=timeout_s):
             self._done.release()
             return True
@@ -100,23 +106,31 @@ class TensorQueue:
                 f"use shorter names")
         self._wire += wire
 
-    def push(self, entries: List[Entry], now: float) -> None:
+    def push_one(self, e: Entry, now: float) -> None:
+        """:meth:`push` of one entry, the common case (one allreduce of an optimizer)."""
+        name = e.request.name
+        wire = e.wire = e.request.wire
         with self._lock:
             if self._closed_error is not None:
                 raise self._closed_error
-            if len(entries) == 1:
-                e = entries[0]
-                name = e.request.name
-                if name in self._in_flight:
-                    raise HvdliteDuplicateNameError(
-                        f"tensor name {name!r} is already in flight; wait for its handle or "
-                        f"give each concurrent operation a distinct name")
-                e.wire = e.request.wire_bound()
-                self._reserve(e.wire, 1)
-                e.enqueued_at = now
-                self._in_flight[name] = e
-                self._incoming.append(e)
-                return
+            if name in self._in_flight:
+                raise HvdliteDuplicateNameError(
+                    f"tensor name {name!r} is already in flight; wait for its handle or "
+                    f"give each concurrent operation a distinct name")
+            if self._wire + wire > MAX_IN_FLIGHT_WIRE_BYTES:
+                self._reserve(wire, 1)                 # raises, naming the limit
+            self._wire += wire
+            e.enqueued_at = now
+            self._in_flight[name] = e
+            self._incoming.append(e)
+
+    def push(self, entries: List[Entry], now: float) -> None:
+        if len(entries) == 1:
+            self.push_one(entries[0], now)
+            return
+        with self._lock:
+            if self._closed_error is not None:
+                raise self._closed_error
             seen = set()
             for e in entries:
                 name = e.request.name
@@ -126,7 +140,7 @@ class TensorQueue:
                         f"give each concurrent operation a distinct name")
                 seen.add(name)
             for e in entries:
-                e.wire = e.request.wire_bound()
+                e.wire = e.request.wire
             self._reserve(sum(e.wire for e in entries), len(entries))
             for e in entries:
                 e.enqueued_at = now

@@ -154,7 +154,8 @@ TUNABLES: Tuple[Tunable, ...] = (
         note="0 = no fusion"),
     Tunable(
         "cycle_time_ms", float, 1.0, "HVDLITE_CYCLE_TIME",
-        "background loop period in ms (how often queued collectives are negotiated)",
+        "how long the background loop gathers a burst of submissions before negotiating "
+        "them (a synchronize ends it at once), and its gap after a cycle with nothing new",
         unit="ms", horovod=("HOROVOD_CYCLE_TIME",),
         range=Range(0.0, INT32_MAX / 1000.0 - 1, f"0..{INT32_MAX // 1000} ms"),
         flags=(Option(("--cycle-time-ms",), "MS"),),

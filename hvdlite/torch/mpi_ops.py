@@ -188,6 +188,39 @@ def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postsca
                             postscale_factor, process_set)
 
 
+def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscale_factor,
+                    process_set) -> Optional[Handle]:
+    """A grouped allreduce of plain CPU tensors of one carried dtype as one submission: the
+    tensors are packed here (one C++ call), reduced as one flat buffer, and unpacked when
+    the handle is synchronized.  None when the group does not qualify (the per-tensor path
+    then checks and names each tensor)."""
+    kinds = {(type(t), t.device, t.dtype, t.is_sparse) for t in tensors}
+    if len(kinds) != 1:
+        return None
+    cls, device, dtype, sparse = kinds.pop()
+    if cls not in _PLAIN or device != _CPU or sparse or dtype in _CARRIED:
+        return None
+    with torch.no_grad():               # as the per-tensor path: results carry no graph
+        flat = _flatten(tensors)
+    # tuples of ints hash the same in every process (only str/bytes hashes are salted)
+    digest = hash(tuple([t.shape for t in tensors]))
+
+    def finish(results):
+        with torch.no_grad():
+            views = _unflatten(results[0], tensors)
+            if not inplace:
+                return list(views)
+            torch._foreach_copy_(tensors, views)
+        return list(tensors)
+    return ops.allreduce_packed(flat, len(tensors), digest, name, rop, prescale_factor,
+                                postscale_factor, process_set, finish)
+
+
+_flatten, _unflatten = torch._utils._flatten_dense_tensors, torch._utils._unflatten_dense_tensors
+_CPU = torch.device("cpu")
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 #: op= values that need no further checking (the average= path goes through ops.reduce_op)
 _OP_OF = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
 
@@ -195,6 +228,11 @@ _OP_OF = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product
 def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, prescale_factor,
                      postscale_factor, process_set) -> Handle:
     rop = ops.reduce_op(average, op, name or "allreduce")
+    if grouped and len(tensors) > 1 and rop != Adasum:
+        handle = _grouped_packed(tensors, inplace, name, rop, prescale_factor,
+                                 postscale_factor, process_set)
+        if handle is not None:
+            return handle
     finish = None
     if inplace:
         work, back = _contiguous_inplace(tensors, name, "allreduce")

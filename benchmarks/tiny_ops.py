@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Tiny-op latency: 1000 small allreduces per step, separate and grouped.
+
+Launch with the hvdlite launcher (2 processes is the reference set-up)::
+
+    hvdlite-run -np 2 python benchmarks/tiny_ops.py [--tensors 1000] [--floats 256]
+        [--steps 20] [--rounds 3] [--json FILE]
+
+Two step kinds, interleaved round by round so they see the same machine load:
+
+* ``separate``  ``hvd.allreduce_async_(t, name=...)`` for every tensor, then
+  ``hvd.synchronize`` on every handle (what an optimizer without buckets does);
+* ``grouped``   one ``hvd.grouped_allreduce_(tensors, name=...)`` call.
+
+Both use ``op=hvd.Average``, as ``DistributedOptimizer`` does.  Every step starts after an
+untimed ``hvd.barrier()``; rank 0 times the step.  Only rank 0 prints: median, min and
+mean ms per step of each kind over all rounds, and the per-round medians.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import hvdlite.torch as hvd
+
+
+def step_separate(tensors, names):
+    handles = [hvd.allreduce_async_(t, name=n) for t, n in zip(tensors, names)]
+    for h in handles:
+        hvd.synchronize(h)
+
+
+def step_grouped(tensors, names):
+    hvd.grouped_allreduce_(tensors, name="tiny.grouped")
+
+
+STEPS = {"separate": step_separate, "grouped": step_grouped}
+
+
+def time_steps(kind, tensors, names, steps):
+    """Rank 0's seconds per step of ``kind`` (each after an untimed barrier)."""
+    fn = STEPS[kind]
+    out = []
+    for _ in range(steps):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        fn(tensors, names)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tensors", type=int, default=1000, help="tensors per step")
+    p.add_argument("--floats", type=int, default=256, help="fp32 elements per tensor")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per kind per round")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per kind first")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--kinds", default="separate,grouped", help="comma-separated step kinds")
+    p.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    for k in kinds:
+        if k not in STEPS:
+            raise SystemExit(f"tiny_ops.py: unknown --kinds entry {k!r} (known: {list(STEPS)})")
+    hvd.init()
+    tensors = [torch.ones(args.floats) for _ in range(args.tensors)]
+    names = [f"tiny.{i}" for i in range(args.tensors)]
+    for k in kinds:
+        time_steps(k, tensors, names, args.warmup)
+    per_round = {k: [] for k in kinds}
+    pooled = {k: [] for k in kinds}
+    for _ in range(args.rounds):
+        for k in kinds:
+            times = time_steps(k, tensors, names, args.steps)
+            per_round[k].append(statistics.median(times) * 1e3)
+            pooled[k] += times
+    rows = {k: {"median_ms": statistics.median(pooled[k]) * 1e3,
+                "min_ms": min(pooled[k]) * 1e3, "mean_ms": statistics.mean(pooled[k]) * 1e3,
+                "round_medians_ms": [round(v, 3) for v in per_round[k]]} for k in kinds}
+    # every rank starts from ones and averages: anything else is a wrong result
+    values_ok = bool(torch.cat(tensors).eq(1).all().item())
+    if hvd.rank() == 0:
+        print(f"np={hvd.size()} tensors={args.tensors} floats={args.floats} "
+              f"steps={args.steps}x{args.rounds} values_ok={values_ok}")
+        for k, r in rows.items():
+            print(f"{k:9s} median {r['median_ms']:7.3f} ms  min {r['min_ms']:7.3f}  "
+                  f"mean {r['mean_ms']:7.3f}  rounds {r['round_medians_ms']}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"np": hvd.size(), "args": vars(args), "rows": rows,
+                           "values_ok": values_ok}, f, indent=1)
+    hvd.shutdown()
+    return 0 if values_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""benchmarks/tiny_ops.py runs end to end at np=2 (separate and grouped steps), writes its rows,
+and every rank's tensors hold the right averages afterwards."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(90)
+def test_tiny_ops_benchmark_smoke(tmp_path):
+    out_json = tmp_path / "tiny.json"
+    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable,
+           str(REPO / "benchmarks" / "tiny_ops.py"), "--tensors", "50", "--floats", "8",
+           "--steps", "2", "--warmup", "1", "--rounds", "1", "--json", str(out_json)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
+                          timeout=80)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    data = json.loads(out_json.read_text())
+    assert data["np"] == 2 and data["values_ok"] is True
+    assert set(data["rows"]) == {"separate", "grouped"}
+    for kind, row in data["rows"].items():
+        assert 0 < row["min_ms"] <= row["median_ms"], (kind, row)
+        assert len(row["round_medians_ms"]) == 1, (kind, row)
