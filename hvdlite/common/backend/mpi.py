@@ -18,6 +18,8 @@ from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
 
+#: a scaled allreduce goes in pieces this big (see :meth:`MPIBackend.allreduce_scaled_`)
+SCALED_PIECE_BYTES = 4 << 20
 #: the tag of hvdlite's point-to-point messages on its private communicator
 _P2P_TAG = 0x4144
 
@@ -139,6 +141,23 @@ class MPIBackend(Backend):
         self._call("allreduce", self.comm.Allreduce, self._MPI.IN_PLACE, arr, self._ops[op])
         if staged is not None:
             self._copy(tensor, staged)
+
+    def allreduce_scaled_(self, tensor, op, prescale, postscale):
+        """MPI reduces in place with no hook for a factor, so a scaled tensor goes in pieces
+        of ``SCALED_PIECE_BYTES``: each piece is scaled, reduced and scaled again while it is
+        still in the cache, instead of two more passes over the whole tensor."""
+        if prescale == 1.0 and postscale == 1.0:
+            self.allreduce_(tensor, op)
+            return
+        k = self._kind
+        flat = k.flat(tensor)
+        n = k.numel(flat)
+        per = max(1, SCALED_PIECE_BYTES // max(1, k.nbytes(flat[:1])))
+        for lo in range(0, max(n, 1), per):
+            piece = flat[lo:lo + per]
+            k.scale_(piece, prescale)
+            self.allreduce_(piece, op)
+            k.scale_(piece, postscale)
 
     def allgather_bytes(self, send, counts):
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
