@@ -64,3 +64,4 @@ def test_transports_benchmark_smoke(tmp_path):
         ("np=2, one host", "MPI")}
     for t in table:
         assert t["ms"] > 0 and t["x_flat"] > 0 and t["speedup_vs_per_tensor"] > 0, t
+        assert t["floor_ms"] > 0 and t["x_floor"] > 0, t
