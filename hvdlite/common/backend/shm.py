@@ -37,7 +37,10 @@ stays for a minute.
 Allreduce is a reduce-scatter in place: each local rank reduces its slice of
 everyone's slot into slot 0; a multi-host job then allreduces that slice with
 the ranks of the same local rank on the other hosts (``cross``); everyone copies
-the result out.  Ordering between the counter store and the data relies on the
+the result out, multiplied by the op's postscale (the input by its prescale on the way
+in), so scaling costs no pass of its own.  On one host a tensor of several pieces is
+pipelined on per-piece progress counters instead of two barriers a piece
+(:meth:`SharedMemoryGroup._pipelined_allreduce`).  Ordering between the counter store and the data relies on the
 stores of one process becoming visible in order (x86's memory model).
 """
 
