@@ -150,16 +150,18 @@ class Executor:
         in_flight_direct = []
         direct_bytes = self.params.inplace_threshold_bytes
         if direct_bytes:
-            packed = []
+            packed, direct = [], []
             start = time.monotonic() if rec is not None else 0.0
             for resp in group:
                 if resp.nbytes < direct_bytes:
                     packed.append(resp)
                     continue
                 entry = entries.get(resp.name)
-                flat = self._target(resp, entry)
-                in_flight_direct.append((self.backend.allreduce_scaled_async_(
-                    flat, op, first.prescale, post), entry, resp))
+                direct.append((self._target(resp, entry), entry, resp))
+            if direct:
+                works = self.backend.allreduce_scaled_many_async_(
+                    [flat for flat, _, _ in direct], op, first.prescale, post)
+                in_flight_direct = [(w, e, r) for w, (_, e, r) in zip(works, direct)]
             group = packed
         if group:
             self._allreduce_packed(group, entries, complete, op, post)

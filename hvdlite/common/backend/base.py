@@ -114,6 +114,12 @@ class Backend(abc.ABC):
         work = self.allreduce_async_(tensor, op)
         return work if postscale == 1.0 else _ScaledWhenDone(work, tensor, postscale)
 
+    def allreduce_scaled_many_async_(self, tensors: List, op: ReduceOp, prescale: float,
+                                     postscale: float) -> List["Waitable"]:
+        """:meth:`allreduce_scaled_async_` of several tensors of one dtype, in order; one
+        waitable each.  A transport that streams them as one pipeline overrides it."""
+        return [self.allreduce_scaled_async_(t, op, prescale, postscale) for t in tensors]
+
     def pipeline_chunk_bytes(self, requested: int) -> int:
         """The chunk size a packed allreduce is pipelined in, given the configured one
         (``fusion_chunk_bytes``): a transport whose copies are cheaper in cache-sized

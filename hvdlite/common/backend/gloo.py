@@ -349,6 +349,12 @@ class GlooBackend(Backend):
         self.allreduce_scaled_(tensor, op, prescale, postscale)
         return _DONE
 
+    def allreduce_scaled_many_async_(self, tensors, op, prescale, postscale):
+        if self._shm is None or not self._shm.pipelines(self._cross_pg is not None):
+            return super().allreduce_scaled_many_async_(tensors, op, prescale, postscale)
+        self._shm.allreduce_many_(tensors, op, prescale, postscale)
+        return [_DONE] * len(tensors)
+
     def pipeline_chunk_bytes(self, requested):
         if self._shm is None:
             return requested

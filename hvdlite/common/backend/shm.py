@@ -40,8 +40,9 @@ the ranks of the same local rank on the other hosts (``cross``); everyone copies
 the result out, multiplied by the op's postscale (the input by its prescale on the way
 in), so scaling costs no pass of its own.  On one host a tensor of several pieces is
 pipelined on per-piece progress counters instead of two barriers a piece
-(:meth:`SharedMemoryGroup._pipelined_allreduce`).  Ordering between the counter store and the data relies on the
-stores of one process becoming visible in order (x86's memory model).
+(:meth:`SharedMemoryGroup._pipelined_allreduce`).  Ordering between the counter store
+and the data relies on the stores of one process becoming visible in order (x86's memory
+model).
 """
 
 import mmap
@@ -304,12 +305,30 @@ class SharedMemoryGroup:
         flat = tensor.view(-1)
         if cross is None and not self._oversubscribed and \
                 flat.numel() > self._ring_piece(flat.element_size()):
-            self._pipelined_allreduce(flat, op, prescale, postscale)
+            self._pipelined_allreduce([flat], op, prescale, postscale)
             return
         per = self.piece_bytes(cross is not None) // flat.element_size()
         n = flat.numel()
         for lo in range(0, max(n, 1), per):
             self._allreduce_chunk(flat[lo:lo + per], op, cross, prescale, postscale)
+
+    def pipelines(self, across_hosts: bool) -> bool:
+        """Whether :meth:`allreduce_many_` runs its tensors as one pipeline (one host, no more
+        ranks than cores)."""
+        return not across_hosts and not self._oversubscribed
+
+    def allreduce_many_(self, tensors, op: ReduceOp, prescale: float = 1.0,
+                        postscale: float = 1.0) -> None:
+        """Reduce contiguous tensors of one dtype in place, in order, as one pipeline through
+        all their pieces: its fill and drain are paid once, not per tensor (ResNet-50's 18
+        tensors of 2 MiB or more took 12 ms one by one, 9.4 ms as one tensor of the same
+        bytes, np=2).  Only where :meth:`pipelines` says so."""
+        flats = [t.view(-1) for t in tensors]
+        if len({f.dtype for f in flats}) > 1:
+            for f in flats:
+                self.allreduce_(f, op, None, prescale, postscale)
+            return
+        self._pipelined_allreduce(flats, op, prescale, postscale)
 
     def _allreduce_chunk(self, chunk, op: ReduceOp, cross, prescale, postscale) -> None:
         nbytes = chunk.numel() * chunk.element_size()
@@ -331,21 +350,23 @@ class SharedMemoryGroup:
         which costs a third of the pipeline's bookkeeping (11 against 32 us at np=2)."""
         return max(1, min(PIECE_BYTES, self.slot_bytes // _RING) // _ALIGN * _ALIGN // itemsize)
 
-    def _pipelined_allreduce(self, flat, op: ReduceOp, prescale, postscale) -> None:
-        """One host, cores to spare: the tensor goes through in pieces that stay in the
-        caches, and a rank waits only for the pieces it needs, not in lockstep: it copies
-        piece k in (scaled by ``prescale``) while its peers still reduce piece k - 1 into
-        slot 0 and copy piece k - 2 out of it (scaled by ``postscale``).  Progress counters
-        in the header say how far each rank got; a rank reuses a ring place only once every
-        rank copied out the piece that used it.  Every piece of an op waits for every peer
-        to have started the op, so the slot set of the op before last is free (as after a
-        barrier)."""
+    def _pipelined_allreduce(self, flats, op: ReduceOp, prescale, postscale) -> None:
+        """One host, cores to spare: the tensors (``flats``, one dtype) go through in pieces
+        that stay in the caches, and a rank waits only for the pieces it needs, not in
+        lockstep: it copies piece k in (scaled by ``prescale``) while its peers still reduce
+        piece k - 1 into slot 0 and copy piece k - 2 out of it (scaled by ``postscale``).
+        Progress counters in the header say how far each rank got; a rank reuses a ring
+        place only once every rank copied out the piece that used it.  Every piece of an op
+        waits for every peer to have started the op, so the slot set of the op before last
+        is free (as after a barrier)."""
         k = arrays.kind()
-        dtype = flat.dtype
-        itemsize = flat.element_size()
-        per = self._ring_piece(itemsize)
-        n = flat.numel()
-        pieces = (n + per - 1) // per
+        dtype = flats[0].dtype
+        per = self._ring_piece(flats[0].element_size())
+        work = [(f, lo, min(f.numel(), lo + per))
+                for f in flats for lo in range(0, f.numel(), per)]
+        pieces = len(work)
+        if not pieces:
+            return
         s = self._next_set()
         base, self._pieces = self._pieces, self._pieces + pieces
         L, me = self.local_size, self.local_rank
@@ -354,15 +375,15 @@ class SharedMemoryGroup:
         copied_in, reduced, copied_out = self._progress
         for step in range(pieces + 2):
             if step < pieces:                            # copy piece `step` in
-                lo = step * per
-                hi = min(n, lo + per)
+                flat, lo, hi = work[step]
                 if step >= _RING:
                     self._wait_for(copied_out, base + step - _RING + 1)
                 k.scaled_copy_(mine[step % _RING][:hi - lo], flat[lo:hi], prescale)
                 copied_in[me] = base + step + 1
             done = step - 1
             if 0 <= done < pieces:                       # reduce my slice of piece `done`
-                m = min(n, (done + 1) * per) - done * per
+                _, lo, hi = work[done]
+                m = hi - lo
                 part = (m + L - 1) // L
                 lo, hi = min(me * part, m), min((me + 1) * part, m)
                 self._wait_for(copied_in, base + done + 1)
@@ -374,8 +395,7 @@ class SharedMemoryGroup:
                 reduced[me] = base + done + 1
             done = step - 2
             if done >= 0:                                # copy piece `done` out
-                lo = done * per
-                hi = min(n, lo + per)
+                flat, lo, hi = work[done]
                 self._wait_for(reduced, base + done + 1)
                 k.scaled_copy_(flat[lo:hi], rings[0][done % _RING][:hi - lo], postscale)
                 copied_out[me] = base + done + 1
