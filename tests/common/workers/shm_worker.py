@@ -74,6 +74,17 @@ def check_scaling():
             for h in handles:
                 got = hvd.synchronize(h)
                 assert torch.allclose(got.double(), scaled, rtol=tol), (dtype, count, got[:4])
+    # a fused group of tensors reduced where they lie (2 MiB or more): one pipeline through
+    # all their pieces, averaged while copied out
+    for dtype in (torch.float32, torch.int32):
+        counts = (600_001, 5, 700_003)
+        handles = [hvd.allreduce_async(values(r, c, dtype), op=hvd.Average,
+                                       name=f"avg.group.{dtype}.{c}") for c in counts]
+        for c, h in zip(counts, handles):
+            want = sum(values(k, c, torch.float64) for k in range(n)) / n
+            if not dtype.is_floating_point:
+                want = want.trunc()
+            assert torch.allclose(hvd.synchronize(h).double(), want), (dtype, c)
 
 
 def check_many_fused():
