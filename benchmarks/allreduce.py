@@ -6,7 +6,8 @@ Launch with the hvdlite launcher (2 processes is the reference set-up)::
     hvdlite-run -np 2 python benchmarks/allreduce.py [--workloads resnet50,tiny1000]
         [--iters N] [--warmup N] [--json FILE]
 
-Workloads (all fp32, op = Sum):
+Workloads (all fp32; hvdlite rows use ``--op``, default Average as ``DistributedOptimizer``
+does; the raw torch.distributed rows sum):
 
 * ``resnet50``  the 161 parameter tensors of torchvision's ResNet-50 (25.56 M params, 97.5 MiB),
   shapes generated from the architecture by :func:`resnet50_shapes`;
@@ -30,6 +31,10 @@ Implementations:
 * ``torch_per_tensor_sync`` the same, one blocking ``all_reduce`` at a time;
 * ``torch_flat``       one ``all_reduce`` of a single pre-flattened tensor holding all the bytes:
   the limit of this transport (no packing cost at all);
+* ``memcpy_floor``     every rank copies its own bytes of the workload at the same time
+  (``dst.copy_(src)`` over the same tensor set, after the same barrier): an allreduce in place must
+  at least read its input and write its output, so no transport can beat this.  Every row reports
+  its ratio to it (``x floor``; ``paired floor``: a floor step timed right after each hvdlite step);
 * ``hvdlite_timeline`` (opt-in) ``hvdlite_fusion`` with ``hvd.start_timeline`` writing a trace
   the whole time: its ratio to ``hvdlite_fusion`` in the same run is the timeline's cost;
 * ``hvdlite_noflight`` (opt-in) ``hvdlite_fusion`` with the flight recorder off
@@ -140,12 +145,14 @@ WORKLOADS = ("resnet50", "bert", "tiny1000", "big64mb")
 #: machine stays around three minutes; --warmup / --iters override them all.
 DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big64mb": (2, 10)}
 IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
-         "torch_per_tensor_sync", "torch_flat")
+         "torch_per_tensor_sync", "torch_flat", "memcpy_floor")
 #: run only when named in --impls (they cost a trace file / a tuning phase)
 OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune", "hvdlite_noflight",
                 "hvdlite_metrics")
 ALL_IMPLS = IMPLS + OPT_IN_IMPLS
-RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat")
+RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat", "memcpy_floor")
+#: always run: every row is reported as a ratio to these
+REFERENCE_IMPLS = ("torch_flat", "memcpy_floor")
 
 
 def is_msg(name):
@@ -214,10 +221,16 @@ def barrier_and_decide(rank, go_on):
 # one step of each implementation
 
 
+#: the reduction of the hvdlite rows (``--op``)
+HVD_OP = {"average": hvd.Average, "sum": hvd.Sum}
+_OP = [hvd.Average]
+
+
 def step_hvdlite(tensors, names):
     """Returns the seconds spent enqueueing (the rest of the step is waiting on handles)."""
+    op = _OP[0]
     t0 = time.perf_counter()
-    handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names)]
+    handles = [hvd.allreduce_async_(t, name=n, op=op) for t, n in zip(tensors, names)]
     enqueued = time.perf_counter() - t0
     for h in handles:
         hvd.synchronize(h)
@@ -239,31 +252,46 @@ def step_torch_flat(tensors, names):
     dist.all_reduce(tensors[0])
 
 
+def step_memcpy_floor(tensors, copies):
+    """Each rank copies its own bytes once (the peers do the same at the same time)."""
+    for dst, src in zip(copies, tensors):
+        dst.copy_(src)
+
+
 STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
          "hvdlite_noshm": step_hvdlite,
          "hvdlite_timeline": step_hvdlite, "hvdlite_autotune": step_hvdlite,
          "hvdlite_noflight": step_hvdlite,
          "hvdlite_metrics": step_hvdlite,
          "torch_per_tensor": step_torch_per_tensor,
-         "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat}
+         "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat,
+         "memcpy_floor": step_memcpy_floor}
 
 
 def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, size,
              paired=False):
     """Times ``warmup`` + up to ``iters`` steps (fewer, but at least ``min_steps``, if over
     ``budget_s``).  Returns this rank's step times in seconds (rank 0's are reported), the
-    enqueue part of each step (hvdlite only) and, with ``paired``, a ``torch_flat`` step timed
-    right after each step (so the two see the same machine load)."""
+    enqueue part of each step (hvdlite only) and, with ``paired``, a ``torch_flat`` step and a
+    ``memcpy_floor`` step timed right after each step (so they see the same machine load)."""
     total = sum(numel(s) for s in shapes)
     if impl == "torch_flat":
         tensors = [torch.ones(total, dtype=torch.float32)]
     else:
         tensors = [torch.ones(s, dtype=torch.float32) for s in shapes]
     flat = [torch.ones(total, dtype=torch.float32)] if paired else None
-    names = [f"bench.{workload}.{i}" for i in range(len(tensors))]
+    floor_src = [torch.ones(s, dtype=torch.float32) for s in shapes] if paired else None
+    floor_dst = [torch.empty_like(t) for t in floor_src] if paired else None
+    if impl == "memcpy_floor":
+        names = [torch.empty_like(t) for t in tensors]     # the copies' destinations
+    else:
+        names = [f"bench.{workload}.{i}" for i in range(len(tensors))]
     step = STEPS[impl]
+    # what one step multiplies every element by: a sum by the world size, an average by 1
+    grows = size if impl.startswith("torch") or (impl.startswith("hvdlite") and
+                                                 _OP[0] == hvd.Sum) else 1
     expected = 1.0
-    out = {"times": [], "enqueue": [], "paired_flat": []}
+    out = {"times": [], "enqueue": [], "paired_flat": [], "paired_floor": []}
     started = time.perf_counter()
     i = 0
     while True:
@@ -273,7 +301,7 @@ def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, s
                                        time.perf_counter() - started < budget_s)
         else:
             go_on = True
-        if expected > 1e20:           # keep values far from overflow (Sum grows by size per step)
+        if i % 40 == 39:              # keep values far from overflow (Sum grows by size per step)
             for t in tensors + (flat or []):
                 t.fill_(1.0)
             expected = 1.0
@@ -287,13 +315,20 @@ def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, s
             t1 = time.perf_counter()
             step_torch_flat(flat, None)
             dt_flat = time.perf_counter() - t1
-        expected *= size
+            barrier_and_decide(rank, True)
+            t1 = time.perf_counter()
+            step_memcpy_floor(floor_src, floor_dst)
+            dt_floor = time.perf_counter() - t1
+        expected *= grows
         if i == 0:
             # one correctness check per cell: every element of the first and last tensor
-            for t in (tensors[0], tensors[-1]) + ((flat[0],) if paired else ()):
-                if not torch.all(t == expected):
+            checks = [(tensors[0], expected), (tensors[-1], expected)]
+            if paired:
+                checks.append((flat[0], float(size)))
+            for t, want in checks:
+                if not torch.all(t == want):
                     raise RuntimeError(
-                        f"rank {rank}: {impl} on {workload}: wrong result (expected {expected}, "
+                        f"rank {rank}: {impl} on {workload}: wrong result (expected {want}, "
                         f"got values in [{t.min().item()}, {t.max().item()}])")
         if i >= warmup:
             out["times"].append(dt)
@@ -301,8 +336,9 @@ def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, s
                 out["enqueue"].append(enq)
             if paired:
                 out["paired_flat"].append(dt_flat)
+                out["paired_floor"].append(dt_floor)
         i += 1
-    del tensors, flat
+    del tensors, flat, floor_src, floor_dst
     return out
 
 
@@ -317,7 +353,11 @@ def parse_args(argv=None):
                    help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help=f"comma-separated subset of {','.join(ALL_IMPLS)} (default: "
-                        f"{','.join(IMPLS)}; torch_flat is always run since ratios refer to it)")
+                        f"{','.join(IMPLS)}; torch_flat and memcpy_floor are always run since ratios "
+                        f"refer to them)")
+    p.add_argument("--op", choices=sorted(HVD_OP), default="average",
+                   help="the reduction of the hvdlite rows (default average, as "
+                        "DistributedOptimizer reduces gradients; raw torch rows always sum)")
     p.add_argument("--timeline-file", default=None,
                    help="hvdlite_timeline: where the trace goes (default: a temporary file)")
     p.add_argument("--autotune-workload", default="resnet50",
@@ -356,8 +396,7 @@ def parse_args(argv=None):
     for i in impls:
         if i not in ALL_IMPLS:
             p.error(f"unknown impl {i!r}; choose from {', '.join(IMPLS)}")
-    if "torch_flat" not in impls:
-        impls.append("torch_flat")
+    impls += [i for i in REFERENCE_IMPLS if i not in impls]
     args.impls = [i for i in ALL_IMPLS if i in impls]
     if "hvdlite_autotune" in args.impls and args.autotune_workload not in args.workloads:
         p.error(f"--autotune-workload {args.autotune_workload} is not among --workloads")
@@ -430,6 +469,7 @@ def tune(args, shapes, rank):
 
 def main(argv=None):
     args = parse_args(argv)
+    _OP[0] = HVD_OP[args.op]
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     if size < 2 and rank == 0:
@@ -498,7 +538,7 @@ def main(argv=None):
                     results.setdefault((w, impl), []).extend(times)
                     enqueue.setdefault((w, impl), []).extend(cell["enqueue"])
                     paired.setdefault((w, impl), []).extend(
-                        zip(times, cell["paired_flat"]))
+                        zip(times, cell["paired_flat"], cell["paired_floor"]))
                     round_medians.setdefault((w, impl), []).append(
                         1e3 * statistics.median(times))
                     if rank == 0 and args.verbose:
@@ -518,6 +558,7 @@ def main(argv=None):
     for w in args.workloads:
         nbytes = 4 * sum(numel(s) for s in shapes[w])
         flat = statistics.median(results[(w, "torch_flat")])
+        floor = statistics.median(results[(w, "memcpy_floor")])
         per_tensor = results.get((w, "torch_per_tensor"))
         per_tensor = statistics.median(per_tensor) if per_tensor else None
         for impl in args.impls:
@@ -531,17 +572,23 @@ def main(argv=None):
                 "round_medians_ms": round_medians[(w, impl)],
                 "gb_per_s": nbytes / med / 1e9,
                 "ratio_to_flat": med / flat,
+                "ratio_to_floor": med / floor,
                 "speedup_vs_per_tensor": (per_tensor / med) if per_tensor else None,
             })
             enq, pairs = enqueue.get((w, impl)), paired.get((w, impl))
             if enq:
                 rows[-1]["ms_enqueue_median"] = 1e3 * statistics.median(enq)
             if pairs:
-                rows[-1]["paired_flat_ms_median"] = 1e3 * statistics.median(f for _, f in pairs)
-                rows[-1]["paired_ratio_to_flat"] = statistics.median(h / f for h, f in pairs)
+                rows[-1]["paired_flat_ms_median"] = 1e3 * statistics.median(
+                    f for _, f, _ in pairs)
+                rows[-1]["paired_ratio_to_flat"] = statistics.median(h / f for h, f, _ in pairs)
+                rows[-1]["paired_floor_ms_median"] = 1e3 * statistics.median(
+                    c for _, _, c in pairs)
+                rows[-1]["paired_ratio_to_floor"] = statistics.median(
+                    h / c for h, _, c in pairs)
 
     if rank == 0:
-        print_table(rows, size, fusion_cfg, cycle_ms, elapsed)
+        print_table(rows, size, fusion_cfg, cycle_ms, elapsed, args.op)
         if tuned is not None:
             print(f"autotuned on {args.autotune_workload} in {tuned[2]:.1f} s "
                   f"({tuned[3]} samples): {tuned[1]}")
@@ -549,6 +596,7 @@ def main(argv=None):
             meta = {"size": size, "torch": torch.__version__, "python": platform.python_version(),
                     "host": platform.node(), "cpus": os.cpu_count(),
                     "fusion_threshold_bytes": fusion_cfg, "cycle_time_ms": cycle_ms,
+                    "op": args.op,
                     "bert_layers": args.bert_layers, "rounds": args.rounds, "max_seconds": args.max_seconds,
                     "elapsed_s": elapsed, "argv": sys.argv[1:]}
             if tuned is not None:
@@ -563,6 +611,10 @@ def main(argv=None):
     dist.destroy_process_group()
 
 
+#: issue 23's targets: hvdlite_fusion over the concurrent-memcpy floor (paired when there)
+FLOOR_TARGETS = {"resnet50": 1.5, "bert": 1.5, "big64mb": 1.4}
+
+
 def targets(rows):
     """The issue's two targets, where the run has the rows to check them."""
     by = {(r["workload"], r["impl"]): r for r in rows}
@@ -575,6 +627,12 @@ def targets(rows):
             v = r["paired_ratio_to_flat"]
             out["resnet50_fusion_paired_ratio_to_flat"] = {"value": v, "target": "<= 1.25",
                                                        "met": v <= 1.25}
+    for w, want in FLOOR_TARGETS.items():
+        r = by.get((w, "hvdlite_fusion"))
+        if r:
+            v = r.get("paired_ratio_to_floor") or r["ratio_to_floor"]
+            out[f"{w}_fusion_ratio_to_floor"] = {"value": v, "target": f"<= {want}",
+                                                 "met": v <= want}
     for w in sorted({r["workload"] for r in rows}):
         base = by.get((w, "hvdlite_fusion"))
         tl, at = by.get((w, "hvdlite_timeline")), by.get((w, "hvdlite_autotune"))
@@ -614,13 +672,14 @@ def _same_run_ratio(row, base):
     return row["ms_median"] / base["ms_median"]
 
 
-def print_table(rows, size, fusion_cfg, cycle_ms, elapsed):
+def print_table(rows, size, fusion_cfg, cycle_ms, elapsed, op="average"):
     print()
-    print(f"allreduce benchmark: np={size}, fp32 Sum, fusion threshold {fusion_cfg / MiB:g} MiB, "
-          f"cycle {cycle_ms:g} ms, {elapsed:.0f} s")
+    print(f"allreduce benchmark: np={size}, fp32, hvdlite op={op}, fusion threshold "
+          f"{fusion_cfg / MiB:g} MiB, cycle {cycle_ms:g} ms, {elapsed:.0f} s")
     head = (f"{'workload':<10s} {'impl':<22s} {'tensors':>7s} {'MiB':>7s} {'n':>3s} "
             f"{'ms/step':>9s} {'mean':>9s} {'min':>9s} {'GB/s':>7s} {'x flat':>7s} "
-            f"{'paired':>7s} {'vs per-t':>8s} {'enqueue':>8s}")
+            f"{'paired':>7s} {'x floor':>7s} {'p floor':>7s} {'vs per-t':>8s} "
+            f"{'enqueue':>8s}")
     print(head)
     print("-" * len(head))
     last = None
@@ -630,16 +689,19 @@ def print_table(rows, size, fusion_cfg, cycle_ms, elapsed):
         last = r["workload"]
         sp = r["speedup_vs_per_tensor"]
         pr = r.get("paired_ratio_to_flat")
+        pf = r.get("paired_ratio_to_floor")
         enq = r.get("ms_enqueue_median")
         print(f"{r['workload']:<10s} {r['impl']:<22s} {r['tensors']:>7d} "
               f"{r['bytes'] / MiB:>7.1f} {r['iters']:>3d} {r['ms_median']:>9.2f} "
               f"{r['ms_mean']:>9.2f} {r['ms_min']:>9.2f} {r['gb_per_s']:>7.3f} "
               f"{r['ratio_to_flat']:>7.2f} {(f'{pr:.2f}' if pr else '-'):>7s} "
+              f"{r['ratio_to_floor']:>7.2f} {(f'{pf:.2f}' if pf else '-'):>7s} "
               f"{(f'{sp:.1f}x' if sp else '-'):>8s} {(f'{enq:.2f}' if enq else '-'):>8s}")
     print()
     print("ms/step = median per step (rank 0), n steps pooled over the rounds; GB/s = algorithmic "
           "bytes / median;\nx flat = median / torch_flat median; paired = median over steps of "
-          "(hvdlite step / torch_flat step timed right after it);\nvs per-t = torch_per_tensor "
+          "(hvdlite step / torch_flat step timed right after it);\nx floor / p floor = the same against "
+          "memcpy_floor (every rank copying its own bytes at once);\nvs per-t = torch_per_tensor "
           "median / median; enqueue = median ms of a step spent in the allreduce_async_ calls")
     for k, v in targets(rows).items():
         print(f"target {k}: {v['value']:.2f} (want {v['target']}) -> "

@@ -2,9 +2,9 @@
 """hvdlite's transports side by side: shared memory, Gloo's TCP loopback, MPI.
 
 Runs ``allreduce.py`` in several launches of one invocation and puts the results in
-one table, each hvdlite number as a ratio to the raw ``torch.distributed`` baselines
-measured in the same launch (one flat Gloo allreduce of all the bytes, and one Gloo
-allreduce per tensor)::
+one table, each hvdlite number as a ratio to the baselines measured in the same launch: the
+concurrent-memcpy floor (every rank copying its own bytes at once), one flat raw
+``torch.distributed`` Gloo allreduce of all the bytes, and one Gloo allreduce per tensor::
 
     .venv/bin/python benchmarks/transports.py [--np 2,4] [--workloads resnet50,bert,tiny1000]
         [--bert-layers 12] [--rounds 2] [--ssh-port P --ssh-identity FILE] [--json FILE]
@@ -98,7 +98,7 @@ def summarize(rows):
     """One line per (setup, workload, transport): ms and ratios to its launch's baselines."""
     base = {}
     for r in rows:
-        if r["impl"] in ("torch_flat", "torch_per_tensor"):
+        if r["impl"] in ("torch_flat", "torch_per_tensor", "memcpy_floor"):
             base[(r["setup"], r["mode"], r["workload"], r["impl"])] = r["ms_median"]
     table = []
     for r in rows:
@@ -107,22 +107,30 @@ def summarize(rows):
             continue
         key = (r["setup"], r["mode"], r["workload"])
         flat, per = base[key + ("torch_flat",)], base[key + ("torch_per_tensor",)]
+        floor = base[key + ("memcpy_floor",)]
         table.append({"setup": r["setup"], "workload": r["workload"], "transport": name,
                       "ms": r["ms_median"], "raw_flat_ms": flat, "raw_per_tensor_ms": per,
+                      "floor_ms": floor, "x_floor": r["ms_median"] / floor,
+                      "paired_x_floor": r.get("paired_ratio_to_floor"),
                       "x_flat": r["ms_median"] / flat,
                       "speedup_vs_per_tensor": per / r["ms_median"]})
     return table
 
 
 def print_table(table):
-    print(f"\n{'setup':<18} {'workload':<10} {'transport':<14} {'ms':>9} {'raw flat':>9} "
-          f"{'raw per-t':>10} {'x flat':>7} {'vs per-t':>9}")
+    print(f"\n{'setup':<18} {'workload':<10} {'transport':<14} {'ms':>9} {'floor':>8} "
+          f"{'x floor':>7} {'p floor':>7} {'raw flat':>9} {'raw per-t':>10} {'x flat':>7} "
+          f"{'vs per-t':>9}")
     for t in table:
+        pf = t["paired_x_floor"]
         print(f"{t['setup']:<18} {t['workload']:<10} {t['transport']:<14} {t['ms']:9.2f} "
+              f"{t['floor_ms']:8.2f} {t['x_floor']:7.2f} {(f'{pf:.2f}' if pf else '-'):>7s} "
               f"{t['raw_flat_ms']:9.2f} {t['raw_per_tensor_ms']:10.2f} {t['x_flat']:7.2f} "
               f"{t['speedup_vs_per_tensor']:8.1f}x")
-    print("\nx flat = hvdlite / one raw Gloo allreduce of all the bytes (same launch); "
-          "vs per-t = raw Gloo per-tensor allreduces / hvdlite (same launch)")
+    print("\nx floor = hvdlite / every rank copying its own bytes at once (same launch; p floor: "
+          "the median of per-step ratios to a floor step timed right after each);\nx flat = "
+          "hvdlite / one raw Gloo allreduce of all the bytes (same launch); vs per-t = raw Gloo "
+          "per-tensor allreduces / hvdlite (same launch)")
 
 
 if __name__ == "__main__":

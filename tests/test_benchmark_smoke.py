@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 IMPLS = {"hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
-         "torch_per_tensor_sync", "torch_flat"}
+         "torch_per_tensor_sync", "torch_flat", "memcpy_floor"}
 WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
 
 
@@ -34,7 +34,8 @@ def test_allreduce_benchmark_smoke(tmp_path):
     assert set(rows) == {(w, i) for w in WORKLOADS for i in IMPLS}, sorted(rows)
     for key, r in rows.items():
         assert r["iters"] >= 1, key
-        for field in ("ms_median", "ms_mean", "ms_min", "gb_per_s", "ratio_to_flat"):
+        for field in ("ms_median", "ms_mean", "ms_min", "gb_per_s", "ratio_to_flat",
+                      "ratio_to_floor"):
             assert r[field] > 0, (key, field, r[field])
         assert r["bytes"] > 0 and r["tensors"] >= 1, key
     assert rows[("resnet50", "torch_flat")]["tensors"] == 161
@@ -42,7 +43,11 @@ def test_allreduce_benchmark_smoke(tmp_path):
     assert rows[("tiny1000", "torch_flat")]["bytes"] == 1000 * 256 * 4
     assert rows[("big64mb", "torch_flat")]["bytes"] == 64 * 1024 * 1024
     assert abs(rows[("resnet50", "torch_flat")]["ratio_to_flat"] - 1.0) < 1e-9
-    assert "resnet50_fusion_ratio_to_flat" in data["targets"]
+    assert abs(rows[("bert", "memcpy_floor")]["ratio_to_floor"] - 1.0) < 1e-9
+    assert rows[("bert", "hvdlite_fusion")]["paired_ratio_to_floor"] > 0
+    assert data["meta"]["op"] == "average"
+    assert {"resnet50_fusion_ratio_to_flat", "resnet50_fusion_ratio_to_floor",
+            "big64mb_fusion_ratio_to_floor"} <= set(data["targets"])
 
 
 @pytest.mark.timeout(180)
@@ -59,3 +64,4 @@ def test_transports_benchmark_smoke(tmp_path):
         ("np=2, one host", "MPI")}
     for t in table:
         assert t["ms"] > 0 and t["x_flat"] > 0 and t["speedup_vs_per_tensor"] > 0, t
+        assert t["floor_ms"] > 0 and t["x_floor"] > 0, t

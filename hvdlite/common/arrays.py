@@ -152,6 +152,11 @@ class ArrayKind(abc.ABC):
         when cast back; 16-bit floats in float32 (CPU half arithmetic loses more)."""
 
     @abc.abstractmethod
+    def scaled_copy_(self, dst, src, factor: float) -> None:
+        """``dst := src * factor`` with :meth:`scale_`'s rules, in one pass: a reduction that
+        scales while it copies its result out (or its input in) costs no pass of its own."""
+
+    @abc.abstractmethod
     def combine_(self, acc, other, op: int) -> None:
         """``acc := acc (op) other`` elementwise for SUM, MIN, MAX or PRODUCT (bool: SUM and
         MAX are or, MIN and PRODUCT are and)."""
@@ -271,6 +276,16 @@ class TorchArrays(ArrayKind):
             buf.mul_(factor)
         else:
             buf.copy_(buf.double().mul_(factor).trunc_())
+
+    def scaled_copy_(self, dst, src, factor):
+        if factor == 1.0:
+            dst.copy_(src)
+        elif src.dtype in self._half:
+            dst.copy_(src.float().mul_(factor))
+        elif src.is_floating_point():
+            self.torch.mul(src, factor, out=dst)
+        else:
+            dst.copy_(src.double().mul_(factor).trunc_())
 
     def combine_(self, acc, other, op):
         torch = self.torch
@@ -403,6 +418,16 @@ class NumpyArrays(ArrayKind):
             buf *= buf.dtype.type(factor)
         else:
             np.copyto(buf, np.trunc(buf.astype(np.float64) * factor), casting="unsafe")
+
+    def scaled_copy_(self, dst, src, factor):
+        if factor == 1.0:
+            np.copyto(dst, src)
+        elif src.dtype in self._half:
+            dst[...] = src.astype(np.float32) * np.float32(factor)
+        elif src.dtype.kind == "f":
+            np.multiply(src, src.dtype.type(factor), out=dst)
+        else:
+            np.copyto(dst, np.trunc(src.astype(np.float64) * factor), casting="unsafe")
 
     def combine_(self, acc, other, op):
         is_bool = acc.dtype == np.bool_

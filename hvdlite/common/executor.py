@@ -16,6 +16,9 @@ from hvdlite.common.parameters import Parameters
 from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
 
 
+#: packing and unpacking that scale go in runs of tensors about this big: each run is
+#: scaled while it is still in the cache, so the scaling costs no pass over memory
+SCALE_RUN_BYTES = 1 << 20
 #: a plain int, so the allreduce path pays one int comparison for Adasum's branch
 _ADASUM = int(ReduceOp.ADASUM)
 
@@ -113,10 +116,9 @@ class Executor:
         return factor
 
     def _reduce(self, buf, resp: Response) -> None:
-        self._scale(buf, resp.prescale)
         op = resp.reduce_op
-        self.backend.allreduce_(buf, ReduceOp.SUM if op == ReduceOp.AVERAGE else ReduceOp(op))
-        self._scale(buf, self._post_factor(resp))
+        self.backend.allreduce_scaled_(buf, ReduceOp.SUM if op == ReduceOp.AVERAGE else
+                                       ReduceOp(op), resp.prescale, self._post_factor(resp))
 
     def _target(self, resp: Response, entry):
         """The flat tensor this rank reduces for ``resp``: its output holding its input, or
@@ -148,25 +150,25 @@ class Executor:
         in_flight_direct = []
         direct_bytes = self.params.inplace_threshold_bytes
         if direct_bytes:
-            packed = []
+            packed, direct = [], []
             start = time.monotonic() if rec is not None else 0.0
             for resp in group:
                 if resp.nbytes < direct_bytes:
                     packed.append(resp)
                     continue
                 entry = entries.get(resp.name)
-                flat = self._target(resp, entry)
-                self._scale(flat, first.prescale)
-                in_flight_direct.append((self.backend.allreduce_async_(flat, op), flat, entry,
-                                         resp))
+                direct.append((self._target(resp, entry), entry, resp))
+            if direct:
+                works = self.backend.allreduce_scaled_many_async_(
+                    [flat for flat, _, _ in direct], op, first.prescale, post)
+                in_flight_direct = [(w, e, r) for w, (_, e, r) in zip(works, direct)]
             group = packed
         if group:
             self._allreduce_packed(group, entries, complete, op, post)
-        for work, flat, entry, resp in in_flight_direct:
+        for work, entry, resp in in_flight_direct:
             work.wait()
             if rec is not None:
                 self._span(COLLECTIVE, [resp], start)
-            self._scale(flat, post)
             if entry is not None:
                 complete(entry, entry.output)
 
@@ -196,7 +198,6 @@ class Executor:
         chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // \
             itemsize(first.dtype)
         dtype = buf.dtype
-        pack, scale = self._pack, self._scale
         for chunk, (lo, hi, off, count) in enumerate(_chunks(sizes, chunk_elems)):
             staged = self.backend.stage(dtype, count)
             if staged is not None:
@@ -205,8 +206,7 @@ class Executor:
                 continue
             region = buf[off:off + count]
             start = time.monotonic() if rec is not None else 0.0
-            pack(flats[lo:hi], region)
-            scale(region, first.prescale)
+            self._pack_scaled(flats[lo:hi], region, sizes[lo:hi], first.prescale)
             if rec is not None:
                 start = self._span(COPY_IN, group[lo:hi], start, chunk)
             in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi, chunk,
@@ -242,13 +242,37 @@ class Executor:
         work.wait()
         if self._rec is not None:
             start = self._span(COLLECTIVE, group[lo:hi], start, chunk)
-        self._scale(region, post)
-        self._unpack(region, out_flats[lo:hi], sizes[lo:hi])
+        self._unpack_scaled(region, out_flats[lo:hi], sizes[lo:hi], post)
         if self._rec is not None:
             self._span(COPY_OUT, group[lo:hi], start, chunk)
         for e in done[lo:hi]:
             if e is not None:
                 complete(e, e.output)
+
+    def _pack_scaled(self, flats, region, sizes, factor: float) -> None:
+        """Pack ``flats`` into ``region`` multiplied by ``factor``: run by run of about
+        ``SCALE_RUN_BYTES``, so each run is scaled while it is still in the cache."""
+        if factor == 1.0:
+            self._pack(flats, region)
+            return
+        for lo, hi, off, count in _chunks(sizes, self._scale_run(region)):
+            part = region[off:off + count]
+            self._pack(flats[lo:hi], part)
+            self._scale(part, factor)
+
+    def _unpack_scaled(self, region, outs, sizes, factor: float) -> None:
+        """Unpack ``region`` into ``outs`` multiplied by ``factor``, run by run as
+        :meth:`_pack_scaled` packs."""
+        if factor == 1.0:
+            self._unpack(region, outs, sizes)
+            return
+        for lo, hi, off, count in _chunks(sizes, self._scale_run(region)):
+            part = region[off:off + count]
+            self._scale(part, factor)
+            self._unpack(part, outs[lo:hi], sizes[lo:hi])
+
+    def _scale_run(self, region) -> int:
+        return max(1, SCALE_RUN_BYTES // itemsize(self._kind.dtype_name(region)))
 
     # -- Adasum ---------------------------------------------------------------------------
     def _adasum(self, group, entries, complete, fail) -> None:

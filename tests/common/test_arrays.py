@@ -104,6 +104,22 @@ def test_scale_follows_horovods_rules_in_both_kinds(dtype, factor):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("factor", [1.0, 0.5, -1.5, 1.0 / 3.0])
+def test_scaled_copy_is_a_copy_then_scale_bit_for_bit(dtype, factor):
+    """What the shared-memory path multiplies while copying is exactly what a copy and a
+    separate scale_ pass gave, in both kinds."""
+    for kind, (src, _) in ((T, both(dtype)), (N, both(dtype)[::-1])):
+        want = kind.clone(src)
+        kind.scale_(want, factor)
+        got = kind.empty(kind.numel(src), dtype)
+        kind.scaled_copy_(got, src, factor)
+        np.testing.assert_array_equal(kind.to_numpy(got).astype(np.float64),
+                                      kind.to_numpy(want).astype(np.float64),
+                                      err_msg=f"{kind.name} scaled_copy_ {dtype} by {factor}")
+        assert kind.dtype_name(got) == dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT])
 def test_combine(dtype, op):
     ta, na = both(dtype, seed=2)

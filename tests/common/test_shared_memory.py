@@ -17,7 +17,7 @@ import pytest
 from hvdlite.common.backend import shm
 from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
-CHECKS = ["allreduce", "many_fused", "broadcast_allgather_alltoall"]
+CHECKS = ["allreduce", "scaling", "many_fused", "broadcast_allgather_alltoall"]
 SMALL_SLOTS = {"HVDLITE_FUSION_CHUNK_BYTES": "4096", "HVDLITE_INPLACE_THRESHOLD": "0"}
 
 
@@ -50,9 +50,9 @@ def test_one_host(np_, env):
 
 @pytest.mark.timeout(120)
 def test_turned_off_runs_over_gloo():
-    proc = run_job(2, "shm_worker.py", "--only", "many_fused",
+    proc = run_job(2, "shm_worker.py", "--only", "many_fused,scaling",
                    env=dict(SMALL_SLOTS, HVDLITE_SHARED_MEMORY="0"))
-    assert_ok(proc, ["many_fused"], [0, 1])
+    assert_ok(proc, ["many_fused", "scaling"], [0, 1])
     assert _transports(proc.stdout) == [("0", "0", "0"), ("1", "0", "0")]
 
 

@@ -30,6 +30,17 @@ class Waitable:
 _DONE = Waitable()
 
 
+class _ScaledWhenDone(Waitable):
+    """An allreduce whose result is multiplied by ``factor`` once it is there."""
+
+    def __init__(self, work: Waitable, tensor, factor: float):
+        self._work, self._tensor, self._factor = work, tensor, factor
+
+    def wait(self) -> None:
+        self._work.wait()
+        arrays.kind().scale_(self._tensor, self._factor)
+
+
 class Backend(abc.ABC):
     """Collectives over all ranks of the job, and the exchanges between two ranks that
     op=Adasum is built from (:meth:`sendrecv_`, :meth:`block_allreduce_`).
@@ -82,6 +93,32 @@ class Backend(abc.ABC):
         default runs synchronously."""
         self.allreduce_(tensor, op)
         return _DONE
+
+    def allreduce_scaled_(self, tensor, op: ReduceOp, prescale: float,
+                          postscale: float) -> None:
+        """:meth:`allreduce_` of ``tensor * prescale``, the result multiplied by
+        ``postscale`` (integers in float64, truncated toward zero, as Horovod scales: see
+        :meth:`ArrayKind.scale_`).  The default scales in passes of their own; a transport
+        that can scale while it copies or reduces overrides it."""
+        k = arrays.kind()
+        k.scale_(tensor, prescale)
+        self.allreduce_(tensor, op)
+        k.scale_(tensor, postscale)
+
+    def allreduce_scaled_async_(self, tensor, op: ReduceOp, prescale: float,
+                                postscale: float) -> "Waitable":
+        """:meth:`allreduce_scaled_` started as :meth:`allreduce_async_` is: the result,
+        scaled, is valid after ``.wait()``."""
+        k = arrays.kind()
+        k.scale_(tensor, prescale)
+        work = self.allreduce_async_(tensor, op)
+        return work if postscale == 1.0 else _ScaledWhenDone(work, tensor, postscale)
+
+    def allreduce_scaled_many_async_(self, tensors: List, op: ReduceOp, prescale: float,
+                                     postscale: float) -> List["Waitable"]:
+        """:meth:`allreduce_scaled_async_` of several tensors of one dtype, in order; one
+        waitable each.  A transport that streams them as one pipeline overrides it."""
+        return [self.allreduce_scaled_async_(t, op, prescale, postscale) for t in tensors]
 
     def pipeline_chunk_bytes(self, requested: int) -> int:
         """The chunk size a packed allreduce is pipelined in, given the configured one

@@ -336,6 +336,25 @@ class GlooBackend(Backend):
             return
         _widened_allreduce(self, self.pg, "allreduce", tensor, op)
 
+    def allreduce_scaled_(self, tensor, op, prescale, postscale):
+        if self._shm is None:
+            super().allreduce_scaled_(tensor, op, prescale, postscale)
+            return
+        cross = self._cross_allreduce if self._cross_pg is not None else None
+        self._shm.allreduce_(tensor, op, cross, prescale, postscale)
+
+    def allreduce_scaled_async_(self, tensor, op, prescale, postscale):
+        if self._shm is None:
+            return super().allreduce_scaled_async_(tensor, op, prescale, postscale)
+        self.allreduce_scaled_(tensor, op, prescale, postscale)
+        return _DONE
+
+    def allreduce_scaled_many_async_(self, tensors, op, prescale, postscale):
+        if self._shm is None or not self._shm.pipelines(self._cross_pg is not None):
+            return super().allreduce_scaled_many_async_(tensors, op, prescale, postscale)
+        self._shm.allreduce_many_(tensors, op, prescale, postscale)
+        return [_DONE] * len(tensors)
+
     def pipeline_chunk_bytes(self, requested):
         if self._shm is None:
             return requested

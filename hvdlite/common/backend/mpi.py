@@ -12,12 +12,16 @@ from typing import Optional, Tuple
 import numpy as np
 
 from hvdlite.common import arrays
-from hvdlite.common.backend.base import Backend
+from hvdlite.common.backend.base import _DONE, Backend
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.message import ReduceOp
 
 log = logging.getLogger(__name__)
 
+#: big allreduces go in pieces this big: MPICH between the ranks of a host reduced one 64 MiB
+#: tensor in 29 ms, in 4 MiB pieces in about half that (np=2, the 2-core machine); a scaled
+#: piece is scaled while in the cache (:meth:`MPIBackend.allreduce_scaled_`)
+PIECE_BYTES = 4 << 20
 #: the tag of hvdlite's point-to-point messages on its private communicator
 _P2P_TAG = 0x4144
 
@@ -135,10 +139,42 @@ class MPIBackend(Backend):
         return out
 
     def allreduce_(self, tensor, op):
+        k = self._kind
+        flat = k.flat(tensor)
+        n = k.numel(flat)
+        per = max(1, PIECE_BYTES // max(1, k.nbytes(flat[:1])))
+        if n <= per:
+            self._allreduce_piece(flat, op)
+            return
+        for lo in range(0, n, per):
+            self._allreduce_piece(flat[lo:lo + per], op)
+
+    def _allreduce_piece(self, tensor, op):
         arr, staged = self._reducible(tensor)
         self._call("allreduce", self.comm.Allreduce, self._MPI.IN_PLACE, arr, self._ops[op])
         if staged is not None:
             self._copy(tensor, staged)
+
+    def allreduce_scaled_(self, tensor, op, prescale, postscale):
+        """Each piece (see ``PIECE_BYTES``) is scaled, reduced and scaled again while it is
+        still in the cache: MPI reduces in place with no hook for a factor, and two more
+        passes over the whole tensor would cost more than the reduction itself."""
+        if prescale == 1.0 and postscale == 1.0:
+            self.allreduce_(tensor, op)
+            return
+        k = self._kind
+        flat = k.flat(tensor)
+        n = k.numel(flat)
+        per = max(1, PIECE_BYTES // max(1, k.nbytes(flat[:1])))
+        for lo in range(0, max(n, 1), per):
+            piece = flat[lo:lo + per]
+            k.scale_(piece, prescale)
+            self._allreduce_piece(piece, op)
+            k.scale_(piece, postscale)
+
+    def allreduce_scaled_async_(self, tensor, op, prescale, postscale):
+        self.allreduce_scaled_(tensor, op, prescale, postscale)
+        return _DONE
 
     def allgather_bytes(self, send, counts):
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()

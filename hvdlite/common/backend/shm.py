@@ -37,8 +37,12 @@ stays for a minute.
 Allreduce is a reduce-scatter in place: each local rank reduces its slice of
 everyone's slot into slot 0; a multi-host job then allreduces that slice with
 the ranks of the same local rank on the other hosts (``cross``); everyone copies
-the result out.  Ordering between the counter store and the data relies on the
-stores of one process becoming visible in order (x86's memory model).
+the result out, multiplied by the op's postscale (the input by its prescale on the way
+in), so scaling costs no pass of its own.  On one host a tensor of several pieces is
+pipelined on per-piece progress counters instead of two barriers a piece
+(:meth:`SharedMemoryGroup._pipelined_allreduce`).  Ordering between the counter store
+and the data relies on the stores of one process becoming visible in order (x86's memory
+model).
 """
 
 import mmap
@@ -62,6 +66,13 @@ MEMFD_NAME = "hvdlite-shm"
 _HEADER = 4096
 _MAX_LOCAL = 64          # counters fill int64 0..63 of the header, pids 64..127
 _PIDS_AT = 64
+#: then three rows of per-rank progress counters of the pipelined allreduce: pieces copied
+#: in, reduced, copied out (monotonic over the segment's life, like the barrier's counters)
+_PROGRESS_AT = 128
+_COPIED_IN, _REDUCED, _COPIED_OUT = range(3)
+#: pieces of one rank's slot the pipelined allreduce cycles through: a rank copies piece k in
+#: while its peers still reduce piece k - 1 and copy piece k - 2 out
+_RING = 4
 _TAG_AT = _HEADER - 32   # magic and the creator's random tag close the header
 _MAGIC = b"hvdlite-shm-v2\0\0"
 _PID_MAX = 1 << 22       # Linux's largest pid_max: bigger numbers in a header are no pids
@@ -121,6 +132,10 @@ class SharedMemoryGroup:
         self._pids = header[_PIDS_AT:_PIDS_AT + local_size]
         self._pids[local_rank] = os.getpid()
         self._generation = int(self._counters[local_rank])
+        at = _PROGRESS_AT
+        self._progress = [header[at + p * _MAX_LOCAL:at + p * _MAX_LOCAL + local_size]
+                          for p in range(3)]
+        self._pieces = int(self._progress[_COPIED_OUT][local_rank])
         self._set = 0
         self._last_peer_check = 0.0
 
@@ -205,7 +220,7 @@ class SharedMemoryGroup:
         self.unlink()
         m, self._map = getattr(self, "_map", None), None
         self._bytes = None
-        self._counters = self._pids = None
+        self._counters = self._pids = self._progress = None
         if m is not None:
             try:
                 m.close()
@@ -219,8 +234,12 @@ class SharedMemoryGroup:
         g = self._generation
         counters = self._counters
         counters[self.local_rank] = g
-        if counters.min() >= g:
-            return
+        if counters.min() < g:
+            self._wait_all(counters, g)
+
+    def _wait_all(self, counters, g: int) -> None:
+        """Wait until every local rank's entry of ``counters`` reached ``g``: a short spin,
+        then yields, then naps; peers are checked every 0.1 s and given the op timeout."""
         start = time.perf_counter()
         while time.perf_counter() - start < _SPIN_S:
             if counters.min() >= g:
@@ -236,10 +255,10 @@ class SharedMemoryGroup:
                 time.sleep(_NAP_S)
             if now - self._last_peer_check > _CHECK_PEERS_S:
                 self._last_peer_check = now
-                self._check_peers(g, waited)
+                self._check_peers(counters, g, waited)
 
-    def _check_peers(self, g: int, waited: float) -> None:
-        late = [r for r in range(self.local_size) if self._counters[r] < g]
+    def _check_peers(self, counters, g: int, waited: float) -> None:
+        late = [r for r in range(self.local_size) if counters[r] < g]
         for r in late:
             pid = int(self._pids[r])
             if pid <= 0:
@@ -276,21 +295,114 @@ class SharedMemoryGroup:
         return min(self.slot_bytes, PIECE_BYTES)
 
     # -- collectives ------------------------------------------------------------------------
-    def allreduce_(self, tensor, op: ReduceOp, cross=None) -> None:
+    def allreduce_(self, tensor, op: ReduceOp, cross=None, prescale: float = 1.0,
+                   postscale: float = 1.0) -> None:
         """Reduce ``tensor`` (contiguous) in place over the local ranks (then, with
         ``cross``, over the hosts: ``cross(slice)`` reduces a slice in place with the
-        same local rank of every other host)."""
+        same local rank of every other host).  ``prescale`` multiplies each rank's input as
+        it is copied in and ``postscale`` the result as it is copied out (integers as
+        :meth:`ArrayKind.scale_` does): scaling costs no pass of its own."""
         flat = tensor.view(-1)
-        itemsize = flat.element_size()
-        per = self.piece_bytes(cross is not None) // itemsize
+        if cross is None and not self._oversubscribed and \
+                flat.numel() > self._ring_piece(flat.element_size()):
+            self._pipelined_allreduce([flat], op, prescale, postscale)
+            return
+        per = self.piece_bytes(cross is not None) // flat.element_size()
         n = flat.numel()
         for lo in range(0, max(n, 1), per):
-            self._allreduce_chunk(flat[lo:lo + per], op, cross)
+            self._allreduce_chunk(flat[lo:lo + per], op, cross, prescale, postscale)
 
-    def _allreduce_chunk(self, chunk, op: ReduceOp, cross) -> None:
+    def pipelines(self, across_hosts: bool) -> bool:
+        """Whether :meth:`allreduce_many_` runs its tensors as one pipeline (one host, no more
+        ranks than cores)."""
+        return not across_hosts and not self._oversubscribed
+
+    def allreduce_many_(self, tensors, op: ReduceOp, prescale: float = 1.0,
+                        postscale: float = 1.0) -> None:
+        """Reduce contiguous tensors of one dtype in place, in order, as one pipeline through
+        all their pieces: its fill and drain are paid once, not per tensor (ResNet-50's 18
+        tensors of 2 MiB or more took 12.2 ms one by one, 9.8 ms as one pipeline, np=2).
+        Only where :meth:`pipelines` says so."""
+        flats = [t.view(-1) for t in tensors]
+        if len({f.dtype for f in flats}) > 1:
+            for f in flats:
+                self.allreduce_(f, op, None, prescale, postscale)
+            return
+        self._pipelined_allreduce(flats, op, prescale, postscale)
+
+    def _allreduce_chunk(self, chunk, op: ReduceOp, cross, prescale, postscale) -> None:
         nbytes = chunk.numel() * chunk.element_size()
-        self._slot(self._set, self.local_rank, nbytes).view(chunk.dtype).copy_(chunk)
-        chunk.copy_(self._reduce_set(chunk.dtype, chunk.numel(), op, 1.0, cross))
+        k = arrays.kind()
+        k.scaled_copy_(self._slot(self._set, self.local_rank, nbytes).view(chunk.dtype), chunk,
+                       prescale)
+        k.scaled_copy_(chunk, self._reduce_set(chunk.dtype, chunk.numel(), op, 1.0, cross),
+                       postscale)
+
+    def _ring(self, which_set: int, local_rank: int, dtype, per: int) -> list:
+        """The ``_RING`` pieces of ``per`` elements of a rank's slot."""
+        nbytes = per * _ITEMSIZE[dtype]
+        slot = self._slot(which_set, local_rank, _RING * nbytes)
+        return [slot[i * nbytes:(i + 1) * nbytes].view(dtype) for i in range(_RING)]
+
+    def _ring_piece(self, itemsize: int) -> int:
+        """Elements of one piece of the pipelined allreduce: ``PIECE_BYTES``, or a quarter
+        of a small slot.  A tensor of one piece goes through the slot with two barriers,
+        which costs a third of the pipeline's bookkeeping (11 against 32 us at np=2)."""
+        return max(1, min(PIECE_BYTES, self.slot_bytes // _RING) // _ALIGN * _ALIGN // itemsize)
+
+    def _pipelined_allreduce(self, flats, op: ReduceOp, prescale, postscale) -> None:
+        """One host, cores to spare: the tensors (``flats``, one dtype) go through in pieces
+        that stay in the caches, and a rank waits only for the pieces it needs, not in
+        lockstep: it copies piece k in (scaled by ``prescale``) while its peers still reduce
+        piece k - 1 into slot 0 and copy piece k - 2 out of it (scaled by ``postscale``).
+        Progress counters in the header say how far each rank got; a rank reuses a ring
+        place only once every rank copied out the piece that used it.  Every piece of an op
+        waits for every peer to have started the op, so the slot set of the op before last
+        is free (as after a barrier)."""
+        k = arrays.kind()
+        dtype = flats[0].dtype
+        per = self._ring_piece(flats[0].element_size())
+        work = [(f, lo, min(f.numel(), lo + per))
+                for f in flats for lo in range(0, f.numel(), per)]
+        pieces = len(work)
+        if not pieces:
+            return
+        s = self._next_set()
+        base, self._pieces = self._pieces, self._pieces + pieces
+        L, me = self.local_size, self.local_rank
+        mine = self._ring(s, me, dtype, per)
+        rings = [self._ring(s, r, dtype, per) for r in range(L)]
+        copied_in, reduced, copied_out = self._progress
+        for step in range(pieces + 2):
+            if step < pieces:                            # copy piece `step` in
+                flat, lo, hi = work[step]
+                if step >= _RING:
+                    self._wait_for(copied_out, base + step - _RING + 1)
+                k.scaled_copy_(mine[step % _RING][:hi - lo], flat[lo:hi], prescale)
+                copied_in[me] = base + step + 1
+            done = step - 1
+            if 0 <= done < pieces:                       # reduce my slice of piece `done`
+                _, lo, hi = work[done]
+                m = hi - lo
+                part = (m + L - 1) // L
+                lo, hi = min(me * part, m), min((me + 1) * part, m)
+                self._wait_for(copied_in, base + done + 1)
+                if hi > lo:
+                    pos = done % _RING
+                    acc = rings[0][pos][lo:hi]
+                    for r in range(1, L):
+                        _combine(acc, rings[r][pos][lo:hi], op)
+                reduced[me] = base + done + 1
+            done = step - 2
+            if done >= 0:                                # copy piece `done` out
+                flat, lo, hi = work[done]
+                self._wait_for(reduced, base + done + 1)
+                k.scaled_copy_(flat[lo:hi], rings[0][done % _RING][:hi - lo], postscale)
+                copied_out[me] = base + done + 1
+
+    def _wait_for(self, counters, g: int) -> None:
+        if counters.min() < g:
+            self._wait_all(counters, g)
 
     def stage(self, dtype, count: int):
         """This rank's slot of the next collective, as ``count`` elements of ``dtype`` (None
@@ -310,7 +422,6 @@ class SharedMemoryGroup:
         """Every rank's slot of the next set holds ``n`` elements: each rank reduces its
         slice of them into slot 0 (then across hosts with ``cross``, then scales it);
         returns slot 0, the whole result once every rank passed the second barrier."""
-        torch = lazy_torch()
         nbytes = n * _ITEMSIZE[dtype]
         s = self._next_set()
         L = self.local_size
@@ -321,7 +432,7 @@ class SharedMemoryGroup:
         if hi > lo:
             acc = result[lo:hi]
             for r in range(1, L):
-                _combine(torch, acc, self._slot(s, r, nbytes).view(dtype)[lo:hi], op)
+                _combine(acc, self._slot(s, r, nbytes).view(dtype)[lo:hi], op)
             if cross is not None:
                 cross(acc, op)
             arrays.kind().scale_(acc, scale)
@@ -415,7 +526,8 @@ def _process_gone(pid: int) -> bool:
     return state in (b"Z", b"X")
 
 
-def _combine(torch, acc, other, op: ReduceOp) -> None:
+def _combine(acc, other, op: ReduceOp) -> None:
+    torch = lazy_torch()
     if op == ReduceOp.SUM:
         if acc.dtype == torch.bool:
             acc.logical_or_(other)

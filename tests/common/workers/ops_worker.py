@@ -81,6 +81,15 @@ def check_allreduce_scaling_and_variants():
         got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
                             name=f"scaled.{dtype}")
         assert close(got, reference(dtype, hvd.Sum, pre=0.5, post=3.0), dtype), (dtype, got)
+    # tensors of several pieces (MPI reduces 4 MiB at a time, scaling each piece)
+    for dtype in (torch.float32, torch.int32):
+        x = value(hvd.rank(), dtype, (1_200_001,))
+        got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
+                            name=f"scaled.big.{dtype}")
+        want = reference(dtype, hvd.Sum, (1_200_001,), pre=0.5, post=3.0)
+        assert close(got, want, dtype), (dtype, got[:4], want[:4])
+        got = hvd.allreduce(x, op=hvd.Average, name=f"avg.big.{dtype}")
+        assert close(got, reference(dtype, hvd.Average, (1_200_001,)), dtype), dtype
     # integer average truncates toward zero, as Horovod's does (also for negative sums)
     n = hvd.size()
     total = sum(q + 1 for q in range(n))

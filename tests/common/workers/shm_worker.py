@@ -48,6 +48,45 @@ def check_allreduce():
     assert torch.allclose(avg, sum(values(k, 9000, torch.float32) for k in range(n)) / n)
 
 
+def check_scaling():
+    """Average, prescale and postscale are applied while the data is copied in and out (and
+    in the packed chunks' runs): every dtype, tensors of one and of several pieces, alone
+    and fused, against float64 references with Horovod's integer truncation."""
+    r, n = hvd.rank(), hvd.size()
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                  torch.int64, torch.int16, torch.uint8, torch.int8):
+        for count in (5, 3001, 10000):
+            ins = [values(k, count, torch.float64) for k in range(n)]
+            if dtype.is_floating_point:
+                avg, scaled = sum(ins) / n, sum(x * 0.5 for x in ins) * 3.0
+            else:
+                avg = (sum(ins) / n).trunc()
+                scaled = (sum((x * 0.5).trunc() for x in ins) * 3.0).trunc()
+            tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-6)
+            got = hvd.allreduce(values(r, count, dtype), op=hvd.Average,
+                                name=f"avg.{dtype}.{count}")
+            assert got.dtype == dtype and torch.allclose(got.double(), avg, rtol=tol), \
+                (dtype, count, got[:4], avg[:4])
+            handles = [hvd.allreduce_async(values(r, count, dtype), op=hvd.Sum,
+                                           prescale_factor=0.5, postscale_factor=3.0,
+                                           name=f"scaled.{dtype}.{count}.{i}")
+                       for i in range(3)]                  # fused: packed or staged
+            for h in handles:
+                got = hvd.synchronize(h)
+                assert torch.allclose(got.double(), scaled, rtol=tol), (dtype, count, got[:4])
+    # a fused group of tensors reduced where they lie (2 MiB or more): one pipeline through
+    # all their pieces, averaged while copied out
+    for dtype in (torch.float32, torch.int32):
+        counts = (600_001, 5, 700_003)
+        handles = [hvd.allreduce_async(values(r, c, dtype), op=hvd.Average,
+                                       name=f"avg.group.{dtype}.{c}") for c in counts]
+        for c, h in zip(counts, handles):
+            want = sum(values(k, c, torch.float64) for k in range(n)) / n
+            if not dtype.is_floating_point:
+                want = want.trunc()
+            assert torch.allclose(hvd.synchronize(h).double(), want), (dtype, c)
+
+
 def check_many_fused():
     r, n = hvd.rank(), hvd.size()
     handles = [hvd.allreduce_async(torch.full((37 + i,), float(r + i)), op=hvd.Sum,
@@ -100,7 +139,8 @@ def pause_after_create(seconds):
     shm.SharedMemoryGroup.create = classmethod(paused)
 
 
-CHECKS = {"allreduce": check_allreduce, "many_fused": check_many_fused,
+CHECKS = {"allreduce": check_allreduce, "scaling": check_scaling,
+          "many_fused": check_many_fused,
           "broadcast_allgather_alltoall": check_broadcast_allgather_alltoall}
 
 
