@@ -177,7 +177,8 @@ _COMMON_LAYERS = (
                 "hvdlite.common.exit_report", "hvdlite.common.srun_step")),
     ("op layer", ("hvdlite.common.ops",)),
     ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic",
-                           "hvdlite.common.compression")),
+                           "hvdlite.common.compression",
+                           "hvdlite.common.powersgd_settings")),
 )
 
 

@@ -14,43 +14,19 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from hvdlite.common.powersgd_settings import PowerSGDSettings
 from hvdlite.tensorflow import mpi_ops
+from hvdlite.tensorflow.keras_apply import built_for
 
 __all__ = ["PowerSGD"]
 
 ORTHO_EPS = 1e-8
 
 
-class PowerSGD:
-    """PowerSGD settings for ``hvdlite.tensorflow.keras.DistributedOptimizer``.
-
-    Args:
-        rank: columns of the low-rank factors.
-        start_iter: optimizer steps reduced uncompressed before compression starts.
-        min_compression_rate: compress a ``n x m`` matrix only when
-            ``n m / ((n + m) rank)`` is at least this.
-        seed: seed of the first ``Q`` (with the variable's position and shape).
-
-    Raises:
-        ValueError: ``rank`` < 1, ``start_iter`` < 0 or ``min_compression_rate`` <= 0.
-    """
-
-    kind = "powersgd"
-
-    def __init__(self, rank: int = 4, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 seed: int = 0):
-        if int(rank) < 1 or int(start_iter) < 0 or min_compression_rate <= 0:
-            raise ValueError(f"hvd.Compression.powersgd: rank={rank} must be >= 1, start_iter="
-                             f"{start_iter} >= 0 and min_compression_rate="
-                             f"{min_compression_rate} > 0")
-        self.rank = int(rank)
-        self.start_iter = int(start_iter)
-        self.min_compression_rate = float(min_compression_rate)
-        self.seed = int(seed)
-
-    def __repr__(self):
-        return (f"hvd.Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
-                f"min_compression_rate={self.min_compression_rate}, seed={self.seed})")
+class PowerSGD(PowerSGDSettings):
+    """PowerSGD settings for ``hvdlite.tensorflow.keras.DistributedOptimizer`` (arguments:
+    :class:`~hvdlite.common.powersgd_settings.PowerSGDSettings`; the first ``Q`` is seeded
+    with the variable's position and shape)."""
 
     def _refuse(self, *_args, **_kwargs):
         raise TypeError("hvd.Compression.powersgd(...) keeps state across steps, so it works "
@@ -65,12 +41,7 @@ class PowerSGD:
         shape = [int(d) for d in shape]
         if len(shape) < 2 or not tf.as_dtype(dtype).is_floating or 0 in shape:
             return None
-        n = shape[0]
-        m = int(np.prod(shape[1:]))
-        r = min(self.rank, n, m)
-        if n * m < self.min_compression_rate * (n + m) * r:
-            return None
-        return n, m, r
+        return self.factor_shape(shape[0], int(np.prod(shape[1:])))
 
     def initial_q(self, index: int, m: int, r: int) -> np.ndarray:
         """The first ``Q`` of the ``index``-th variable: the same on every rank and run."""
@@ -113,14 +84,7 @@ def keras_members(base, spec: PowerSGD, settings: dict, reduce_gradients) -> dic
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
-        if trainable_variables is None:
-            if not self.built:
-                raise ValueError("DistributedOptimizer.apply: pass trainable_variables on "
-                                 "the first call (the optimizer is not built yet)")
-            trainable_variables = self._trainable_variables
-        trainable_variables = list(trainable_variables)
-        if not self.built:
-            self.build(trainable_variables)
+        trainable_variables = built_for(self, trainable_variables)
         state = [self._hvdlite_powersgd.get(self._get_variable_index(v)) for v in
                  trainable_variables]
         at = [i for i, (g, st) in enumerate(zip(grads, state))

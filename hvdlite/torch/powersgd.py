@@ -20,6 +20,7 @@ from typing import Dict, List
 
 import torch
 
+from hvdlite.common.powersgd_settings import PowerSGDSettings
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.grad_compression import GradientExchange, StatefulCompression
 
@@ -29,40 +30,11 @@ __all__ = ["PowerSGD"]
 ORTHO_EPS = 1e-8
 
 
-class PowerSGD(StatefulCompression):
-    """PowerSGD settings for ``DistributedOptimizer(opt, compression=...)``.
+class PowerSGD(PowerSGDSettings, StatefulCompression):
+    """PowerSGD settings for ``DistributedOptimizer(opt, compression=...)`` (arguments:
+    :class:`~hvdlite.common.powersgd_settings.PowerSGDSettings`)."""
 
-    Args:
-        rank: columns of the low-rank factors (1 to 4 is typical; more is closer to the
-            uncompressed gradient and sends more).
-        start_iter: optimizer steps reduced uncompressed before compression starts.
-        min_compression_rate: compress a ``n x m`` matrix only when
-            ``n m / ((n + m) rank)`` is at least this (small matrices go uncompressed).
-        seed: seed of the first ``Q`` (with the parameter's name, so every rank agrees).
-
-    Raises:
-        ValueError: ``rank`` < 1, ``start_iter`` < 0 or ``min_compression_rate`` <= 0.
-    """
-
-    kind = "powersgd"
-
-    def __init__(self, rank: int = 4, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 seed: int = 0):
-        if int(rank) < 1:
-            raise ValueError(f"hvd.Compression.powersgd: rank={rank} must be >= 1")
-        if int(start_iter) < 0:
-            raise ValueError(f"hvd.Compression.powersgd: start_iter={start_iter} must be >= 0")
-        if min_compression_rate <= 0:
-            raise ValueError(f"hvd.Compression.powersgd: min_compression_rate="
-                             f"{min_compression_rate} must be > 0")
-        self.rank = int(rank)
-        self.start_iter = int(start_iter)
-        self.min_compression_rate = float(min_compression_rate)
-        self.seed = int(seed)
-
-    def __repr__(self):
-        return (f"hvd.Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
-                f"min_compression_rate={self.min_compression_rate}, seed={self.seed})")
+    kind = PowerSGDSettings.kind
 
     def make_exchange(self, params, names, reduce_kwargs):
         return _PowerSGDExchange(self, params, names, reduce_kwargs)
@@ -71,12 +43,7 @@ class PowerSGD(StatefulCompression):
         """``(n, m, rank)`` when ``p``'s gradient is compressed, else ``None``."""
         if p.dim() < 2 or not p.dtype.is_floating_point or p.numel() == 0:
             return None
-        n = p.shape[0]
-        m = p.numel() // n
-        r = min(self.rank, n, m)
-        if n * m < self.min_compression_rate * (n + m) * r:
-            return None
-        return n, m, r
+        return self.factor_shape(p.shape[0], p.numel() // p.shape[0])
 
     def initial_q(self, name: str, m: int, r: int, dtype) -> torch.Tensor:
         """The first ``Q`` of parameter ``name``: standard normal, seeded by ``seed`` and the

@@ -25,6 +25,7 @@ from hvdlite.tensorflow import (Adasum, Compression, ProcessSet, Sum,  # noqa: F
                                 remove_process_set, rocm_built, shutdown, size,
                                 start_timeline, stop_timeline)
 from hvdlite.tensorflow.gradient_tape import reduce_gradients
+from hvdlite.tensorflow.keras_apply import built_for
 from hvdlite.tensorflow.powersgd import PowerSGD
 from hvdlite.tensorflow.powersgd import keras_members as powersgd_members
 from hvdlite.tensorflow.keras import callbacks, elastic  # noqa: F401
@@ -164,14 +165,7 @@ def _aggregating_members(base, passes: int, average: bool, settings: dict) -> di
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
-        if trainable_variables is None:
-            if not self.built:
-                raise ValueError("DistributedOptimizer.apply: pass trainable_variables on "
-                                 "the first call (the optimizer is not built yet)")
-            trainable_variables = self._trainable_variables
-        trainable_variables = list(trainable_variables)
-        if not self.built:
-            self.build(trainable_variables)
+        trainable_variables = built_for(self, trainable_variables)
         sums = [self._hvdlite_aggregated[self._get_variable_index(v)]
                 for v in trainable_variables]
         for total, g in zip(sums, grads):
