@@ -572,19 +572,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             ranks and appear in errors.  Every parameter of ``optimizer`` must be named.
             ``None`` names them ``allreduce.noname.<group>.<index>`` as Horovod does; the
             wrapper's ``_parameter_names`` maps each parameter to its name.
-        compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (or any object
-            with static ``compress``/``decompress``), or the stateful
-            ``hvd.Compression.powersgd(...)`` / ``hvd.Compression.topk(...)`` (error
-            feedback; their state is kept by this wrapper, in ``state_dict()`` and
-            ``broadcast_optimizer_state``; not with ``op=hvd.Adasum``).
+        compression: ``hvd.Compression.none``/``fp16`` (or an object with static
+            ``compress``/``decompress``), or the stateful ``hvd.Compression.powersgd(...)``/
+            ``topk(...)``, whose state this wrapper keeps (not with ``op=hvd.Adasum``).
         backward_passes_per_step: backward passes whose gradients accumulate locally before
             one reduction (gradient accumulation); the loss is not rescaled.
-        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.  With Adasum (and more
-            than one rank) each rank applies the wrapped optimizer's step locally and the
-            parameter *updates* are combined with Adasum, as Horovod's Adasum optimizer does
-            (see :mod:`hvdlite.torch.adasum_optimizer`); do not scale the learning rate with
-            ``size()``.  ``groups``, ``num_groups``, ``sparse_as_dense`` and ``bucket_cap_mb``
-            do not apply then, and ``gradient_predivide_factor`` must be 1.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` (each rank steps locally
+            and the *updates* are combined, as Horovod's Adasum optimizer: see
+            :mod:`hvdlite.torch.adasum_optimizer`; groups, buckets and sparse_as_dense do not
+            apply, ``gradient_predivide_factor`` must be 1).
         gradient_predivide_factor: divide gradients by this before the reduction and
             multiply after (with ``Average`` the total division is still by ``size()``).
         num_groups: split parameters into this many groups reduced with one grouped op each.
@@ -594,10 +590,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             bucketed path always reduces them dense).  Either way the reduced gradient is
             handed back sparse, so ``torch.optim.SparseAdam`` works.
         process_set: reduce among this process set only (default: all ranks).
-        bucket_cap_mb: hvdlite extension: size of the flat gradient buckets in MiB.  ``None``
-            (default) picks about 1/8 of the model's gradient bytes, between 1 and 25 MiB.
-            ``0`` selects Horovod's per-parameter path.  Ignored when ``groups``/``num_groups``
-            is given.
+        bucket_cap_mb: hvdlite extension: gradient bucket size in MiB (``None``: about 1/8 of
+            the gradient bytes, 1 to 25 MiB; ``0``: Horovod's per-parameter path).
 
     Returns:
         The wrapper.  It adds ``synchronize()`` (wait for this step's reductions, e.g. to clip

@@ -93,10 +93,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
     """
     _check_wrappable(optimizer, backward_passes_per_step)
-    powersgd = compression if isinstance(compression, PowerSGD) else None
-    if powersgd is not None:
-        _check_powersgd(powersgd, op, backward_passes_per_step)
-        compression = None
+    compression, powersgd = _split_powersgd(compression, op, backward_passes_per_step)
     settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                     gradient_predivide_factor=gradient_predivide_factor,
                     process_set=process_set)
@@ -133,6 +130,14 @@ def _distributed_class(base, settings: dict, passes: int, average: bool, powersg
     if powersgd is not None:
         members.update(powersgd_members(base, powersgd, settings, reduce_gradients))
     return type(base.__name__, (base,), members)
+
+
+def _split_powersgd(compression, op, backward_passes_per_step):
+    """``(compression for reduce_gradients, PowerSGD settings or None)``."""
+    if not isinstance(compression, PowerSGD):
+        return compression, None
+    _check_powersgd(compression, op, backward_passes_per_step)
+    return None, compression
 
 
 def _check_powersgd(spec, op, backward_passes_per_step) -> None:
