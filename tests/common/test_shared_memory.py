@@ -19,6 +19,9 @@ from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
 CHECKS = ["allreduce", "scaling", "many_fused", "broadcast_allgather_alltoall"]
 SMALL_SLOTS = {"HVDLITE_FUSION_CHUNK_BYTES": "4096", "HVDLITE_INPLACE_THRESHOLD": "0"}
+#: two hosts: slots still smaller than the 40 KB tensors, but the MiB-sized ones cross
+#: between hosts in 256 pieces instead of 1024 (each a Gloo round trip on 2 cores)
+HOST_SLOTS = dict(SMALL_SLOTS, HVDLITE_FUSION_CHUNK_BYTES="16384")
 
 
 def _transports(out):
@@ -62,7 +65,7 @@ def test_two_hosts_hierarchical(sshd):
     cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "4",
            "-H", "127.0.0.1:2,127.0.0.2:2", *sshd.ssh_args(),
            sys.executable, os.path.join(WORKERS, "shm_worker.py")]
-    proc = subprocess.run(cmd, env=worker_env(SMALL_SLOTS), cwd=ROOT, capture_output=True,
+    proc = subprocess.run(cmd, env=worker_env(HOST_SLOTS), cwd=ROOT, capture_output=True,
                           text=True, timeout=180)
     assert_ok(proc, CHECKS, [0, 1, 2, 3])
     assert _transports(proc.stdout) == [(str(r), "1", "1") for r in range(4)]

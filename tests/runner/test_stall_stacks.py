@@ -151,6 +151,15 @@ class Launch:
                 assert left > 0, f"no line matching {pattern!r} in {timeout_s}s:\n{self.text()}"
                 self._cond.wait(left)
 
+    def wait_for_count(self, pattern, count, timeout_s):
+        """Wait until ``count`` lines match ``pattern`` (fails after timeout_s)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while sum(1 for _, line in self.lines if re.search(pattern, line)) < count:
+                left = deadline - time.monotonic()
+                assert left > 0, f"fewer than {count} lines match {pattern!r}:\n{self.text()}"
+                self._cond.wait(left)
+
     def finish(self, timeout_s):
         code = self.proc.wait(timeout=timeout_s)
         for r in self._readers:
@@ -166,14 +175,16 @@ class Launch:
             self.proc.wait()
 
 
-def _check_stall_report(args, seconds, flag=None, timeout_s=90):
-    """Rank 1 dawdles ``seconds`` (or until ``flag`` exists) while rank 0 waits: within
-    10 s of the warning, the report names rank 1 and the function; the job ends with 0."""
+def _check_stall_report(args, seconds, flag=None, timeout_s=90, warnings=1):
+    """Rank 1 dawdles ``seconds`` (or until ``flag`` exists, once the report and
+    ``warnings`` stall warnings came) while rank 0 waits: within 10 s of the warning, the
+    report names rank 1 and the function; the job ends with 0."""
     job = Launch(args + ["--stall-check-warning-time-seconds", "3", WORKER, "stall",
                          str(seconds)] + ([flag] if flag else []))
     try:
         warned = job.wait_for(re.escape(WARNING), 40)
         reported = job.wait_for(r"^hvdlite-run: stall: ranks \[0\] wait for ranks \[1\]", 15)
+        job.wait_for_count(re.escape(WARNING), warnings, 20)
         if flag:
             open(flag, "w").close()
         assert reported - warned < 10, job.text()
@@ -192,8 +203,9 @@ def _check_stall_report(args, seconds, flag=None, timeout_s=90):
 
 @needs_torch
 @pytest.mark.timeout(90)
-def test_stall_report_names_the_missing_rank_and_its_function_local():
-    text = _check_stall_report(["-np", "2"], 25)
+def test_stall_report_names_the_missing_rank_and_its_function_local(tmp_path):
+    # rank 1 sleeps up to 25 s in user code; it wakes once the report and a repeat came
+    text = _check_stall_report(["-np", "2"], 25, flag=str(tmp_path / "seen"), warnings=2)
     # the minute warning repeats (Horovod's behaviour), the stack report does not
     assert text.count(WARNING) >= 2, text
 

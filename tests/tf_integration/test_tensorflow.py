@@ -25,6 +25,11 @@ CASES = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
          "reducescatter", "misc", "process_set", "indexed_slices", "gradients",
          "gradient_tape_training", "keras_fit", "keras_backward_passes",
          "keras_lr_callbacks", "elastic_state", "signatures"]
+#: Keras DistributedOptimizer with hvd.Compression.powersgd (workers/tf_powersgd_worker.py):
+#: the NumPy reference eagerly and traced, the state in optimizer variables, refusals; in
+#: this launch only (not the one without torch)
+POWERSGD_CASES = ["powersgd_matches_reference", "powersgd_state_in_variables",
+                  "powersgd_refusals"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,7 @@ def results():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + POWERSGD_CASES)
 def test_case(results, case):
     results.check(case)
 

@@ -1,6 +1,7 @@
 """Keras DistributedOptimizer with hvd.Compression.powersgd at np=2: the applied updates equal
 the NumPy reference over several steps, eagerly and in a tf.function; the state is optimizer
-variables (a copy of them gives the same next step); refusals (run per rank)."""
+variables (a copy of them gives the same next step); refusals (run per rank).  Its cases
+run in tf_worker.py's launch (test_tensorflow.py)."""
 
 import sys
 

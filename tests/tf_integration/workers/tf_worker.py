@@ -609,6 +609,11 @@ CASES = {
     "no_torch": check_no_torch,
 }
 
+if not NO_TORCH:
+    # the Keras PowerSGD cases (tf_powersgd_worker.py) share this launch: one TF import less
+    from tf_powersgd_worker import CASES as POWERSGD_CASES  # noqa: E402
+    CASES.update({f"powersgd_{name}": fn for name, fn in POWERSGD_CASES.items()})
+
 if __name__ == "__main__":
     PROCESS_SET = hvd.ProcessSet([0])
     hvd.init(process_sets=[PROCESS_SET])
