@@ -1,5 +1,5 @@
-"""One order for the collectives of a TF1 graph, the same on every rank, so that a
-``session.run`` never deadlocks.
+"""One order for the collectives of a graph, the same on every rank, so that a
+``session.run`` or a ``tf.function`` call never deadlocks.
 
 In a ``tf.compat.v1`` graph each collective is a ``py_function`` that blocks one thread of
 the session's small inter-op pool until every rank submitted it.  Nothing orders those
@@ -18,12 +18,21 @@ its place, the one after it gaining a control dependency on it.
 A chain makes fetching one collective run the ones before it, so collectives are chained
 only with those that need the same feeds: the key of a chain is the set of source nodes
 (placeholders, iterators, ...) their inputs depend on; constants and variables do not count,
-since reading them needs no feed and changes nothing.  ``tf.function`` graphs need none of
-this (their automatic control dependencies already run stateful ops in program order), nor do
-ops inside TF1 control flow (a control input may not cross into it), which are left alone.
+since reading them needs no feed and changes nothing.  Ops inside TF1 control flow
+(a control input may not cross into it) are left alone.
+
+``tf.function`` graphs have automatic control dependencies, but these order a stateful op
+without resource inputs (a ``py_function``) only against others like it: a ``tf.cond`` or
+``tf.while_loop`` whose branch writes a variable is ordered by that variable alone, so a
+collective inside it and one outside could run in either order, and on a one-thread
+inter-op pool two ranks that pick different orders wait for each other forever.  So in a
+``tf.function`` each collective writes an *order token* (a resource variable of the
+function) just before and just after it runs: every op and every branch holding a collective then
+writes the same resource, and automatic control dependencies run them all in program order.
 """
 
 import bisect
+import uuid
 import weakref
 
 import tensorflow as tf
@@ -78,16 +87,55 @@ class _GraphChains:
 
 
 def _needs_order(graph) -> bool:
-    if graph.building_function:                       # tf.function: ordered already
+    if graph.building_function:                       # tf.function: the order token
         return False
     return graph._get_control_flow_context() is None  # TF1 cond / while_loop: left alone
 
 
+#: the order token's name: one resource per process, looked up by every function graph
+_TOKEN_NAME = f"hvdlite_collective_order_{uuid.uuid4().hex}"
+#: the control-flow branch graphs, whose collectives use their function's token
+_BRANCH_GRAPHS = ("CondBranchFuncGraph", "WhileCondFuncGraph", "WhileBodyFuncGraph")
+#: per function graph: the handle of the order token made in it
+_TOKENS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _order_token(graph):
+    """The token's handle in the function that ``graph`` is or is a branch of: an op of that
+    function (not a captured eager handle, which ``tf.saved_model.save`` would refuse as an
+    untracked resource), which its branches capture, so their ``If`` / ``While`` ops take it
+    as an input."""
+    while type(graph).__name__ in _BRANCH_GRAPHS and graph.outer_graph is not None:
+        graph = graph.outer_graph
+    if graph not in _TOKENS:
+        with graph.as_default(), tf.control_dependencies(None):
+            _TOKENS[graph] = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[],
+                                                    shared_name=_TOKEN_NAME)
+    return _TOKENS[graph]
+
+
+def _mark_order():
+    """A write of the order token (automatic control dependencies chain all of them)."""
+    token = _order_token(tf.compat.v1.get_default_graph())
+    return tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0, tf.int32))
+
+
+def _function_py_function(fn, inputs, touts):
+    """``tf.py_function`` inside a ``tf.function``, between two writes of the order token."""
+    with tf.control_dependencies([_mark_order()]):
+        outs = tf.py_function(fn, inputs, touts)
+    with tf.control_dependencies([o.op for o in outs]):
+        _mark_order()
+    return outs
+
+
 def ordered_py_function(fn, inputs, touts, name: str):
-    """``tf.py_function(fn, inputs, touts)`` placed in its graph's chain of collectives
+    """``tf.py_function(fn, inputs, touts)`` placed in its graph's order of collectives
     (see the module's docstring), ``name`` being the collective's name, the same on every
     rank."""
     graph = tf.compat.v1.get_default_graph()
+    if graph.building_function and tf.compat.v1.executing_eagerly_outside_functions():
+        return _function_py_function(fn, inputs, touts)
     if not _needs_order(graph):
         return tf.py_function(fn, inputs, touts)
     state = _CHAINS.setdefault(graph, _GraphChains())

@@ -12,8 +12,9 @@ module only does what is TensorFlow's own:
   numpy cannot export) through ``tf.convert_to_tensor`` of a numpy view (one copy).  torch
   is never imported here: a TensorFlow job under MPI runs without it.
 * **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
-  runs the eager code.  py_function nodes are stateful, so ``tf.function``'s automatic control
-  dependencies run them in program order on every rank.  An unnamed op gets its name when it
+  runs the eager code, between two writes of one order token, so ``tf.function``'s automatic
+  control dependencies run every collective, and every ``tf.cond`` / ``tf.while_loop`` holding
+  one, in program order on every rank (:mod:`hvdlite.tensorflow.graph_order`).  An unnamed op gets its name when it
   is traced, from the graph's name and the input tensor's name, made unique by the graph's
   numbering (the same on every rank that traces the same program), as Horovod names its
   graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) nothing orders the nodes, so

@@ -16,13 +16,13 @@ if importlib.util.find_spec("tensorflow") is None:
 
 WORKER = Path(__file__).resolve().parent / "workers" / "tf_horovod_parity.py"
 
-CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "indexed_slices", "error_types",
-         "dtypes", "public_names", "info_ops", "partial_tape", "sync_batch_norm", "tf1_api",
-         "load_model"]
+CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "function_branch_order",
+         "indexed_slices", "error_types", "dtypes", "public_names", "info_ops", "partial_tape",
+         "sync_batch_norm", "tf1_api", "load_model"]
 #: the cases run again at np=3: where the order in which ranks run collectives matters, or
 #: a size that divides nothing evenly
-ORDER_CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "indexed_slices",
-               "sync_batch_norm", "tf1_api"]
+ORDER_CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "function_branch_order",
+               "indexed_slices", "sync_batch_norm", "tf1_api"]
 
 
 def _launch(np, cases=()):

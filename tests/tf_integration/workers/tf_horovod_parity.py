@@ -97,6 +97,58 @@ def check_graph_fifty_collectives():
                 close(f"run {step} collective {i}", got[i].astype(np.float64), want(r))
 
 
+def _ancestors(op):
+    """Every op ``op`` waits for (data and control inputs, transitively)."""
+    seen, todo = set(), [op]
+    while todo:
+        node = todo.pop()
+        for parent in [t.op for t in node.inputs] + list(node.control_inputs):
+            if parent.name not in seen:
+                seen.add(parent.name)
+                todo.append(parent)
+    return seen
+
+
+def check_function_branch_order():
+    """In a ``tf.function``, collectives inside ``tf.cond`` branches that write a variable
+    run in program order with the collectives outside them (a cond is otherwise ordered by
+    its variable alone, and on a small inter-op pool ranks that pick different orders wait
+    forever): twenty calls, and the graph orders each node after the one before it."""
+    r, n = hvd.rank(), hvd.size()
+    counters = [tf.Variable(0.0) for _ in range(3)]
+
+    @tf.function
+    def step(x):
+        outs = []
+        for i, counter in enumerate(counters):
+            outs.append(hvd.allreduce(x + i, op=hvd.Sum, name=f"order.outer.{i}"))
+
+            def branch(counter=counter, i=i):
+                counter.assign_add(1.0)
+                return hvd.allreduce(x * (i + 1), op=hvd.Sum, name=f"order.inner.{i}")
+            outs.append(tf.cond(x[0] >= 0, branch, lambda: x))
+        return outs
+
+    x = tf.constant([float(r + 1)] * 3)
+    total = n * (n + 1) / 2
+    for call in range(20):
+        got = step(x)
+        for i in range(3):
+            close(f"call {call} outer {i}", got[2 * i].numpy(), [total + n * i] * 3)
+            close(f"call {call} inner {i}", got[2 * i + 1].numpy(), [total * (i + 1)] * 3)
+    graph = step.get_concrete_function(x).graph
+    ops_ = graph.get_operations()
+    outer = [op for op in ops_ if op.type == "EagerPyFunc"]
+    conds = [op for op in ops_ if op.type in ("If", "StatelessIf")
+             and not any(t.op.type == "EagerPyFunc" for t in op.inputs)]  # not error checks
+    assert len(outer) == 3 and len(conds) == 3, (outer, conds)
+    sequence = [node for pair in zip(outer, conds) for node in pair]
+    for before, after in zip(sequence, sequence[1:]):
+        assert before.name in _ancestors(after), f"{after.name} is not ordered after " \
+                                                  f"{before.name}"
+    close("counters", [c.numpy() for c in counters], [20.0] * 3)
+
+
 def check_graph_feeds_and_gradients():
     """Auto-named collectives in a graph: a step fed through a placeholder, a broadcast of
     the variables built after it and run alone (no feed needed), a grouped allgather's
@@ -606,6 +658,7 @@ def check_load_model():
 CASES = {
     "graph_fifty_collectives": check_graph_fifty_collectives,
     "graph_feeds_and_gradients": check_graph_feeds_and_gradients,
+    "function_branch_order": check_function_branch_order,
     "indexed_slices": check_indexed_slices,
     "error_types": check_error_types,
     "dtypes": check_dtypes,
