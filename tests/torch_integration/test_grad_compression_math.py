@@ -5,7 +5,7 @@ keeps a zero matrix zero, and the specs check their arguments."""
 import pytest
 import torch
 
-from hvdlite.torch.powersgd import PowerSGD, orthogonalize_
+from hvdlite.torch.powersgd import PowerSGD, orthogonalize_, subtract_product_, write_product
 from hvdlite.torch.topk import TopK, _scatter_sum, largest_entries
 
 
@@ -50,6 +50,22 @@ def test_orthogonalize():
     assert torch.allclose(q @ (q.t() @ p), p, atol=1e-9)
     zero = orthogonalize_(torch.zeros(5, 2))
     assert torch.equal(zero, torch.zeros(5, 2))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n,m,r", [(16, 12, 3), (13, 7, 2), (5, 9, 4), (21, 6, 1), (3, 3, 2)])
+def test_low_rank_products_in_strips_equal_one_product(n, m, r):
+    """The strip-wise ``P Q^T`` (rows a multiple of the strip, a remainder, fewer rows than
+    one strip, rank 1) equals the plain product, written over and subtracted in place."""
+    gen = torch.Generator().manual_seed(n * 100 + m * 10 + r)
+    pt, qt, base = (torch.randn(*s, dtype=torch.float64, generator=gen)
+                    for s in ((r, n), (r, m), (n, m)))
+    out = torch.full((n, m), float("nan"), dtype=torch.float64)
+    write_product(out, pt, qt)
+    assert torch.allclose(out, pt.t() @ qt, atol=1e-12)
+    rest = base.clone()
+    subtract_product_(rest, pt, qt)
+    assert torch.allclose(rest, base - pt.t() @ qt, atol=1e-12)
 
 
 @pytest.mark.timeout(60)
