@@ -30,15 +30,18 @@ def test_largest_entries_when_the_sample_misleads():
 
 @pytest.mark.timeout(60)
 def test_scatter_sum_over_several_tensors():
-    """Gathered (index, value) pairs of a unit of three tensors, with repeats and a tensor
-    that gets none, land summed in the right tensor; the rest is zeroed."""
+    """Gathered (index, value) pairs of a unit of three tensors from two ranks (each rank's
+    block: two entries of the first tensor, none of the second, two of the third), with
+    repeats, land summed in the right tensor; the rest is zeroed."""
     flats = [torch.full((n,), 7.0) for n in (5, 3, 4)]
-    indices = torch.tensor([11, 0, 4, 4, 8, 0, 11])
-    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
-    _scatter_sum(flats, indices, values)
+    indices = torch.tensor([0, 4, 11, 8, 4, 0, 11, 9], dtype=torch.int32)
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    _scatter_sum(flats, [2, 0, 2], indices, values)
     want = torch.zeros(12)
-    want.index_add_(0, indices, values)
+    want.index_add_(0, indices.long(), values)
     assert torch.equal(torch.cat(flats), want)
+    with pytest.raises(ValueError, match="4 entries each"):
+        _scatter_sum(flats, [2, 0, 2], indices[:6], values[:6])
 
 
 @pytest.mark.timeout(60)
