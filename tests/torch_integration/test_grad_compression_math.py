@@ -1,12 +1,19 @@
 """The building blocks of PowerSGD and top-k in one process: the fast top-k selection equals
-torch.topk (also when its sample misleads it), Gram-Schmidt gives orthonormal columns and
-keeps a zero matrix zero, and the specs check their arguments."""
+torch.topk (also when its sample misleads it), the gathered pairs land in the right tensor,
+Gram-Schmidt gives orthonormal columns and keeps a zero matrix zero, the strip-wise low-rank
+products equal the plain ones, the specs check their arguments, and the compute-only
+benchmark runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from hvdlite.torch.powersgd import PowerSGD, orthogonalize_, subtract_product_, write_product
-from hvdlite.torch.topk import TopK, _scatter_sum, largest_entries
+from hvdlite.torch.topk import TopK, _scatter_sum, largest_entries, sparse_nonzero
 
 
 @pytest.mark.timeout(60)
@@ -26,6 +33,18 @@ def test_largest_entries_when_the_sample_misleads():
     got = set(largest_entries(flat, 500).tolist())
     assert got == set(torch.topk(flat.abs(), 500).indices.tolist())
     assert 1 in got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("numel,offset", [(10_000, 0), (10_003, 0), (5, 0), (0, 0), (64, 3)])
+def test_sparse_nonzero_equals_nonzero(numel, offset):
+    """Word-wise nonzero: a length not a multiple of 8 (a tail), shorter than a word, empty,
+    and a view that does not start on a word (the plain fallback)."""
+    gen = torch.Generator().manual_seed(numel)
+    mask = torch.rand(numel + offset, generator=gen)[offset:] < 0.05
+    if numel:
+        mask[-1] = True                 # the tail counts
+    assert torch.equal(sparse_nonzero(mask), mask.nonzero().squeeze(1))
 
 
 @pytest.mark.timeout(60)
@@ -90,3 +109,16 @@ def test_which_gradients_powersgd_compresses():
 def test_bad_arguments(make):
     with pytest.raises(ValueError):
         make()
+
+
+@pytest.mark.timeout(120)
+def test_compression_compute_benchmark_runs():
+    """benchmarks/compression_compute.py runs every variant at a tiny width (so it cannot rot)."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "compression_compute.py"), "--width", "64",
+         "--steps", "1", "--warmup", "1"], capture_output=True, text=True, timeout=110,
+        env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    for variant in ("powersgd-r1", "powersgd-r4", "topk-1%"):
+        assert f"{variant} " in proc.stdout and "median" in proc.stdout, proc.stdout
