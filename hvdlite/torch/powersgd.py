@@ -65,6 +65,48 @@ def orthogonalize_(p: torch.Tensor, eps: float = ORTHO_EPS) -> torch.Tensor:
     return p
 
 
+#: rows per strip in the rank-r products over a whole matrix (``P Q^T``): one batched call over
+#: 8-row strips runs MKL's small kernels, several times faster on CPU than one ``n x m``
+#: product of inner dimension ``rank`` (and bit-identical to it); rank 1 is an outer product,
+#: fast as it is
+STRIP_ROWS = 8
+
+
+def _strips(t: torch.Tensor, pt: torch.Tensor, qt: torch.Tensor):
+    """``t``'s first rows, ``P``'s and ``Q^T`` as batches of :data:`STRIP_ROWS`-row strips
+    (``None`` when a plain product is as fast), and the number of rows they cover."""
+    n, cols = t.shape
+    r = pt.shape[0]
+    whole = n - n % STRIP_ROWS
+    if r == 1 or whole == 0:
+        return None, 0
+    b = whole // STRIP_ROWS
+    return (t[:whole].view(b, STRIP_ROWS, cols), pt.t()[:whole].reshape(b, STRIP_ROWS, r),
+            qt.unsqueeze(0).expand(b, r, cols)), whole
+
+
+def write_product(out: torch.Tensor, pt: torch.Tensor, qt: torch.Tensor) -> None:
+    """``out = P Q^T`` with ``P = pt^T`` (``pt``: ``rank x n``) and ``Q^T = qt`` (``rank x
+    m``); ``out`` (``n x m``, contiguous) is written once, row strip by row strip."""
+    strips, whole = _strips(out, pt, qt)
+    if strips is not None:
+        o3, p3, q3 = strips
+        torch.bmm(p3, q3, out=o3)
+    if whole < out.shape[0]:
+        torch.mm(pt.t()[whole:], qt, out=out[whole:])
+
+
+def subtract_product_(m: torch.Tensor, pt: torch.Tensor, qt: torch.Tensor) -> None:
+    """``m -= P Q^T`` in place (one read and one write of ``m``), factors as in
+    :func:`write_product`."""
+    strips, whole = _strips(m, pt, qt)
+    if strips is not None:
+        m3, p3, q3 = strips
+        m3.baddbmm_(p3, q3, alpha=-1)
+    if whole < m.shape[0]:
+        m[whole:].addmm_(pt.t()[whole:], qt, alpha=-1)
+
+
 class _PowerSGDExchange(GradientExchange):
     """Per matrix: this rank's residual ``error`` (``n x m``) and the warm-start ``q``
     (``m x rank``, equal on every rank, so broadcast with the optimizer state)."""
@@ -84,28 +126,30 @@ class _PowerSGDExchange(GradientExchange):
                 "q": spec.initial_q(name, m, r, p.dtype).to(p.device)}
 
     def _compressed_unit(self, unit, items):
+        # M = G + E is built in the residual's buffer, which then becomes M - P Q^T in place;
+        # the factors travel transposed (P^T: rank x n, Q^T: rank x m, contiguous), so each
+        # product reads or writes the n x m matrix once, in row order (fast on CPU)
         mats = []
         for name, g in items:
             st = self.state[name]
-            m = g.view(st["error"].shape)
-            m.add_(st["error"])
-            # the small factors enter the products transposed-contiguous: MKL's skinny
-            # products are several times faster so than with row-major (n x rank) operands
-            mats.append((m, torch.mm(m, st["q"].t().contiguous().t()), st))
+            m = st["error"]
+            m.add_(g.view(m.shape))
+            pt = torch.mm(st["q"].t().contiguous(), m.t())         # P^T = Q^T M^T
+            mats.append((g, m, pt, st))
         h = mpi_ops.grouped_allreduce_async_(
-            [p for _, p, _ in mats], name=unit + ".powersgd.P", op=mpi_ops.Sum,
+            [pt for _, _, pt, _ in mats], name=unit + ".powersgd.P", op=mpi_ops.Sum,
             process_set=self.kw["process_set"])
         yield
         mpi_ops.synchronize(h)
-        for m, p, st in mats:
-            orthogonalize_(p)
-            # Q = M^T P computed as (P^T M)^T: a transposed M is many times slower on CPU
-            q_t = torch.mm(p.t(), m)
-            torch.addmm(m, p, q_t, alpha=-1, out=st["error"])
-            st["q"].copy_(q_t.t())
-        h = mpi_ops.grouped_allreduce_async_(
-            [st["q"] for _, _, st in mats], name=unit + ".powersgd.Q", **self.kw)
+        qts = []
+        for _, m, pt, _ in mats:
+            orthogonalize_(pt.t())
+            qt = torch.mm(pt, m)                                    # Q^T = P^T M
+            subtract_product_(m, pt, qt)                            # residual M - P Q^T
+            qts.append(qt)
+        h = mpi_ops.grouped_allreduce_async_(qts, name=unit + ".powersgd.Q", **self.kw)
         yield
         mpi_ops.synchronize(h)
-        for m, p, st in mats:
-            torch.mm(p, st["q"].t().contiguous(), out=m)
+        for (g, m, pt, st), qt in zip(mats, qts):
+            st["q"].copy_(qt.t())
+            write_product(g.view(m.shape), pt, qt)

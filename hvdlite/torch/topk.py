@@ -79,10 +79,27 @@ def largest_entries(flat: torch.Tensor, k: int, scratch=None) -> torch.Tensor:
         sample = mags[::_SAMPLE_STRIDE]
         take = min(sample.numel(), max(1, int(sample.numel() * k / mags.numel() * 1.3)))
         threshold = torch.topk(sample, take, sorted=False).values.min()
-        candidates = (mags >= threshold).nonzero().squeeze(1)
+        candidates = sparse_nonzero(mags >= threshold)
         if candidates.numel() >= k:
-            return candidates[torch.topk(mags[candidates], k, sorted=False).indices]
+            # index_select, not mags[candidates]: the same gather, ten times faster on CPU
+            best = torch.topk(mags.index_select(0, candidates), k, sorted=False).indices
+            return candidates.index_select(0, best)
     return torch.topk(mags, k, sorted=False).indices
+
+
+def sparse_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """``mask.nonzero()`` of a flat, mostly false bool tensor, as a flat index vector: first
+    the 8-byte words that hold any true entry, then the entries within them (on CPU about
+    1.6x faster than one ``nonzero`` over every byte at the densities top-k sees)."""
+    whole = mask.numel() - mask.numel() % 8
+    if whole == 0 or mask.storage_offset() % 8:
+        return mask.nonzero().squeeze(1)
+    words = mask[:whole].view(torch.int64).nonzero().squeeze(1)
+    inside = mask[:whole].view(-1, 8).index_select(0, words).view(-1).nonzero().squeeze(1)
+    found = words.index_select(0, inside >> 3).mul_(8).add_(inside & 7)
+    if whole < mask.numel():
+        found = torch.cat([found, mask[whole:].nonzero().squeeze(1) + whole])
+    return found
 
 
 class _TopKExchange(GradientExchange):
@@ -105,21 +122,23 @@ class _TopKExchange(GradientExchange):
 
     def _select(self, items):
         """Error feedback and selection: the flat gradients, the kept values and their
-        indices in the unit (the gradients laid end to end); updates the residuals."""
-        flats, values, indices = [], [], []
+        indices in the unit (the gradients laid end to end), and how many each gradient
+        keeps; the residual buffers become the new residuals.  The gradients themselves
+        are left as they are (the exchange overwrites them)."""
+        flats, values, indices, kept = [], [], [], []
         offset = 0
         for name, g in items:
             flat = g.view(-1)
             err = self.state[name]["error"]
-            flat.add_(err)
-            idx = largest_entries(flat, self.spec.k_of(flat.numel()), self._scratch(flat))
-            values.append(flat[idx])
-            err.copy_(flat)
-            err[idx] = 0
+            err.add_(flat)                          # M = G + E, in the residual's buffer
+            idx = largest_entries(err, self.spec.k_of(flat.numel()), self._scratch(flat))
+            values.append(err.index_select(0, idx))
+            err.index_fill_(0, idx, 0)              # the residual: M less what is sent
             indices.append(idx + offset)
+            kept.append(idx.numel())
             flats.append(flat)
             offset += flat.numel()
-        return flats, torch.cat(values), torch.cat(indices), offset
+        return flats, torch.cat(values), torch.cat(indices), kept
 
     def _scratch(self, flat: torch.Tensor) -> torch.Tensor:
         """A reused buffer for the magnitudes (a fresh one per step costs page faults)."""
@@ -131,7 +150,8 @@ class _TopKExchange(GradientExchange):
         return buf[:flat.numel()]
 
     def _compressed_unit(self, unit, items):
-        flats, values, indices, total = self._select(items)
+        flats, values, indices, kept = self._select(items)
+        total = sum(f.numel() for f in flats)
         kw = {"process_set": self.kw["process_set"]}
         if self._use_dense(values.numel(), total, values.element_size()):
             summed = torch.zeros(total, dtype=values.dtype, device=values.device)
@@ -149,21 +169,33 @@ class _TopKExchange(GradientExchange):
                                      name=unit + ".topk.indices", **kw)
         yield
         all_values = mpi_ops.synchronize(hv)
-        all_indices = mpi_ops.synchronize(hi).long()
-        _scatter_sum(flats, all_indices, all_values * self._average_scale())
+        all_indices = mpi_ops.synchronize(hi)
+        _scatter_sum(flats, kept, all_indices, all_values * self._average_scale())
 
 
-def _scatter_sum(flats: List[torch.Tensor], indices: torch.Tensor, values: torch.Tensor):
+def _scatter_sum(flats: List[torch.Tensor], kept: List[int], indices: torch.Tensor,
+                 values: torch.Tensor):
     """Overwrite the ``flats`` (laid end to end) with zeros plus ``values`` summed at
-    ``indices``, tensor by tensor (no buffer of the whole unit)."""
-    order = torch.argsort(indices)
-    indices, values = indices[order], values[order]
-    bounds = [0]
-    for flat in flats:
-        bounds.append(bounds[-1] + flat.numel())
-    cuts = torch.searchsorted(indices, torch.tensor(bounds, dtype=indices.dtype)).tolist()
-    for i, flat in enumerate(flats):
+    ``indices``, tensor by tensor (no buffer of the whole unit).
+
+    ``indices``/``values`` are what every rank sent, one after another, each rank's block
+    being ``kept[0]`` entries of the first tensor, ``kept[1]`` of the second, ...: every rank
+    keeps the same counts (same shapes, same ratio), so each tensor's entries are found by
+    position, without sorting."""
+    per_rank = sum(kept)
+    if indices.numel() != values.numel() or (per_rank and indices.numel() % per_rank):
+        raise ValueError(
+            f"top-k: gathered {indices.numel()} indices and {values.numel()} values, not a "
+            f"whole number of ranks' {per_rank} entries each (do the ranks compress "
+            "different gradients?)")
+    ranks = indices.numel() // per_rank if per_rank else 0
+    indices = indices.view(ranks, per_rank)
+    values = values.view(ranks, per_rank)
+    start = at = 0
+    for flat, k in zip(flats, kept):
         flat.zero_()
-        a, b = cuts[i], cuts[i + 1]
-        if b > a:
-            flat.index_add_(0, indices[a:b] - bounds[i], values[a:b])
+        if k:
+            idx = indices[:, at:at + k].reshape(-1) - start
+            flat.index_add_(0, idx, values[:, at:at + k].reshape(-1))
+        start += flat.numel()
+        at += k
