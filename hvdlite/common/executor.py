@@ -65,10 +65,12 @@ class Executor:
         #: objects): its sizes and chunks, and the views a result is unpacked from (see
         #: :meth:`_layout`)
         self._layouts: Dict[int, tuple] = {}
+        self._splits: Dict[tuple, tuple] = {}      # see _split_by_size
 
     def forget(self) -> None:
         """Drop the remembered views (they hold the backend's memory): before it closes."""
         self._layouts.clear()
+        self._splits.clear()
 
     def set_recorder(self, recorder: Optional[Recorder]) -> None:
         """Report the spans of later groups to ``recorder`` (None: report nothing).  Called
@@ -162,12 +164,10 @@ class Executor:
         in_flight_direct = []
         direct_bytes = self.params.inplace_threshold_bytes
         if direct_bytes:
-            packed, direct = [], []
+            packed, big = self._split_by_size(group, direct_bytes)
             start = time.monotonic() if rec is not None else 0.0
-            for resp in group:
-                if resp.nbytes < direct_bytes:
-                    packed.append(resp)
-                    continue
+            direct = []
+            for resp in big:
                 entry = entries.get(resp.name)
                 direct.append((self._target(resp, entry), entry, resp))
             if direct:
@@ -183,6 +183,25 @@ class Executor:
                 self._span(COLLECTIVE, [resp], start)
             if entry is not None:
                 complete(entry, entry.output)
+
+    def _split_by_size(self, group, direct_bytes: int) -> tuple:
+        """``(packed, direct)``: the group's responses under ``direct_bytes`` and the rest.
+        A group of many is split once: its packed part is then the same list on every step,
+        which :meth:`_layout` recognizes."""
+        key = (id(group), direct_bytes)
+        known = self._splits.get(key) if len(group) >= _REMEMBER_FROM else None
+        if known is not None and known[0] is group:
+            return known[1], known[2]
+        packed = [r for r in group if r.nbytes < direct_bytes]
+        direct = [r for r in group if r.nbytes >= direct_bytes] \
+            if len(packed) < len(group) else []
+        if len(packed) == len(group):
+            packed = group
+        if len(group) >= _REMEMBER_FROM:
+            if len(self._splits) >= _MAX_LAYOUTS:
+                self._splits.clear()
+            self._splits[key] = (group, packed, direct)
+        return packed, direct
 
     def _layout(self, group) -> tuple:
         """``(sizes, chunks, views)`` of a packed group: its tensors' element counts, its
