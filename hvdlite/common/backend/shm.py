@@ -378,26 +378,43 @@ class SharedMemoryGroup:
                 flat, lo, hi = work[step]
                 if step >= _RING:
                     self._wait_for(copied_out, base + step - _RING + 1)
-                k.scaled_copy_(mine[step % _RING][:hi - lo], flat[lo:hi], prescale)
+                # the peers' slices only: this rank reduces its own where it lies
+                a, b = _slice(hi - lo, me, L)
+                ring = mine[step % _RING]
+                if a > 0:
+                    k.scaled_copy_(ring[:a], flat[lo:lo + a], prescale)
+                if lo + b < hi:
+                    k.scaled_copy_(ring[b:hi - lo], flat[lo + b:hi], prescale)
                 copied_in[me] = base + step + 1
             done = step - 1
             if 0 <= done < pieces:                       # reduce my slice of piece `done`
-                _, lo, hi = work[done]
-                m = hi - lo
-                part = (m + L - 1) // L
-                lo, hi = min(me * part, m), min((me + 1) * part, m)
+                flat, lo, hi = work[done]
+                a, b = _slice(hi - lo, me, L)
                 self._wait_for(copied_in, base + done + 1)
-                if hi > lo:
+                if b > a:
                     pos = done % _RING
-                    acc = rings[0][pos][lo:hi]
-                    for r in range(1, L):
-                        _combine(acc, rings[r][pos][lo:hi], op)
+                    own = flat[lo + a:lo + b]
+                    acc = rings[me][pos][a:b]            # the result, for the peers
+                    terms = [own if r == me else rings[r][pos][a:b] for r in range(L)]
+                    if prescale == 1.0 and L > 1:        # in rank order, as everywhere
+                        _combine_into(acc, terms[0], terms[1], op)
+                        rest = terms[2:]
+                    else:
+                        k.scaled_copy_(acc, own, prescale)
+                        rest = terms[:me] + terms[me + 1:]
+                    for other in rest:
+                        _combine(acc, other, op)
+                    k.scaled_copy_(own, acc, postscale)
                 reduced[me] = base + done + 1
             done = step - 2
-            if done >= 0:                                # copy piece `done` out
+            if done >= 0:                                # copy the peers' slices out
                 flat, lo, hi = work[done]
+                pos = done % _RING
                 self._wait_for(reduced, base + done + 1)
-                k.scaled_copy_(flat[lo:hi], rings[0][done % _RING][:hi - lo], postscale)
+                for r in range(L):
+                    a, b = _slice(hi - lo, r, L)
+                    if r != me and b > a:
+                        k.scaled_copy_(flat[lo + a:lo + b], rings[r][pos][a:b], postscale)
                 copied_out[me] = base + done + 1
 
     def _wait_for(self, counters, g: int) -> None:
@@ -524,6 +541,30 @@ def _process_gone(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state in (b"Z", b"X")
+
+
+def _slice(m: int, rank: int, size: int):
+    """``(start, end)`` of ``rank``'s share of a piece of ``m`` elements."""
+    part = (m + size - 1) // size
+    return min(rank * part, m), min((rank + 1) * part, m)
+
+
+def _combine_into(out, a, b, op: ReduceOp) -> None:
+    """``out := a (op) b``: :func:`_combine` without a copy of ``a`` first."""
+    torch = lazy_torch()
+    if out.dtype == torch.bool and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
+        out.copy_(a)
+        _combine(out, b, op)
+    elif op == ReduceOp.SUM:
+        torch.add(a, b, out=out)
+    elif op == ReduceOp.MIN:
+        torch.minimum(a, b, out=out)
+    elif op == ReduceOp.MAX:
+        torch.maximum(a, b, out=out)
+    elif op == ReduceOp.PRODUCT:
+        torch.mul(a, b, out=out)
+    else:
+        raise ValueError(f"shared-memory allreduce: unsupported op {op!r}")
 
 
 def _combine(acc, other, op: ReduceOp) -> None:
