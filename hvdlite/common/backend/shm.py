@@ -40,7 +40,8 @@ the ranks of the same local rank on the other hosts (``cross``); everyone copies
 the result out, multiplied by the op's postscale (the input by its prescale on the way
 in), so scaling costs no pass of its own.  On one host a tensor of several pieces is
 pipelined on per-piece progress counters instead of two barriers a piece
-(:meth:`SharedMemoryGroup._pipelined_allreduce`).  Ordering between the counter store
+(:meth:`SharedMemoryGroup._pipelined_allreduce`); there a rank copies in only its peers'
+slices of each piece and reduces its own slice straight from its tensor.  Ordering between the counter store
 and the data relies on the stores of one process becoming visible in order (x86's memory
 model).
 """
@@ -354,7 +355,10 @@ class SharedMemoryGroup:
         """One host, cores to spare: the tensors (``flats``, one dtype) go through in pieces
         that stay in the caches, and a rank waits only for the pieces it needs, not in
         lockstep: it copies piece k in (scaled by ``prescale``) while its peers still reduce
-        piece k - 1 into slot 0 and copy piece k - 2 out of it (scaled by ``postscale``).
+        piece k - 1 and copy piece k - 2 out (scaled by ``postscale``).  Only the peers'
+        slices of a piece travel through this rank's ring: its own slice is reduced from its
+        tensor into its ring (where the peers copy it out from) and into its tensor, which
+        saves half a piece of copying in and half of copying out at np=2.
         Progress counters in the header say how far each rank got; a rank reuses a ring
         place only once every rank copied out the piece that used it.  Every piece of an op
         waits for every peer to have started the op, so the slot set of the op before last
