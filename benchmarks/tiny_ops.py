@@ -17,11 +17,11 @@ untimed barrier; rank 0 times the step.  Only rank 0 prints: median, min and mea
 of each kind over all rounds, and the per-round medians.
 
 ``--barrier raw`` (the default) meets on a torch.distributed Gloo group of its own, outside
-hvdlite, as ``allreduce.py`` does: hvdlite's background thread is idle when the step starts, as
-after a training step's compute.  ``--barrier hvd`` meets in ``hvd.barrier()`` instead: the
-ranks then leave one hvdlite cycle together with the thread just awake, which flatters the
-step (earlier versions of this script did that; it measured 5.0 ms where ``allreduce.py``'s
-tiny row, after a raw barrier, measured 6.3).
+hvdlite, as ``allreduce.py`` does; ``--barrier hvd`` meets in ``hvd.barrier()`` (what earlier
+versions did; both measure the same within noise).  ``allreduce.py``'s ``tiny1000`` row runs
+a flat Gloo allreduce and a memcpy of the same bytes between its hvdlite steps (its paired
+columns), which leaves the caches cold and costs the hvdlite step 0.5-0.9 ms more than here;
+``allreduce.py --no-paired`` measures what this script does.
 """
 
 import argparse
