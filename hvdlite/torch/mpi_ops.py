@@ -269,6 +269,14 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
+    # what an optimizer without buckets calls for every gradient: the plain case goes
+    # straight to the runtime (the checks of _allreduce_one, inline)
+    t = tensor
+    if type(t) is torch.Tensor and process_set is global_process_set and average is None \
+            and t.is_cpu and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
+        rop = _OP_OF.get(op)
+        if rop is not None:
+            return ops.allreduce_one(t, t, name, rop, prescale_factor, postscale_factor)
     return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
                           process_set)
 
