@@ -41,9 +41,9 @@ the result out, multiplied by the op's postscale (the input by its prescale on t
 in), so scaling costs no pass of its own.  On one host a tensor of several pieces is
 pipelined on per-piece progress counters instead of two barriers a piece
 (:meth:`SharedMemoryGroup._pipelined_allreduce`); there a rank copies in only its peers'
-slices of each piece and reduces its own slice straight from its tensor.  Ordering between the counter store
-and the data relies on the stores of one process becoming visible in order (x86's memory
-model).
+slices of each piece and reduces its own slice straight from its tensor.  Ordering between
+the counter store and the data relies on the stores of one process becoming visible in
+order (x86's memory model).
 """
 
 import mmap
