@@ -17,8 +17,9 @@ from hvdlite.common import basics
 #: in-place groups up to this many bytes keep their buffer (bigger ones: the copy dominates,
 #: and a kept buffer would double their memory)
 KEEP_BYTES = 16 << 20
-#: at most this many kept buffers (names) at once
+#: at most this many kept buffers (names), and bytes in them, at once
 MAX_KEPT = 64
+KEEP_TOTAL_BYTES = 64 << 20
 
 
 class Packing:
@@ -36,7 +37,11 @@ class Packing:
         self.key, self.shapes, self.flat, self.pieces = key, shapes, flat, pieces
 
     def give_back(self) -> None:
-        if len(_KEPT) < MAX_KEPT:
+        """Keep it for the next call of its name, unless the table is full."""
+        nbytes = self.flat.numel() * self.flat.element_size()
+        if len(_KEPT) < MAX_KEPT and nbytes + sum(
+                p.flat.numel() * p.flat.element_size() for p in _KEPT.values()) \
+                <= KEEP_TOTAL_BYTES:
             _KEPT[self.key] = self
 
 

@@ -55,3 +55,13 @@ def test_no_buffer_is_kept_for_other_shapes_unnamed_or_out_of_place_groups():
         assert kept3 is None and flat.tolist() == [1.0] * 6
     out = gp.finisher(one, False, None, True)([torch.arange(6.0)])
     assert [o.tolist() for o in out] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0]]
+
+
+@pytest.mark.timeout(30)
+def test_kept_buffers_stay_within_the_byte_budget(monkeypatch):
+    monkeypatch.setattr(gp, "KEEP_TOTAL_BYTES", 100)
+    for name in ("a", "b", "c"):
+        group = [torch.ones(10), torch.ones(5)]              # 60 bytes each
+        flat, _, kept, one_d = gp.pack(group, torch.float32, name, inplace=True)
+        gp.finisher(group, True, kept, one_d)([flat])
+    assert list(gp._KEPT) == [("a", torch.float32, hash((torch.Size([10]), torch.Size([5]))))]
