@@ -143,7 +143,7 @@ def workload_shapes(name, args):
 WORKLOADS = ("resnet50", "bert", "tiny1000", "big64mb")
 #: default (warmup, iters) per workload, sized so a full default run at np=2 on the 2-core
 #: machine stays around three minutes; --warmup / --iters override them all.
-DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 15), "big64mb": (2, 10)}
+DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 60), "big64mb": (2, 10)}
 IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
          "torch_per_tensor_sync", "torch_flat", "memcpy_floor")
 #: run only when named in --impls (they cost a trace file / a tuning phase)

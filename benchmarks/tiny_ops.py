@@ -13,8 +13,15 @@ Two step kinds, interleaved round by round so they see the same machine load:
 * ``grouped``   one ``hvd.grouped_allreduce_(tensors, name=...)`` call.
 
 Both use ``op=hvd.Average``, as ``DistributedOptimizer`` does.  Every step starts after an
-untimed ``hvd.barrier()``; rank 0 times the step.  Only rank 0 prints: median, min and
-mean ms per step of each kind over all rounds, and the per-round medians.
+untimed barrier; rank 0 times the step.  Only rank 0 prints: median, min and mean ms per step
+of each kind over all rounds, and the per-round medians.
+
+``--barrier raw`` (the default) meets on a torch.distributed Gloo group of its own, outside
+hvdlite, as ``allreduce.py`` does; ``--barrier hvd`` meets in ``hvd.barrier()`` (what earlier
+versions did; both measure the same within noise).  ``allreduce.py``'s ``tiny1000`` row runs
+a flat Gloo allreduce and a memcpy of the same bytes between its hvdlite steps (its paired
+columns), which leaves the caches cold and costs the hvdlite step 0.5-0.9 ms more than here;
+``allreduce.py --no-paired`` measures what this script does.
 """
 
 import argparse
@@ -41,12 +48,22 @@ def step_grouped(tensors, names):
 STEPS = {"separate": step_separate, "grouped": step_grouped}
 
 
-def time_steps(kind, tensors, names, steps):
-    """Rank 0's seconds per step of ``kind`` (each after an untimed barrier)."""
+def raw_barrier():
+    """A barrier that leaves hvdlite alone: a torch.distributed Gloo group of its own (set up
+    by ``allreduce.py``'s :func:`init_raw_group`, on a port of its own)."""
+    import torch.distributed as dist
+    from allreduce import init_raw_group     # benchmarks/ is the script's directory
+    init_raw_group(hvd.rank(), hvd.size())
+    flag = torch.ones(1)
+    return lambda: dist.all_reduce(flag)
+
+
+def time_steps(kind, tensors, names, steps, barrier):
+    """Rank 0's seconds per step of ``kind`` (each after an untimed ``barrier()``)."""
     fn = STEPS[kind]
     out = []
     for _ in range(steps):
-        hvd.barrier()
+        barrier()
         t0 = time.perf_counter()
         fn(tensors, names)
         out.append(time.perf_counter() - t0)
@@ -61,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per kind first")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     p.add_argument("--kinds", default="separate,grouped", help="comma-separated step kinds")
+    p.add_argument("--barrier", choices=("raw", "hvd"), default="raw",
+                   help="what the ranks meet in before each step: a Gloo group outside hvdlite "
+                        "(raw, default) or hvd.barrier() (see the module docstring)")
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     return p.parse_args(argv)
 
@@ -74,13 +94,14 @@ def main(argv=None):
     hvd.init()
     tensors = [torch.ones(args.floats) for _ in range(args.tensors)]
     names = [f"tiny.{i}" for i in range(args.tensors)]
+    barrier = raw_barrier() if args.barrier == "raw" else hvd.barrier
     for k in kinds:
-        time_steps(k, tensors, names, args.warmup)
+        time_steps(k, tensors, names, args.warmup, barrier)
     per_round = {k: [] for k in kinds}
     pooled = {k: [] for k in kinds}
     for _ in range(args.rounds):
         for k in kinds:
-            times = time_steps(k, tensors, names, args.steps)
+            times = time_steps(k, tensors, names, args.steps, barrier)
             per_round[k].append(statistics.median(times) * 1e3)
             pooled[k] += times
     rows = {k: {"median_ms": statistics.median(pooled[k]) * 1e3,
@@ -90,7 +111,7 @@ def main(argv=None):
     values_ok = bool(torch.cat(tensors).eq(1).all().item())
     if hvd.rank() == 0:
         print(f"np={hvd.size()} tensors={args.tensors} floats={args.floats} "
-              f"steps={args.steps}x{args.rounds} values_ok={values_ok}")
+              f"steps={args.steps}x{args.rounds} barrier={args.barrier} values_ok={values_ok}")
         for k, r in rows.items():
             print(f"{k:9s} median {r['median_ms']:7.3f} ms  min {r['min_ms']:7.3f}  "
                   f"mean {r['mean_ms']:7.3f}  rounds {r['round_medians_ms']}")
@@ -98,6 +119,9 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump({"np": hvd.size(), "args": vars(args), "rows": rows,
                            "values_ok": values_ok}, f, indent=1)
+    if args.barrier == "raw":
+        import torch.distributed as dist
+        dist.destroy_process_group()
     hvd.shutdown()
     return 0 if values_ok else 1
 

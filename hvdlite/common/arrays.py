@@ -147,6 +147,19 @@ class ArrayKind(abc.ABC):
         """Copy consecutive pieces of ``buf`` (``sizes`` elements each) into flat ``outs``."""
 
     @abc.abstractmethod
+    def pieces(self, buf, sizes: List[int]) -> List:
+        """Views of consecutive pieces of ``buf``, ``sizes`` elements each: what
+        :meth:`unpack` copies from, made once for a buffer that is unpacked again and again."""
+
+    @abc.abstractmethod
+    def copy_all_(self, dsts: List, srcs: List) -> None:
+        """``dst := src`` for every pair (flat buffers of equal length)."""
+
+    @abc.abstractmethod
+    def address(self, buf) -> int:
+        """Where ``buf``'s first element lies in memory."""
+
+    @abc.abstractmethod
     def scale_(self, buf, factor: float) -> None:
         """Multiply in place, as Horovod scales: integers in float64, truncated toward zero
         when cast back; 16-bit floats in float32 (CPU half arithmetic loses more)."""
@@ -263,9 +276,18 @@ class TorchArrays(ArrayKind):
         self._cat(flats, out=out)
 
     def unpack(self, buf, outs, sizes):
+        self._foreach_copy_(outs, self.pieces(buf, sizes))
+
+    def pieces(self, buf, sizes):
         # split_with_sizes, not Tensor.split: the Python wrapper of the latter costs ~5x
         # more with a thousand sizes
-        self._foreach_copy_(outs, list(buf.split_with_sizes(sizes)))
+        return list(buf.split_with_sizes(sizes))
+
+    def copy_all_(self, dsts, srcs):
+        self._foreach_copy_(dsts, srcs)
+
+    def address(self, buf):
+        return buf.data_ptr()
 
     def scale_(self, buf, factor):
         if factor == 1.0:
@@ -403,10 +425,21 @@ class NumpyArrays(ArrayKind):
         np.concatenate(flats, out=out)
 
     def unpack(self, buf, outs, sizes):
-        offset = 0
-        for out, n in zip(outs, sizes):
-            out[...] = buf[offset:offset + n]
+        self.copy_all_(outs, self.pieces(buf, sizes))
+
+    def pieces(self, buf, sizes):
+        out, offset = [], 0
+        for n in sizes:
+            out.append(buf[offset:offset + n])
             offset += n
+        return out
+
+    def copy_all_(self, dsts, srcs):
+        for dst, src in zip(dsts, srcs):
+            dst[...] = src
+
+    def address(self, buf):
+        return buf.__array_interface__["data"][0]
 
     def scale_(self, buf, factor):
         if factor == 1.0:

@@ -19,6 +19,10 @@ from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT, Recorder
 #: packing and unpacking that scale go in runs of tensors about this big: each run is
 #: scaled while it is still in the cache, so the scaling costs no pass over memory
 SCALE_RUN_BYTES = 1 << 20
+#: packed groups of at least this many tensors keep their layout and result views between
+#: steps (Executor._layout); at most this many such groups are kept
+_REMEMBER_FROM = 32
+_MAX_LAYOUTS = 32
 #: a plain int, so the allreduce path pays one int comparison for Adasum's branch
 _ADASUM = int(ReduceOp.ADASUM)
 
@@ -57,6 +61,16 @@ class Executor:
         k = self._kind = buffers.kind
         self._flat, self._copy, self._clone = k.flat, k.copy_, k.clone
         self._pack, self._unpack, self._scale = k.pack, k.unpack, k.scale_
+        #: per fused group of many tensors (the cache-hit cycles' plans repeat the same group
+        #: objects): its sizes and chunks, and the views a result is unpacked from (see
+        #: :meth:`_layout`)
+        self._layouts: Dict[int, tuple] = {}
+        self._splits: Dict[tuple, tuple] = {}      # see _split_by_size
+
+    def forget(self) -> None:
+        """Drop the remembered views (they hold the backend's memory): before it closes."""
+        self._layouts.clear()
+        self._splits.clear()
 
     def set_recorder(self, recorder: Optional[Recorder]) -> None:
         """Report the spans of later groups to ``recorder`` (None: report nothing).  Called
@@ -150,12 +164,10 @@ class Executor:
         in_flight_direct = []
         direct_bytes = self.params.inplace_threshold_bytes
         if direct_bytes:
-            packed, direct = [], []
+            packed, big = self._split_by_size(group, direct_bytes)
             start = time.monotonic() if rec is not None else 0.0
-            for resp in group:
-                if resp.nbytes < direct_bytes:
-                    packed.append(resp)
-                    continue
+            direct = []
+            for resp in big:
                 entry = entries.get(resp.name)
                 direct.append((self._target(resp, entry), entry, resp))
             if direct:
@@ -172,9 +184,62 @@ class Executor:
             if entry is not None:
                 complete(entry, entry.output)
 
+    def _split_by_size(self, group, direct_bytes: int) -> tuple:
+        """``(packed, direct)``: the group's responses under ``direct_bytes`` and the rest.
+        A group of many is split once: its packed part is then the same list on every step,
+        which :meth:`_layout` recognizes."""
+        key = (id(group), direct_bytes)
+        known = self._splits.get(key) if len(group) >= _REMEMBER_FROM else None
+        if known is not None and known[0] is group:
+            return known[1], known[2]
+        packed = [r for r in group if r.nbytes < direct_bytes]
+        direct = [r for r in group if r.nbytes >= direct_bytes] \
+            if len(packed) < len(group) else []
+        if len(packed) == len(group):
+            packed = group
+        if len(group) >= _REMEMBER_FROM:
+            if len(self._splits) >= _MAX_LAYOUTS:
+                self._splits.clear()
+            self._splits[key] = (group, packed, direct)
+        return packed, direct
+
+    def _layout(self, group) -> tuple:
+        """``(sizes, chunks, views)`` of a packed group: its tensors' element counts, its
+        pipeline chunks ``(first, end, offset, count)``, and a dict in which the unpacking
+        keeps the views of result regions it saw (:meth:`_result_pieces`).  Remembered for
+        groups of many tensors, whose every step would otherwise rebuild them all."""
+        chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // \
+            itemsize(group[0].dtype)
+        if len(group) < _REMEMBER_FROM:
+            sizes = [r.numel for r in group]
+            return sizes, list(_chunks(sizes, chunk_elems)), None
+        key = id(group)
+        known = self._layouts.get(key)
+        if known is not None and known[0] is group and known[1] == chunk_elems:
+            return known[2]
+        if len(self._layouts) >= _MAX_LAYOUTS:
+            self._layouts.clear()
+        sizes = [r.numel for r in group]
+        layout = (sizes, list(_chunks(sizes, chunk_elems)), {})
+        self._layouts[key] = (group, chunk_elems, layout)      # the group itself keeps its id
+        return layout
+
+    def _result_pieces(self, views, region, lo: int, sizes):
+        """Views of ``region`` cut at ``sizes`` (those of tensors ``lo...``), kept in the
+        group's ``views`` (None: not kept): a result in a shared-memory slot lies where an
+        earlier step's did, so it is cut once, not on every step.  (Views of the fusion
+        buffer are not kept: they would keep a buffer that has since grown alive.)"""
+        if views is None:
+            return self._kind.pieces(region, sizes)
+        key = (lo, self._kind.address(region))
+        pieces = views.get(key)
+        if pieces is None:
+            pieces = views[key] = self._kind.pieces(region, sizes)
+        return pieces
+
     def _allreduce_packed(self, group, entries, complete, op, post) -> None:
         first = group[0]
-        sizes = [r.numel for r in group]
+        sizes, chunks, views = self._layout(group)
         flat_of = self._flat
         buf = self.buffers.get(first.dtype, sum(sizes))
         flats, out_flats, done = [], [], []
@@ -187,22 +252,23 @@ class Executor:
                 out_flats.append(flat)
                 done.append(None)
             else:
-                flat = flat_of(entry.tensor)
+                # a 1-D buffer is its own flat view (skips a view call per tensor)
+                t = entry.tensor
+                flat = t if t.ndim == 1 else flat_of(t)
                 flats.append(flat)
-                out_flats.append(flat if entry.output is entry.tensor else flat_of(entry.output))
+                out = entry.output
+                out_flats.append(flat if out is t else out if out.ndim == 1 else flat_of(out))
                 done.append(entry)
         # Pipeline: pack chunk k+1 while chunk k is on the wire, unpack chunk k while
         # chunk k+1 is; each chunk's handles complete as soon as its data is back.
         in_flight = []
         rec = self._rec
-        chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // \
-            itemsize(first.dtype)
         dtype = buf.dtype
-        for chunk, (lo, hi, off, count) in enumerate(_chunks(sizes, chunk_elems)):
+        for chunk, (lo, hi, off, count) in enumerate(chunks):
             staged = self.backend.stage(dtype, count)
             if staged is not None:
-                self._allreduce_staged(staged, group, lo, hi, chunk, flats, out_flats, sizes,
-                                       done, complete, op, post)
+                self._allreduce_staged(staged, group, lo, hi, chunk, flats, out_flats,
+                                       sizes, done, complete, op, post, views)
                 continue
             region = buf[off:off + count]
             start = time.monotonic() if rec is not None else 0.0
@@ -218,7 +284,7 @@ class Executor:
             self._finish_chunk(item, post, group, sizes, out_flats, done, complete)
 
     def _allreduce_staged(self, staged, group, lo, hi, chunk, flats, out_flats, sizes, done,
-                          complete, op, post) -> None:
+                          complete, op, post, views=None) -> None:
         """One chunk packed straight into the backend's staging area (a shared-memory slot)
         and unpacked straight from where the result lies: two copies fewer."""
         rec = self._rec
@@ -230,7 +296,8 @@ class Executor:
         result = self.backend.allreduce_staged_(staged, op, post)
         if rec is not None:
             start = self._span(COLLECTIVE, group[lo:hi], start, chunk)
-        self._unpack(result, out_flats[lo:hi], sizes[lo:hi])
+        self._kind.copy_all_(out_flats[lo:hi],
+                             self._result_pieces(views, result, lo, sizes[lo:hi]))
         if rec is not None:
             self._span(COPY_OUT, group[lo:hi], start, chunk)
         for e in done[lo:hi]:

@@ -236,6 +236,7 @@ class Runtime:
         finally:
             if self._poller is not None:
                 self._poller.stop()
+            self.executor.forget()          # its views of shared memory go before the mapping
             self.backend.close()
 
     def _pace(self) -> None:

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from hvdlite.common import api_docs, ops
+from hvdlite.torch import grouped_packing
 from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
                                    ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
@@ -192,32 +193,21 @@ def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscal
                     process_set) -> Optional[Handle]:
     """A grouped allreduce of plain CPU tensors of one carried dtype as one submission: the
     tensors are packed here (one C++ call), reduced as one flat buffer, and unpacked when
-    the handle is synchronized.  None when the group does not qualify (the per-tensor path
-    then checks and names each tensor)."""
-    kinds = {(type(t), t.device, t.dtype, t.is_sparse) for t in tensors}
-    if len(kinds) != 1:
+    the handle is synchronized (:mod:`hvdlite.torch.grouped_packing`).  None when the group
+    does not qualify (the per-tensor path then checks and names each tensor)."""
+    dtype = tensors[0].dtype
+    if dtype in _CARRIED:
         return None
-    cls, device, dtype, sparse = kinds.pop()
-    if cls not in _PLAIN or device != _CPU or sparse or dtype in _CARRIED:
-        return None
+    for t in tensors:
+        if type(t) not in _PLAIN or t.dtype is not dtype or not t.is_cpu or t.is_sparse:
+            return None
     with torch.no_grad():               # as the per-tensor path: results carry no graph
-        flat = _flatten(tensors)
-    # tuples of ints hash the same in every process (only str/bytes hashes are salted)
-    digest = hash(tuple([t.shape for t in tensors]))
-
-    def finish(results):
-        with torch.no_grad():
-            views = _unflatten(results[0], tensors)
-            if not inplace:
-                return list(views)
-            torch._foreach_copy_(tensors, views)
-        return list(tensors)
+        flat, digest, packing, one_d = grouped_packing.pack(tensors, dtype, name, inplace)
     return ops.allreduce_packed(flat, len(tensors), digest, name, rop, prescale_factor,
-                                postscale_factor, process_set, finish)
+                                postscale_factor, process_set,
+                                grouped_packing.finisher(tensors, inplace, packing, one_d))
 
 
-_flatten, _unflatten = torch._utils._flatten_dense_tensors, torch._utils._unflatten_dense_tensors
-_CPU = torch.device("cpu")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -279,6 +269,14 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
+    # what an optimizer without buckets calls for every gradient: the plain case goes
+    # straight to the runtime (the checks of _allreduce_one, inline)
+    t = tensor
+    if type(t) is torch.Tensor and process_set is global_process_set and average is None \
+            and t.is_cpu and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
+        rop = _OP_OF.get(op)
+        if rop is not None:
+            return ops.allreduce_one(t, t, name, rop, prescale_factor, postscale_factor)
     return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
                           process_set)
 

@@ -92,6 +92,14 @@ def test_pack_and_unpack(dtype):
         outs = [k.empty(s, dtype) for s in sizes]
         k.unpack(out, outs, sizes)
         assert k.to_numpy(k.cat(outs)).tobytes() == k.to_numpy(buf).tobytes(), k.name
+        # pieces are views (kept by the executor and copied from again): a change of the
+        # buffer shows in them, and copy_all_ copies them out
+        pieces = k.pieces(out, sizes)
+        assert [k.numel(p) for p in pieces] == sizes, k.name
+        assert k.address(pieces[2]) == k.address(out) + 5 * arrays.itemsize(dtype), k.name
+        k.copy_(out, k.zeros(37, dtype))
+        k.copy_all_(outs, pieces)
+        assert not k.to_numpy(k.cat(outs)).astype(np.float64).any(), k.name
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -115,6 +115,25 @@ def check_allreduce_scaling_and_variants():
     hvd.grouped_allreduce_(ts, op=hvd.Sum, name="grouped_")
     for i, t in enumerate(ts):
         assert close(t, reference(torch.float32, hvd.Sum, (i + 1, 2)), torch.float32)
+    # a repeated in-place group (kept buffer): 1-D, N-D and non-contiguous tensors, each
+    # call with its own values, and a second synchronize
+    for step in (1, 2, 3):
+        one_d = [value(hvd.rank(), torch.float32, (i + 2,)) * step for i in range(4)]
+        mixed = [value(hvd.rank(), torch.float32, (2, 3)) * step,
+                 value(hvd.rank(), torch.float32, (3, 2)).t() * step]
+        mixed.append(torch.zeros(4, 3).t())
+        mixed[-1].copy_(value(hvd.rank(), torch.float32, (3, 4)) * step)
+        for group, tag in ((one_d, "1d"), (mixed, "nd")):
+            want = [reference(torch.float32, hvd.Sum, tuple(t.shape)) * step for t in group]
+            if tag == "nd":
+                want[1] = reference(torch.float32, hvd.Sum, (3, 2)).t() * step
+                want[2] = reference(torch.float32, hvd.Sum, (3, 4)) * step
+            h = hvd.grouped_allreduce_async_(group, op=hvd.Sum, name=f"kept.{tag}")
+            hvd.synchronize(h)
+            if step == 3:
+                hvd.synchronize(h)
+            for got, exp in zip(group, want):
+                assert close(got, exp, torch.float32), (tag, step, got, exp)
     # non-contiguous input, in and out of place
     base = value(hvd.rank(), torch.float32, (4, 6))
     view = base.t()

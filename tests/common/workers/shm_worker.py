@@ -94,6 +94,17 @@ def check_many_fused():
     for i, h in enumerate(handles):
         got = hvd.synchronize(h)
         assert torch.equal(got, torch.full((37 + i,), float(sum(k + i for k in range(n)))))
+    # the same names again (cache hits: the executor keeps the group's layout and the views of
+    # its result in the slots), each step with its own values, 1-D and 2-D tensors
+    for step in range(1, 4):
+        ins = [torch.full((37 + i,) if i % 2 else (1, 37 + i), float(r + i + step))
+               for i in range(200)]
+        handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"fused.{i}")
+                   for i, t in enumerate(ins)]
+        for i, (t, h) in enumerate(zip(ins, handles)):
+            assert hvd.synchronize(h) is t
+            assert torch.equal(t, torch.full(t.shape, float(sum(k + i + step
+                                                                 for k in range(n))))), (step, i)
     # with default slots: tensors of several 1 MiB pieces reduced where they lie, and a
     # fused group (each tensor under the in-place threshold) pipelined in several chunks
     sizes = [700_001, 1_048_577] + [150_000 + i for i in range(8)]
