@@ -399,18 +399,9 @@ class SharedMemoryGroup:
                 self._wait_for(copied_in, base + done + 1)
                 if b > a:
                     pos = done % _RING
-                    own = flat[lo + a:lo + b]
-                    acc = rings[me][pos][a:b]            # the result, for the peers
-                    terms = [own if r == me else rings[r][pos][a:b] for r in range(L)]
-                    if prescale == 1.0 and L > 1:        # in rank order, as everywhere
-                        _combine_into(acc, terms[0], terms[1], op)
-                        rest = terms[2:]
-                    else:
-                        k.scaled_copy_(acc, own, prescale)
-                        rest = terms[:me] + terms[me + 1:]
-                    for other in rest:
-                        _combine(acc, other, op)
-                    k.scaled_copy_(own, acc, postscale)
+                    self._reduce_own_slice(flat[lo + a:lo + b],
+                                           [ring[pos][a:b] for ring in rings], op, prescale,
+                                           postscale)
                 reduced[me] = base + done + 1
             done = step - 2
             if done >= 0:                                # copy the peers' slices out
@@ -422,6 +413,23 @@ class SharedMemoryGroup:
                     if r != me and b > a:
                         k.scaled_copy_(flat[lo + a:lo + b], rings[r][pos][a:b], postscale)
                 copied_out[me] = base + done + 1
+
+    def _reduce_own_slice(self, own, slices: list, op: ReduceOp, prescale, postscale) -> None:
+        """This rank's slice of a piece: ``own`` (where it lies in its tensor) combined with
+        the peers' ``slices`` (one per local rank, this rank's being where the result goes,
+        for the peers to copy out), then the result (scaled) back into ``own``."""
+        k, me = arrays.kind(), self.local_rank
+        acc = slices[me]
+        terms = [own if r == me else slices[r] for r in range(len(slices))]
+        if prescale == 1.0 and len(terms) > 1:        # in rank order, as everywhere
+            _combine_into(acc, terms[0], terms[1], op)
+            rest = terms[2:]
+        else:
+            k.scaled_copy_(acc, own, prescale)
+            rest = terms[:me] + terms[me + 1:]
+        for other in rest:
+            _combine(acc, other, op)
+        k.scaled_copy_(own, acc, postscale)
 
     def _wait_for(self, counters, g: int) -> None:
         if min(counters.tolist()) < g:
