@@ -1,15 +1,30 @@
-"""Fixtures shared by every test folder: a real sshd on a spare loopback port."""
+"""Fixtures shared by every test folder: a real sshd on a spare loopback port, and the
+removal of the flight-recorder dumps the suite's failed jobs leave."""
 
+import glob
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import pytest
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+#: where a failed job's ranks write their flight-recorder dumps by default
+FLIGHT_DUMPS = os.path.join(tempfile.gettempdir(), "hvdlite-flight-*")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_flight_dumps():
+    """The suite fails many jobs on purpose; each leaves its flight-recorder dumps in a
+    directory of its own (kept for the user to diagnose): remove the ones this session made."""
+    before = set(glob.glob(FLIGHT_DUMPS))
+    yield
+    for path in set(glob.glob(FLIGHT_DUMPS)) - before:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:
