@@ -25,7 +25,7 @@ demo: install
 
 test: install
 	bash tests/setup_system.sh
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider --durations=30 tests
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/hvdlite-run -np 2 $(PY) benchmarks/allreduce.py

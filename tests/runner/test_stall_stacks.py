@@ -179,7 +179,7 @@ def _check_stall_report(args, seconds, flag=None, timeout_s=90, warnings=1):
     """Rank 1 dawdles ``seconds`` (or until ``flag`` exists, once the report and
     ``warnings`` stall warnings came) while rank 0 waits: within 10 s of the warning, the
     report names rank 1 and the function; the job ends with 0."""
-    job = Launch(args + ["--stall-check-warning-time-seconds", "3", WORKER, "stall",
+    job = Launch(args + ["--stall-check-warning-time-seconds", "2", WORKER, "stall",
                          str(seconds)] + ([flag] if flag else []))
     try:
         warned = job.wait_for(re.escape(WARNING), 40)

@@ -83,7 +83,7 @@ def main():
     elif mode == "shutdown":
         if r == 1:
             hvd.shutdown()
-            time.sleep(5)
+            time.sleep(2)           # alive (not dead) while rank 0 learns of the shutdown
             return
         expect_internal_error("after_shutdown", "rank 1 shut down")
     elif mode == "stall":
