@@ -139,25 +139,18 @@ class Launch:
                 self.lines.append((time.monotonic(), line.rstrip("\n")))
                 self._cond.notify_all()
 
-    def wait_for(self, pattern, timeout_s):
-        """Arrival time of the first line matching ``pattern`` (fails after timeout_s)."""
+    def wait_for(self, pattern, timeout_s, count=1):
+        """Arrival time of the ``count``-th line matching ``pattern`` (fails after
+        timeout_s)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
-                for at, line in self.lines:
-                    if re.search(pattern, line):
-                        return at
+                arrivals = [at for at, line in self.lines if re.search(pattern, line)]
+                if len(arrivals) >= count:
+                    return arrivals[count - 1]
                 left = deadline - time.monotonic()
-                assert left > 0, f"no line matching {pattern!r} in {timeout_s}s:\n{self.text()}"
-                self._cond.wait(left)
-
-    def wait_for_count(self, pattern, count, timeout_s):
-        """Wait until ``count`` lines match ``pattern`` (fails after timeout_s)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while sum(1 for _, line in self.lines if re.search(pattern, line)) < count:
-                left = deadline - time.monotonic()
-                assert left > 0, f"fewer than {count} lines match {pattern!r}:\n{self.text()}"
+                assert left > 0, f"fewer than {count} lines match {pattern!r} in " \
+                                 f"{timeout_s}s:\n{self.text()}"
                 self._cond.wait(left)
 
     def finish(self, timeout_s):
@@ -184,7 +177,7 @@ def _check_stall_report(args, seconds, flag=None, timeout_s=90, warnings=1):
     try:
         warned = job.wait_for(re.escape(WARNING), 40)
         reported = job.wait_for(r"^hvdlite-run: stall: ranks \[0\] wait for ranks \[1\]", 15)
-        job.wait_for_count(re.escape(WARNING), warnings, 20)
+        job.wait_for(re.escape(WARNING), 20, count=warnings)
         if flag:
             open(flag, "w").close()
         assert reported - warned < 10, job.text()
