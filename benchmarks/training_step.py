@@ -1,7 +1,7 @@
 """Per-step training time at np=2: hvdlite DistributedOptimizer vs torch DDP (gloo) vs no
 communication, for a ResNet-style CNN and a transformer-style language model.
 
-    hvdlite-run -np 2 python benchmarks/training_step.py [--json out.json]
+    hvdlite-run -np 2 python benchmarks/training_step.py [--channels-last] [--json out.json]
 
 All implementations run in the same job, interleaved round by round so machine noise hits
 them alike.  "local (no comm)" is every rank training its own copy at the same time without
@@ -41,6 +41,9 @@ def workloads(args):
         torch.manual_seed(0)
         model = ResNetish(num_classes=100, width=args.resnet_width)
         x = torch.randn(args.resnet_batch, 3, 32, 32)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 100, (args.resnet_batch,))
         return model, lambda m: F.cross_entropy(m(x), y)
 
@@ -89,6 +92,8 @@ def main():
     p.add_argument("--resnet-batch", type=int, default=16)
     p.add_argument("--tf-batch", type=int, default=8)
     p.add_argument("--models", default="resnet,transformer")
+    p.add_argument("--channels-last", action="store_true",
+                   help="the CNN's weights and input in channels_last memory format")
     p.add_argument("--impls", default="local,hvdlite,ddp,hvdlite-per-param")
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores/ranks)")
     p.add_argument("--json", default=None, help="write the results here (rank 0)")

@@ -1,10 +1,11 @@
 """The loop every multi-process test worker runs: each case on every rank, one line each.
 
-Prints ``OK <case> rank=R`` or ``FAIL <case> rank=R`` plus the traceback, so the test
+Prints ``OK <case> rank=R <seconds>s`` (a profile for keeping the suite short) or ``FAIL <case> rank=R`` plus the traceback, so the test
 that launched the job can name the failing case and rank; exits 1 if any case failed.
 """
 
 import sys
+import time
 import traceback
 
 
@@ -15,9 +16,10 @@ def run_each(cases, rank, only=None) -> int:
     for name, fn in cases.items():
         if only and name not in only:
             continue
+        start = time.monotonic()
         try:
             fn()
-            print(f"OK {name} rank={rank()}", flush=True)
+            print(f"OK {name} rank={rank()} {time.monotonic() - start:.2f}s", flush=True)
         except Exception:
             failed += 1
             print(f"FAIL {name} rank={rank()}\n{traceback.format_exc()}", flush=True)

@@ -78,6 +78,8 @@ class GradientExchange:
         #: state entries kept equal on every rank (broadcast); the others are this rank's own
         self.shared_keys: tuple = ()
         self._pending: List[Iterator[None]] = []
+        #: (gradient, row-major stand-in) pairs of the step in flight
+        self._copy_back: List[tuple] = []
 
     # -- per step --------------------------------------------------------------------------
 
@@ -88,7 +90,14 @@ class GradientExchange:
         compressed, plain = [], []
         for p, g in zip(params, grads):
             name = self.names[p]
-            if self.step >= self.start_iter and name in self.state and g.is_contiguous():
+            if self.step >= self.start_iter and name in self.state:
+                if not g.is_contiguous():
+                    # a channels_last (or strided) gradient: compressed as a row-major copy,
+                    # so every rank builds the same matrix whatever its layout, copied back
+                    # by finish()
+                    c = g.contiguous()
+                    self._copy_back.append((g, c))
+                    g = c
                 compressed.append((name, g))
             else:
                 plain.append(g)
@@ -108,6 +117,9 @@ class GradientExchange:
         pending, self._pending = self._pending, []
         while pending:
             pending = [u for u in pending if next(u, _DONE) is not _DONE]
+        copies, self._copy_back = self._copy_back, []
+        for g, c in copies:
+            g.copy_(c)
         self.step += 1
 
     def reset(self) -> None:
@@ -115,6 +127,7 @@ class GradientExchange:
         for u in self._pending:
             u.close()
         self._pending = []
+        self._copy_back = []
 
     def _plain_unit(self, name: str, grads: List[torch.Tensor]) -> Iterator[None]:
         h = mpi_ops.grouped_allreduce_async_(grads, name=name, **self.kw)

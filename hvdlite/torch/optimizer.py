@@ -74,10 +74,31 @@ class _Bucket:
         offset = 0
         for p in params:
             n = p.numel()
-            self.views.append(self.buffer[offset:offset + n].view(p.shape))
+            self.views.append(_shaped_like(self.buffer[offset:offset + n], p))
             offset += n
         self.pending = len(params)
         self.handle = None  # (handle, ctx, compressed) while in flight
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill ``numel()`` consecutive slots in some order of its
+    dimensions (row-major, channels_last or any other permutation, no gaps or overlaps)."""
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _shaped_like(flat: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``flat`` (``p.numel()`` elements of a bucket) shaped as ``p``, with ``p``'s strides
+    when those are dense (a channels_last weight), as DDP lays out its bucket views: autograd
+    then accumulates into the view in the parameter's own layout, with no reordering pass
+    and no "gradient layout contract" warning."""
+    if p.numel() and not p.is_contiguous() and _dense(p):
+        return flat.as_strided(p.shape, p.stride())
+    return flat.view(p.shape)
 
 
 #: the handle entry of a bucket/group/parameter whose reduction a GradientExchange runs

@@ -298,11 +298,12 @@ def _free_port():
 
 
 @pytest.mark.timeout(180)
-def test_example_trains():
+def test_example_trains(local_cluster):
+    """The example as a driver of the module's cluster (its --address), not a Ray of its own."""
     env = dict(os.environ, **RAY_ENV, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(REPO / "examples" / "ray_pytorch_train.py"),
-                           "--epochs", "40"], env=env, cwd=str(REPO), capture_output=True,
-                          text=True, timeout=170)
+                           "--epochs", "40", "--address", ray.get_runtime_context().gcs_address],
+                          env=env, cwd=str(REPO), capture_output=True, text=True, timeout=170)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     first = float(out.split("FIRST_LOSS ")[1].split()[0])

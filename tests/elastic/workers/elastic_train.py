@@ -50,9 +50,14 @@ def should_die(step: int) -> bool:
     return me == (host, local_rank) and step == int(at)
 
 
-def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die):
+def still_slow() -> bool:
+    return SLEEP_WHILE is None or os.path.exists(SLEEP_WHILE)
+
+
+def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die, slow=still_slow):
     """Build the model and run the elastic loop (after ``hvd.init()``); ``die(step)`` says
-    whether this worker kills itself during that step's gradient allreduce."""
+    whether this worker kills itself during that step's gradient allreduce, ``slow()``
+    whether a step still sleeps ``sleep_s``."""
     torch.set_num_threads(1)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -81,7 +86,7 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die):
             state.history.append(state.step)
             state.sizes.append(hvd.size())
             state.step += 1
-            if sleep_s and (SLEEP_WHILE is None or os.path.exists(SLEEP_WHILE)):
+            if sleep_s and slow():
                 time.sleep(sleep_s)
             state.commit()
 

@@ -107,6 +107,36 @@ def _topk_case(dense=None):
     return lambda: _run_against(reference, spec, [(40, 30), (30,)], "error")
 
 
+def channels_last_as_row_major():
+    """A channels_last weight is compressed as its row-major twin is: the same reduced
+    gradients and residuals in every launch strategy; in a bucket its gradient keeps the
+    weight's own strides."""
+    shapes = [(8, 3, 3, 3), (3,)]
+    for spec in (hvd.Compression.powersgd(rank=2, start_iter=1, min_compression_rate=1.0),
+                 hvd.Compression.topk(ratio=0.05, min_numel=100)):
+        for mode in MODES:
+            models = [_Params(shapes), _Params(shapes)]
+            last = models[1].w
+            last.data = last.data.contiguous(memory_format=torch.channels_last)
+            opts = [_wrap(m, spec, **mode) for m in models]
+            for s in range(3):
+                g = _grads(hvd.rank(), s, shapes)
+                for m, o in zip(models, opts):
+                    o.zero_grad()
+                    _backward(m, g)
+                    o.synchronize()
+                tag = f"{spec!r} {mode} step {s}"
+                _check(f"{tag} channels_last gradient", last.grad, models[0].w.grad.numpy(),
+                       atol=1e-12)
+                if not mode:
+                    assert last.grad.stride() == last.stride(), (last.grad.stride(), tag)
+                for o in opts:
+                    with o.skip_synchronize():
+                        o.step()
+            errs = [o.state_dict()["hvdlite_compression"]["tensors"]["w"]["error"] for o in opts]
+            _check(f"{spec!r} {mode} residual", errs[1], errs[0].numpy(), atol=1e-12)
+
+
 def _train(model, opt, steps, first=0):
     for s in range(first, first + steps):
         opt.zero_grad()
@@ -223,6 +253,7 @@ CASES = {
     "checkpoint_round_trip": checkpoint_round_trip,
     "broadcast_and_elastic_state": broadcast_and_elastic_state,
     "refusals": refusals,
+    "channels_last_as_row_major": channels_last_as_row_major,
 }
 
 

@@ -135,11 +135,12 @@ def errors():
     opt.zero_grad()
 
 
-def _match_full_batch(steps, momentum, ref_update, dist_update):
+def _match_full_batch(steps, momentum, ref_update, dist_update, prepare=lambda m: m):
     """Train a reference on each full batch and a DistributedOptimizer copy on this rank's
-    shard (both SGD, lr 0.1); the parameters must agree afterwards."""
+    shard (both SGD, lr 0.1, the model through ``prepare`` first); the parameters must agree
+    afterwards."""
     torch.manual_seed(0)
-    ref = Net()
+    ref = prepare(Net())
     model = copy.deepcopy(ref)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
@@ -186,6 +187,29 @@ def set_to_none_by_module():
         opt.step()
 
     _match_full_batch(3, 0.9, ref_update, dist_update)
+
+
+def channels_last():
+    """A channels_last model (and input): the full-batch result, and the conv weight's
+    gradient, a view of its bucket, keeps the weight's strides (DDP's layout), so autograd
+    accumulates into it without reordering."""
+    def to_last(x):
+        return x.contiguous(memory_format=torch.channels_last)
+
+    def ref_update(ref, ref_opt, x, y):
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(to_last(x)), y).backward()
+        ref_opt.step()
+
+    def dist_update(model, opt, x, y):
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(model(to_last(x)), y).backward()
+        opt.step()
+        w = model.conv.weight
+        assert w.grad.stride() == w.stride() and not w.grad.is_contiguous(), w.grad.stride()
+
+    _match_full_batch(3, 0.9, ref_update, dist_update, lambda m: m.to(
+        memory_format=torch.channels_last))
 
 
 def lr_scheduler():
@@ -289,6 +313,7 @@ CASES = {
     "sync_then_step": sync_then_step,
     "set_to_none_by_module": set_to_none_by_module,
     "lr_scheduler": lr_scheduler,
+    "channels_last": channels_last,
 }
 
 
