@@ -6,6 +6,8 @@ Run from the repository root (it starts the jobs itself; do not wrap it in hvdli
     .venv/bin/python benchmarks/control_plane.py [--process-np 2,4,8,16]
         [--thread-np 2,4,8,16,32,64] [--mirror-np 2,4,...,1024] [--controller-np 2,4,...,1024]
         [--tensors 16] [--hit-steps 30] [--miss-steps 15] [--run-timeout 240]
+        [--process-hosts 2x2,4x2 --ssh-port PORT --ssh-identity KEY
+         --cross-min ring,dissemination --repeats 3]
         [--json FILE] [--plot FILE.png] [--quick]
 
 Four sources of numbers, kept apart in the table and the JSON:
@@ -26,6 +28,15 @@ Four sources of numbers, kept apart in the table and the JSON:
   ``np`` copies of the payload): every rank's CPU work per cycle at that size -- full-size
   control vector, ``np`` payloads decoded, the controller over ``np x tensors`` requests --
   measured directly up to 1,024 ranks, with no transport at all.
+* ``hosts`` rows (``--process-hosts HxS,...``): the process harness on H loopback hosts
+  (127.0.0.1 .. 127.0.0.H, all reached through one sshd: ``--ssh-port``, ``--ssh-identity``
+  are passed to ``hvdlite-run``) of S slots each, with shared memory on: the control vector is
+  reduced through each host's segment, then across the hosts.  ``--cross-min`` names how that
+  cross-host MIN runs, by dissemination (the default) or by Gloo's ring allreduce (a
+  benchmark knob: the worker sets :attr:`GlooBackend.cross_min_by_dissemination`); with both
+  (``ring,dissemination``) each layout runs with each in turn, ``--repeats`` times, and the
+  ratios of the medians (dissemination / ring) are printed.  The row's ``hierarchical`` says
+  the job really ran over shared memory and a cross-host group.
 * ``controller`` rows: one process, no transport: the CPU work every hvdlite rank (and Horovod's
   coordinator) does on a cache miss -- decoding every rank's request payload and running the
   deterministic :class:`Controller` over ``np x tensors`` requests -- measured directly up to
@@ -61,7 +72,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:          # for tests.common.loopback (the thread harness)
@@ -167,15 +178,30 @@ class TimedBackend:
             log._open["ag_bytes"] = self.size * (max_len + 4)   # what every rank receives
         return out
 
-    def allreduce_(self, tensor, op):
+    def _count_data(self) -> None:
         if self._log is not None and self._log._open is not None:
             self._log._open["data"] += 1
+
+    def allreduce_(self, tensor, op):
+        self._count_data()
         return self._inner.allreduce_(tensor, op)
 
     def allreduce_async_(self, tensor, op):
-        if self._log is not None and self._log._open is not None:
-            self._log._open["data"] += 1
+        self._count_data()
         return self._inner.allreduce_async_(tensor, op)
+
+    # the executor's entries with shared memory on (hosts rows)
+    def allreduce_scaled_(self, tensor, op, prescale, postscale):
+        self._count_data()
+        return self._inner.allreduce_scaled_(tensor, op, prescale, postscale)
+
+    def allreduce_scaled_many_async_(self, tensors, op, prescale, postscale):
+        self._count_data()
+        return self._inner.allreduce_scaled_many_async_(tensors, op, prescale, postscale)
+
+    def allreduce_staged_(self, staged, op, scale):
+        self._count_data()
+        return self._inner.allreduce_staged_(staged, op, scale)
 
 
 class TimedController(Controller):
@@ -233,7 +259,14 @@ def lockstep(backend, vec_len: int, payload_len: int, reps: int) -> Dict[str, fl
             ar.append(t1 - t0)
             ag.append(t2 - t1)
     return {"lockstep_control_allreduce_ms": statistics.median(ar) * 1e3,
+            "lockstep_control_allreduce_p90_ms": p90(ar),
             "lockstep_allgather_ms": statistics.median(ag) * 1e3}
+
+
+def p90(xs) -> Optional[float]:
+    """The 90th percentile of seconds ``xs``, in ms (None when there are none)."""
+    xs = sorted(x for x in xs if x is not None)
+    return xs[min(len(xs) - 1, int(0.9 * len(xs)))] * 1e3 if xs else None
 
 
 def _step(rt: Runtime, names: List[str], bufs, timeout_s: float) -> float:
@@ -306,6 +339,8 @@ def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_cap
         "rank0_miss_cycle_cpu_ms": med([c.get("cpu_s") for c in miss]),
         # steady state: the cache answers, one control allreduce per cycle
         "hit_control_allreduce_ms": med([c["ar_s"] for c in hit]),
+        # its tail: one slow exchange in ten (scheduling on a loaded machine shows here)
+        "hit_control_allreduce_p90_ms": p90([c["ar_s"] for c in hit]),
         "rank0_hit_cycle_cpu_ms": med([c.get("cpu_s") for c in hit]),
         "hit_step_ms": med(times["hit"]),
         "miss_step_ms": med(times["miss"]),
@@ -322,6 +357,9 @@ def worker_main(args) -> int:
     config = config.replace(rank=backend.rank, size=backend.size,
                             local_rank=backend.local_rank, local_size=backend.local_size,
                             cross_rank=backend.cross_rank, cross_size=backend.cross_size)
+    if args.cross_min == "ring":
+        backend.cross_min_by_dissemination = False
+    hierarchical = backend._shm is not None and backend._cross_pg is not None
     rt = Runtime(config, backend)
     ls = lockstep(backend, control_vector_bytes(backend.size, config.cache_capacity) // 4,
                   args.payload_len, args.lockstep_reps)
@@ -339,39 +377,117 @@ def worker_main(args) -> int:
         row.update(ls)
         row["wall_s"] = time.perf_counter() - t0
         row["stopped_cleanly"] = stopped
+        row["hierarchical"] = hierarchical
         with open(args.out, "w") as f:
             json.dump(row, f)
     return 0
 
 
-def run_process_job(size: int, args) -> dict:
-    """``hvdlite-run -np size --no-shared-memory`` this script in worker mode; rank 0's row."""
+def run_process_job(size: int, args, hosts: Optional[str] = None,
+                    cross_min: str = "dissemination") -> dict:
+    """``hvdlite-run -np size --no-shared-memory`` this script in worker mode; rank 0's row.
+    With ``hosts`` ("HxS"): ``-np H*S -H 127.0.0.1:S,...`` with shared memory on, the
+    cross-host MIN run as ``cross_min`` says."""
+    harness = "process" if hosts is None else "hosts"
     with tempfile.TemporaryDirectory(prefix="hvdlite-cp-") as tmp:
         out = os.path.join(tmp, "row.json")
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(size),
-               "--no-shared-memory", "--start-timeout", str(int(args.run_timeout)),
+        if hosts is None:
+            where = ["--no-shared-memory"]
+        else:
+            where = ["-H", loopback_hosts(hosts)]
+            if args.ssh_port:
+                where += ["--ssh-port", str(args.ssh_port)]
+            if args.ssh_identity:
+                where += ["--ssh-identity-file", args.ssh_identity]
+        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(size), *where,
+               "--start-timeout", str(int(args.run_timeout)),
                sys.executable, os.path.abspath(__file__), "--worker",
                "--out", out, "--tensors", str(args.tensors), "--hit-steps", str(args.hit_steps),
                "--miss-steps", str(args.miss_steps), "--step-timeout", str(args.step_timeout),
                "--payload-len", str(args.payload_len),
-               "--lockstep-reps", str(args.lockstep_reps)]
+               "--lockstep-reps", str(args.lockstep_reps), "--cross-min", cross_min]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+        label = {"harness": harness, "np": size}
+        if hosts is not None:
+            label.update(layout=hosts, cross_min=cross_min)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                                   timeout=args.run_timeout)
         except subprocess.TimeoutExpired:
-            return {"harness": "process", "np": size, "error":
-                    f"timed out after {args.run_timeout:g}s (--run-timeout)"}
+            return dict(label, error=f"timed out after {args.run_timeout:g}s (--run-timeout)")
         if proc.returncode != 0 or not os.path.exists(out):
             tail = (proc.stdout + proc.stderr)[-1500:]
-            return {"harness": "process", "np": size,
-                    "error": f"exit code {proc.returncode}: {tail}"}
+            return dict(label, error=f"exit code {proc.returncode}: {tail}")
         with open(out) as f:
             row = json.load(f)
+        row.update(label)
         row["job_s"] = time.perf_counter() - t0
         return row
+
+
+def parse_layout(text: str) -> Tuple[int, int]:
+    """"HxS" -> (hosts, slots per host)."""
+    hosts, _, slots = text.partition("x")
+    if not (hosts.isdigit() and slots.isdigit() and int(hosts) >= 1 and int(slots) >= 1):
+        raise SystemExit(f"--process-hosts: {text!r} is not HOSTSxSLOTS (e.g. 2x2)")
+    return int(hosts), int(slots)
+
+
+def loopback_hosts(layout: str) -> str:
+    """The ``-H`` list of a layout: 127.0.0.1 (this machine, no SSH) and 127.0.0.2, ... (through
+    the sshd, which must listen on each)."""
+    hosts, slots = parse_layout(layout)
+    return ",".join(f"127.0.0.{h + 1}:{slots}" for h in range(hosts))
+
+
+def run_host_jobs(args) -> List[dict]:
+    """Every ``--process-hosts`` layout with every ``--cross-min`` in turn, ``--repeats``
+    times (alternating, so a change of load falls on both alike)."""
+    rows = []
+    kinds = [k for k in args.cross_min.split(",") if k]
+    unknown = set(kinds) - {"ring", "dissemination"}
+    if unknown:
+        raise SystemExit(f"--cross-min: {sorted(unknown)} unknown (ring, dissemination)")
+    for rep in range(args.repeats):
+        for layout in [x for x in args.process_hosts.split(",") if x]:
+            hosts, slots = parse_layout(layout)
+            for kind in kinds:
+                print(f"# hosts {layout} cross-min {kind} (repeat {rep + 1} of "
+                      f"{args.repeats}) ...", file=sys.stderr, flush=True)
+                row = run_process_job(hosts * slots, args, layout, kind)
+                row["repeat"] = rep
+                rows.append(row)
+    return rows
+
+
+#: what the cross-min ratios compare (rank 0's medians per job)
+CROSS_MIN_METRICS = ("hit_control_allreduce_ms", "hit_control_allreduce_p90_ms",
+                     "lockstep_control_allreduce_ms", "lockstep_control_allreduce_p90_ms",
+                     "hit_step_ms")
+
+
+def cross_min_ratios(rows: List[dict]) -> List[dict]:
+    """Per layout: the median over repeats of each metric, by cross-min kind, and
+    dissemination / ring."""
+    out = []
+    good = [r for r in rows if r["harness"] == "hosts" and "error" not in r]
+    for layout in sorted({r["layout"] for r in good}, key=parse_layout):
+        entry = {"layout": layout, "np": None, "repeats": {}}
+        for kind in ("ring", "dissemination"):
+            mine = [r for r in good if r["layout"] == layout and r["cross_min"] == kind]
+            entry["repeats"][kind] = len(mine)
+            for m in CROSS_MIN_METRICS:
+                vals = [r[m] for r in mine if r.get(m) is not None]
+                entry[f"{kind}:{m}"] = statistics.median(vals) if vals else None
+            if mine:
+                entry["np"] = mine[0]["np"]
+        for m in CROSS_MIN_METRICS:
+            ring, dis = entry.get(f"ring:{m}"), entry.get(f"dissemination:{m}")
+            entry[f"ratio:{m}"] = dis / ring if ring and dis is not None else None
+        out.append(entry)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -647,7 +763,8 @@ def exact_model(cache_capacity: int, tensors: int, payload_bytes: int) -> List[d
 # output
 
 COLUMNS = [
-    ("harness", "src", "{}"), ("np", "np", "{}"), ("vector_bytes", "vec B", "{}"),
+    ("harness", "src", "{}"), ("np", "np", "{}"), ("layout", "hosts x slots", "{}"),
+    ("cross_min", "cross MIN", "{}"), ("vector_bytes", "vec B", "{}"),
     ("uniform_negotiations", "uniform", "{}"),
     ("miss_negotiation_ms", "miss negot ms", "{:.3f}"),
     ("miss_control_allreduce_ms", "ctl AR ms", "{:.3f}"),
@@ -664,6 +781,21 @@ COLUMNS = [
 
 def fmt(value, spec):
     return "-" if value is None else spec.format(value)
+
+
+def print_cross_min(ratios: List[dict]) -> None:
+    print("\ncross-host MIN with shared memory on, medians over repeats (ms), "
+          "dissemination / ring:")
+    print("| hosts x slots | np | runs (ring, diss) | "
+          + " | ".join(f"{m} ring | diss | ratio" for m in CROSS_MIN_METRICS) + " |")
+    print("|---|---|---|" + "---|---|---|" * len(CROSS_MIN_METRICS))
+    for e in ratios:
+        cells = []
+        for m in CROSS_MIN_METRICS:
+            cells += [fmt(e[f"ring:{m}"], "{:.3f}"), fmt(e[f"dissemination:{m}"], "{:.3f}"),
+                      fmt(e[f"ratio:{m}"], "{:.2f}")]
+        print(f"| {e['layout']} | {e['np']} | {e['repeats']['ring']}, "
+              f"{e['repeats']['dissemination']} | " + " | ".join(cells) + " |")
 
 
 def print_table(rows: List[dict], controller: List[dict], fits: Dict[str, dict]) -> None:
@@ -788,6 +920,17 @@ def main(argv=None) -> int:
                    help="seconds one step may take before the job is failed")
     p.add_argument("--run-timeout", type=float,
                    help="seconds one job (one size of one harness) may take (default 240)")
+    p.add_argument("--process-hosts", default="",
+                   help="layouts HOSTSxSLOTS (e.g. 2x2,4x2) run as real processes on loopback "
+                        "hosts 127.0.0.1..H with shared memory on (needs an sshd listening on "
+                        "127.0.0.2.. : --ssh-port, --ssh-identity)")
+    p.add_argument("--ssh-port", type=int, help="passed to hvdlite-run as --ssh-port")
+    p.add_argument("--ssh-identity", help="passed to hvdlite-run as --ssh-identity-file")
+    p.add_argument("--cross-min", default="dissemination",
+                   help="how --process-hosts jobs reduce the control vector across hosts: "
+                        "dissemination, ring, or both (ring,dissemination), each in turn")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="times every --process-hosts layout and --cross-min kind runs")
     p.add_argument("--quick", action="store_true",
                    help="smoke-test defaults: thread harness at np=2, no processes, few steps")
     p.add_argument("--from-json", metavar="FILE",
@@ -822,6 +965,7 @@ def main(argv=None) -> int:
     for n in parse_sizes(args.process_np):
         print(f"# process harness np={n} ...", file=sys.stderr, flush=True)
         rows.append(run_process_job(n, args))
+    rows += run_host_jobs(args)
     for n in parse_sizes(args.thread_np):
         print(f"# thread harness np={n} ...", file=sys.stderr, flush=True)
         rows.append(run_thread_job(n, args))
@@ -837,6 +981,8 @@ def main(argv=None) -> int:
             "cache_capacity": Config().cache_capacity,
             "cycle_time_ms": Config().cycle_time_ms,
             "process_np": parse_sizes(args.process_np),
+            "process_hosts": args.process_hosts, "cross_min": args.cross_min,
+            "repeats": args.repeats,
             "thread_np": parse_sizes(args.thread_np),
             "mirror_np": parse_sizes(args.mirror_np),
             "seconds": time.perf_counter() - started}
@@ -850,8 +996,11 @@ def _report(args, rows: List[dict], controller: List[dict], meta: dict) -> int:
     model = exact_model(meta.get("cache_capacity", Config().cache_capacity),
                         meta.get("tensors_per_step", args.tensors), payload)
     print_table(rows, controller, fits)
+    ratios = cross_min_ratios(rows)
+    if ratios:
+        print_cross_min(ratios)
     result = {"meta": meta, "rows": rows, "controller": controller, "fits": fits,
-              "model": model}
+              "model": model, "cross_min": ratios}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

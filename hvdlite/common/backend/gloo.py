@@ -6,7 +6,7 @@ default group, so user code may still call ``init_process_group`` (or use DDP).
 
 import datetime
 import logging
-from typing import List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,22 @@ _WIDEN = {torch.int16: torch.int32}
 _P2P_TAG = 0x41444153
 #: the tag of the control allreduce's exchanges (never concurrent with Adasum's: one thread)
 _CONTROL_TAG = 0x43544C
+#: the key, under the cross-host group's prefix, where a member posts "<job rank> <host>"
+_MEMBER_KEY = "member/"
+
+
+class ExchangeGroup(NamedTuple):
+    """A process group as the point-to-point exchanges see it: this rank's index ``rank`` of
+    ``size``, ``names[i]`` what member ``i`` is called in errors (its job rank, and host
+    where known: a cross-host group's indices are not job ranks), ``who`` this rank's own
+    name and ``timeout_s`` the op timeout (``--op-timeout-seconds``) every wait is bound by."""
+
+    pg: Any
+    rank: int
+    size: int
+    names: List[str]
+    who: str
+    timeout_s: float
 
 
 class AuthenticatedStore(dist.Store):
@@ -100,6 +116,11 @@ class GlooBackend(Backend):
         self._shm = None
         self._cross_pg = None
         self._cross_client: Optional[KVClient] = None
+        self._peers: Optional[ExchangeGroup] = None
+        self._cross_peers: Optional[ExchangeGroup] = None
+        #: the cross-host part of the control MIN runs by dissemination (False: Gloo's ring
+        #: allreduce; a benchmark knob, see benchmarks/control_plane.py --cross-min)
+        self.cross_min_by_dissemination = True
         try:
             self._await_peers(client, config, joining)
             self._connect(client, config)
@@ -200,7 +221,12 @@ class GlooBackend(Backend):
             cross.prefix = round_prefix(config.job_id, self.round) + f"cross{self.local_rank}/"
             cross.round = client.round
             self._cross_client = cross
+            cross.set(_MEMBER_KEY + str(self.cross_rank), f"{self.rank} {config.hostname}".encode())
             self._cross_pg = self._make_pg(cross, config, self.cross_rank, self.cross_size)
+            self._cross_peers = ExchangeGroup(
+                self._cross_pg, self.cross_rank, self.cross_size,
+                _member_names(cross, self.cross_size, config.start_timeout_s), self._who,
+                self._timeout_s)
         log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
                   "hierarchical" if self._cross_pg is not None else "one host")
 
@@ -253,12 +279,19 @@ class GlooBackend(Backend):
     def _cross_allreduce(self, part, op) -> None:
         _widened_allreduce(self, self._cross_pg, "cross-host allreduce", part, op)
 
+    def _cross_min(self, part, op) -> None:
+        """The control vector's slice, MIN over the hosts: ceil(log2 hosts) exchanges."""
+        dissemination_min_(self._cross_peers, part)
+
     def _one_host_shm(self):
         """The shared-memory group when it connects every rank of the job (one host)."""
         return self._shm if self._shm is not None and self.cross_size == 1 else None
 
     def _connect(self, client, config: cfg.Config) -> None:
         self.pg = self._make_pg(client, config, self.rank, self.size)
+        self._peers = ExchangeGroup(self.pg, self.rank, self.size,
+                                    [f"rank {r}" for r in self._job_ranks], self._who,
+                                    self._timeout_s)
 
     def _make_pg(self, client, config: cfg.Config, rank: int, size: int):
         store = AuthenticatedStore(client, config.start_timeout_s)
@@ -309,13 +342,16 @@ class GlooBackend(Backend):
     def control_allreduce_min(self, vec):
         t = torch.from_numpy(vec)
         if self._shm is not None:
-            # on the host through the segment, then (several hosts) a ring over the hosts
-            # only, not over every rank: the cycle's latency grows with hosts, not ranks
-            cross = self._cross_allreduce if self._cross_pg is not None else None
+            # on the host through the segment, then (several hosts) among the hosts only,
+            # not every rank, by dissemination: the latency grows with log2 of the hosts
+            cross = None
+            if self._cross_pg is not None:
+                cross = self._cross_min if self.cross_min_by_dissemination else \
+                    self._cross_allreduce
             self._shm.allreduce_(t, ReduceOp.MIN, cross)
             return vec
         if self.size > 2:
-            self._dissemination_min_(t)
+            dissemination_min_(self._peers, t)
             return vec
         self._run("control allreduce", self.pg.allreduce([t], _min_opts()))
         return vec
@@ -422,40 +458,7 @@ class GlooBackend(Backend):
     def sendrecv_(self, send, recv, peer):
         """Gloo's unbound-buffer send and recv, both posted before either is awaited (neither
         blocks), each bounded by the op timeout."""
-        self._exchange(send, recv, peer, peer, _P2P_TAG)
-
-    def _exchange(self, send, recv, dst: int, src: int, tag: int) -> None:
-        """Send ``send`` to ``dst`` while receiving ``src``'s message into ``recv``."""
-        works = []
-        if recv.numel():
-            works.append((self.pg.recv([_as_bytes(recv)], src, tag), src))
-        if send.numel():
-            works.append((self.pg.send([_as_bytes(send)], dst, tag), dst))
-        timeout = datetime.timedelta(seconds=self._timeout_s)
-        for work, peer in works:
-            try:
-                done = work.wait(timeout)
-            except Exception as exc:
-                raise HvdliteInternalError(
-                    f"{self._who}: Gloo exchange with rank {self._job_ranks[peer]} failed "
-                    f"({exc}); the peer has probably exited, or stopped responding for longer than "
-                    f"--op-timeout-seconds ({self._timeout_s:g}s)") from exc
-            if done is False:
-                raise HvdliteInternalError(
-                    f"{self._who}: Gloo exchange with rank {self._job_ranks[peer]} was aborted")
-
-    def _dissemination_min_(self, t) -> None:
-        """MIN over all ranks in ceil(log2 size) rounds of one exchange each, for any size:
-        in round k every rank sends what it has to rank + 2^k and keeps the MIN with what
-        rank - 2^k sent.  Duplicated contributions (size not a power of two) do not change
-        a MIN.  Gloo's ring allreduce needs 2 (size - 1) steps for the same vector."""
-        incoming = torch.empty_like(t)
-        step = 1
-        while step < self.size:
-            self._exchange(t, incoming, (self.rank + step) % self.size,
-                           (self.rank - step) % self.size, _CONTROL_TAG)
-            torch.minimum(t, incoming, out=t)
-            step <<= 1
+        exchange(self._peers, send, recv, peer, peer, _P2P_TAG)
 
     def close(self):
         group, self._shm = self._shm, None
@@ -489,6 +492,65 @@ def _store_client(config: cfg.Config) -> KVClient:
     """A new client of the launcher's authenticated store (no prefix yet)."""
     return KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
                     timeout_s=config.start_timeout_s)
+
+
+def _member_names(client: KVClient, size: int, timeout_s: float) -> List[str]:
+    """What a cross-host group's members are called: "rank <job rank> (<host>)", read from
+    the keys every member posted before Gloo connected them (so all are there by now)."""
+    keys = [_MEMBER_KEY + str(i) for i in range(size)]
+    client.wait(keys, timeout_s)
+    names = []
+    for key in keys:
+        rank, host = client.get(key).decode().split(" ", 1)
+        names.append(f"rank {rank} ({host})")
+    return names
+
+
+def exchange(group: ExchangeGroup, send, recv, dst: int, src: int, tag: int) -> None:
+    """Send ``send`` to member ``dst`` of ``group`` while receiving ``src``'s message into
+    ``recv``; each wait is bound by the group's op timeout.
+
+    Raises:
+        HvdliteInternalError: the exchange failed or timed out (names the peer and the flag).
+    """
+    works = []
+    peer = src
+    try:        # posting fails at once when the peer's connection is already closed
+        if recv.numel():
+            works.append((group.pg.recv([_as_bytes(recv)], src, tag), src))
+        peer = dst
+        if send.numel():
+            works.append((group.pg.send([_as_bytes(send)], dst, tag), dst))
+        timeout = datetime.timedelta(seconds=group.timeout_s)
+        for work, peer in works:
+            if work.wait(timeout) is False:
+                raise HvdliteInternalError(
+                    f"{group.who}: Gloo exchange with {group.names[peer]} was aborted")
+    except HvdliteInternalError:
+        raise
+    except Exception as exc:
+        raise HvdliteInternalError(
+            f"{group.who}: Gloo exchange with {group.names[peer]} failed ({exc}); the peer "
+            f"has probably exited, or stopped responding for longer than "
+            f"--op-timeout-seconds ({group.timeout_s:g}s)") from exc
+
+
+def dissemination_min_(group: ExchangeGroup, t) -> None:
+    """MIN of ``t`` over ``group`` in place, in ceil(log2 size) rounds of one exchange each,
+    for any size: in round k every member sends what it has to member + 2^k and keeps the
+    MIN with what member - 2^k sent.  Duplicated contributions (size not a power of two) do
+    not change a MIN.  Gloo's ring allreduce needs 2 (size - 1) steps for the same vector.
+
+    Raises:
+        HvdliteInternalError: an exchange failed or timed out (see :func:`exchange`).
+    """
+    incoming = torch.empty_like(t)
+    step = 1
+    while step < group.size:
+        exchange(group, t, incoming, (group.rank + step) % group.size,
+                 (group.rank - step) % group.size, _CONTROL_TAG)
+        torch.minimum(t, incoming, out=t)
+        step <<= 1
 
 
 class _Pending(Waitable):
