@@ -461,6 +461,9 @@ class GlooBackend(Backend):
         exchange(self._peers, send, recv, peer, peer, _P2P_TAG)
 
     def close(self):
+        # the exchange groups hold the process groups too: a group still referenced after its
+        # shutdown is destroyed at interpreter exit, where Gloo aborts ("terminate called")
+        self._peers = self._cross_peers = None
         group, self._shm = self._shm, None
         if group is not None:
             group.close()
