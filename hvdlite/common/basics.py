@@ -130,6 +130,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         config = config.replace(rank=backend.rank, size=backend.size,
                                 local_rank=backend.local_rank, local_size=backend.local_size,
                                 cross_rank=backend.cross_rank, cross_size=backend.cross_size)
+        exit_report.name_rank(backend.rank)
         _STATE.last_round = getattr(backend, "round", _STATE.last_round)
         flight_recorder.configure(config)
         runtime = Runtime(config, backend, recorder)

@@ -30,6 +30,9 @@ class _Target:
     addr: Optional[Tuple[str, int]] = None
     key: Optional[bytes] = None
     slot: Tuple[str, int] = ("", 0)
+    #: this process's rank once the backend numbered it (a launcher without a rendezvous,
+    #: ``--mpi``, cannot tell it from the slot)
+    rank: Optional[int] = None
     previous_hook = None
 
 
@@ -38,14 +41,21 @@ _TARGET = _Target()
 
 def install(addr: Optional[str], port: Optional[int], key: Optional[bytes], hostname: str,
             local_slot: int) -> None:
-    """Report this process's uncaught exception to the store at ``addr:port`` (a no-op
-    without a store, e.g. under MPI).  Idempotent: a re-init updates the target."""
+    """Report this process's uncaught exception to the store at ``addr:port`` (the
+    rendezvous store, or under ``--mpi`` the launcher's report store; a no-op without
+    one).  Idempotent: a re-init updates the target."""
     if addr is None or port is None or key is None:
         return
     _TARGET.addr, _TARGET.key, _TARGET.slot = (addr, int(port)), key, (hostname, local_slot)
+    _TARGET.rank = None
     if _TARGET.previous_hook is None:
         _TARGET.previous_hook = sys.excepthook
         sys.excepthook = _hook
+
+
+def name_rank(rank: int) -> None:
+    """The rank the backend gave this process, sent with its report from now on."""
+    _TARGET.rank = int(rank)
 
 
 def _hook(exc_type, exc, tb) -> None:
@@ -63,7 +73,7 @@ def send(exc: BaseException) -> bool:
     client = Client(_TARGET.addr, _TARGET.key, REPORT_TIMEOUT_S, name="rendezvous store")
     try:
         client.request({"op": "exit_report", "hostname": _TARGET.slot[0],
-                        "local_rank": _TARGET.slot[1],
+                        "local_rank": _TARGET.slot[1], "rank": _TARGET.rank,
                         "peer": isinstance(exc, HvdliteInternalError), "error": line},
                        timeout_s=REPORT_TIMEOUT_S)
         return True

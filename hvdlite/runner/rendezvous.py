@@ -19,6 +19,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from hvdlite.common.net.kv import PLACE_FIELDS, arrival_key, round_prefix
 from hvdlite.common.net.service import Service, ServiceError
+from hvdlite.runner.agent.blame import MAX_REPORTS, parse_exit_report
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.metrics_inbox import MetricsInbox
 
@@ -62,8 +63,6 @@ class KVStoreService(Service):
 
     _KEYED = ("set", "add", "compare_set", "delete", "get")
     _MAX_WAIT_S = 24 * 3600.0
-    #: bound on the exit reports kept (one per worker process that ever ran)
-    _MAX_REPORTS = 65536
 
     def handle(self, header, blob, client):
         op = header.get("op")
@@ -136,8 +135,6 @@ class RendezvousService(KVStoreService):
     """
 
     _MAX_WAIT_S = 24 * 3600.0
-    #: bound on the exit reports kept (one per worker process that ever ran)
-    _MAX_REPORTS = 65536
 
     def __init__(self, key: bytes, slots: Sequence[SlotInfo] = (), bind_addr: str = "127.0.0.1",
                  port: int = 0, repeat_last: bool = True, job_id: Optional[str] = None,
@@ -207,15 +204,10 @@ class RendezvousService(KVStoreService):
             return dict(self._reports)
 
     def _take_exit_report(self, header) -> None:
-        host, slot = header.get("hostname"), header.get("local_rank")
-        peer, error = header.get("peer"), header.get("error")
-        if not (isinstance(host, str) and len(host) <= 255 and _is_int(slot)
-                and isinstance(peer, bool) and isinstance(error, str)):
-            raise ServiceError("exit_report: hostname, local_rank, peer and error are required")
+        slot, report = parse_exit_report(header)
         with self._cond:
-            if len(self._reports) < self._MAX_REPORTS:
-                self._reports[(host, slot)] = {"peer": peer, "error": error[:_ERROR_CHARS],
-                                               "at": time.monotonic()}
+            if len(self._reports) < MAX_REPORTS:
+                self._reports[slot] = report
 
     def _host_of_rank(self, rank: int) -> Optional[str]:
         with self._cond:
@@ -264,9 +256,6 @@ class RendezvousService(KVStoreService):
                                        f"{timeout_s:g}s")
                 self._cond.wait(left)
 
-
-#: how much of a rank's exception line an exit report keeps
-_ERROR_CHARS = 500
 
 
 def _is_int(x) -> bool:

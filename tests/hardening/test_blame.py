@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from hvdlite.runner.starters.mpiexec import find_mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEAVE = os.path.join(ROOT, "tests", "hardening", "workers", "leave_worker.py")
 
@@ -50,6 +52,17 @@ def test_rank_that_raised_is_named_with_its_exception():
     assert code == 1
     assert line.startswith("hvdlite-run: rank 1 on host localhost "), line
     assert "ValueError: bad batch 17 on rank one; " in line, line
+    assert "HvdliteInternalError" not in line, line
+
+
+@pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH (pip install mpich)")
+def test_rank_that_raised_under_mpi_is_named():
+    """Under --mpi, too, the launcher names the rank that raised, from its exit report to
+    the launcher's report store, not only mpiexec's exit code."""
+    code, line = _run("raise", ["--mpi"])
+    assert code != 0
+    assert line.startswith("hvdlite-run: rank 1 on host "), line
+    assert "ValueError: bad batch 17 on rank one; mpiexec (" in line, line
     assert "HvdliteInternalError" not in line, line
 
 

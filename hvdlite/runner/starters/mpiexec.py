@@ -30,6 +30,7 @@ from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local, resolve
 from hvdlite.runner.procs import describe_exit, kill_tree
 from hvdlite.runner.rank_output import wrapper_command
+from hvdlite.runner.agent.blame import ExitReports
 from hvdlite.runner.stack_reports import Handler, ReportStore
 from hvdlite.runner.starters.base import SlotId, Starter, slot_id
 
@@ -166,6 +167,8 @@ class MpiexecStarter(Starter):
         self._reported = False
         self._reports = reports
         self._store: Optional[ReportStore] = None
+        #: the ranks' exit reports, so a failure names the rank that raised first
+        self._exit_reports = ExitReports()
 
     def _start_report_store(self, hosts: List[HostSlots]) -> None:
         """The store the ranks send reports to, on an address every host reaches."""
@@ -173,8 +176,9 @@ class MpiexecStarter(Starter):
             return
         remote = [h.hostname for h in hosts if not is_local(h.hostname)]
         addr = _address_towards(resolve(remote[0])) if remote else "127.0.0.1"
-        self._store = ReportStore(self._reports[0], self._reports[1], bind_addr=addr,
-                                  expected_peers=sum(h.slots for h in hosts))
+        self._store = ReportStore(self._reports[0],
+                                  {**self._reports[1], **self._exit_reports.ops()},
+                                  bind_addr=addr, expected_peers=sum(h.slots for h in hosts))
         self._env[cfg.RENDEZVOUS_ADDR] = self._store.address[0]
         self._env[cfg.RENDEZVOUS_PORT] = str(self._store.address[1])
 
@@ -240,8 +244,17 @@ class MpiexecStarter(Starter):
                 pass
 
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
-        return (f"hvdlite-run: mpiexec ({self.flavor}) {describe_exit(code)}; see the "
-                f"rank-tagged output above for the failing rank.\n")
+        """Names the rank whose exception came first (its exit report), not a peer that
+        only saw it leave; else points at the rank-tagged output."""
+        cause = self._exit_reports.cause()
+        if cause is None:
+            return (f"hvdlite-run: mpiexec ({self.flavor}) {describe_exit(code)}; see the "
+                    f"rank-tagged output above for the failing rank.\n")
+        (host, slot), report = cause
+        who = f"local rank {slot}" if report["rank"] is None else f"rank {report['rank']}"
+        return (f"hvdlite-run: {who} on host {host} failed first: {report['error']}; "
+                f"mpiexec ({self.flavor}) then {describe_exit(code)} and ended the other "
+                f"ranks.\n")
 
 
 def _address_towards(peer: str) -> str:
