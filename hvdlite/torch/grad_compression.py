@@ -149,13 +149,31 @@ class GradientExchange:
     # -- state -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """A copy of the state: the kind, the step counter and each parameter's tensors."""
+        """A copy of the state: the kind, the step counter, each parameter's tensors, and
+        the rank (in the optimizer's process set) and size that saved them."""
+        ps = self.kw.get("process_set")
         return {"kind": self.spec.kind, "step": self.step,
+                "rank": ops.process_set_rank(ps), "size": ops.process_set_size(ps),
                 "tensors": {n: {k: t.detach().clone() for k, t in st.items()}
                             for n, st in self.state.items()}}
 
+    def _saved_here(self, saved: dict) -> bool:
+        """Whether ``saved`` holds this rank's own residuals: saved by the same rank of a
+        world of the same size (or by a version that did not record it)."""
+        if "rank" not in saved:
+            return True
+        ps = self.kw.get("process_set")
+        return (saved["rank"], saved.get("size")) == (ops.process_set_rank(ps),
+                                                      ops.process_set_size(ps))
+
     def load_state_dict(self, saved: dict) -> None:
         """Take the state of :meth:`state_dict` (copied into this exchange's tensors).
+
+        The step counter and the shared tensors (PowerSGD's ``Q``) are taken on every rank;
+        the error-feedback residuals only on the rank that saved them.  Another rank loading
+        the same file (every rank restoring rank 0's checkpoint) starts from zero residuals
+        instead: rank 0's residual applied on every rank would add it ``size - 1`` times
+        too often to the next step's gradient.
 
         Raises:
             ValueError: ``saved`` is of another kind, or a tensor's shape differs from this
@@ -165,6 +183,7 @@ class GradientExchange:
             raise ValueError(
                 f"DistributedOptimizer.load_state_dict: the checkpoint's compression state is "
                 f"{saved.get('kind')!r} but this optimizer uses {self.spec.kind!r}")
+        own = self._saved_here(saved)
         for name, tensors in saved.get("tensors", {}).items():
             mine = self.state.get(name)
             if mine is None:
@@ -175,8 +194,10 @@ class GradientExchange:
                         f"DistributedOptimizer.load_state_dict: compression state {key!r} of "
                         f"parameter {name!r} has shape {tuple(value.shape)} in the checkpoint "
                         f"but {tuple(mine[key].shape)} here (a different rank= or model?)")
-                if key in mine:
+                if key in mine and (own or key in self.shared_keys):
                     mine[key].copy_(value)
+                elif key in mine:
+                    mine[key].zero_()
         self.step = int(saved.get("step", self.step))
 
     def broadcast_state(self, root_rank: int, process_set) -> None:

@@ -18,7 +18,8 @@ from .conftest import REPO, WORKERS, CaseResults, launch
 CASES = ["powersgd_matches_reference", "powersgd_backward_passes_and_process_set",
          "topk_matches_reference", "topk_dense_matches_reference",
          "error_feedback_loses_nothing", "checkpoint_round_trip",
-         "broadcast_and_elastic_state", "refusals", "channels_last_as_row_major"]
+         "broadcast_and_elastic_state", "refusals", "channels_last_as_row_major",
+         "one_checkpoint_on_every_rank"]
 
 
 def _run(launcher_args=()):

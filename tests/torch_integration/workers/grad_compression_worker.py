@@ -194,6 +194,30 @@ def checkpoint_round_trip():
                                      f"{'the same' if same else 'different'}")
 
 
+def one_checkpoint_on_every_rank():
+    """Every rank loads rank 0's checkpoint: the step counter and PowerSGD's Q on all of
+    them, the residuals only on rank 0 (zeros elsewhere, not rank 0's residual n times)."""
+    shapes = [(16, 12), (12,)]
+    for spec in (hvd.Compression.powersgd(rank=2, start_iter=1),
+                 hvd.Compression.topk(ratio=0.1, min_numel=10)):
+        model = _Params(shapes)
+        opt = _wrap(model, spec, lr=0.1)
+        _train(model, opt, 3)
+        saved = hvd.broadcast_object(opt.state_dict(), root_rank=0,
+                                     name=f"one_checkpoint.{spec.kind}")["hvdlite_compression"]
+        assert (saved["rank"], saved["size"], saved["step"]) == (0, hvd.size(), 3), saved
+        fresh = _wrap(_Params(shapes), spec, lr=0.1)
+        fresh.load_state_dict({**opt.state_dict(), "hvdlite_compression": saved})
+        got = fresh.state_dict()["hvdlite_compression"]
+        assert got["step"] == 3, got["step"]
+        for key, value in saved["tensors"]["w"].items():
+            mine = got["tensors"]["w"][key]
+            if key == "error" and hvd.rank() != 0:
+                assert not mine.any() and value.any(), (key, spec.kind)
+            else:
+                assert torch.equal(mine, value), (key, spec.kind, hvd.rank())
+
+
 def broadcast_and_elastic_state():
     """broadcast_optimizer_state gives rank 1 rank 0's step count and Q but keeps its own
     residual; TorchState.restore() brings the compression state back."""
@@ -254,6 +278,7 @@ CASES = {
     "broadcast_and_elastic_state": broadcast_and_elastic_state,
     "refusals": refusals,
     "channels_last_as_row_major": channels_last_as_row_major,
+    "one_checkpoint_on_every_rank": one_checkpoint_on_every_rank,
 }
 
 
