@@ -200,6 +200,15 @@ def rendezvous_round() -> int:
     return _STATE.last_round
 
 
+def forget_rendezvous() -> None:
+    """Shut down if running and forget the round this process joined, so its next
+    ``init()`` joins another job's store from that job's first round (a process reused
+    across jobs, as Spark reuses its Python workers)."""
+    if is_initialized():
+        shutdown()
+    _STATE.last_round = -1
+
+
 def newest_rendezvous_round() -> int:
     """The newest round the launcher has opened; newer than :func:`rendezvous_round` when
     the job's membership changed since this process joined (elastic mode)."""

@@ -113,9 +113,7 @@ def _forget_earlier_jobs() -> None:
     joined belongs to an earlier job's store, so a new job's rank starts from none (the
     round a later ``init()`` asks for is after the one it joined in *this* job)."""
     from hvdlite.common import basics
-    if basics.is_initialized():
-        basics.shutdown()
-    basics._STATE.last_round = -1    # noqa: SLF001 -- no public reset for a reused process
+    basics.forget_rendezvous()
 
 
 def serve_task(addr: Tuple[str, int], key: bytes, fn: Callable, args: Sequence,
