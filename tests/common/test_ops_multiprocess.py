@@ -1,5 +1,6 @@
 """The collective API end to end: real launcher, real processes, Gloo and MPI."""
 
+import json
 import re
 import time
 
@@ -50,14 +51,20 @@ SEMANTICS = ["autograd", "autograd_every_op", "join_every_collective", "objects_
              "allreduce_scaling_and_variants"]
 
 
+@pytest.fixture(scope="module")
+def three_ranks_job(tmp_path_factory):
+    """With shared memory, then (after a shutdown and init in the same job) without: the
+    control allreduce then runs by dissemination over Gloo's point-to-point exchange
+    (three ranks: not a power of two)."""
+    variants = {f"shm{flag}": [{"HVDLITE_SHARED_MEMORY": flag}, SEMANTICS] for flag in "10"}
+    return run_job(3, "ops_worker.py", "--variants", json.dumps(variants),
+                   env={"HVD_TEST_DIR": str(tmp_path_factory.mktemp("three"))}, timeout=220)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("shared_memory", ["1", "0"])
-def test_op_semantics_at_three_ranks(tmp_path, shared_memory):
-    """Also without shared memory: the control allreduce then runs by dissemination over
-    Gloo's point-to-point exchange (three ranks: not a power of two)."""
-    proc = run_job(3, "ops_worker.py", "--only", ",".join(SEMANTICS),
-                   env={"HVD_TEST_DIR": str(tmp_path), "HVDLITE_SHARED_MEMORY": shared_memory})
-    assert_ok(proc, SEMANTICS, [0, 1, 2])
+def test_op_semantics_at_three_ranks(three_ranks_job, shared_memory):
+    assert_ok(three_ranks_job, [f"shm{shared_memory}/{c}" for c in SEMANTICS], [0, 1, 2])
 
 
 RUNTIME_VARIANTS = {
@@ -77,13 +84,18 @@ RUNTIME_VARIANTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def variants_job(tmp_path_factory):
+    """Every runtime variant in one job (a shutdown and init with its tunables between
+    them): one launch instead of six."""
+    return run_job(2, "ops_worker.py", "--variants", json.dumps(RUNTIME_VARIANTS),
+                   env={"HVD_TEST_DIR": str(tmp_path_factory.mktemp("variants"))}, timeout=220)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("variant", list(RUNTIME_VARIANTS))
-def test_runtime_variants(variant, tmp_path):
-    env, checks = RUNTIME_VARIANTS[variant]
-    proc = run_job(2, "ops_worker.py", "--only", ",".join(checks),
-                   env=dict(env, HVD_TEST_DIR=str(tmp_path)))
-    assert_ok(proc, checks, [0, 1])
+def test_runtime_variants(variant, variants_job):
+    assert_ok(variants_job, [f"{variant}/{c}" for c in RUNTIME_VARIANTS[variant][1]], [0, 1])
 
 
 @pytest.mark.timeout(240)

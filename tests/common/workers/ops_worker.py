@@ -1,17 +1,20 @@
 """Runs on every rank: each check computes its expected values from rank() and size().
 
 Prints ``OK <check> rank=R`` per passing check and ``FAIL <check> rank=R`` with a
-traceback per failing one; exits 1 if anything failed.  ``--only a,b`` runs a subset.
+traceback per failing one; exits 1 if anything failed.  ``--only a,b`` runs a subset;
+``--variants JSON`` runs sets of checks under different tunables in one job.
 """
 
 import argparse
+import json
 import os
+import sys
 import time
 
 import torch
 
 import hvdlite.torch as hvd
-from tests.worker_cases import run_cases
+from tests.worker_cases import run_cases, run_each
 from hvdlite.common.exceptions import (HvdliteDuplicateNameError, HvdliteMismatchError)
 
 torch.set_num_threads(1)
@@ -537,10 +540,30 @@ CHECKS = {name[len("check_"):]: fn for name, fn in list(globals().items())
           if name.startswith("check_")}
 
 
+def run_variants(variants) -> None:
+    """Each ``name -> (env, checks)`` in turn in this one job: set its tunables, init(),
+    its checks (printed ``OK name/check rank=R``), shutdown(), unset them; exit 1 if any
+    check failed."""
+    failed = 0
+    for name, (env, checks) in variants.items():
+        os.environ.update(env)
+        hvd.init()
+        rank = hvd.rank()
+        failed += run_each({f"{name}/{c}": CHECKS[c] for c in checks}, lambda: rank)
+        hvd.shutdown()
+        for key in env:
+            del os.environ[key]
+    sys.exit(1 if failed else 0)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
+    parser.add_argument("--variants", help="JSON: {name: [tunables env, [checks]]}, run one "
+                        "after another with a shutdown and init between them")
     args = parser.parse_args()
+    if args.variants:
+        run_variants(json.loads(args.variants))
     run_cases(hvd, CHECKS, only=[c for c in args.only.split(",") if c])
 
 
