@@ -257,6 +257,5 @@ class RendezvousService(KVStoreService):
                 self._cond.wait(left)
 
 
-
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
