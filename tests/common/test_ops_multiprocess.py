@@ -14,20 +14,24 @@ FUSION_CHECKS = ["many_small_tensors", "submission_order", "join_uneven", "broad
                  "allgather", "allreduce_scaling_and_variants"]
 
 
-@pytest.mark.timeout(240)
-def test_every_op_gloo(tmp_path):
-    proc = run_job(2, "ops_worker.py", env={"HVD_TEST_DIR": str(tmp_path),
-                                            "HVD_EXPECT_BACKEND": "gloo"})
-    assert_ok(proc, ALL, [0, 1])
+@pytest.fixture(scope="module")
+def every_op_job(tmp_path_factory):
+    """Every op with shared memory, then (a shutdown and init later, in the same job) over
+    Gloo's TCP loopback, what ranks on different hosts use."""
+    variants = {"shm": [{}, ALL], "tcp": [{"HVDLITE_SHARED_MEMORY": "0"}, ALL]}
+    return run_job(2, "ops_worker.py", "--variants", json.dumps(variants), timeout=220,
+                   env={"HVD_TEST_DIR": str(tmp_path_factory.mktemp("every_op")),
+                        "HVD_EXPECT_BACKEND": "gloo"})
 
 
 @pytest.mark.timeout(240)
-def test_every_op_gloo_without_shared_memory(tmp_path):
-    """The same over Gloo's TCP loopback (what ranks on different hosts use)."""
-    proc = run_job(2, "ops_worker.py", env={"HVD_TEST_DIR": str(tmp_path),
-                                            "HVD_EXPECT_BACKEND": "gloo",
-                                            "HVDLITE_SHARED_MEMORY": "0"})
-    assert_ok(proc, ALL, [0, 1])
+def test_every_op_gloo(every_op_job):
+    assert_ok(every_op_job, [f"shm/{c}" for c in ALL], [0, 1])
+
+
+@pytest.mark.timeout(240)
+def test_every_op_gloo_without_shared_memory(every_op_job):
+    assert_ok(every_op_job, [f"tcp/{c}" for c in ALL], [0, 1])
 
 
 @pytest.mark.timeout(240)

@@ -111,13 +111,17 @@ def test_a_killed_worker_leaves_and_training_completes(cluster):
 
 @pytest.mark.timeout(240)
 def test_a_node_that_joins_grows_the_world(cluster):
-    def add_later():
-        time.sleep(2)
+    trained = os.path.join(cluster.temp, "trained")
+
+    def add_later():                    # once a step at the first size is done
+        deadline = time.monotonic() + 120
+        while not os.path.exists(trained) and time.monotonic() < deadline:
+            time.sleep(0.1)
         cluster.add_node()
-    # up to 20 s of slow steps for the node to join; once the world has 4 the rest run at once
-    results, out = cluster.run({"steps": 80, "sleep_s": 0.25, "sleep_below_size": 4},
-                               when_started=add_later)
+    # up to 30 s of slow steps for the node to join; once the world has 4 the rest run at once
+    results, out = cluster.run({"steps": 120, "sleep_s": 0.25, "sleep_below_size": 4,
+                                "trained_file": trained}, when_started=add_later)
     assert [r["rank"] for r in results] == [0, 1, 2, 3], out[-4000:]
     sizes = results[0]["sizes"]
     assert sizes[0] == 2 and sizes[-1] == 4, sizes
-    _assert_reference(results, 80)
+    _assert_reference(results, 120)

@@ -541,12 +541,15 @@ CHECKS = {name[len("check_"):]: fn for name, fn in list(globals().items())
 
 
 def run_variants(variants) -> None:
-    """Each ``name -> (env, checks)`` in turn in this one job: set its tunables, init(),
-    its checks (printed ``OK name/check rank=R``), shutdown(), unset them; exit 1 if any
-    check failed."""
+    """Each ``name -> (env, checks)`` in turn in this one job: set its tunables (and a
+    test directory of its own under ``HVD_TEST_DIR``), init(), its checks (printed
+    ``OK name/check rank=R``), shutdown(), unset them; exit 1 if any check failed."""
     failed = 0
+    base = os.environ["HVD_TEST_DIR"]
     for name, (env, checks) in variants.items():
         os.environ.update(env)
+        os.environ["HVD_TEST_DIR"] = os.path.join(base, name)
+        os.makedirs(os.environ["HVD_TEST_DIR"], exist_ok=True)
         hvd.init()
         rank = hvd.rank()
         failed += run_each({f"{name}/{c}": CHECKS[c] for c in checks}, lambda: rank)
