@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Tuple
 
-from hvdlite.common.net.service import ServiceError
+from hvdlite.common.net.service import ServiceError, is_int
 
 log = logging.getLogger("hvdlite.runner")
 
@@ -46,7 +46,7 @@ class MetricsInbox:
             ServiceError: a missing field, or a snapshot that is too big or not an object.
         """
         host, slot, rank = header.get("hostname"), header.get("local_rank"), header.get("rank")
-        if not (isinstance(host, str) and len(host) <= 255 and _is_int(slot) and _is_int(rank)):
+        if not (isinstance(host, str) and len(host) <= 255 and is_int(slot) and is_int(rank)):
             raise ServiceError("metrics: hostname, local_rank and rank are required")
         if len(blob) > MAX_SNAPSHOT_BYTES:
             raise ServiceError(f"metrics: a snapshot of {len(blob)} bytes is over "
@@ -69,7 +69,7 @@ class MetricsInbox:
             ServiceError: the rank or the line is missing.
         """
         rank, text = header.get("rank"), header.get("text")
-        if not (_is_int(rank) and isinstance(text, str)):
+        if not (is_int(rank) and isinstance(text, str)):
             raise ServiceError("straggler: rank and text are required")
         host = self._host_of(rank) or self._host_in_snapshots(rank)
         where = f" on host {host}" if host else ""
@@ -96,7 +96,3 @@ class MetricsInbox:
         """(host, local slot) -> ``{"rank", "at" (monotonic arrival), "data"}``."""
         with self._lock:
             return dict(self._snapshots)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)

@@ -18,7 +18,7 @@ import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from hvdlite.common.net.kv import PLACE_FIELDS, arrival_key, round_prefix
-from hvdlite.common.net.service import Service, ServiceError
+from hvdlite.common.net.service import Service, ServiceError, is_int
 from hvdlite.runner.agent.blame import MAX_REPORTS, parse_exit_report
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.metrics_inbox import MetricsInbox
@@ -106,7 +106,7 @@ class KVStoreService(Service):
             if op == "num_keys":
                 return {"value": len(self._data)}, b""
         round_ = header.get("round")
-        if round_ is not None and not _is_int(round_):
+        if round_ is not None and not is_int(round_):
             raise ServiceError(f"store operation {op!r}: round must be an integer")
         if op == "get":
             newest = self._wait_for([key], float(header["timeout_s"]), round_)
@@ -232,7 +232,7 @@ class RendezvousService(KVStoreService):
             return super().handle(header, blob, client)
         after, host = header.get("after"), header.get("hostname")
         local_rank, timeout_s = header.get("local_rank"), header.get("timeout_s")
-        if not (_is_int(after) and _is_int(local_rank) and isinstance(host, str)
+        if not (is_int(after) and is_int(local_rank) and isinstance(host, str)
                 and isinstance(timeout_s, (int, float))
                 and 0 <= timeout_s <= self._MAX_WAIT_S):
             raise ServiceError("join_round: after, local_rank (integers), hostname (string) "
@@ -255,7 +255,3 @@ class RendezvousService(KVStoreService):
                     raise ServiceError(f"no round after round {after} was opened within "
                                        f"{timeout_s:g}s")
                 self._cond.wait(left)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import psutil
 
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.common.net.service import Service, ServiceError
+from hvdlite.common.net.service import Service, ServiceError, is_int
 from hvdlite.common.stack_report import ALL, STALL
 
 #: how long the answers of the ranks expected are awaited after rank 0's part
@@ -86,12 +86,12 @@ class StackReports:
     def _take(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
         kind, req, rank = header.get("kind"), header.get("id"), header.get("rank")
         host, pid = header.get("host"), header.get("pid")
-        if not (kind in (STALL, ALL) and _is_int(req) and _is_int(rank) and rank >= 0
-                and isinstance(host, str) and len(host) <= 255 and _is_int(pid)):
+        if not (kind in (STALL, ALL) and is_int(req) and is_int(rank) and rank >= 0
+                and isinstance(host, str) and len(host) <= 255 and is_int(pid)):
             raise ServiceError("stack_report: kind, id, rank, host and pid are required")
         expected = header.get("expected")
         if expected is not None and not (isinstance(expected, list) and len(expected) <= 1 << 20
-                                         and all(_is_int(r) for r in expected)):
+                                         and all(is_int(r) for r in expected)):
             raise ServiceError("stack_report: expected must be a list of ranks")
         try:
             threads = json.loads(blob) if blob else None
@@ -225,7 +225,7 @@ class ReportStore(Service):
 def format_report(kind: str, summary: dict, stacks: Dict[int, Tuple[str, int, list]]) -> str:
     """The report's text: what stalled (for a stall), then per rank its host, pid and
     threads, innermost frames first, user code first and runtime frames folded."""
-    expected = [r for r in summary.get("expected", []) if _is_int(r)]
+    expected = [r for r in summary.get("expected", []) if is_int(r)]
     if kind == STALL:
         lines = _stall_lines(summary, expected)
     else:
@@ -249,14 +249,14 @@ def format_report(kind: str, summary: dict, stacks: Dict[int, Tuple[str, int, li
 def _stall_lines(summary: dict, expected: List[int]) -> List[str]:
     tensors = [t for t in summary.get("tensors", []) if isinstance(t, list) and len(t) == 4]
     waiting = sorted({r for t in tensors if isinstance(t[1], list) for r in t[1]
-                      if _is_int(r)})
+                      if is_int(r)})
     lines = [f"hvdlite-run: stall: ranks {waiting} wait for ranks {expected}, which have not "
              f"submitted these tensors:"]
     for name, have, missing, waited in tensors:
         lines.append(f"  tensor {str(name)!r}: submitted by ranks {have}, not by ranks "
                      f"{missing} (waiting {waited}s)")
     more = summary.get("stalled", len(tensors))
-    if _is_int(more) and more > len(tensors):
+    if is_int(more) and more > len(tensors):
         lines.append(f"  ... and {more - len(tensors)} more tensors")
     lines.append("stacks of the missing ranks (innermost frame first; runtime frames folded):")
     return lines
@@ -310,10 +310,6 @@ def _fold(frames: list) -> str:
 def _short(path: str) -> str:
     parts = str(path).split(os.sep)
     return os.sep.join(parts[-2:]) if "hvdlite" in parts or "torch" in parts else parts[-1]
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _to_stderr(text: str) -> None:

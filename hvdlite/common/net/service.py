@@ -34,6 +34,11 @@ class ServiceError(HvdliteError):
     """The service answered a request with an error; the message is the service's."""
 
 
+
+def is_int(x) -> bool:
+    """Whether a decoded request field is an integer (JSON's ``true`` is a bool, not 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
 class Service(abc.ABC):
     """A TCP server that answers authenticated requests.
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from hvdlite.common.net.service import ServiceError
+from hvdlite.common.net.service import ServiceError, is_int
 from hvdlite.runner.procs import describe_exit, failure_message
 from hvdlite.runner.starters.base import SlotId
 
@@ -37,9 +37,9 @@ def parse_exit_report(header: dict) -> Tuple[SlotId, dict]:
     """
     host, slot = header.get("hostname"), header.get("local_rank")
     peer, error, rank = header.get("peer"), header.get("error"), header.get("rank")
-    if not (isinstance(host, str) and len(host) <= 255 and _is_int(slot)
+    if not (isinstance(host, str) and len(host) <= 255 and is_int(slot)
             and isinstance(peer, bool) and isinstance(error, str)
-            and (rank is None or _is_int(rank))):
+            and (rank is None or is_int(rank))):
         raise ServiceError("exit_report: hostname, local_rank, peer and error are required")
     return (host, slot), {"peer": peer, "error": error[:ERROR_CHARS], "rank": rank,
                           "slot": (host, slot), "at": time.monotonic()}
@@ -67,21 +67,24 @@ class ExitReports:
                 self._reports[slot if report["rank"] is None else report["rank"]] = report
         return {}, b""
 
-    def cause(self, grace_s: float = REPORT_GRACE_S) -> Optional[Tuple[SlotId, dict]]:
-        """The earliest report that was not a peer's failure, with the slot it came from,
-        awaited up to ``grace_s``."""
-        deadline = time.monotonic() + grace_s
-        while True:
+    def cause(self) -> Optional[Tuple[SlotId, dict]]:
+        """The earliest report that was not a peer's failure, with the slot it came from."""
+        def reports():
             with self._lock:
-                own = sorted((r for r in self._reports.values() if not r["peer"]),
-                             key=lambda r: r["at"])
-            if own or time.monotonic() >= deadline:
-                return (own[0]["slot"], own[0]) if own else None
-            time.sleep(0.05)
+                return [(r["slot"], r) for r in self._reports.values()]
+        return first_own_report(reports)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+def first_own_report(reports: Callable[[], List[Tuple[SlotId, dict]]],
+                     grace_s: float = REPORT_GRACE_S) -> Optional[Tuple[SlotId, dict]]:
+    """The earliest of ``reports()`` that was not a peer's failure, asked again for up to
+    ``grace_s``: a rank reports before it exits, but its report may still be on the wire."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        own = [(sid, r) for sid, r in reports() if not r["peer"]]
+        if own or time.monotonic() >= deadline:
+            return min(own, key=lambda item: item[1]["at"]) if own else None
+        time.sleep(0.05)
 
 
 @dataclasses.dataclass
@@ -121,17 +124,9 @@ class Summary:
             op_timeout_s=self.op_timeout_s)
 
     def _cause(self) -> Optional[Tuple[SlotId, dict]]:
-        """The first member's report that was not a peer's failure, waiting briefly for
-        it: a rank reports before it exits, but its report may still be on the wire."""
-        deadline = time.monotonic() + REPORT_GRACE_S
-        while True:
-            own = sorted(((r["at"], sid, r) for sid, r in self.reports().items()
-                          if sid in self.ranks and not r["peer"]), key=lambda x: x[0])
-            if own:
-                return own[0][1], own[0][2]
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.05)
+        """The first member's report that was not a peer's failure."""
+        return first_own_report(lambda: [(sid, r) for sid, r in self.reports().items()
+                                         if sid in self.ranks])
 
     def _left_early(self, failed: SlotId) -> Optional[SlotId]:
         """A member that exited 0 before the failure (its peers then lost it)."""

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
-from hvdlite.common.net.service import Client, Service, ServiceError
+from hvdlite.common.net.service import Client, Service, ServiceError, is_int
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.nics import discover_nics
 from hvdlite.runner.procs import WorkerGroup, terminate_groups
@@ -53,16 +53,12 @@ def _check(cond: bool, what: str) -> None:
         raise ServiceError(f"malformed request: {what}")
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def parse_slots(raw) -> List[SlotInfo]:
     _check(isinstance(raw, list) and raw, "slots must be a non-empty list")
     slots = []
     for s in raw:
         _check(isinstance(s, dict) and isinstance(s.get("hostname"), str)
-               and all(_is_int(s.get(f)) for f in _SLOT_FIELDS), "slot fields")
+               and all(is_int(s.get(f)) for f in _SLOT_FIELDS), "slot fields")
         slots.append(SlotInfo(hostname=s["hostname"], **{f: s[f] for f in _SLOT_FIELDS}))
     return slots
 
@@ -109,10 +105,10 @@ class TaskService(Service):
             targets = header.get("targets")
             _check(isinstance(targets, list) and len(targets) <= 64 and all(
                 isinstance(t, list) and len(t) == 3 and isinstance(t[0], str)
-                and isinstance(t[1], str) and _is_int(t[2]) and 0 < t[2] < 65536
+                and isinstance(t[1], str) and is_int(t[2]) and 0 < t[2] < 65536
                 for t in targets), "targets")
             expect, timeout_s = header.get("expect_host_index"), header.get("timeout_s")
-            _check(_is_int(expect), "expect_host_index")
+            _check(is_int(expect), "expect_host_index")
             _check(isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 60, "timeout_s")
             return {"reachable": probe_targets(self._key, self.job_id, targets, expect,
                                                float(timeout_s))}, b""
@@ -129,7 +125,7 @@ class TaskService(Service):
         if op == "stop" and self._on_stop is not None:
             raw = header.get("slots")
             _check(isinstance(raw, list) and all(
-                isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and _is_int(x[1])
+                isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and is_int(x[1])
                 for x in raw), "slots must be a list of [hostname, local_rank]")
             self._on_stop([(x[0], x[1]) for x in raw])
             return {}, b""
