@@ -135,8 +135,10 @@ class Runtime:
         self._stacks_lock = threading.Lock()
         self._stack_target = stack_report.Target.from_config(config)
         self._poller = None
-        if self._stack_target is not None and self.rank == 0 and ranks is None:
-            self._poller = stack_report.Poller(self._stack_target, self._ask_all_for_stacks)
+        if self._stack_target is not None and ranks is None:     # the job's runtime only
+            self._poller = stack_report.Poller(
+                self._stack_target, self.rank,
+                self._ask_all_for_stacks if self.rank == 0 else None)
         self._stragglers = stragglers.StragglerTracker(
             self.ranks, config.straggler_window_s, stragglers.announcer(config),
             "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None

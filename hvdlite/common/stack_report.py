@@ -12,12 +12,20 @@ those ranks are doing instead.  How a request travels, and why:
   stacks to the launcher's store (op ``stack_report``) over the job's authenticated
   channel; the launcher prints one report.
 * **On demand** (``hvdlite-run --dump-stacks PID``, or SIGUSR1 to the launcher).  The
-  launcher marks a request in its store.  Only rank 0 polls for it (:class:`Poller`:
-  one small request a second on a daemon thread, for the whole job), sends its own
+  launcher marks a request in its store.  Rank 0 finds it when it polls
+  (:class:`Poller`: one small request a second on a daemon thread), sends its own
   stacks at once (so even a rank 0 whose background thread is blocked is seen) and
   asks every other rank through the control vector.  Signals to the ranks were not
   used: the launcher does not own the processes under SSH tasks or mpiexec, and a
   Python signal handler runs only when the main thread returns to the interpreter.
+* **When the background thread does not answer.**  A rank whose background thread is
+  blocked (in a collective of a process set, in a lock, behind a stuck transport) never
+  sees the control vector's request, and that rank is exactly the one a stall report
+  needs.  So every rank runs a :class:`Poller`, and the launcher's reply to a rank's
+  poll names any request that rank has not answered a second after it was made; the
+  poller's own thread then captures and sends the stacks, marked ``via: poller``, and
+  the report says so.  Only a process whose interpreter lock is held by a blocked C
+  call (no Python thread runs at all) stays silent, and the report says that too.
 
 Frames are marked ``runtime`` when their file belongs to hvdlite, the standard
 library or an installed package (torch's internals), so the launcher can show user
@@ -135,12 +143,17 @@ def send_async(target: Target, kind: str, request_id: int, rank: int,
 
 
 class Poller:
-    """Rank 0 only: asks the launcher once a second whether a user wants every rank's
-    stacks (op ``stacks_wanted``), and hands a new request's id to ``on_request``."""
+    """Every rank of the job, one daemon thread: asks the launcher once a second
+    (op ``stacks_wanted``) whether anyone wants stacks.  Rank 0 hands a new on-demand
+    request's id to ``on_request``; any rank that the launcher names in ``ask`` (a request
+    its background thread did not answer) captures and sends its stacks from this
+    thread, which does not depend on the background thread."""
 
-    def __init__(self, target: Target, on_request: Callable[[int], None],
+    def __init__(self, target: Target, rank: int,
+                 on_request: Optional[Callable[[int], None]] = None,
                  period_s: float = POLL_PERIOD_S):
         self._target = target
+        self._rank = rank
         self._on_request = on_request
         self._period_s = period_s
         self._stop = threading.Event()
@@ -156,10 +169,11 @@ class Poller:
     def _run(self) -> None:
         client = self._target.client()
         seen: Dict[int, float] = {}
+        answered: Dict[Tuple[str, int], float] = {}
         try:
             while not self._stop.wait(self._period_s):
                 try:
-                    reply, _ = client.request({"op": "stacks_wanted"},
+                    reply, _ = client.request({"op": "stacks_wanted", "rank": self._rank},
                                               timeout_s=SEND_TIMEOUT_S)
                 except ServiceError as err:     # a store without the op: nobody will ask
                     log.debug("stack polling off: %s", err)
@@ -167,9 +181,19 @@ class Poller:
                 except Exception as err:  # noqa: BLE001 -- the launcher may be ending
                     log.debug("stack poll failed: %s", err)
                     continue
-                wanted = reply.get("wanted")
-                if isinstance(wanted, int) and wanted > 0 and wanted not in seen:
-                    seen[wanted] = time.monotonic()
-                    self._on_request(wanted)
+                self._handle(reply, seen, answered)
         finally:
             client.close()
+
+    def _handle(self, reply: dict, seen: Dict[int, float],
+                answered: Dict[Tuple[str, int], float]) -> None:
+        wanted = reply.get("wanted")
+        if self._on_request is not None and isinstance(wanted, int) and wanted > 0 \
+                and wanted not in seen:
+            seen[wanted] = time.monotonic()
+            self._on_request(wanted)
+        ask = reply.get("ask")
+        if isinstance(ask, list) and len(ask) == 2 and ask[0] in (STALL, ALL) \
+                and isinstance(ask[1], int) and (ask[0], ask[1]) not in answered:
+            answered[(ask[0], ask[1])] = time.monotonic()
+            send_async(self._target, ask[0], ask[1], self._rank, {"via": "poller"})

@@ -27,6 +27,9 @@ from hvdlite.common.stack_report import ALL, STALL
 
 #: how long the answers of the ranks expected are awaited after rank 0's part
 ANSWER_WAIT_S = 5.0
+#: after this long without a rank's answer, its stack poller is asked instead (the
+#: background thread that should have answered may be blocked)
+POLLER_AFTER_S = 1.0
 #: a request whose rank 0 part never came is printed (or dropped) after this long
 ORPHAN_S = 15.0
 #: bounds on what the launcher keeps
@@ -41,7 +44,8 @@ class _Pending:
         self.first = time.monotonic()
         self.summary: Optional[dict] = None
         self.summary_at = 0.0
-        self.stacks: Dict[int, Tuple[str, int, list]] = {}
+        #: rank -> (host, pid, threads, whether its stack poller sent them)
+        self.stacks: Dict[int, Tuple[str, int, list, bool]] = {}
 
 
 class StackReports:
@@ -81,7 +85,23 @@ class StackReports:
             self._start_locked()
 
     def _wanted_op(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
-        return {"wanted": self._wanted}, b""
+        """A rank's poll: the newest on-demand request (for rank 0), and a request that
+        rank has not answered :data:`POLLER_AFTER_S` after it was made (``ask``)."""
+        reply = {"wanted": self._wanted}
+        rank = header.get("rank")
+        if is_int(rank):
+            with self._cond:
+                ask = self._unanswered_locked(rank, time.monotonic())
+            if ask is not None:
+                reply["ask"] = list(ask)
+        return reply, b""
+
+    def _unanswered_locked(self, rank: int, now: float) -> Optional[Tuple[str, int]]:
+        for key, entry in self._pending.items():
+            if entry.summary is not None and rank in entry.summary["expected"] \
+                    and rank not in entry.stacks and now - entry.summary_at > POLLER_AFTER_S:
+                return key
+        return None
 
     def _take(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
         kind, req, rank = header.get("kind"), header.get("id"), header.get("rank")
@@ -110,8 +130,8 @@ class StackReports:
                 entry.summary, entry.summary_at = header, time.monotonic()
                 if kind == ALL and req == self._wanted:
                     self._wanted = 0
-            if threads is not None:
-                entry.stacks[rank] = (host, pid, threads)
+            if threads is not None and rank not in entry.stacks:     # the first answer
+                entry.stacks[rank] = (host, pid, threads, header.get("via") == "poller")
             self._cond.notify_all()
             self._start_locked()
         return {}, b""
@@ -222,7 +242,8 @@ class ReportStore(Service):
         return handler(header, blob)
 
 
-def format_report(kind: str, summary: dict, stacks: Dict[int, Tuple[str, int, list]]) -> str:
+def format_report(kind: str, summary: dict,
+                  stacks: Dict[int, Tuple[str, int, list, bool]]) -> str:
     """The report's text: what stalled (for a stall), then per rank its host, pid and
     threads, innermost frames first, user code first and runtime frames folded."""
     expected = [r for r in summary.get("expected", []) if is_int(r)]
@@ -233,11 +254,14 @@ def format_report(kind: str, summary: dict, stacks: Dict[int, Tuple[str, int, li
                  "runtime frames folded):"]
     for rank in sorted(set(expected) | set(stacks)):
         if rank not in stacks:
-            lines.append(f"  rank {rank}: no stacks within {ANSWER_WAIT_S:.0f}s (it may have "
-                         f"moved on meanwhile, or its background thread is blocked)")
+            lines.append(f"  rank {rank}: no stacks within {ANSWER_WAIT_S:.0f}s: neither its "
+                         f"background thread nor its stack poller answered (the process may "
+                         f"have ended, or a C call holds its interpreter lock)")
             continue
-        host, pid, threads = stacks[rank]
-        lines.append(f"  rank {rank} (host {host}, pid {pid}):")
+        host, pid, threads, by_poller = stacks[rank]
+        how = "; its background thread did not answer, its stack poller thread took these" \
+            if by_poller else ""
+        lines.append(f"  rank {rank} (host {host}, pid {pid}{how}):")
         lines += _threads_lines(threads, "    ")
     if kind == STALL:
         lines.append(f"  the job goes on (this is a warning); "

@@ -4,10 +4,10 @@
   from ``root_rank`` to every rank, in place.
 * :func:`broadcast_optimizer_state` — parameter-group hyper-parameters (lr,
   momentum, betas, ...) and per-parameter state (momentum buffers, Adam
-  moments and step counts).  State that the root has but a rank has not yet
-  created (optimizers create it lazily on the first ``step()``) is created on
-  that rank with the root's structure; no optimizer step is taken, so the
-  optimizer's trajectory (e.g. Adam's bias correction) is unchanged.
+  moments and step counts).  An optimizer with no state yet first creates it as
+  Horovod does, with one step of its own on zero gradients (the parameters keep
+  their values); state that the root has but a rank lacks is created on that
+  rank with the root's structure.
 * :func:`broadcast_object` / :func:`allgather_object` — from
   :mod:`hvdlite.common.objects` (cloudpickled, signed with the job's key).
 
@@ -147,9 +147,15 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     across ``optimizer.param_groups``, so every rank must build its optimizer
     over the same model in the same order.  Tensor state is broadcast in
     place where the rank already has a tensor of the same shape and dtype;
-    otherwise it is created.  No optimizer step is taken.  In a one-rank job it
-    returns at once.  A ``DistributedOptimizer`` with PowerSGD or top-k also takes the
-    root's compression step count and PowerSGD's ``Q`` (error residuals stay each rank's).
+    otherwise it is created.  An optimizer whose state is still empty (a new one)
+    first creates it as Horovod does: every parameter that requires a gradient gets a
+    zero ``p.grad`` and the wrapped optimizer takes one step of its own (never a
+    ``DistributedOptimizer``'s, which would reduce); unlike Horovod the parameters then
+    get their values back, so weight decay does not move them.  Parameters that require
+    no gradient keep ``grad`` None and get no state; state entries that are None travel
+    as None.  In a one-rank job nothing is broadcast.  A ``DistributedOptimizer`` with
+    PowerSGD or top-k also takes the root's compression step count and PowerSGD's ``Q``
+    (error residuals stay each rank's).
 
     Raises:
         TypeError: ``root_rank`` is not an int.
@@ -159,6 +165,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     check_root(root_rank, "broadcast_optimizer_state", process_set)
     if hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups"):
         optimizer = optimizer.optimizer
+    _create_empty_state(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     is_root = mpi_ops.rank() == root_rank
     if mpi_ops.size() == 1:
@@ -180,6 +187,45 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     compression_sync = getattr(optimizer, "_hvd_broadcast_compression_state", None)
     if compression_sync is not None:
         compression_sync(root_rank, process_set)
+
+
+def _create_empty_state(optimizer) -> None:
+    """Give an optimizer that has no state yet its state, as Horovod's
+    ``broadcast_optimizer_state`` does (scripts read ``p.grad`` afterwards): zero gradients
+    for the parameters that require one, then one step of the optimizer's own class.
+    The parameters are put back afterwards (a step on zero gradients still applies weight
+    decay).  LBFGS (its step needs a closure) is left as it is."""
+    if any(optimizer.state.values()) or isinstance(optimizer, torch.optim.LBFGS):
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        return
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    with torch.no_grad():
+        kept = [p.detach().clone() for p in params]
+        for p in params:
+            if p.grad is not None and not p.grad.is_sparse and not sparse:
+                p.grad.zero_()           # a DistributedOptimizer's bucket view stays one
+            else:
+                zero = torch.zeros_like(p)
+                p.grad = zero.to_sparse() if sparse else zero
+    _own_step(optimizer)
+    with torch.no_grad():
+        for p, value in zip(params, kept):
+            p.copy_(value)
+
+
+def _own_step(optimizer) -> None:
+    """The optimizer's update without a ``DistributedOptimizer``'s reductions: the ``step``
+    of the first class after hvdlite's in its MRO (the user's optimizer class).  Classes
+    before them do not count: torch's ``load_state_dict`` puts a profiling wrapper of the
+    inherited (reducing) ``step`` into the wrapper's own class."""
+    mro = type(optimizer).__mro__
+    ours = [i for i, cls in enumerate(mro) if cls.__module__.startswith("hvdlite.")]
+    for cls in mro[(ours[-1] + 1 if ours else 0):]:
+        if "step" in vars(cls):
+            cls.step(optimizer)
+            return
 
 
 def _describe_state(optimizer, params, enc: "_Encoder") -> bytes:

@@ -122,8 +122,21 @@ class GradientExchange:
             g.copy_(c)
         self.step += 1
 
+    @torch.no_grad()
+    def drain(self) -> None:
+        """Complete the units in flight without counting a step (an error is being raised
+        while they run; see ``DistributedOptimizer._hvd_drain``)."""
+        pending, self._pending = self._pending, []
+        try:
+            while pending:
+                pending = [u for u in pending if next(u, _DONE) is not _DONE]
+        finally:
+            for u in pending:
+                u.close()
+            self._copy_back = []
+
     def reset(self) -> None:
-        """Drop the units in flight (the runtime was reset, or synchronize failed)."""
+        """Drop the units in flight (the runtime was reset)."""
         for u in self._pending:
             u.close()
         self._pending = []

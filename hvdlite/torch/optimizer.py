@@ -451,9 +451,52 @@ class _DistributedOptimizer(_HookedOptimizer):
                         with torch.no_grad():
                             p.grad.copy_(self._hvd_compression.decompress(c, ctx))
             self._hvd_resparsify()
+        except Exception:
+            self._hvd_drain()
+            raise
+        except BaseException:         # KeyboardInterrupt: no wait
+            self._hvd_reset()
+            raise
+        self._hvd_reset()
+        self._hvd_synchronized = True
+
+    def _hvd_started_handles(self):
+        """The handles of the reductions this step has started (none of the exchanges')."""
+        entries = [b.handle for b in self._hvd_buckets]
+        entries += list(self._hvd_group_handles.values()) + list(self._hvd_handles.values())
+        for entry in entries:
+            if entry is None or entry is _EXCHANGED:
+                continue
+            if entry[0] == "sparse":
+                yield from entry[1:]
+            elif entry[0] == "dense":
+                yield entry[1]
+            else:
+                yield entry[0]
+
+    def _hvd_drain(self):
+        """Wait for the reductions this step already started (starting no others), then
+        forget the step.  An error raised while collectives are in flight must not leave
+        them there: the next collectives of the same names (the next step, or the next
+        optimizer over a model with the same parameter names) would collide with them on
+        the ranks where they had not finished yet and not on the others, and the ranks
+        would go different ways.  Every rank started the same reductions, so the wait ends;
+        their own errors were reported by the wait that failed, or are logged here."""
+        try:
+            for h in list(self._hvd_started_handles()):
+                try:
+                    mpi_ops.synchronize(h)
+                except Exception as exc:    # already failing: the caller raises its own error
+                    log.debug("DistributedOptimizer: a reduction in flight failed while "
+                              "draining: %s", exc)
+            if self._hvd_exchange is not None:
+                try:
+                    self._hvd_exchange.drain()
+                except Exception as exc:
+                    log.debug("DistributedOptimizer: a compressed exchange in flight failed "
+                              "while draining: %s", exc)
         finally:
             self._hvd_reset()
-        self._hvd_synchronized = True
 
     def _hvd_finish_exchange(self):
         if self._hvd_exchange is not None:
@@ -546,10 +589,14 @@ class _DistributedOptimizer(_HookedOptimizer):
     def zero_grad(self, set_to_none: bool = True):
         """Clear gradients; bucketed gradients stay views of their (zeroed) buckets."""
         if self._hvd_in_flight():
+            # as Horovod, an error; the reductions already started are completed first
+            # (see _hvd_drain) so that every rank is left in the same state
+            self._hvd_drain()
             raise RuntimeError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(); the reductions started by backward "
-                "are still in flight. Call step() (or synchronize()) before zero_grad().")
+                "were in flight (they were completed and their results dropped). Call step() "
+                "(or synchronize()) before zero_grad().")
         if self._hvd_mode != "buckets":
             return super().zero_grad(set_to_none)
         bucketed = self._hvd_bucket_of

@@ -47,7 +47,7 @@ def test_report_puts_user_frames_first_and_folds_runtime_frames():
     ]
     summary = {"expected": [1, 2], "tensors": [["grad.w", [0], [1, 2], 3.2]], "stalled": 3,
                "hint": "--stall-check-shutdown-time-seconds"}
-    text = format_report(stack_report.STALL, summary, {1: ("node7", 4242, threads)})
+    text = format_report(stack_report.STALL, summary, {1: ("node7", 4242, threads, False)})
     lines = text.splitlines()
     assert lines[0].startswith("hvdlite-run: stall: ranks [0] wait for ranks [1, 2]")
     assert "tensor 'grad.w': submitted by ranks [0], not by ranks [1, 2]" in text
@@ -248,3 +248,58 @@ def test_dump_stacks_prints_every_ranks_stacks(tmp_path):
     for rank in (0, 1):
         assert re.search(rf"rank {rank} \(host [^,]+, pid \d+\):", report), text
     assert report.count(USER_FUNCTION + " (") == 2, text
+
+
+_BLOCKED_RANK = """
+import os, sys, threading
+from hvdlite.common import stack_report
+target = stack_report.Target((sys.argv[1], int(sys.argv[2])), bytes.fromhex(os.environ["KEY"]),
+                             "blockedhost")
+stack_report.Poller(target, 1, period_s=0.2).start()
+
+def blocked_in_c_lock():
+    lock = threading.Lock()
+    lock.acquire()
+    print("BLOCKING", flush=True)
+    lock.acquire()          # blocks in C for good; no runtime runs in this process
+
+blocked_in_c_lock()
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_whose_background_thread_never_answers_is_reported_by_its_poller(tmp_path):
+    """A missing rank that cannot answer through the control vector (no background thread
+    cycles there: here there is none at all) and whose main thread is blocked in C code:
+    the launcher asks its stack poller, whose own thread sends the main thread's stack."""
+    written = []
+    reports = StackReports(write=written.append)
+    key = new_key()
+    store = ReportStore(key, reports.ops())
+    script = tmp_path / "blocked_rank.py"
+    script.write_text(_BLOCKED_RANK)
+    env = dict(os.environ, KEY=key.hex(),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    rank1 = subprocess.Popen([sys.executable, str(script), *map(str, store.address)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    client = Client(store.address, key, 5.0)
+    try:
+        assert rank1.stdout.readline().strip() == "BLOCKING"
+        # rank 0's part of a stall report: rank 1 is missing
+        client.request({"op": "stack_report", "kind": "stall", "id": 5, "rank": 0,
+                        "host": "h0", "pid": 10, "expected": [1],
+                        "tensors": [["grad.w", [0], [1], 61.0]]})
+        deadline = time.monotonic() + 15
+        while not written and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.close()
+        rank1.kill()
+        rank1.wait()
+        store.shutdown()
+        reports.close()
+    assert len(written) == 1, written
+    report = written[0]
+    assert (f"rank 1 (host blockedhost, pid {rank1.pid}; its background thread did not "
+            f"answer, its stack poller thread took these):") in report, report
+    assert "blocked_in_c_lock (" in report and "thread MainThread (main):" in report, report

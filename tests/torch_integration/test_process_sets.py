@@ -102,3 +102,15 @@ def test_a_dead_member_fails_its_set_not_the_others():
     assert failed, out[-4000:]
     assert float(failed.group(1)) < 30 and "process set" in failed.group(2), failed.group(0)
     assert "rank 1" in out and "exited with code 3" in out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np", [2, 3])
+def test_every_optimizer_class_in_process_sets(np):
+    """Horovod's process-set optimizer scenario: each torch.optim class trains in the
+    even/odd sets, some raise (Muon when built, LBFGS's zero_grad, SparseAdam), and every
+    rank still ends at the final barrier with its set's weights equal."""
+    rc, out = launch(WORKERS / "process_set_optimizers_worker.py", np=np, timeout_s=100)
+    results = CaseResults(rc, out, np=np)
+    results.check("optimizers_in_process_sets")
+    assert rc == 0, out[-4000:]

@@ -1,6 +1,5 @@
 """broadcast_parameters / broadcast_optimizer_state / *_object and SyncBatchNorm, per rank."""
 
-import copy
 import sys
 
 import torch
@@ -85,23 +84,62 @@ def broadcast_lazy_state():
             assert_close("param unchanged by broadcast", p.detach(), b, 0, 0)
 
 
-def broadcast_empty_state_keeps_trajectory():
-    """All ranks empty (the usual start): broadcasting must not take a step (Adam step stays 0)."""
+def broadcast_empty_state_as_horovod():
+    """All ranks empty (the usual start): the state is created as Horovod creates it (a
+    step of the optimizer's own on zero gradients, so Adam's step is 1 and every parameter
+    that trains has a zero ``grad``), frozen parameters keep ``grad`` None and get no state,
+    and, unlike Horovod, weight decay does not move the parameters."""
     torch.manual_seed(0)
-    ref = BNNet()
-    model = copy.deepcopy(ref)
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model = BNNet()
+    frozen = model.conv.bias
+    frozen.requires_grad_(False)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.5, weight_decay=0.5)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    assert len(opt.state) == 0, "state was created from nothing"
-    x = torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(5))
-    for m, o in ((ref, ref_opt), (model, opt)):
-        m(x).sum().backward()
-        o.step()
-    for (k, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert_close(k, p.detach(), q.detach(), 0, 0)
-    for p in model.parameters():
-        assert float(opt.state[p]["step"]) == 1.0
+    for (k, p), b in zip(model.named_parameters(), before):
+        assert_close(k, p.detach(), b, 0, 0)
+        if p is frozen:
+            assert p.grad is None and p not in opt.state, (k, p.grad)
+            continue
+        assert p.grad is not None and not p.grad.any(), (k, p.grad)
+        assert float(opt.state[p]["step"]) == 1.0, (k, opt.state[p])
+        root = hvd.broadcast(opt.state[p]["exp_avg"], root_rank=0)
+        assert_close(k, opt.state[p]["exp_avg"], root, 0, 0)
+
+
+def broadcast_state_no_grad():
+    """Horovod's grad-less parameter case: an int parameter that requires no gradient, a
+    DistributedOptimizer with momentum; afterwards the trained parameter's ``grad`` is a
+    tensor equal on every rank and the frozen one's stays None (Horovod's test)."""
+
+    class NoGrad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+            self.b = nn.Parameter(torch.rand(4))
+
+        def forward(self, x):
+            return torch.index_select(self.b, 0, self.a.long()) * x
+
+    torch.manual_seed(hvd.rank())
+    model = NoGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
+                          nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    if hvd.rank() == 1:       # torch then wraps the reducing step in the wrapper's class
+        opt.load_state_dict(opt.state_dict())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    grad = opt.param_groups[0]["params"][1].grad
+    assert opt.param_groups[0]["params"][0].grad is None
+    assert torch.equal(grad, hvd.broadcast(grad, root_rank=0)), grad
+    buf = opt.state[model.b]["momentum_buffer"]
+    assert torch.equal(buf, hvd.broadcast(buf, root_rank=0)), buf
+    opt.state[model.b]["unset"] = None             # a state entry that is None travels
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.state[model.b]["unset"] is None
+    model(torch.ones(2)).sum().backward()          # and training goes on
+    opt.step()
 
 
 def broadcast_with_scheduler():
@@ -184,7 +222,8 @@ CASES = {
     "broadcast_parameters": broadcast_params,
     "broadcast_optimizer_state": broadcast_opt_state_after_step,
     "broadcast_lazy_state": broadcast_lazy_state,
-    "broadcast_empty_state_keeps_trajectory": broadcast_empty_state_keeps_trajectory,
+    "broadcast_empty_state_as_horovod": broadcast_empty_state_as_horovod,
+    "broadcast_state_no_grad": broadcast_state_no_grad,
     "broadcast_with_scheduler": broadcast_with_scheduler,
     "distributed_optimizer_state": distributed_optimizer_state,
     "objects": objects,
