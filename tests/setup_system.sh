@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# System packages the tests need: openssh-server (the SSH launcher tests), Debian's
+# System packages the tests need: openssh-server (the SSH launcher tests and the namespaced
+# testbed's hosts), iproute2 and iptables (the testbed's links), Debian's
 # prometheus (a real Prometheus server scrapes hvdlite-run --metrics-port) and slurm-wlm
 # with munge (the Slurm tests, tests/slurm). Installs only what is missing, so it is quick
 # when everything is there; needs root (CI and sessions run as root). The daemons are not
@@ -9,6 +10,10 @@
 set -euo pipefail
 need=()
 command -v /usr/sbin/sshd >/dev/null 2>&1 || need+=(openssh-server)
+# the namespaced testbed (tests/testbed): ip/ss/tc from iproute2, iptables for packet loss
+{ command -v ip >/dev/null 2>&1 && command -v ss >/dev/null 2>&1 \
+    && command -v tc >/dev/null 2>&1; } || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
 if ! { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null 2>&1; }; then
   need+=(slurm-wlm)
 fi

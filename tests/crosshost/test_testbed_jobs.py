@@ -1,0 +1,102 @@
+"""Jobs between two namespaced hosts (tests/testbed): each host has its own address and
+sshd, and the traffic between them crosses a veth link through a bridge, which the tests
+shape, make lossy or cut."""
+
+import re
+import time
+
+import pytest
+
+from .conftest import Job, leftovers
+
+HOSTS = ["-np", "4", "-H", "tbh0:2,tbh1:2"]
+
+
+@pytest.mark.timeout(120)
+def test_a_job_across_two_hosts_sums_right_and_leaves_nothing(testbed):
+    job = Job(testbed, "tbh0", HOSTS, "allreduce_steps.py", ["20", "1000"])
+    assert job.finish(100) == 0, job.text()
+    text = job.text()
+    assert len(re.findall(r"SUMS_OK rank=\d", text)) == 4, text
+    assert "using interface eth0" in text, text
+    # two ranks on each host: cross ranks 0 and 1 twice each
+    assert sorted(re.findall(r"cross=(\d)", text)) == ["0", "0", "1", "1"], text
+    time.sleep(1)
+    assert leftovers(testbed, "tbh0") == [] and leftovers(testbed, "tbh1") == []
+
+
+@pytest.mark.timeout(150)
+def test_ten_percent_loss_still_gives_the_right_values(testbed):
+    testbed.lose("tbh1", 0.10)
+    try:
+        job = Job(testbed, "tbh0", HOSTS, "allreduce_steps.py", ["30", "20000"])
+        assert job.finish(140) == 0, job.text()
+    finally:
+        testbed.stop_losing("tbh1")
+    assert len(re.findall(r"SUMS_OK rank=\d", job.text())) == 4, job.text()
+
+
+@pytest.mark.timeout(60)
+def test_a_shaped_link_is_slow_and_a_cut_one_is_silent(testbed):
+    """The testbed's own links: tbh1 shaped to 8 Mbit/s takes about a second to take 1 MB
+    from tbh0; cut, nothing reaches it."""
+    send = ("import socket,sys,time; s=socket.create_connection(('tbh1', 5001), 5); "
+            "t=time.monotonic(); s.sendall(b'x'*1000000); s.shutdown(1); s.recv(1); "
+            "print(time.monotonic()-t)")
+    recv = ("import socket; l=socket.socket(); l.setsockopt(socket.SOL_SOCKET, "
+            "socket.SO_REUSEADDR, 1); l.bind(('0.0.0.0', 5001)); l.listen(); c,_=l.accept(); "
+            "n=0\nwhile True:\n  b=c.recv(65536)\n  n+=len(b)\n  if not b: break\n"
+            "c.sendall(b'k'); print(n)")
+    import subprocess
+    import sys
+    testbed.shape("tbh1", "8mbit", burst="32kb")
+    try:
+        server = testbed.popen("tbh1", [sys.executable, "-c", recv], stdout=subprocess.PIPE,
+                               text=True)
+        time.sleep(0.5)
+        took = float(testbed.run("tbh0", [sys.executable, "-c", send], capture_output=True,
+                                 text=True, timeout_s=30).stdout)
+        assert server.communicate(timeout=10)[0].strip() == "1000000"
+    finally:
+        testbed.unshape("tbh1")
+    assert 0.7 < took < 5, took          # 8 Mbit/s: 1 s for 1 MB
+    testbed.cut("tbh1")
+    try:
+        probe = testbed.run("tbh0", [sys.executable, "-c", "import socket; "
+                                     "socket.create_connection(('tbh1', 22), 2)"],
+                            capture_output=True, text=True, timeout_s=20)
+        assert probe.returncode != 0 and "timed out" in probe.stderr, probe.stderr
+    finally:
+        testbed.heal("tbh1")
+
+
+@pytest.mark.timeout(60)
+def test_a_testbed_whose_owner_was_killed_is_swept(testbed):
+    """``python -m tests.testbed up`` SIGKILLed: its namespaces and sshd stay until the next
+    testbed (or ``sweep``) removes them."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.testbed import sweep_stale
+    from tests.testbed.hosts import _namespaces
+
+    from .conftest import REPO
+    owner = subprocess.Popen([sys.executable, "-m", "tests.testbed", "up", "--hosts", "1"],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO)
+    described = json.loads(owner.stdout.readline())
+    ns = described["hosts"][0]["namespace"]
+    sshd_pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", ns],
+                                                capture_output=True, text=True).stdout.split()]
+    assert ns in _namespaces() and sshd_pids
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert ns in _namespaces()                         # killed: nothing cleaned up
+    swept = sweep_stale()
+    assert ns in swept and described["switch"] in swept, swept
+    assert ns not in _namespaces()
+    for pid in sshd_pids:
+        assert not os.path.exists(f"/proc/{pid}/cmdline") or \
+            open(f"/proc/{pid}/stat").read().split()[2] == "Z"
