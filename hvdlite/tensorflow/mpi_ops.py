@@ -202,8 +202,9 @@ def _run(fn, inputs, touts, collective=None):
 #: (``cond_true_5120``, ``while_body_77``): it differs between ranks whose earlier code
 #: differed, so it is left out of op names
 _BRANCH_UID = re.compile(r"_(true|false|body|cond)_\d+$")
-#: the name of the placeholder standing for a captured eager tensor: its id
-_CAPTURE_ID = re.compile(r"\d+:\d+")
+#: the name of the placeholder standing for a captured eager tensor: its id, under the name
+#: scope of the branch that captured it again (``748:0``, ``cond/748:0``)
+_CAPTURE_ID = re.compile(r"(^|/)\d+:\d+$")
 
 
 def _graph_name(kind: str, t) -> str:
@@ -211,11 +212,12 @@ def _graph_name(kind: str, t) -> str:
     read one tensor) by the graph's own deterministic numbering.  A ``tf.cond`` /
     ``tf.while_loop`` branch is named without TensorFlow's process-wide counter; the name
     scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart.  An eager tensor
-    a ``tf.function`` captured is named by its process-wide id, which differs between ranks:
-    it is called ``captured`` instead (the graph's numbering tells captures apart)."""
+    a ``tf.function`` captured is named by its process-wide id, which differs between ranks
+    (inside a branch too, as ``cond/748:0``): the id is called ``captured`` instead (the
+    graph's numbering tells captures apart)."""
     graph = tf.compat.v1.get_default_graph()
     label = _BRANCH_UID.sub(r"_\1", getattr(graph, "name", "graph"))
-    tensor = "captured" if _CAPTURE_ID.fullmatch(t.name) else t.name
+    tensor = _CAPTURE_ID.sub(r"\1captured", t.name)
     return graph.unique_name(f"{kind}.{label}/{tensor}")
 
 

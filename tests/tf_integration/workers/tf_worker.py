@@ -472,11 +472,35 @@ def _output_grads(outs, r):
             for o in outs]
 
 
+def _gradients_in_branch(r, n):
+    """The float32 gradients taken inside a ``tf.cond`` branch of a ``tf.function``, of ops
+    reading eager tensors the function captured.  A captured tensor is named by its
+    process-wide id (``cond/748:0`` in the branch), which differs between ranks; an op
+    named after it would wait for a name the other rank never submits."""
+    if r == 0:
+        tf.constant(0.0)              # one more eager tensor here: the ids below differ
+    specs = _gradient_specs(r, n, tf.float32)
+
+    def grads():
+        out = {}
+        for name, (xs, op) in specs.items():
+            def taken(xs=xs, op=op):
+                with tf.GradientTape() as tape:
+                    for x in xs:
+                        tape.watch(x)
+                    outs = op(xs)
+                return tape.gradient(outs, xs, output_gradients=_output_grads(outs, r))
+            out[name] = tf.cond(tf.constant(True), taken,
+                                lambda xs=xs: [tf.zeros_like(x) for x in xs])
+        return out
+    return tf.function(grads, autograph=False)()
+
+
 def check_graph_gradients():
     """tf.gradients in a TF1 graph and GradientTape in tf.function give the eager
     gradients of allgather, grouped_allgather, broadcast and alltoall (equal and given
     splits), float32 and float64 inputs, the output gradients float32 (one trace and one
-    graph per dtype for every op)."""
+    graph per dtype for every op); and inside a tf.cond branch of a tf.function."""
     r, n = hvd.rank(), hvd.size()
 
     def tape_grads(dt):
@@ -499,6 +523,10 @@ def check_graph_gradients():
     for dt in (tf.float32, tf.float64):
         eager = tape_grads(dt)
         traced = tf.function(lambda: tape_grads(dt), autograph=False)()
+        if dt == tf.float32:
+            for name, grads in _gradients_in_branch(r, n).items():
+                for i, g in enumerate(grads):
+                    close(f"{name} #{i}: gradient in a tf.cond branch", g, eager[name][i])
         graph = tf.Graph()
         with graph.as_default():
             built = graph_grads(dt)
