@@ -73,9 +73,22 @@ class _DistributedGradientTape(tf.GradientTape):
 
 
 def _source_key(source):
-    """A hashable key for a source: TensorFlow's ``ref()``; a Keras 3 variable (which has
-    none) by identity, the same object being passed to ``gradient``."""
-    return source.ref() if hasattr(source, "ref") else ("id", id(source))
+    """A hashable key for a source, the same for a Keras 3 variable and the ``tf.Variable``
+    it holds.
+
+    Horovod keys sources by ``source.ref()``, which a Keras 3 variable lacks ("'Variable'
+    object has no attribute 'ref'" on TensorFlow 2.16 and later).  A Keras 3 variable on
+    the TensorFlow backend keeps its ``tf.Variable`` in ``.value``; keying by that
+    variable's ``ref()`` matches a layer's weight however it reaches ``gradient()``
+    (``model.trainable_variables`` or the underlying ``tf.Variable``).  Anything else
+    hashable is keyed by identity.
+    """
+    if hasattr(source, "ref"):
+        return source.ref()
+    inner = getattr(source, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner.ref()
+    return ("id", id(source))
 
 
 def _local_gradient(grad, process_set, scale: bool):

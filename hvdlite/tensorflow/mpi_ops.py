@@ -23,7 +23,11 @@ module only does what is TensorFlow's own:
   ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
   this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
   (zeros elsewhere), alltoall's the reverse alltoall, reducescatter's an allgather (times the
-  set's size for Sum, and the pre/post factors).
+  set's size for Sum, and the pre/post factors).  A gradient takes the dtype of the output
+  gradient it is computed from, as Horovod's and TensorFlow's own: ``tf.gradients`` and
+  ``GradientTape.gradient`` accept output gradients of another floating dtype than the
+  output (a float32 ``grad_ys`` for a float64 output), so the backward node cannot assume
+  the input's dtype.
 """
 
 import functools
@@ -67,8 +71,9 @@ _ARGS = {
                              "and the input's name)."),
 }
 _ALLREDUCE_TENSOR = ("a ``tf.Tensor`` (or a value convertible to one).  A ``tf.IndexedSlices`` "
-                     "is allgathered instead (its values divided by the size for "
-                     "``hvd.Average``), as Horovod does.")
+                     "is allgathered instead (for ``hvd.Average`` its values divided by the "
+                     "size with true division: integer values come back as float32 or "
+                     "float64), as Horovod does.")
 _ALLREDUCE_TENSORS = (_ARGS["tensors"][:-1] + "; ``IndexedSlices`` among them are reduced as "
                       "in :func:`allreduce`.")
 _ALLGATHER_TENSOR = ("a ``tf.Tensor`` with at least one dimension; ranks may differ in the "
@@ -197,8 +202,9 @@ def _run(fn, inputs, touts, collective=None):
 #: (``cond_true_5120``, ``while_body_77``): it differs between ranks whose earlier code
 #: differed, so it is left out of op names
 _BRANCH_UID = re.compile(r"_(true|false|body|cond)_\d+$")
-#: the name of the placeholder standing for a captured eager tensor: its id
-_CAPTURE_ID = re.compile(r"\d+:\d+")
+#: the name of the placeholder standing for a captured eager tensor: its id, under the name
+#: scope of the branch that captured it again (``748:0``, ``cond/748:0``)
+_CAPTURE_ID = re.compile(r"(^|/)\d+:\d+$")
 
 
 def _graph_name(kind: str, t) -> str:
@@ -206,11 +212,12 @@ def _graph_name(kind: str, t) -> str:
     read one tensor) by the graph's own deterministic numbering.  A ``tf.cond`` /
     ``tf.while_loop`` branch is named without TensorFlow's process-wide counter; the name
     scope of the branch (``cond/``, ``cond_1/``) keeps two branches apart.  An eager tensor
-    a ``tf.function`` captured is named by its process-wide id, which differs between ranks:
-    it is called ``captured`` instead (the graph's numbering tells captures apart)."""
+    a ``tf.function`` captured is named by its process-wide id, which differs between ranks
+    (inside a branch too, as ``cond/748:0``): the id is called ``captured`` instead (the
+    graph's numbering tells captures apart)."""
     graph = tf.compat.v1.get_default_graph()
     label = _BRANCH_UID.sub(r"_\1", getattr(graph, "name", "graph"))
-    tensor = "captured" if _CAPTURE_ID.fullmatch(t.name) else t.name
+    tensor = _CAPTURE_ID.sub(r"\1captured", t.name)
     return graph.unique_name(f"{kind}.{label}/{tensor}")
 
 
@@ -329,12 +336,39 @@ def _check_sparse(rop, pre, post, name):
             f"postscale_factor are not supported with tf.IndexedSlices")
 
 
+def _size_now(process_set) -> tf.Tensor:
+    """The set's size as an int32 scalar: a constant eagerly, read when the graph runs
+    otherwise (an elastic job's size changes under a traced ``tf.function``)."""
+    def size():
+        return tf.constant(ops.process_set_size(process_set), tf.int32)
+    if tf.executing_eagerly():
+        return size()
+    out = tf.py_function(size, [], tf.int32)
+    out.set_shape([])
+    return out
+
+
+def _divided_by_size(values, process_set, name):
+    """Gathered ``IndexedSlices`` values averaged as Horovod averages them: ``values / size``
+    with TensorFlow's true division, so integers come back as floats (int8, uint8, int16
+    and uint16 as float32, int32 and int64 as float64) instead of being truncated.
+
+    Raises:
+        TypeError: boolean values, which have no average.
+    """
+    if values.dtype == tf.bool:
+        raise TypeError(f"allreduce of IndexedSlices {_label(name)}: hvd.Average of bool "
+                        f"values is undefined; use hvd.Sum or cast the values")
+    return tf.math.truediv(values, tf.cast(_size_now(process_set), values.dtype))
+
+
 def _allreduce_sparse(slices: tf.IndexedSlices, name, rop, process_set):
-    """Horovod's sparse allreduce: allgather the values and indices (Average divides)."""
+    """Horovod's sparse allreduce: allgather the values and indices (Average divides the
+    values by the size, see :func:`_divided_by_size`)."""
     values = allgather(slices.values, name=_sub(name, "values"), process_set=process_set)
     indices = allgather(slices.indices, name=_sub(name, "indices"), process_set=process_set)
     if rop == Average:
-        values = _scaled_by_size(values, process_set, -1)
+        values = _divided_by_size(values, process_set, name)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -453,7 +487,7 @@ def _allgather(tensors, name, grouped, process_set):
             return [s[int(o):int(o) + int(n)]
                     for s, o, n in zip(summed, offsets, allrows[me])]
 
-        res = _run(gradients, [rows] + dys, [x.dtype for x in xs], _sub(name, "grad"))
+        res = _run(gradients, [rows] + dys, [d.dtype for d in dys], _sub(name, "grad"))
         for r, x in zip(res, xs):
             r.set_shape(x.shape)
         return res
@@ -546,7 +580,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
                 [s] = _allreduce_eager([g], _sub(name, "grad"), False, Average, 1.0, 1.0,
                                        process_set)
                 return [s if rank() == root_rank else tf.zeros_like(s)]
-            [s] = _run(backward, [tf.convert_to_tensor(dy)], [x.dtype], _sub(name, "grad"))
+            dy = tf.convert_to_tensor(dy)
+            [s] = _run(backward, [dy], [dy.dtype], _sub(name, "grad"))
             s.set_shape(x.shape)
             return s
         return compute(x), grad
@@ -608,9 +643,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         holder["received"] = received
 
         def grad(dy, _unused=None):
+            dy = tf.convert_to_tensor(dy)
             [back, _] = _run(
                 lambda g, s: _alltoall_eager(g, s, _sub(name, "grad"), process_set),
-                [tf.convert_to_tensor(dy), received], [x.dtype, tf.int32], _sub(name, "grad"))
+                [dy, received], [dy.dtype, tf.int32], _sub(name, "grad"))
             back.set_shape(x.shape)
             return back
         return (out, tf.stop_gradient(received)), grad

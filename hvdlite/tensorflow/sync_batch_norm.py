@@ -22,13 +22,20 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     Takes Keras 3's ``BatchNormalization`` arguments (``axis``, ``momentum``, ``epsilon``,
     ``center``, ``scale``, the initializers, regularizers and constraints, ...) except
-    ``synchronized=True``, which is ``tf.distribute``'s own synchronization.
+    ``synchronized=True``, which is ``tf.distribute``'s own synchronization.  Horovod's
+    ``fused=False`` is accepted and dropped: Horovod passes it on to Keras, whose
+    Keras 3 ``BatchNormalization`` has no ``fused`` argument and refuses it.
 
     Raises:
-        ValueError: ``synchronized=True``.
+        ValueError: ``synchronized=True``, or ``fused`` True or None (as Horovod: the
+            statistics cannot come from a fused kernel).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, fused=False, **kwargs):
+        if fused in (True, None):
+            raise ValueError(f"SyncBatchNormalization: fused={fused} is not supported (the "
+                             f"batch statistics are summed over the ranks, not computed by "
+                             f"a fused kernel); leave fused out or pass fused=False")
         if kwargs.get("synchronized"):
             raise ValueError("SyncBatchNormalization synchronizes over the hvdlite ranks; "
                              "synchronized=True (tf.distribute's) cannot be combined with it")

@@ -23,8 +23,9 @@ WORKER = Path(__file__).resolve().parent / "workers" / "tf_worker.py"
 
 CASES = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
          "reducescatter", "misc", "process_set", "indexed_slices", "gradients",
-         "gradient_tape_training", "keras_fit", "keras_backward_passes",
-         "keras_lr_callbacks", "elastic_state", "signatures"]
+         "indexed_slices_average", "graph_gradients", "partial_tape_training",
+         "sync_batch_norm_training", "gradient_tape_training", "keras_fit",
+         "keras_backward_passes", "keras_lr_callbacks", "elastic_state", "signatures"]
 #: Keras DistributedOptimizer with hvd.Compression.powersgd (workers/tf_powersgd_worker.py):
 #: the NumPy reference eagerly and traced, the state in optimizer variables, refusals; in
 #: this launch only (not the one without torch)

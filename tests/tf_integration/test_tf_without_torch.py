@@ -21,7 +21,8 @@ from tests.torch_integration.conftest import REPO, CaseResults, launch
 HERE = Path(__file__).resolve().parent / "workers"
 #: Keras training runs in the TF suite's own launch; here it would only repeat, for time, the
 #: numpy crossing every op case above it already takes
-KERAS_TRAINING = {"keras_fit", "keras_backward_passes", "keras_lr_callbacks"}
+KERAS_TRAINING = {"keras_fit", "keras_backward_passes", "keras_lr_callbacks",
+                  "partial_tape_training", "sync_batch_norm_training"}
 NO_TORCH_CASES = [c for c in CASES if c not in KERAS_TRAINING] + ["no_torch"]
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -358,6 +358,300 @@ def check_gradients():
                     np.ones((2, 2))), np.concatenate(wr))   # row j went to rank j
 
 
+# -- IndexedSlices averaged as Horovod averages them (true division) ---------------------------
+#: the dtype Horovod's ``values / size`` gives integer values (TensorFlow's true division)
+_TRUEDIV_DTYPE = {tf.int8: tf.float32, tf.uint8: tf.float32, tf.int16: tf.float32,
+                  tf.uint16: tf.float32, tf.int32: tf.float64, tf.int64: tf.float64}
+SLICE_DTYPES = [tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.int64, tf.float16,
+                tf.float32, tf.float64]
+#: the dtypes allreduced one by one too (every dtype goes through grouped_allreduce)
+SINGLE_DTYPES = (tf.int8, tf.uint16, tf.int64, tf.float16)
+GRAPH_SESSION = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2,
+                                         intra_op_parallelism_threads=1)
+
+
+def _in_three_modes(build):
+    """``build()``'s list run eagerly, in a ``tf.function`` and in a TF1 session: yields
+    ``(mode, outputs, fetched)``, ``outputs`` the tensors (for their dtypes and types) and
+    ``fetched`` their numpy values (an ``IndexedSlices`` as ``(values, indices)``)."""
+    for mode in ("eager", "function"):
+        # autograph=False: these cases test the ops' tracing; autograph's conversion of the
+        # op layer's Python (seconds for tens of ops) is left to the other cases
+        outs = build() if mode == "eager" else tf.function(build, autograph=False)()
+        yield mode, outs, [(o.values.numpy(), o.indices.numpy())
+                           if isinstance(o, tf.IndexedSlices) else o.numpy() for o in outs]
+    graph = tf.Graph()
+    with graph.as_default():
+        outs = build()
+    with tf.compat.v1.Session(graph=graph, config=GRAPH_SESSION) as s:
+        got = s.run(outs)
+    yield "graph", outs, [(g.values, g.indices) if isinstance(o, tf.IndexedSlices) else g
+                          for o, g in zip(outs, got)]
+
+
+def _rank_slices(k, i):
+    """Rank k's IndexedSlices number i: rows k and k + 2 of an [n + 2, 3] table; half its
+    values are odd, so a truncating average would differ from Horovod's."""
+    return np.arange(6.0).reshape(2, 3) + 2 * k + i + 1, np.array([k, k + 2])
+
+
+def check_indexed_slices_average():
+    """allreduce / grouped_allreduce of IndexedSlices with hvd.Average: values / size with
+    true division (integers come back float32 or float64, as in Horovod), every dtype,
+    single, grouped and mixed with dense tensors (which keep their dtype), eagerly, in
+    tf.function and in a TF1 graph."""
+    r, n = hvd.rank(), hvd.size()
+
+    def slices(dt, i):
+        values, idx = _rank_slices(r, i)
+        return tf.IndexedSlices(tf.cast(tf.constant(values), dt), tf.constant(idx, tf.int64),
+                                tf.constant([n + 2, 3], tf.int64))
+
+    def dense(dt):                 # rank k: [k + 1, k + 2, k + 3]; the sums are odd at n=2
+        return tf.cast(tf.constant([r + 1.0, r + 2.0, r + 3.0]), dt)
+
+    def build():
+        single = [hvd.allreduce(slices(dt, i), op=hvd.Average)
+                  for i, dt in enumerate(SLICE_DTYPES) if dt in SINGLE_DTYPES]
+        grouped = hvd.grouped_allreduce([slices(dt, i) for i, dt in enumerate(SLICE_DTYPES)],
+                                        op=hvd.Average)
+        mixed = hvd.grouped_allreduce([slices(tf.int32, 0), dense(tf.int32),
+                                       slices(tf.uint8, 1), dense(tf.float32)],
+                                      op=hvd.Average)
+        return single + grouped + mixed + [hvd.allreduce(slices(tf.int32, 2), op=hvd.Sum)]
+
+    def gathered(i, scale):
+        return (np.concatenate([_rank_slices(k, i)[0] for k in range(n)]) * scale,
+                np.concatenate([_rank_slices(k, i)[1] for k in range(n)]))
+    dense_sum = np.sum([[k + 1.0, k + 2.0, k + 3.0] for k in range(n)], 0)
+    avg = [(dt, gathered(i, 1 / n)) for i, dt in enumerate(SLICE_DTYPES)]
+    mixed = [(tf.int32, gathered(0, 1 / n)), (tf.int32, np.trunc(dense_sum / n)),
+             (tf.uint8, gathered(1, 1 / n)), (tf.float32, dense_sum / n)]
+    want = [a for a in avg if a[0] in SINGLE_DTYPES] + avg + mixed + \
+        [(tf.int32, gathered(2, 1))]
+    for mode, outs, got in _in_three_modes(build):
+        assert len(outs) == len(want), (mode, len(outs), len(want))
+        for j, (out, g, (dt, w)) in enumerate(zip(outs, got, want)):
+            what = f"{mode} output {j} ({dt.name})"
+            if isinstance(w, tuple):
+                assert isinstance(out, tf.IndexedSlices), (what, type(out))
+                # Average divides (true division: Horovod's dtype), Sum keeps the dtype
+                to = _TRUEDIV_DTYPE.get(dt, dt) if j < len(want) - 1 else dt
+                assert out.values.dtype == to, (what, out.values.dtype, to)
+                tol = 1e-3 if to == tf.float16 else 1e-6      # exact at n=2, not at n=3
+                close(f"{what} values", np.asarray(g[0], np.float64), w[0], tol)
+                close(f"{what} indices", np.asarray(g[1], np.float64), w[1])
+            else:
+                assert not isinstance(out, tf.IndexedSlices) and out.dtype == dt, \
+                    (what, type(out), out.dtype)
+                close(what, np.asarray(g, np.float64), w)
+
+
+# -- gradients built in graphs equal the eager ones ---------------------------------------------
+def _gradient_specs(r, n, dt):
+    """name -> (inputs, op(inputs) -> outputs): the collectives whose gradients are built
+    in graphs.  Each output's gradient (see :func:`_output_grads`) is float32 whatever the
+    dtype, as in Horovod's tests (``grad_ys = tf.ones(...)`` for a float64 output)."""
+    def rows(k, shape):
+        return tf.cast(tf.reshape(tf.range(k * shape[1]) + 10 * r, [k, shape[1]]), dt)
+    splits = [r + j + 1 for j in range(n)]
+    return {
+        "allgather": ([rows(r + 1, (0, 2))], lambda xs: [hvd.allgather(xs[0])]),
+        "grouped_allgather": ([rows(r + 1, (0, 2)), rows(2, (0, 3))],
+                              lambda xs: hvd.grouped_allgather(xs)),
+        "broadcast": ([rows(3, (0, 2))], lambda xs: [hvd.broadcast(xs[0], n - 1)]),
+        "alltoall": ([rows(2 * n, (0, 2))], lambda xs: [hvd.alltoall(xs[0])]),
+        "alltoall_splits": ([rows(sum(splits), (0, 2))],
+                            lambda xs: [hvd.alltoall(xs[0], splits=splits)[0]]),
+    }
+
+
+def _output_grads(outs, r):
+    """Float32 output gradients that differ by position and rank (a wrong slice shows)."""
+    return [tf.reshape(tf.cast(tf.range(tf.size(o)), tf.float32), tf.shape(o)) * (r + 1.0)
+            for o in outs]
+
+
+def _gradients_in_branch(r, n):
+    """The float32 gradients taken inside a ``tf.cond`` branch of a ``tf.function``, of ops
+    reading eager tensors the function captured.  A captured tensor is named by its
+    process-wide id (``cond/748:0`` in the branch), which differs between ranks; an op
+    named after it would wait for a name the other rank never submits."""
+    if r == 0:
+        tf.constant(0.0)              # one more eager tensor here: the ids below differ
+    specs = _gradient_specs(r, n, tf.float32)
+
+    def grads():
+        out = {}
+        for name, (xs, op) in specs.items():
+            def taken(xs=xs, op=op):
+                with tf.GradientTape() as tape:
+                    for x in xs:
+                        tape.watch(x)
+                    outs = op(xs)
+                return tape.gradient(outs, xs, output_gradients=_output_grads(outs, r))
+            out[name] = tf.cond(tf.constant(True), taken,
+                                lambda xs=xs: [tf.zeros_like(x) for x in xs])
+        return out
+    return tf.function(grads, autograph=False)()
+
+
+def check_graph_gradients():
+    """tf.gradients in a TF1 graph and GradientTape in tf.function give the eager
+    gradients of allgather, grouped_allgather, broadcast and alltoall (equal and given
+    splits), float32 and float64 inputs, the output gradients float32 (one trace and one
+    graph per dtype for every op); and inside a tf.cond branch of a tf.function."""
+    r, n = hvd.rank(), hvd.size()
+
+    def tape_grads(dt):
+        out = {}
+        for name, (xs, op) in _gradient_specs(r, n, dt).items():
+            with tf.GradientTape() as tape:
+                for x in xs:
+                    tape.watch(x)
+                outs = op(xs)
+            out[name] = tape.gradient(outs, xs, output_gradients=_output_grads(outs, r))
+        return out
+
+    def graph_grads(dt):
+        out = {}
+        for name, (xs, op) in _gradient_specs(r, n, dt).items():
+            outs = op(xs)
+            out[name] = tf.gradients(outs, xs, grad_ys=_output_grads(outs, r))
+        return out
+
+    for dt in (tf.float32, tf.float64):
+        eager = tape_grads(dt)
+        traced = tf.function(lambda: tape_grads(dt), autograph=False)()
+        if dt == tf.float32:
+            for name, grads in _gradients_in_branch(r, n).items():
+                for i, g in enumerate(grads):
+                    close(f"{name} #{i}: gradient in a tf.cond branch", g, eager[name][i])
+        graph = tf.Graph()
+        with graph.as_default():
+            built = graph_grads(dt)
+        with tf.compat.v1.Session(graph=graph, config=GRAPH_SESSION) as s:
+            from_graph = s.run(built)
+        for name, grads in eager.items():
+            for i, e in enumerate(grads):
+                what = f"{name} {dt.name} #{i}"
+                assert e.dtype == traced[name][i].dtype == built[name][i].dtype, \
+                    (what, e.dtype, traced[name][i].dtype, built[name][i].dtype)
+                close(f"{what}: tf.function gradient", traced[name][i], e.numpy())
+                close(f"{what}: TF1 graph gradient", from_graph[name][i], e.numpy())
+
+
+# -- Keras 3: PartialDistributedGradientTape and SyncBatchNormalization train ------------------
+def _weights(seed, rows, cols):
+    rng = np.random.RandomState(seed)
+    return [rng.randn(rows, cols).astype(np.float32) * 0.5,
+            rng.randn(cols).astype(np.float32) * 0.1]
+
+
+def _shared_local_model(shared, local):
+    """Dense(3, tanh) (the shared layer) then Dense(1) (the local one), with these weights."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.layers[0].set_weights(shared)
+    model.layers[1].set_weights(local)
+    return model
+
+
+def _mse(model, X, y):
+    return tf.reduce_mean((model(X) - y) ** 2)
+
+
+def _partial_reference(shards, shared, locals_, lr, steps):
+    """Every rank's model trained in this process: the shared layer by the mean of the
+    ranks' gradients, each local layer by its own rank's gradient divided by the size."""
+    n = len(shards)
+    models = [_shared_local_model(shared, locals_[k]) for k in range(n)]
+    for _ in range(steps):
+        grads = []
+        for model, (X, y) in zip(models, shards):
+            with tf.GradientTape() as tape:
+                loss = _mse(model, X, y)
+            grads.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+        mean = [np.mean([g[i] for g in grads], 0) for i in range(2)]
+        for model, g in zip(models, grads):
+            model.layers[0].set_weights([w - lr * m for w, m in
+                                         zip(model.layers[0].get_weights(), mean)])
+            model.layers[1].set_weights([w - lr * d / n for w, d in
+                                         zip(model.layers[1].get_weights(), g[2:])])
+    return models
+
+
+def check_partial_tape_training():
+    """PartialDistributedGradientTape(local_layers=) in a tf.function step, and
+    register_local_source (given the tf.Variable under a Keras 3 variable) eagerly, train a
+    Keras 3 model to the weights of every rank simulated in one process."""
+    r, n = hvd.rank(), hvd.size()
+    X, y = _data(16)
+    shards = [(X[k * 16 // n:(k + 1) * 16 // n], y[k * 16 // n:(k + 1) * 16 // n])
+              for k in range(n)]
+    shared, locals_ = _weights(0, 4, 3), [_weights(10 + k, 3, 1) for k in range(n)]
+    lr, steps = 0.1, 3
+    want = _partial_reference(shards, shared, locals_, lr, steps)[r].get_weights()
+
+    def partial(model, tape):
+        return hvd.PartialDistributedGradientTape(tape, local_layers=[model.layers[1]])
+
+    def registered(model, tape):
+        tape = hvd.DistributedGradientTape(tape)
+        for w in model.layers[1].trainable_weights:
+            tape.register_local_source(w.value)       # the tf.Variable a Keras 3 one holds
+        return tape
+
+    for what, wrap, traced in (("PartialDistributedGradientTape", partial, True),
+                               ("register_local_source", registered, False)):
+        model = _shared_local_model(shared, locals_[r])
+        opt = keras.optimizers.SGD(lr)
+
+        def step(X, y):
+            with tf.GradientTape() as tape:
+                loss = _mse(model, X, y)
+            grads = wrap(model, tape).gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        step = tf.function(step) if traced else step
+        for _ in range(steps):
+            step(*shards[r])
+        for i, (a, b) in enumerate(zip(model.get_weights(), want)):
+            close(f"{what}: weight {i}", a, b, 1e-5)
+
+
+def _bn_model(norm):
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), norm,
+                             keras.layers.Dense(1)])
+
+
+def check_sync_batch_norm_training():
+    """A Keras 3 model with SyncBatchNormalization (Horovod's fused=False accepted) trained
+    by model.fit on half batches per rank ends with the weights and moving statistics of
+    BatchNormalization trained on the full batches in one process."""
+    r, n = hvd.rank(), hvd.size()
+    X, y = _data(16)
+    ref = _bn_model(keras.layers.BatchNormalization(momentum=0.5))
+    model = _bn_model(hvd.SyncBatchNormalization(momentum=0.5, fused=False))
+    start = hvd.broadcast_object(ref.get_weights(), 0)
+    ref.set_weights(start)
+    model.set_weights(start)
+    ref.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    ref.fit(X, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    idx = np.concatenate([np.arange(8 * b + 8 * r // n, 8 * b + 8 * (r + 1) // n)
+                          for b in range(2)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    model.fit(X[idx], y[idx], batch_size=8 // n, epochs=2, shuffle=False, verbose=0)
+    for i, (a, b) in enumerate(zip(model.get_weights(), ref.get_weights())):
+        close(f"SyncBatchNormalization training: weight {i}", a, b, 1e-4)
+    for fused in (True, None):
+        try:
+            hvd.SyncBatchNormalization(fused=fused)
+        except ValueError as exc:
+            assert "fused" in str(exc), exc
+        else:
+            raise AssertionError(f"SyncBatchNormalization(fused={fused}) did not raise")
+
+
 # -- training equal to one process on the full batch -------------------------------------------
 def _data(rows=16, seed=0):
     rng = np.random.RandomState(seed)
@@ -603,6 +897,10 @@ CASES = {
     "reducescatter": check_reducescatter, "misc": check_misc,
     "process_set": check_process_set, "indexed_slices": check_indexed_slices,
     "gradients": check_gradients, "gradient_tape_training": check_gradient_tape_training,
+    "indexed_slices_average": check_indexed_slices_average,
+    "graph_gradients": check_graph_gradients,
+    "partial_tape_training": check_partial_tape_training,
+    "sync_batch_norm_training": check_sync_batch_norm_training,
     "keras_fit": check_keras_fit, "keras_backward_passes": check_keras_backward_passes,
     "keras_lr_callbacks": check_keras_lr_callbacks,
     "elastic_state": check_elastic_state, "signatures": check_signatures,
