@@ -14,11 +14,12 @@ module only does what is TensorFlow's own:
 * **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
   runs the eager code, between two writes of one order token, so ``tf.function``'s automatic
   control dependencies run every collective, and every ``tf.cond`` / ``tf.while_loop`` holding
-  one, in program order on every rank (:mod:`hvdlite.tensorflow.graph_order`).  An unnamed op gets its name when it
+  one, in program order on every rank (:mod:`hvdlite.tensorflow.graph_nodes`).  An unnamed op gets its name when it
   is traced, from the graph's name and the input tensor's name, made unique by the graph's
   numbering (the same on every rank that traces the same program), as Horovod names its
-  graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) nothing orders the nodes, so
-  :mod:`hvdlite.tensorflow.graph_order` chains them into one order that every rank shares.
+  graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) each node runs off the session's
+  inter-op pool, on a ``tf.data`` iterator's own thread, so the collectives of a run need no
+  order among them and are submitted together (:mod:`hvdlite.tensorflow.graph_nodes`).
 * **Gradients** (``tf.custom_gradient``) are Horovod's registered TensorFlow gradients (and
   ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
   this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
@@ -48,7 +49,7 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
-from hvdlite.tensorflow import graph_order
+from hvdlite.tensorflow import graph_nodes
 from hvdlite.tensorflow.errors import as_tf_errors, raise_reported, report_mismatch
 
 __all__ = [
@@ -186,15 +187,16 @@ def _empty_like(b):
 # -- eager or graph --------------------------------------------------------------------------
 def _run(fn, inputs, touts, collective=None):
     """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list.
-    ``collective``: the name of the collective ``fn`` runs, which places the node in its
-    TF1 graph's one order of collectives (:mod:`hvdlite.tensorflow.graph_order`)."""
+    ``collective``: the name of the collective ``fn`` runs (None: ``fn`` waits for no other
+    rank), whose node then runs where waiting cannot deadlock
+    (:mod:`hvdlite.tensorflow.graph_nodes`)."""
     if tf.executing_eagerly():
         return list(fn(*inputs))
     fn, touts = report_mismatch(fn, touts), list(touts) + [tf.string]
     if collective is None:
         outs = tf.py_function(fn, list(inputs), touts)
     else:
-        outs = graph_order.ordered_py_function(fn, list(inputs), touts, collective)
+        outs = graph_nodes.collective_node(fn, inputs, touts)
     return raise_reported(outs[:-1], outs[-1])
 
 

@@ -1,8 +1,8 @@
 """Horovod's TensorFlow 1 API: ``DistributedOptimizer`` for ``tf.compat.v1.train``
 optimizers, ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook``.
 
-They build graph ops for ``tf.compat.v1`` sessions; :mod:`hvdlite.tensorflow.graph_order`
-keeps the collectives of such a graph in one order on every rank.
+They build graph ops for ``tf.compat.v1`` sessions, whose collectives run off the session's
+inter-op pool (:mod:`hvdlite.tensorflow.graph_nodes`), so ranks may run them in any order.
 """
 
 import tensorflow as tf

@@ -1,0 +1,164 @@
+"""How a collective becomes a node of a graph without a ``session.run`` or a ``tf.function``
+call ever deadlocking.
+
+Inside a graph each collective is a ``py_function`` running the eager code, which blocks its
+thread until every rank submitted the collective.  Horovod's ops are asynchronous kernels that
+hold no thread while they wait; a ``py_function`` is a synchronous kernel, so where it runs
+decides whether ranks can deadlock.
+
+**TF1 graphs** (``tf.compat.v1.Session``).  A plain ``py_function`` would run on the
+session's small inter-op pool, and nothing orders the nodes: ranks may start different
+collectives first, and once every pool thread of every rank waits on a collective some other
+rank has not reached, nothing moves again.  So each collective runs instead as the map function
+of a ``tf.data`` pipeline (:func:`_off_pool`): ``IteratorGetNext`` is an asynchronous kernel
+that computes the element on a thread of its own, outside the inter-op pool.  No collective
+then holds a pool thread, so no order among them is needed: the collectives a ``session.run``
+fetches are all submitted at once, whatever order each rank built or starts them in, and the
+runtime negotiates and fuses them in one cycle; a run that fetches one collective runs that
+one only.  (An earlier version chained every collective of a graph into one order instead:
+one negotiation cycle each, and fetching one collective re-ran those chained before it.)
+
+The pipeline is an endless dataset under a one-shot iterator, made once when the graph is
+built: re-initialising an iterator from each run's inputs cost about 5 ms a collective per run.
+The run's inputs reach it through a :class:`_Handoff`, filled by a small ``py_function`` that
+never waits (so it may run on the pool) and that a control dependency runs first.  The price:
+the first run of a new fetch makes its iterators (15-40 ms a collective), and each iterator
+keeps about four idle threads for the session's life.
+
+Where one handoff per node cannot tell its runs apart, the collective stays a plain
+``py_function`` on the pool (:func:`collective_node`): inside a TF1 ``tf.while_loop`` context
+or a function graph built inside a TF1 graph (a ``while_v2`` body, a ``cond_v2`` branch, a
+``tf.function`` called in a session) a node may run in several iterations or calls at once;
+TF1 ``tf.cond`` contexts and ``cond_v2`` branches are kept alike, as they were before.  Such a
+session needs more inter-op threads than collectives that can wait at once.
+
+**tf.function** graphs have automatic control dependencies, but these order a stateful op
+without resource inputs (a ``py_function``) only against others like it: a ``tf.cond`` or
+``tf.while_loop`` whose branch writes a variable is ordered by that variable alone, so a
+collective inside it and one outside could run in either order, and on a one-thread
+inter-op pool two ranks that pick different orders wait for each other forever.  So in a
+``tf.function`` each collective writes an *order token* (a resource variable of the
+function) just before and just after it runs: every op and every branch holding a collective
+then writes the same resource, and automatic control dependencies run them all in program
+order, one negotiation cycle each.
+"""
+
+import threading
+import uuid
+import weakref
+
+import tensorflow as tf
+
+
+# -- TF1 graphs: off the inter-op pool --------------------------------------------------------
+def _pipeline_options() -> tf.data.Options:
+    """Options that keep the pipeline to its one map: no autotuning model, no
+    prefetch or other rewrites added to the graph (each would cost threads or work per run,
+    and a prefetch would compute the element ahead of the run that asks for it)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.apply_default_optimizations = False
+    options.experimental_optimization.inject_prefetch = False
+    options.experimental_warm_start = False
+    return options
+
+
+_OPTIONS = _pipeline_options()
+
+
+class _Handoff:
+    """The inputs of one node's current run, from the op that receives them on the inter-op
+    pool (:meth:`give`, which never waits) to the iterator's thread that runs the collective
+    on them (:meth:`take`).  A control dependency runs ``give`` before ``take`` in every run,
+    so ``take`` never waits either: it finds this run's inputs, or (only after a run that
+    failed between the two) nothing, and says so."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._inputs = None
+
+    def give(self, *xs):
+        with self._lock:
+            self._inputs = xs           # replaces what a failed run may have left
+        return tf.constant(0, tf.int32)
+
+    def take(self):
+        with self._lock:
+            xs, self._inputs = self._inputs, None
+        if xs is None:
+            raise RuntimeError("hvdlite: a collective's inputs were not handed over in this "
+                               "session.run (an earlier run of it failed part-way?)")
+        return xs
+
+
+def _off_pool(fn, inputs, touts):
+    """``fn(*inputs)`` (``touts``) computed by the ``IteratorGetNext`` of a one-shot iterator
+    over an endless dataset, on the iterator's own thread.  The iterator is made once, when
+    the graph is built (initialising one per run would cost about 5 ms per collective), so
+    this run's ``inputs`` reach it through a :class:`_Handoff` that a small ``py_function``
+    fills first."""
+    handoff = _Handoff()
+
+    def compute(_):
+        return tuple(tf.py_function(lambda: fn(*handoff.take()), [], touts))
+
+    dataset = tf.data.Dataset.from_tensors(0).repeat().map(compute).with_options(_OPTIONS)
+    iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+    given = [tf.py_function(handoff.give, inputs, tf.int32)] if inputs else []
+    with tf.control_dependencies(given):
+        return list(iterator.get_next())
+
+
+# -- tf.function: the order token -------------------------------------------------------------
+#: the order token's name: one resource per process, looked up by every function graph
+_TOKEN_NAME = f"hvdlite_collective_order_{uuid.uuid4().hex}"
+#: the control-flow branch graphs, whose collectives use their function's token
+_BRANCH_GRAPHS = ("CondBranchFuncGraph", "WhileCondFuncGraph", "WhileBodyFuncGraph")
+#: per function graph: the handle of the order token made in it
+_TOKENS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _order_token(graph):
+    """The token's handle in the function that ``graph`` is or is a branch of: an op of that
+    function (not a captured eager handle, which ``tf.saved_model.save`` would refuse as an
+    untracked resource), which its branches capture, so their ``If`` / ``While`` ops take it
+    as an input."""
+    while type(graph).__name__ in _BRANCH_GRAPHS and graph.outer_graph is not None:
+        graph = graph.outer_graph
+    if graph not in _TOKENS:
+        with graph.as_default(), tf.control_dependencies(None):
+            _TOKENS[graph] = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[],
+                                                    shared_name=_TOKEN_NAME)
+    return _TOKENS[graph]
+
+
+def _mark_order():
+    """A write of the order token (automatic control dependencies chain all of them)."""
+    token = _order_token(tf.compat.v1.get_default_graph())
+    return tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0, tf.int32))
+
+
+def _function_py_function(fn, inputs, touts):
+    """``tf.py_function`` inside a ``tf.function``, between two writes of the order token."""
+    with tf.control_dependencies([_mark_order()]):
+        outs = tf.py_function(fn, inputs, touts)
+    with tf.control_dependencies([o.op for o in outs]):
+        _mark_order()
+    return outs
+
+
+# -- the choice -------------------------------------------------------------------------------
+def collective_node(fn, inputs, touts):
+    """The outputs (a list) of a node computing ``fn(*inputs)`` (a collective's eager code,
+    which blocks until every rank submitted it) in the current graph: between two writes of
+    the order token inside a ``tf.function``; off the inter-op pool in a TF1 graph; a plain
+    ``py_function`` where neither applies (see the module's docstring)."""
+    graph = tf.compat.v1.get_default_graph()
+    inputs = list(inputs)
+    if graph.building_function:
+        if tf.compat.v1.executing_eagerly_outside_functions():
+            return _function_py_function(fn, inputs, touts)
+        return tf.py_function(fn, inputs, touts)       # a function inside a TF1 graph
+    if graph._get_control_flow_context() is not None:  # TF1 cond / while_loop (private API)
+        return tf.py_function(fn, inputs, touts)
+    return _off_pool(fn, inputs, touts)
