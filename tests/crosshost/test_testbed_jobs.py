@@ -100,3 +100,35 @@ def test_a_testbed_whose_owner_was_killed_is_swept(testbed):
     for pid in sshd_pids:
         assert not os.path.exists(f"/proc/{pid}/cmdline") or \
             open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+@pytest.mark.timeout(120)
+def test_a_cut_link_ends_the_job_naming_the_unreachable_host(testbed):
+    """A static 2 x 2 job; tbh1's link is cut mid-allreduce.  The launcher (on tbh0) hears
+    nothing more from tbh1's task service: within the op timeout it names tbh1 and its
+    ranks (not the ranks on tbh0 that merely lost their peers) and ends; tbh1's task, which
+    hears nothing from the launcher, ends its workers and its own SSH session, so nothing
+    of the job is left on either host."""
+    op_timeout = 20
+    job = Job(testbed, "tbh0", HOSTS + ["--op-timeout-seconds", str(op_timeout)],
+              "allreduce_steps.py", ["100000", "65536"])
+    try:
+        job.wait_for("STEP 30 rank=3", 60)
+        cut_at = time.monotonic()
+        testbed.cut("tbh1")
+        rc = job.finish(op_timeout + 30)
+        took = time.monotonic() - cut_at
+    finally:
+        testbed.heal("tbh1")
+    text = job.text()
+    assert rc != 0 and took < op_timeout + 3, (rc, took, text)
+    assert ("hvdlite-run: host tbh1 stopped answering: its task service has not replied "
+            "for") in text, text
+    assert "ranks 2, 3 on it are lost; the other ranks were terminated." in text, text
+    assert "on host tbh0 exited" not in text and "on host tbh0 failed" not in text, text
+    deadline = time.monotonic() + 25     # tbh1's task gives up on the silent launcher
+    while (leftovers(testbed, "tbh1") or leftovers(testbed, "tbh0")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftovers(testbed, "tbh0") == [] and leftovers(testbed, "tbh1") == [], \
+        (leftovers(testbed, "tbh0"), leftovers(testbed, "tbh1"))

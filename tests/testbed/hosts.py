@@ -184,7 +184,7 @@ class Testbed:
                     "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
                     "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
                     "StrictModes no\nUsePAM no\nLogLevel ERROR\nMaxStartups 100:30:200\n"
-                    "MaxSessions 100\nClientAliveInterval 5\nClientAliveCountMax 3\n")
+                    "MaxSessions 100\n")
         os.makedirs("/run/sshd", exist_ok=True)
         log = open(os.path.join(self.dir, f"sshd_{h.name}.log"), "wb")
         h.sshd = subprocess.Popen(["ip", "netns", "exec", h.namespace, SSHD, "-D", "-e",

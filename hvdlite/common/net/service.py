@@ -367,8 +367,10 @@ class Client:
     #: flood of strangers); the pause doubles, with jitter, until the client's timeout
     RETRY_PAUSE_S = (0.05, 1.0)
 
-    def _connect(self) -> SecureChannel:
-        deadline = time.monotonic() + self._timeout_s
+    def _connect(self, timeout_s: Optional[float] = None) -> SecureChannel:
+        """Connect within ``timeout_s`` (default: the client's timeout)."""
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         pause, tries = self.RETRY_PAUSE_S[0], 0
         try:
             while True:
@@ -379,13 +381,13 @@ class Client:
                 except (ConnectionResetError, ChannelClosed) as exc:
                     if time.monotonic() + pause >= deadline:
                         raise ConnectionError(f"{exc} ({tries} tries in "
-                                              f"{self._timeout_s:.0f}s)") from None
+                                              f"{timeout_s:.0f}s)") from None
                     time.sleep(pause * random.uniform(0.5, 1.0))
                     pause = min(pause * 2, self.RETRY_PAUSE_S[1])
         except socket.timeout:
             raise HvdliteTimeoutError(
                 f"connecting to the {self._name} at {self._addr[0]}:{self._addr[1]} "
-                f"timed out after {self._timeout_s:.0f}s") from None
+                f"timed out after {timeout_s:.0f}s") from None
         except OSError as exc:
             raise ConnectionError(
                 f"cannot connect to the {self._name} at {self._addr[0]}:{self._addr[1]}: "
@@ -396,8 +398,8 @@ class Client:
         wait = self._timeout_s if timeout_s is None else timeout_s
         with self._lock:
             for attempt in (0, 1):
-                if self._chan is None:
-                    self._chan = self._connect()
+                if self._chan is None:       # a request's timeout bounds its connecting too
+                    self._chan = self._connect(min(wait, self._timeout_s))
                 try:
                     self._chan.send(header, blob)
                     reply, out = self._chan.recv(timeout_s=wait)

@@ -20,7 +20,10 @@ Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it; a worker keeps the rank it started with); worker exits are reported to
 the driver (``worker_exit`` with the local slot that names the worker).  The task
 waits for more ``run`` calls until ``terminate``; when stdin closes, the launcher is
-gone or done: the task ends its workers and exits.
+gone or done: the task ends its workers and exits.  A cut link gives no end of file:
+the launcher pings every task once a second, and a task that hears nothing for
+:data:`LAUNCHER_SILENT_S`, or cannot report a worker's exit, ends its workers, exits and
+ends the SSH session that started it.
 """
 
 import json
@@ -31,6 +34,8 @@ import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
+
+import psutil
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
@@ -80,6 +85,12 @@ def probe_targets(key: bytes, job_id: str, targets, expect: int, timeout_s: floa
     return reachable
 
 
+#: a task that has heard nothing from the launcher for this long (it pings every task once
+#: a second, ``hvdlite.runner.starters.task_heartbeats``) takes it for gone -- a cut link
+#: gives no end of file on the lifeline -- and ends its workers and itself
+LAUNCHER_SILENT_S = 15.0
+
+
 class TaskService(Service):
     """Serves the requests above; ``on_run``/``on_terminate`` do the work."""
 
@@ -95,9 +106,15 @@ class TaskService(Service):
         self._on_stop = on_stop
         self._on_stopped = on_stopped
         self._lock = threading.Lock()
+        self._last_request = time.monotonic()
         super().__init__("task service", key, bind_addr, **limits)
 
+    def silent_for(self) -> float:
+        """Seconds since the last authenticated request (the launcher's pings included)."""
+        return time.monotonic() - self._last_request
+
     def handle(self, header, blob, client):
+        self._last_request = time.monotonic()
         op = header.get("op")
         if op == "ping":
             return {"role": "task", "job_id": self.job_id, "host_index": self.host_index}, b""
@@ -156,6 +173,10 @@ class _Task:
         self.live: Dict[Tuple[str, int], WorkerGroup] = {}
         self.sink = OutputSink(out=sys.stdout.buffer, err=sys.stdout.buffer)
         self.driver: Optional[Client] = None
+        #: started by the launcher over SSH (not locally, by srun or an agent command)
+        self.via_ssh = bool(payload.get("ssh"))
+        #: the launcher stopped answering mid-job (a cut link): see _end_own_ssh_session
+        self.launcher_lost = False
         cwd = payload.get("cwd")
         self.cwd = cwd if cwd and os.path.isdir(cwd) else None
 
@@ -275,6 +296,12 @@ class _Task:
                     log.warning("host %s: output pipe to the launcher broke; stopping",
                                 self.hostname)
                     break
+                if service.silent_for() > LAUNCHER_SILENT_S:
+                    sys.stderr.write(f"hvdlite task on {self.hostname}: nothing from the "
+                                     f"launcher for {LAUNCHER_SILENT_S:.0f}s (a cut link?); "
+                                     f"ending this host's workers\n")
+                    self.launcher_lost = True
+                    break
                 self.wake.wait(0.05)
                 self.wake.clear()
             return 0
@@ -288,6 +315,8 @@ class _Task:
                 self.driver.close()
             self.exiting.set()
             watcher.join(timeout=2.0)
+            if self.launcher_lost:
+                _end_own_ssh_session(self.via_ssh)
 
     def _report_exits(self) -> None:
         with self.lock:
@@ -298,15 +327,46 @@ class _Task:
                     if self.live.get(sid) is group:
                         del self.live[sid]
                 group.join_output(1.0)      # its last lines (a traceback) before its exit
-                self.driver.request({"op": "worker_exit", "host_index": self.host_index,
-                                     "rank": slot.rank, "local_rank": slot.local_rank,
-                                     "code": code})
+                try:
+                    self.driver.request({"op": "worker_exit", "host_index": self.host_index,
+                                         "rank": slot.rank, "local_rank": slot.local_rank,
+                                         "code": code})
+                except (HvdliteError, OSError):
+                    self.launcher_lost = True
+                    raise
 
     def _end_workers(self) -> None:
         with self.lock:
             self.stop.set()           # no run call starts anything from now on
             groups = list(self.groups)
         terminate_groups(groups)
+
+
+#: the names of an OpenSSH server's per-connection processes (9.8 split them out)
+_SSHD_NAMES = ("sshd", "sshd-session")
+
+
+def _end_own_ssh_session(via_ssh: bool) -> None:
+    """End the sshd processes serving this task's own connection (never the listener).
+
+    When the launcher's link is cut, the session that started this task cannot tell its
+    client that the task ended: without keep-alives configured, sshd would wait for that
+    dead connection for many minutes, a process of the job left on the host.  Only a task
+    started over SSH does this, so a local task never touches a user's login session."""
+    if not via_ssh:
+        return
+    sys.stderr.flush()
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None and proc.name() in _SSHD_NAMES:
+            title = " ".join(proc.cmdline())
+            if "listener" in title or not title.startswith(_SSHD_NAMES):
+                return
+            parent = proc.parent()
+            proc.terminate()
+            proc = parent
+    except psutil.Error as exc:
+        log.info("could not end this task's SSH session: %s", exc)
 
 
 def _read_payload_line(limit: int = 1 << 20) -> bytes:

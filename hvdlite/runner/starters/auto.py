@@ -65,3 +65,6 @@ class AutoWorkers(Starter):
 
     def suspended(self) -> List[SlotId]:
         return [] if self._impl is None else self._impl.suspended()
+
+    def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
+        return None if self._impl is None else self._impl.describe_failure(sid, code)

@@ -8,6 +8,10 @@ and its ``run`` request is sent again whenever a round adds slots on that host;
 ``stop`` ends given slots.  Tasks report each worker's exit by its slot (host, local
 slot).
 
+Every registered task is pinged once a second (``task_heartbeats``): a host silent for
+``UNREACHABLE_S`` has its workers reported lost, is never waited for at the end, and the
+failure summary names it rather than the ranks that merely noticed it was gone.
+
 The interface Gloo and the rendezvous store use is chosen once, by probing between
 the hosts of the first round; a host that joins later must have an interface of that
 name, or it is refused (and blacklisted) with a message that says so.
@@ -25,9 +29,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
-from hvdlite.runner.procs import OutputTarget
+from hvdlite.runner.procs import OutputTarget, describe_exit
 from hvdlite.runner.services.driver_service import Driver, DriverService
 from hvdlite.runner.ssh import SSHOptions, TaskProcess, start_task
+from hvdlite.runner.starters import task_heartbeats
 from hvdlite.runner.starters.base import SlotId, Starter, slot_id
 
 log = logging.getLogger(__name__)
@@ -80,6 +85,10 @@ class TaskWorkers(Starter):
         self._hosts: Dict[str, _HostTask] = {}
         self._all_tasks: List[_HostTask] = []
         self._live: Dict[SlotId, int] = {}           # worker -> index of the task running it
+        self._rank_of: Dict[SlotId, int] = {}        # worker -> its rank when last started
+        #: hosts found unreachable -> seconds they had been silent then
+        self._unreachable: Dict[str, float] = {}
+        self._beats = task_heartbeats.TaskHeartbeats(key, self._beat_targets)
         self._dead_since: Dict[int, float] = {}
         self._seen_exits = 0
         self._iface: Optional[str] = None
@@ -123,6 +132,7 @@ class TaskWorkers(Starter):
         ready = [ht for ht in started if ht.hostname not in refused]
         if not refused:
             _progress("%d/%d tasks registered", len(ready), len(todo))
+        self._beats.start()
         if ready and self._iface is None:
             self._choose_interface(ready, started, deadline)
         for ht in ready:
@@ -167,6 +177,7 @@ class TaskWorkers(Starter):
             "hostname": host.hostname, "driver": self._driver.addresses(),
             "env": self._forward_env, "cwd": os.getcwd(),
             "timeout_s": max(1.0, deadline - time.monotonic()), "verbose": self._verbose,
+            "ssh": self._open_task is None and not local,
         }
         timeout_s = max(1.0, deadline - time.monotonic())
         task = (self._open_task(host, local, payload, timeout_s) if self._open_task
@@ -215,6 +226,7 @@ class TaskWorkers(Starter):
         by_host: Dict[str, List[SlotInfo]] = {}
         for s in slots:
             by_host.setdefault(s.hostname, []).append(s)
+            self._rank_of[slot_id(s)] = s.rank
         failed: Dict[SlotId, str] = {}
 
         def run(host: str, host_slots: List[SlotInfo]) -> Dict[SlotId, str]:
@@ -242,9 +254,12 @@ class TaskWorkers(Starter):
         return failed
 
     def suspended(self) -> List[SlotId]:
-        """Ask every task which of its workers are stopped (bounded, best effort)."""
+        """Ask every task which of its workers are stopped (bounded, best effort; a host
+        that stopped answering is not asked)."""
         out: List[SlotId] = []
         for ht in list(self._hosts.values()):
+            if self._silent(ht):
+                continue
             try:
                 reply, _ = self._driver.client(ht.index, 3.0).request({"op": "stopped"},
                                                                       timeout_s=3.0)
@@ -293,11 +308,69 @@ class TaskWorkers(Starter):
             for sid in pending:
                 del self._live[sid]
                 exits.append((sid, TASK_LOST_CODE))
+        exits += self._lost_to_silence()
         return exits
 
+    # ---- liveness ------------------------------------------------------------------------
+
+    def _beat_targets(self) -> task_heartbeats.Targets:
+        regs = self._service.registrations
+        return {ht.index: (regs[ht.index].addr, regs[ht.index].port, ht.hostname)
+                for ht in list(self._hosts.values())
+                if ht.index in regs and ht.task.poll() is None
+                and ht.hostname not in self._unreachable}
+
+    def _silent(self, ht: _HostTask, at_least: float = task_heartbeats.SUSPECT_S) -> bool:
+        return ht.hostname in self._unreachable or \
+            self._beats.silent_for(ht.index) >= at_least
+
+    def _lost_to_silence(self) -> List[Tuple[SlotId, int]]:
+        """The workers of hosts that stopped answering, as lost (once per host)."""
+        exits = []
+        for ht in list(self._hosts.values()):
+            silent = self._beats.silent_for(ht.index)
+            pending = [sid for sid, index in self._live.items() if index == ht.index]
+            if silent < task_heartbeats.UNREACHABLE_S or not pending \
+                    or ht.hostname in self._unreachable:
+                continue
+            self._unreachable[ht.hostname] = silent
+            log.warning("host %s stopped answering: its task service has not replied for "
+                        "%.0fs (a cut link, or a host that froze or went down); its workers "
+                        "%s are lost", ht.hostname, silent,
+                        ", ".join(f"{h}:{lr}" for h, lr in pending))
+            for sid in pending:
+                del self._live[sid]
+                exits.append((sid, TASK_LOST_CODE))
+        return exits
+
+    def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
+        """When a host stopped answering, the summary names it and its ranks first (the
+        ranks elsewhere that failed only noticed it was gone); else None."""
+        silent = [(self._unreachable.get(ht.hostname, self._beats.silent_for(ht.index)), ht)
+                  for ht in self._hosts.values() if self._silent(ht)]
+        if not silent:
+            return None
+        seconds, ht = max(silent, key=lambda item: item[0])
+        ranks = sorted(r for s, r in self._rank_of.items() if s[0] == ht.hostname)
+        line = (f"hvdlite-run: host {ht.hostname} stopped answering: its task service has "
+                f"not replied for {seconds:.0f}s (a cut link, or a host that froze or went "
+                f"down); rank{'s' if len(ranks) != 1 else ''} "
+                f"{', '.join(map(str, ranks))} on it {'are' if len(ranks) != 1 else 'is'} lost")
+        if sid[0] != ht.hostname and sid in self._rank_of:
+            line += (f"; rank {self._rank_of[sid]} on host {sid[0]} then failed "
+                     f"({describe_exit(code)})")
+        return line + "; the other ranks were terminated.\n"
+
     def stop_all(self) -> None:
-        """Tell every task to end its workers, close their lifelines, wait (bounded)."""
+        """Tell every task to end its workers, close their lifelines, wait (bounded).  A
+        host that stopped answering is cut off at once: nothing it would say can arrive
+        (its task ends its workers itself when the launcher falls silent)."""
+        self._beats.stop()
         tasks = [ht for ht in self._all_tasks if ht.task.poll() is None]
+        for ht in [ht for ht in tasks if self._silent(ht)]:
+            log.warning("cutting off the task on %s, which stopped answering", ht.hostname)
+            ht.task.kill()
+            tasks.remove(ht)
         indices = [ht.index for ht in tasks if ht.index in self._service.registrations]
 
         def term(index):
@@ -321,6 +394,7 @@ class TaskWorkers(Starter):
             ht.task.join_output(2.0)
 
     def close(self) -> None:
+        self._beats.stop()
         self._driver.shutdown()
 
 
