@@ -160,7 +160,7 @@ _COMMON_LAYERS = (
                 "hvdlite.common.env_names", "hvdlite.common.log_levels",
                 "hvdlite.common.tunables", "hvdlite.common.secret_env",
                 "hvdlite.common.launcher_detection", "hvdlite.common.api_docs",
-                "hvdlite.common.slurm")),
+                "hvdlite.common.slurm", "hvdlite.common.fault_injection")),
     ("net", ("hvdlite.common.net",)),
     ("buffers and messages", ("hvdlite.common.arrays", "hvdlite.common.message")),
     ("backend", ("hvdlite.common.backend",)),

@@ -17,7 +17,7 @@ import math
 import os
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
-from . import tunables
+from . import fault_injection, tunables
 # the launcher-set names, imported here so that every variable name comes from this module
 from .env_names import (CROSS_RANK, CROSS_SIZE, ELASTIC, GLOO_IFACE, HOROVOD_ALIASES,  # noqa: F401
                         HOROVOD_PREFIX, HOSTNAME, JOB_ID, LAUNCHER_SET, LOCAL_RANK,
@@ -44,6 +44,7 @@ INPLACE_THRESHOLD = _env("inplace_threshold_bytes")
 CYCLE_TIME = _env("cycle_time_ms")
 CACHE_CAPACITY = _env("cache_capacity")
 OP_TIMEOUT = _env("op_timeout_s")
+FAULT_AT = _env("fault_at")
 START_TIMEOUT = _env("start_timeout_s")
 ELASTIC_TIMEOUT = _env("elastic_timeout_s")
 GLOO_THREADS = _env("gloo_threads")
@@ -182,6 +183,10 @@ class _JobFacts:
                 f"{RANK}={self.rank} is outside 0..{self.size - 1} ({SIZE}={self.size})")
         for t in tunables.TUNABLES:
             _check_tunable(t, getattr(self, t.field))
+        try:                                       # a bad plan fails at init, not later
+            fault_injection.parse(self.fault_at)
+        except HvdliteConfigError as exc:
+            raise HvdliteConfigError(f"{FAULT_AT}: {exc}") from None
         try:
             level = log_level_name(self.log_level)
         except HvdliteConfigError as exc:

@@ -22,7 +22,7 @@ import functools
 import logging
 from typing import Any, Callable, Dict, List
 
-from hvdlite.common import arrays, basics, ops
+from hvdlite.common import arrays, basics, fault_injection, ops
 from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteInternalError,
                                        HvdliteRemovedError)
 
@@ -66,6 +66,8 @@ class State:
             HostsUpdatedInterrupt: the job's membership changed; ``run`` resets.
         """
         self.save()
+        fault_injection.on_commit(basics.config().fault_at, basics.rank(),
+                                  basics.rendezvous_round())
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -355,6 +355,13 @@ TUNABLES: Tuple[Tunable, ...] = (
         shown_default="<tempdir>/hvdlite-flight-<job id>",
         note="on each rank's host"),
     Tunable(
+        "fault_at", str, "", "HVDLITE_FAULT_AT",
+        "testing elastic scripts: the process that is rank R fails after its N-th "
+        "state.commit() (rank=R,commit=N[,action=exit|kill|hang|raise][,exit_code=C]"
+        "[,round=K]; see hvdlite.testing)",
+        group="output", flags=(Option(("--fault-at",), "SPEC"),),
+        shown_default="off", note="fault injection for tests of elastic scripts"),
+    Tunable(
         "shared_memory", bool, True, "HVDLITE_SHARED_MEMORY",
         "ranks on one host exchange through a shared segment, hierarchically across hosts "
         "(Gloo mode)",

@@ -174,3 +174,17 @@ def test_one_host_worker_killed_survivors_keep_state_and_finish_fast(job_factory
     resumed = [int(line.rsplit("step=", 1)[1]) for line in out.splitlines()
                if "TRAIN rank=" in line and "size=2" in line]
     assert resumed and min(resumed) >= 7, out                     # from the last commit
+
+
+def test_fault_at_fails_a_rank_at_a_commit_and_the_job_recovers(job_factory):
+    """``--fault-at``: the process that is rank 1 exits (code 3) right after its fifth
+    commit, in the first round only; the script, unchanged, resumes on the two survivors
+    from that commit and ends with the fault-free result, every step once."""
+    job = job_factory("localhost:3\n", ["-np", "3", "--min-np", "2", "--max-np", "3",
+                                        "--fault-at", "rank=1,commit=5,exit_code=3,round=0"])
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert "hvdlite: injected fault (the fault plan (--fault-at)): rank 1 exit after " \
+           "commit 5 (round 0)" in out, out
+    assert out.count("injected fault") == 1, out
+    check_result(job.result, STEPS, [3, 2])
