@@ -140,7 +140,8 @@ def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
         HvdliteConfigError: a listed host name does not resolve.
     """
     if config.discovery_script:
-        return ScriptDiscovery(config.discovery_script, config.slots_per_host)
+        return ScriptDiscovery(config.discovery_script, config.slots_per_host,
+                               max_slots=config.max_workers)
     hosts = config.hosts
     if settings.static:
         used: Dict[str, int] = {}
