@@ -232,3 +232,27 @@ def test_launcher_agent_never_gets_an_option_for_a_host(tmp_path):
         with pytest.raises(HvdliteConfigError, match="--launcher-agent: host"):
             agent_task(host, b"{}", opts)
     assert not calls.exists(), "the agent was run"
+
+
+def test_hosts_from_lsf_variables_that_look_like_options_are_refused():
+    from hvdlite.runner.hosts.cluster_env import parse_lsf_hosts, parse_lsf_mcpu_hosts
+    with pytest.raises(HvdliteConfigError, match="LSB_HOSTS: '-oProxyCommand=x'"):
+        parse_lsf_hosts("a -oProxyCommand=x")
+    with pytest.raises(HvdliteConfigError, match="LSB_MCPU_HOSTS: .*cannot start with '-'"):
+        parse_lsf_mcpu_hosts("a 1 -x 2")
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("echo localhost:100000\n", "host 'localhost' has 100000 slots, more than the 1024"),
+    ("head -c 400000000 /dev/zero\n", "printed more than 1048576 bytes"),
+])
+def test_launcher_refuses_a_first_discovery_over_the_bounds(body, expected, tmp_path):
+    """The launcher's first discovery: nothing is placed, nothing spawned, in about a
+    second (a 400 MB answer is not read whole)."""
+    script = _script(tmp_path, body)
+    marker = tmp_path / "started"
+    r, seconds = _launch(["-np", "1", "--host-discovery-script", script,
+                          "--elastic-timeout", "2", *_touch(marker)])
+    assert r.returncode != 0 and not marker.exists(), r.stdout + r.stderr
+    assert seconds < 10 and expected in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"--host-discovery-script {script}" in r.stderr

@@ -174,9 +174,20 @@ def _slot_count(value: str, where: str) -> int:
 
 
 def merge_hosts(hosts: List[HostSlots], where: str) -> List[HostSlots]:
-    """A host listed twice gets the sum of its slots (at its first position)."""
+    """A host listed twice gets the sum of its slots (at its first position).
+
+    Every host source ends here, so the names are checked here too.
+
+    Raises:
+        HvdliteConfigError: two login names for one host, or a name that could pass as
+            an option (names ``where`` and the host).
+    """
     order, merged = [], {}
     for h in hosts:
+        for part in (h.hostname, h.user):
+            problem = part and host_name_problem(part)
+            if problem:
+                raise HvdliteConfigError(f"{where}: {part!r}: {problem}")
         key = h.hostname
         if key in merged:
             if merged[key].user != h.user:
