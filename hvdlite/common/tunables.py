@@ -245,7 +245,7 @@ TUNABLES: Tuple[Tunable, ...] = (
         "keep the timeline on disk to about this many bytes: the file is rotated "
         "(FILE, FILE.1, ... FILE.3, each a complete trace) and the oldest is dropped "
         "(0: one file, unbounded)", unit="bytes", group="timeline parameters",
-        range=Range(0, None, ">= 0 bytes (0: unbounded)"),
+        range=Range(0, 1 << 50, f"0..{1 << 50} bytes (1 PiB; 0: unbounded)"),
         flags=(Option(("--timeline-max-mb",), "MB", float, MIB,
                       help="keep the timeline to about this many MiB on disk, in rotated "
                            "files FILE, FILE.1, ... (0: unbounded)"),),

@@ -18,6 +18,7 @@ import sys
 from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
+from hvdlite.common import tunables
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
 from hvdlite.runner import flags, validation
 from hvdlite.runner.agent.job import run_job
@@ -242,10 +243,21 @@ def _tunable_env(args: argparse.Namespace) -> Dict[str, str]:
     env = {}
     for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
-        text = conv(value) if value is not None else None
+        try:
+            text = conv(value) if value is not None else None
+        except OverflowError:              # 1e308 MiB in bytes is infinite
+            raise HvdliteConfigError(
+                f"{validation.setting_name(args, flags.build_parser(), dest)} {value:g}: the "
+                f"value must be {_range_words(var)}") from None
         if text is not None:
             env[var] = text
     return env
+
+
+def _range_words(variable: str) -> str:
+    """The allowed range of the tunable set through ``variable``, in words."""
+    row = next(t for t in tunables.TUNABLES if t.env == variable)
+    return row.range.words if row.range is not None else "a finite number"
 
 
 def _controller(args: argparse.Namespace, elastic: bool) -> str:

@@ -194,6 +194,11 @@ def test_binary_config_file_and_hostfile_name_the_file_and_line(tmp_path):
     (["--stall-check-warning-time-seconds", "1e9"],
      "--stall-check-warning-time-seconds 1e+09: the value must be 0..10000000 seconds"),
     (["--start-timeout", "1e308"], "--start-timeout 1e+308: the value must be 0.001.."),
+    # scaled to bytes, 1e308 MiB overflowed int() (a traceback)
+    (["--fusion-threshold-mb", "1e308"],
+     "--fusion-threshold-mb 1e+308: the value must be 0..2147483647 bytes"),
+    (["--timeline-max-mb", "1e308"], "--timeline-max-mb 1e+308: the value must be 0.."),
+    (["--timeline-max-mb", "1e10"], "--timeline-max-mb 1e+10: the value must be 0.."),
 ])
 def test_float_flags_state_their_range(flags, expected, tmp_path):
     marker = tmp_path / "started"
