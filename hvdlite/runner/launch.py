@@ -153,7 +153,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
     config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
     # before any host list is built or slot placed: -np 10**20 must not be looped over
-    _check_ceiling(args, config.max_workers)
+    _check_ceiling(args, config.max_workers, parser)
     elastic_settings = _elastic_settings(args, elastic)
     if elastic_settings is not None and elastic_settings.max_np is None:
         elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
@@ -177,7 +177,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         slots_per_host=args.slots_per_host or 1, max_workers=config.max_workers)
 
 
-def _check_ceiling(args: argparse.Namespace, ceiling: int) -> None:
+def _check_ceiling(args: argparse.Namespace, ceiling: int,
+                   parser: argparse.ArgumentParser) -> None:
     """-np, --min-np and --max-np are at most --max-workers (HVDLITE_MAX_WORKERS).
 
     Checked before the hosts are parsed or slots placed: without -H the host list is
@@ -189,6 +190,9 @@ def _check_ceiling(args: argparse.Namespace, ceiling: int) -> None:
     """
     for dest, flag in (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np")):
         value = getattr(args, dest, None)
+        keys = getattr(args, "config_file_keys", None) or {}
+        if dest in keys:
+            flag = validation.setting_name(args, parser, dest)
         if value is not None and value > ceiling:
             raise HvdliteConfigError(
                 f"{flag} {value}: more than the {ceiling} worker processes one job may run "

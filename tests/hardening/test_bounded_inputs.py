@@ -75,6 +75,16 @@ def test_worker_ceiling_from_the_environment_names_the_variable(tmp_path):
     assert "-np 3: more than the 2 worker processes" in line and "HVDLITE_MAX_WORKERS" in line
 
 
+def test_worker_ceiling_names_the_config_file_key(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("elastic:\n  max-np: 5000\n")
+    marker = tmp_path / "started"
+    r, seconds = _launch(["--config-file", str(conf), "--min-np", "1", "-H", "localhost:2",
+                          *_touch(marker)])
+    line = _refused(r, seconds, marker)
+    assert f"--config-file {conf}: elastic.max-np 5000: more than the 1024" in line, line
+
+
 def test_elastic_job_without_max_np_is_capped_at_the_ceiling(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\n")
