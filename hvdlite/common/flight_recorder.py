@@ -139,9 +139,12 @@ class FlightRecorder:
         with self._lock:
             _private_directory(self.directory)
             tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f)
-            os.replace(tmp, path)
+            try:
+                _write_private(tmp, data)
+                os.replace(tmp, path)
+            except OSError:
+                _remove_quietly(tmp)             # a full disk must not leave a half file
+                raise
         return path
 
 
@@ -153,6 +156,29 @@ def _op_dict(req, set_key: str, submitted: float, cycle: int, state: str, durati
             "duration_s": round(max(0.0, duration), 6),
             "waited_for": [int(r) for r in waited],
             "error": None if err is None else str(err)}
+
+
+def _write_private(path: str, data: dict) -> None:
+    """``data`` as JSON in a new file readable by this user only (0600), whatever the
+    directory's mode or the umask: the dumps name tensors and hosts (SECURITY.md)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    try:
+        os.fchmod(fd, 0o600)                     # an older file of that name kept its mode
+    except OSError:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("flight recorder: cannot remove %s (%s)", path, exc.strerror)
 
 
 def _private_directory(path: str) -> None:
@@ -236,9 +262,21 @@ def _install_excepthook() -> None:
     sys.excepthook = hook
 
 
-def launcher_note(job_id: str, directory: str = "") -> str:
-    """The line the launcher prints when a job failed: where the ranks' dumps are."""
+def launcher_note(job_id: str, directory: str = "", local_only: bool = False) -> str:
+    """The line the launcher prints when a job failed: where the ranks' dumps are.
+
+    ``local_only``: every rank ran on this host, so the launcher can see whether any
+    dump was written and never points at files that are not there (a full disk, an
+    unwritable directory: the ranks logged why).
+    """
     where = directory or default_directory(job_id)
+    if local_only:
+        found = dump_files([where]) if os.path.isdir(where) else []
+        if not found:
+            return (f"hvdlite-run: no flight recorder dump was written in {where} (see the "
+                    f"ranks' warnings above for why)\n")
+        return (f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's "
+                f"host): {where} ({len(found)} here); diagnose with: hvdlite-doctor {where}\n")
     return (f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's host): "
             f"{where}; diagnose with: hvdlite-doctor {where}\n")
 

@@ -646,9 +646,17 @@ class Runtime:
             have, missing = [job[r] for r in have], [job[r] for r in missing]
             log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
                         "(waiting %.0fs); one rank may be skipping a collective or running "
-                        "different code (%s turns this into an error)", name, have, missing,
-                        waited, _SHUTDOWN_HINT)
+                        "different code (%s)", name, have, missing, waited,
+                        self._stall_outcome())
         self._ask_for_stacks(stalled)
+
+    def _stall_outcome(self) -> str:
+        """What happens next, truthfully: with a shutdown time the stall ends the job."""
+        limit = self.config.stall_check_shutdown_time_s
+        if limit > 0:
+            return (f"the job fails if this tensor still waits after {limit:g}s: "
+                    f"--stall-check-shutdown-time-seconds")
+        return f"{_SHUTDOWN_HINT} turns this into an error"
 
     def _ask_for_stacks(self, stalled: List[Tuple[str, List[int], List[int], float]]) -> None:
         """Rank 0: ask the stall's missing ranks not asked yet for their stacks: a summary
@@ -665,7 +673,8 @@ class Runtime:
         stack_report.send_async(
             self._stack_target, stack_report.STALL, request_id, job[self.rank],
             {"expected": sorted(missing), "tensors": tensors, "stalled": len(stalled),
-             "hint": _SHUTDOWN_HINT}, with_stacks=False)
+             "hint": _SHUTDOWN_HINT,
+             "shutdown_s": self.config.stall_check_shutdown_time_s}, with_stacks=False)
         with self._stacks_lock:
             self._stacks_wanted = (request_id, cutoff)
 

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from hvdlite.common.config import TIMELINE
 from hvdlite.common.exceptions import HvdliteConfigError
@@ -106,34 +106,48 @@ class Timeline(Recorder):
         self._interval = flush_interval_s
         self._stop = threading.Event()
         self._closed = False
+        #: a write failed (a full disk): the timeline stopped, the job goes on
+        self._broken = False
         for old in rotated_paths(path)[:-1]:    # a previous run's: not part of this trace
             os.remove(old)
-        self._start_file()
+        self._guarded(self._start_file)
         self._thread = threading.Thread(target=self._run, name="hvdlite-timeline", daemon=True)
         self._thread.start()
 
     # -- recorder side: the background thread; append only ---------------------------------
     def cycle(self, cycle, start):
         self._cycle_start = start
-        if self.mark_cycles:
+        if self.mark_cycles and not self._broken:
             self._events.append((_C, cycle, start))
 
     def queued(self, name, op, submitted, nbytes=0):
+        if self._broken:
+            return                  # the writer stopped: keep nothing
         self._events.append((_Q, name, op, submitted, self._cycle_start, nbytes))
 
     def negotiated(self, name, end, waited_for):
+        if self._broken:
+            return                  # the writer stopped: keep nothing
         self._events.append((_N, name, end, waited_for))
 
     def span(self, phase, names, start, end, chunk=0):
+        if self._broken:
+            return                  # the writer stopped: keep nothing
         self._events.append((_S, phase, names, start, end, chunk))
 
     def done(self, name, end, error):
+        if self._broken:
+            return                  # the writer stopped: keep nothing
         self._events.append((_D, name, end, error))
 
     def parameters(self, cycle, params):
+        if self._broken:
+            return                  # the writer stopped: keep nothing
         self._events.append((_P, cycle, time.monotonic(), params))
 
     def late(self, end, rank, seconds):
+        if self._broken:
+            return                  # the writer stopped: keep nothing
         self._events.append((_L, rank, end, seconds))
 
     # -- writer thread ------------------------------------------------------------------------
@@ -144,8 +158,30 @@ class Timeline(Recorder):
         self._closed = True
         self._stop.set()
         self._thread.join(timeout_s)
-        self._flush()
-        self._end_file()
+        if not self._broken:
+            self._guarded(self._flush)
+        if not self._broken:
+            self._guarded(self._end_file)
+
+    def _guarded(self, write: Callable[[], None]) -> None:
+        """Run ``write``; a failure to write (a full disk, an I/O error) stops the
+        timeline, logged once, and never reaches the job: a finished training must
+        not exit 1 because its trace could not be completed."""
+        try:
+            write()
+        except OSError as exc:
+            self._broken = True
+            self._events.clear()
+            log.warning("timeline %s: writing failed (%s); the timeline stops here and the "
+                        "job goes on", self.path, exc.strerror or exc)
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        """Close the file after a failed write; closing flushes, which may fail again."""
+        try:
+            self._file.close()
+        except OSError:
+            pass                                 # the data is lost either way; said above
 
     def _start_file(self) -> None:
         self._write("[\n")
@@ -176,11 +212,13 @@ class Timeline(Recorder):
         self._start_file()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while not self._stop.wait(self._interval) and not self._broken:
             try:
-                self._flush()
-            except Exception:  # noqa: BLE001 -- a broken disk must not end the job; say so
+                self._guarded(self._flush)
+            except Exception:  # noqa: BLE001 -- a broken writer must not end the job; say so
+                self._broken = True
                 log.exception("timeline %s: writing failed; the timeline stops here", self.path)
+                self._close_quietly()
                 return
 
     def _us(self, t: float) -> float:

@@ -129,7 +129,7 @@ class Tunable:
 
 
 _S = "seconds"
-_POSITIVE_S = Range(1e-3, 1e7, "> 0 seconds")
+_POSITIVE_S = Range(1e-3, 1e7, "0.001..10000000 seconds (10000000 s is about 115 days)")
 _NO_OP_HIERARCHICAL = ("Horovod's default; hvdlite's ranks on one host still share memory "
                        "(turn that off with --no-shared-memory)")
 
@@ -210,6 +210,15 @@ TUNABLES: Tuple[Tunable, ...] = (
         flags=(Option(("--start-timeout",), "SECONDS"),), group="host arguments",
         launcher_reads_env=True, note="also the launcher's default"),
     Tunable(
+        "max_workers", int, 1024, "HVDLITE_MAX_WORKERS",
+        "the most worker processes one job may run: -np, --min-np, --max-np and a "
+        "discovered host's slots above it are refused before anything is placed, and an "
+        "elastic job without --max-np grows to it at most (a guard against a typo such as "
+        "-np 10000)",
+        range=Range(1, 1 << 20, f"1..{1 << 20} processes"), group="host arguments",
+        flags=(Option(("--max-workers",), "N"),), launcher_reads_env=True,
+        note="the launcher's ceiling on the job's processes; raise it for a bigger job"),
+    Tunable(
         "elastic_timeout_s", float, 600.0, "HVDLITE_ELASTIC_TIMEOUT",
         "elastic jobs: how long to wait for --min-np slots (and a worker for its next "
         "rendezvous round) before failing", unit="s",
@@ -236,7 +245,7 @@ TUNABLES: Tuple[Tunable, ...] = (
         "keep the timeline on disk to about this many bytes: the file is rotated "
         "(FILE, FILE.1, ... FILE.3, each a complete trace) and the oldest is dropped "
         "(0: one file, unbounded)", unit="bytes", group="timeline parameters",
-        range=Range(0, None, ">= 0 bytes (0: unbounded)"),
+        range=Range(0, 1 << 50, f"0..{1 << 50} bytes (1 PiB; 0: unbounded)"),
         flags=(Option(("--timeline-max-mb",), "MB", float, MIB,
                       help="keep the timeline to about this many MiB on disk, in rotated "
                            "files FILE, FILE.1, ... (0: unbounded)"),),
@@ -301,7 +310,7 @@ TUNABLES: Tuple[Tunable, ...] = (
         "rank 0 warns, naming the missing ranks, when a tensor some ranks submitted has "
         "waited this long for the others", unit="s",
         horovod=("HOROVOD_STALL_CHECK_TIME_SECONDS",), group="stall check parameters",
-        range=Range(0.0, 1e7, ">= 0 seconds"),
+        range=Range(0.0, 1e7, "0..10000000 seconds"),
         flags=(Option(("--stall-check-warning-time-seconds",), "SECONDS"),),
         yaml=(YamlKey("stall_check", "warning_time_seconds",
                       "stall_check_warning_time_seconds"),)),
@@ -309,7 +318,7 @@ TUNABLES: Tuple[Tunable, ...] = (
         "stall_check_shutdown_time_s", float, 0.0, "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS",
         "fail the job when such a tensor has waited this long (0: only warn)", unit="s",
         horovod=("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",), group="stall check parameters",
-        range=Range(0.0, 1e7, ">= 0 seconds (0: never shut down)"),
+        range=Range(0.0, 1e7, "0..10000000 seconds (0: never shut down)"),
         flags=(Option(("--stall-check-shutdown-time-seconds",), "SECONDS"),),
         yaml=(YamlKey("stall_check", "shutdown_time_seconds",
                       "stall_check_shutdown_time_seconds"),),

@@ -73,12 +73,33 @@ IGNORED_KEYS = {("autotune", "cycles_per_sample"), ("library_options", "mlsl_bgt
 _SWITCHED = {"autotune": "autotune", "timeline": "timeline_filename"}
 
 
+#: a settings file is a few KiB; anything past this is not one (and /dev/zero never ends)
+_MAX_FILE_BYTES = 1024 * 1024
+
+
 def _load(path: str) -> Dict[str, Any]:
+    """The file's YAML mapping.
+
+    Raises:
+        HvdliteConfigError: unreadable, not UTF-8 (names the line) or not valid YAML.
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise HvdliteConfigError(f"--config-file {path}: {exc.strerror}") from None
+    if len(raw) > _MAX_FILE_BYTES:
+        raise HvdliteConfigError(f"--config-file {path}: more than {_MAX_FILE_BYTES} bytes; "
+                                 f"expected a YAML file of settings")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise HvdliteConfigError(
+            f"--config-file {path}: line {line} is not UTF-8 text (byte "
+            f"{raw[exc.start:exc.start + 1]!r}); expected a YAML file") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise HvdliteConfigError(f"--config-file {path}: not valid YAML: {exc}") from None
     if data is None:
@@ -129,6 +150,23 @@ class _Reader:
         if action.dest == "env" and isinstance(value, str):
             value = [value]
         self.set(action.dest, value, f"{where}{key}")
+
+    def check_boolean(self, dest: str, value: Any, key: str) -> None:
+        """A switch's key takes a YAML boolean (true/false, yes/no unquoted), never text.
+
+        ``enabled: "false"`` is a non-empty string, so Python's truth would turn the
+        feature ON; Horovod's reader has that bug.  Quoted "yes"/"no" are refused too:
+        quoting says the writer meant text.
+
+        Raises:
+            HvdliteConfigError: names the key and the value seen.
+        """
+        action = self.by_dest.get(dest)
+        switch = action is not None and (action.nargs == 0 or isinstance(
+            action, (argparse._StoreConstAction, argparse._StoreTrueAction)))
+        if switch and value is not None and not isinstance(value, bool):
+            raise self.error(f"{key}: expected true or false (a YAML boolean, unquoted), "
+                             f"got {value!r}")
 
     def set(self, dest: str, value: Any, key: str) -> None:
         """Store ``value`` for ``dest`` after the flag's own type and choice checks."""
@@ -190,6 +228,9 @@ class _Reader:
     def section(self, name: str, entries: Dict[str, Any]) -> None:
         known = HOROVOD_SECTIONS.get(name, {})
         switch = _SWITCHED.get(name)
+        if "enabled" in entries and not isinstance(entries["enabled"], bool):
+            raise self.error(f"{name}.enabled: expected true or false (a YAML boolean, "
+                             f"unquoted), got {entries['enabled']!r}")
         if switch and entries.get("enabled") is False:
             # Horovod exports a section's settings only with its feature on
             log.info("--config-file %s: %s is disabled; its other keys are ignored",
@@ -204,6 +245,7 @@ class _Reader:
                 continue                               # the switch itself, handled above
             elif norm in known:
                 dest, convert = known[norm]
+                self.check_boolean(dest, value, f"{name}.{key}")
                 self.set(dest, None if value is None else convert(value), f"{name}.{key}")
             else:
                 self.flag_entry(key, value, f"{name}.")

@@ -7,6 +7,7 @@ static or elastic, local, SSH or MPI -- runs through the one agent
 """
 
 import argparse
+import dataclasses
 import importlib.util
 import logging
 import math
@@ -17,6 +18,7 @@ import sys
 from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
+from hvdlite.common import tunables
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
 from hvdlite.runner import flags, validation
 from hvdlite.runner.agent.job import run_job
@@ -140,9 +142,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise HvdliteConfigError(
             "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
             "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
-    elastic_settings = _elastic_settings(args, elastic)
-    command = _resolve_command(list(args.command))
-    hosts = _hosts(args)
     parser = flags.build_parser()
     validation.check_finite_numbers(args, parser)
     controller = _controller(args, elastic)
@@ -152,7 +151,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
     if not start_timeout > 0:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
-    validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
+    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
+    # before any host list is built or slot placed: -np 10**20 must not be looped over
+    _check_ceiling(args, config.max_workers, parser)
+    elastic_settings = _elastic_settings(args, elastic)
+    if elastic_settings is not None and elastic_settings.max_np is None:
+        elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
+    command = _resolve_command(list(args.command))
+    hosts = _hosts(args)
     _check_ssh(args)
     nics = None
     if args.network_interfaces:
@@ -168,7 +174,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         binding_args=shlex.split(args.binding_args) if args.binding_args else None,
         tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
-        slots_per_host=args.slots_per_host or 1)
+        slots_per_host=args.slots_per_host or 1, max_workers=config.max_workers)
+
+
+def _check_ceiling(args: argparse.Namespace, ceiling: int,
+                   parser: argparse.ArgumentParser) -> None:
+    """-np, --min-np and --max-np are at most --max-workers (HVDLITE_MAX_WORKERS).
+
+    Checked before the hosts are parsed or slots placed: without -H the host list is
+    ``localhost:NP``, and placing 10**20 slots fills the memory before any check on
+    the hosts could run.
+
+    Raises:
+        HvdliteConfigError: names the flag, its value and the ceiling (and how to raise it).
+    """
+    for dest, flag in (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np")):
+        value = getattr(args, dest, None)
+        keys = getattr(args, "config_file_keys", None) or {}
+        if dest in keys:
+            flag = validation.setting_name(args, parser, dest)
+        if value is not None and value > ceiling:
+            raise HvdliteConfigError(
+                f"{flag} {value}: more than the {ceiling} worker processes one job may run "
+                f"(--max-workers / {cfg.MAX_WORKERS}); lower {flag}, or raise "
+                f"--max-workers if the hosts can hold {value} processes")
 
 
 def _slurm_defaults(args: argparse.Namespace) -> None:
@@ -218,10 +247,21 @@ def _tunable_env(args: argparse.Namespace) -> Dict[str, str]:
     env = {}
     for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
         value = getattr(args, dest, None)
-        text = conv(value) if value is not None else None
+        try:
+            text = conv(value) if value is not None else None
+        except OverflowError:              # 1e308 MiB in bytes is infinite
+            raise HvdliteConfigError(
+                f"{validation.setting_name(args, flags.build_parser(), dest)} {value:g}: the "
+                f"value must be {_range_words(var)}") from None
         if text is not None:
             env[var] = text
     return env
+
+
+def _range_words(variable: str) -> str:
+    """The allowed range of the tunable set through ``variable``, in words."""
+    row = next(t for t in tunables.TUNABLES if t.env == variable)
+    return row.range.words if row.range is not None else "a finite number"
 
 
 def _controller(args: argparse.Namespace, elastic: bool) -> str:

@@ -55,6 +55,8 @@ class LaunchConfig:
     discovery_script: Optional[str] = None
     #: --slots-per-host: slots of a discovered host printed without ``:N``
     slots_per_host: int = 1
+    #: --max-workers: a discovered host with more slots than this is a failed discovery
+    max_workers: int = cfg.Config.max_workers
     #: variables every rank gets that must never appear on a command line (hvdlite.run's
     #: service key): in the workers' environment, in the tasks' stdin payload, or passed
     #: by name to mpiexec

@@ -35,6 +35,7 @@ from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteError, Hvdlite
                                        HvdliteTimeoutError)
 from hvdlite.runner import lifeline
 from hvdlite.runner.hosts import HostSlots, resolve
+from hvdlite.runner.hosts.slots import host_name_problem
 from hvdlite.runner.procs import kill_tree
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,13 @@ def agent_task(host: HostSlots, payload: bytes, opts: SSHOptions) -> LocalTask:
     argv = shlex.split(opts.launcher_agent or "")
     if not argv:
         raise HvdliteConfigError("--launcher-agent: empty command")
+    # the agent's contract is 'CMD HOST COMMAND' (documented, and what kubexec-style
+    # wrappers read as $1 $2), so no '--' can go before HOST: a HOST that an agent could
+    # take for an option is refused here, whichever host source it came from
+    if host.ssh_target.startswith("-") or host_name_problem(host.hostname):
+        raise HvdliteConfigError(
+            f"--launcher-agent: host {host.ssh_target!r} is not passed to the agent: "
+            f"{host_name_problem(host.hostname) or 'it starts with -'}")
     try:
         task = LocalTask(host, payload, opts.python,
                          argv + [host.ssh_target, remote_command(opts.python)])

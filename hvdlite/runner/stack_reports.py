@@ -264,10 +264,20 @@ def format_report(kind: str, summary: dict,
         lines.append(f"  rank {rank} (host {host}, pid {pid}{how}):")
         lines += _threads_lines(threads, "    ")
     if kind == STALL:
-        lines.append(f"  the job goes on (this is a warning); "
-                     f"{summary.get('hint', '--stall-check-shutdown-time-seconds')} turns a "
-                     f"stall into an error")
+        lines.append(_stall_outcome(summary))
     return "\n".join(lines) + "\n"
+
+
+def _stall_outcome(summary: dict) -> str:
+    """The report's last line: whether the job goes on or will fail (a shutdown time
+    is set), as rank 0 reported it."""
+    limit = summary.get("shutdown_s")
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0:
+        return (f"  the job fails if the stall lasts {limit:g}s "
+                f"(--stall-check-shutdown-time-seconds {limit:g})")
+    return (f"  the job goes on (this is a warning); "
+            f"{summary.get('hint', '--stall-check-shutdown-time-seconds')} turns a "
+            f"stall into an error")
 
 
 def _stall_lines(summary: dict, expected: List[int]) -> List[str]:

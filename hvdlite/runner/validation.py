@@ -34,6 +34,10 @@ def _where(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str)
     return flag_name(parser, dest)
 
 
+#: the public name: ``--flag`` or ``--config-file FILE: key`` for a dest
+setting_name = _where
+
+
 def _show(value) -> str:
     if isinstance(value, (list, tuple)):
         return " ".join(_show(v) for v in value)

@@ -1,13 +1,16 @@
 """MPI mode: the mpiexec command per flavour, the per-rank output wrapper, and real
 runs under MPICH's Hydra."""
 
+import glob
 import importlib.util
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -17,7 +20,7 @@ import pytest
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.starters.mpiexec import (HYDRA, INTEL, OPENMPI, build_command, detect_flavor,
-                                    find_mpiexec)
+                                    find_mpiexec, write_ssh_wrapper)
 from hvdlite.runner.rank_output import MODULE, mpi_rank, wrapper_command
 
 from conftest import REPO, run_launcher, worker
@@ -32,13 +35,14 @@ WRAP = ["py", "-m", MODULE, "--"]       # the wrapper as build_command writes it
 def test_hydra_command():
     cmd = build_command(HYDRA, "mpiexec", 3, HOSTS, {"HVDLITE_CPU_OPERATIONS": "mpi"},
                         ["PATH", "FOO"], ["-verbose"], ["python", "t.py"], ssh_port=2222,
-                        python="py")
+                        python="py", ssh_wrapper="/w/hvdlite-ssh")
     assert cmd[:5] == ["mpiexec", "-n", "3", "-hosts", "a:2,b:1"]
     assert "-prepend-rank" not in cmd            # the wrapper tags the output
     assert ["-genv", "HVDLITE_CPU_OPERATIONS", "mpi"] == cmd[cmd.index("-genv"):][:3]
     assert "PYTHONUNBUFFERED" not in cmd
     assert cmd[cmd.index("-envlist") + 1] == "PATH,FOO"
-    assert cmd[cmd.index("-launcher-exec") + 1] == "ssh -p 2222"
+    # Hydra runs -launcher-exec as one program: the port goes in a wrapper script
+    assert cmd[cmd.index("-launcher-exec") + 1] == "/w/hvdlite-ssh"
     assert cmd[-7:] == ["-verbose"] + WRAP + ["python", "t.py"]
 
 
@@ -264,3 +268,53 @@ def test_mpi_mode_runtime_smoke():
     r = run_launcher(["--mpi", "-np", "2", worker("torch_worker.py")], timeout=80)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(re.findall(r"TRAINOK rank=\d size=2", r.stdout)) == 2
+
+
+def test_hydra_ssh_wrapper_passes_port_and_key_as_separate_arguments(tmp_path):
+    """Hydra runs -launcher-exec as one program ("execvp error on file ssh -p 2222 -i K"),
+    so -p/-i go into a script; a fake ssh on PATH records the argv the script gives it."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    record = tmp_path / "argv"
+    (fake / "ssh").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    (fake / "ssh").chmod(0o755)
+    private = tmp_path / "wrap"
+    private.mkdir(mode=0o700)
+    key = tmp_path / "my key's file"
+    key.write_text("")
+    path = write_ssh_wrapper(str(private), 2222, str(key))
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run([path, "node1", "hydra_pmi_proxy", "--x"], env=env, check=True, timeout=10)
+    assert record.read_text().splitlines() == ["-p", "2222", "-i", str(key), "node1",
+                                               "hydra_pmi_proxy", "--x"]
+    cmd = build_command(HYDRA, "mpiexec", 1, HOSTS[:1], {}, [], [], ["t"], ssh_port=2222,
+                        python="py", ssh_wrapper=path)
+    assert cmd[cmd.index("-launcher-exec") + 1] == path
+    with pytest.raises(Exception, match="ssh wrapper"):
+        build_command(HYDRA, "mpiexec", 1, HOSTS[:1], {}, [], [], ["t"], ssh_port=2222)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
+def test_mpi_job_over_ssh_with_port_and_key(sshd, tmp_path):
+    """A real MPICH job, one rank on 127.0.0.2 reached through the loopback sshd's port and
+    key (-p/-i); the test's ssh shim only adds the fixture's known_hosts."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real_ssh = shutil.which("ssh")
+    (shim / "ssh").write_text(
+        f'#!/bin/sh\nexec {real_ssh} -o UserKnownHostsFile={sshd.known_hosts} '
+        f'-o StrictHostKeyChecking=yes -o BatchMode=yes "$@"\n')
+    (shim / "ssh").chmod(0o755)
+    env = {"PATH": f"{shim}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
+                   f"{os.environ['PATH']}"}
+    r = run_launcher(["--mpi", "-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1",
+                      "-p", str(sshd.port), "-i", sshd.identity, "-x", "MPI_X_VAR=7",
+                      worker("mpi_worker.py")], env=env, timeout=50)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "execvp error" not in r.stderr
+    lines = sorted(re.findall(r"MPIOK rank=\d size=\d sum=\d", r.stdout))
+    assert lines == [f"MPIOK rank={i} size=2 sum=3" for i in range(2)], r.stdout + r.stderr
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), "hvdlite-mpi-ssh-*")), \
+        "the ssh wrapper's directory was left behind"

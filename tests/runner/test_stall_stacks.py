@@ -303,3 +303,24 @@ def test_a_rank_whose_background_thread_never_answers_is_reported_by_its_poller(
     assert (f"rank 1 (host blockedhost, pid {rank1.pid}; its background thread did not "
             f"answer, its stack poller thread took these):") in report, report
     assert "blocked_in_c_lock (" in report and "thread MainThread (main):" in report, report
+
+
+def test_stall_messages_say_the_job_fails_when_a_shutdown_time_is_set():
+    """With --stall-check-shutdown-time-seconds the stall is not 'only a warning': the
+    launcher's report and rank 0's warning say the job will fail, and when."""
+    import types
+    from hvdlite.common.config import Config
+    from hvdlite.common.runtime import Runtime
+    base = {"expected": [1], "tensors": [["g", [0], [1], 2.0]], "stalled": 1,
+            "hint": "--stall-check-shutdown-time-seconds"}
+    text = format_report(stack_report.STALL, {**base, "shutdown_s": 30.0}, {})
+    assert "the job goes on" not in text and "warning" not in text
+    assert text.rstrip().endswith("the job fails if the stall lasts 30s "
+                                  "(--stall-check-shutdown-time-seconds 30)")
+    text = format_report(stack_report.STALL, {**base, "shutdown_s": 0.0}, {})
+    assert "the job goes on (this is a warning)" in text
+    on = types.SimpleNamespace(config=Config(stall_check_shutdown_time_s=30.0))
+    off = types.SimpleNamespace(config=Config())
+    assert Runtime._stall_outcome(on).startswith("the job fails if this tensor still waits "
+                                                 "after 30s")
+    assert Runtime._stall_outcome(off).endswith("turns this into an error")

@@ -140,7 +140,8 @@ def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
         HvdliteConfigError: a listed host name does not resolve.
     """
     if config.discovery_script:
-        return ScriptDiscovery(config.discovery_script, config.slots_per_host)
+        return ScriptDiscovery(config.discovery_script, config.slots_per_host,
+                               max_slots=config.max_workers)
     hosts = config.hosts
     if settings.static:
         used: Dict[str, int] = {}
@@ -236,7 +237,10 @@ def flight_note(job: JobContext) -> str:
     env = {**os.environ, **job.config.user_env, **job.config.tunable_env}
     if env.get(cfg.FLIGHT_RECORDER_SIZE, "").strip() in ("0", "0.0"):
         return ""
-    return flight_recorder.launcher_note(job.job_id, env.get(cfg.FLIGHT_RECORDER_DIR, ""))
+    hosts = job.config.hosts or ([] if job.config.discovery_script else [None])
+    local_only = all(h is None or is_local(h.hostname) for h in hosts)
+    return flight_recorder.launcher_note(job.job_id, env.get(cfg.FLIGHT_RECORDER_DIR, ""),
+                                         local_only=local_only and bool(hosts))
 
 
 def op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:

@@ -605,8 +605,11 @@ class Agent:
                      and not self.hostset.slot_blacklisted(sid)]
         kept = set(survivors)
         plan = list(survivors)
+        cap = self.settings.max_np
         for host in usable:
             for local in range(host.slots):
+                if cap is not None and len(plan) >= cap:
+                    break                   # never walk more slots than the round may use
                 sid = (host.hostname, local)
                 if sid in kept or self.hostset.slot_blacklisted(sid):
                     continue

@@ -41,11 +41,35 @@ class SlotInfo:
     cross_size: int
 
 
+def host_name_problem(host: str) -> Optional[str]:
+    """Why ``host`` cannot be a host name, or None.
+
+    A name starting with ``-`` would reach ``ssh`` or a ``--launcher-agent`` as an
+    option (``-oProxyCommand=...`` runs a command here); no DNS name starts with one
+    (RFC 1123).  A non-printable character would be echoed raw into the log.
+    """
+    if host.startswith("-"):
+        return "a host name cannot start with '-' (it would be read as an option)"
+    if not host.isprintable():
+        return "a host name cannot contain non-printable characters"
+    return None
+
+
 def _split_user(name: str, where: str):
+    """``[user@]host`` -> (host, user or None), both checked.
+
+    Raises:
+        HvdliteConfigError: an empty part, or a name that could pass as an option.
+    """
     user, sep, host = name.rpartition("@")
     if sep and (not user or not host):
         raise HvdliteConfigError(f"{where}: {name!r} is not [user@]host")
-    return (host, user or None) if sep else (name, None)
+    host, user = (host, user or None) if sep else (name, None)
+    for part in (host, user):
+        problem = part and host_name_problem(part)
+        if problem:
+            raise HvdliteConfigError(f"{where}: {problem.replace('host name', 'name')}")
+    return host, user
 
 
 def parse_hosts(spec: str) -> List[HostSlots]:
@@ -93,6 +117,8 @@ def parse_hostfile(path: str) -> List[HostSlots]:
             lines = f.read().splitlines()
     except OSError as exc:
         raise HvdliteConfigError(f"--hostfile {path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise HvdliteConfigError(f"--hostfile {path}: {_undecodable(exc)}") from None
     hosts = []
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
@@ -119,6 +145,13 @@ def parse_hostfile(path: str) -> List[HostSlots]:
     return merge_hosts(hosts, f"--hostfile {path}")
 
 
+def _undecodable(exc: UnicodeDecodeError) -> str:
+    """Where a file stops being UTF-8 text: its line and the byte, for the message."""
+    line = exc.object[:exc.start].count(b"\n") + 1
+    return (f"line {line} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r}); "
+            f"expected one host per line")
+
+
 def _colon_slots(field: str, where: str) -> Tuple[str, int]:
     """``name:N`` -> (name, N) for a hostfile line in the MPICH form."""
     name, _, value = field.rpartition(":")
@@ -141,9 +174,20 @@ def _slot_count(value: str, where: str) -> int:
 
 
 def merge_hosts(hosts: List[HostSlots], where: str) -> List[HostSlots]:
-    """A host listed twice gets the sum of its slots (at its first position)."""
+    """A host listed twice gets the sum of its slots (at its first position).
+
+    Every host source ends here, so the names are checked here too.
+
+    Raises:
+        HvdliteConfigError: two login names for one host, or a name that could pass as
+            an option (names ``where`` and the host).
+    """
     order, merged = [], {}
     for h in hosts:
+        for part in (h.hostname, h.user):
+            problem = part and host_name_problem(part)
+            if problem:
+                raise HvdliteConfigError(f"{where}: {part!r}: {problem}")
         key = h.hostname
         if key in merged:
             if merged[key].user != h.user:

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -80,7 +81,8 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
                   command: Sequence[str], ssh_port: Optional[int] = None,
                   identity_file: Optional[str] = None, output_dir: Optional[str] = None,
                   timestamp: bool = False, python: str = sys.executable,
-                  binding_args: Optional[Sequence[str]] = None) -> List[str]:
+                  binding_args: Optional[Sequence[str]] = None,
+                  ssh_wrapper: Optional[str] = None) -> List[str]:
     """The full mpiexec command line (pure function, for tests and --verbose).
 
     ``env`` values are set for every rank; ``env_names`` are passed through
@@ -88,7 +90,13 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
     output wrapper (started with ``python``), so mpiexec's own output tagging
     stays off.  ``binding_args`` (--binding-args) replace Open MPI's default
     ``--bind-to none --map-by slot``; Hydra binds nothing by default, so there
-    they are added.
+    they are added.  ``ssh_wrapper``: Hydra's ``-launcher-exec`` takes one program,
+    not a command line, so ``-p``/``-i`` reach it as a script that adds them
+    (:func:`write_ssh_wrapper`); needed on Hydra when ``ssh_port``/``identity_file``
+    is given.
+
+    Raises:
+        HvdliteLaunchError: Hydra with an SSH port or key, but no ``ssh_wrapper``.
     """
     host_list = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
     ssh = None
@@ -108,12 +116,37 @@ def build_command(flavor: str, mpiexec: str, np: int, hosts: List[HostSlots],
     else:  # Hydra and Intel MPI share the Hydra flags
         cmd = [mpiexec, "-n", str(np), "-hosts", host_list] + list(binding_args or [])
         if ssh:
-            cmd += ["-launcher", "ssh", "-launcher-exec", ssh]
+            if ssh_wrapper is None:
+                raise HvdliteLaunchError(
+                    f"--mpi ({flavor}): -p/-i need an ssh wrapper for -launcher-exec")
+            cmd += ["-launcher", "ssh", "-launcher-exec", ssh_wrapper]
         for k, v in env.items():
             cmd += ["-genv", k, v]
         if env_names:
             cmd += ["-genvlist" if flavor == INTEL else "-envlist", ",".join(env_names)]
     return cmd + list(mpi_args) + wrapper_command(command, output_dir, timestamp, python)
+
+
+def write_ssh_wrapper(directory: str, ssh_port: Optional[int],
+                      identity_file: Optional[str]) -> str:
+    """A script ``ssh -p PORT -i KEY "$@"`` in ``directory``, for Hydra's -launcher-exec.
+
+    Hydra runs ``-launcher-exec`` as one program name (given "ssh -p 2222" it fails
+    with "execvp error on file ssh -p 2222") and has no option for the port or the
+    key, so they are put in a script.  The directory is the caller's private one
+    (0700); the script is 0700 too.  The key path is quoted for the shell.
+    """
+    args = ["ssh"]
+    if ssh_port:
+        args += ["-p", str(int(ssh_port))]
+    if identity_file:
+        args += ["-i", os.path.abspath(identity_file)]
+    path = os.path.join(directory, "hvdlite-ssh")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write("#!/bin/sh\n# hvdlite-run --mpi: ssh with -p/-i for Hydra's -launcher-exec\n"
+                f"exec {' '.join(shlex.quote(a) for a in args)} \"$@\"\n")
+    return path
 
 
 class MpiexecStarter(Starter):
@@ -157,6 +190,7 @@ class MpiexecStarter(Starter):
         self._names = [n for n in env_names if n not in self._env]
         self._mpi_args = list(mpi_args)
         self._ssh = (ssh_port, identity_file)
+        self._wrapper_dir: Optional[str] = None
         self._verbose = verbose
         self._output = (os.path.abspath(output_dir) if output_dir else None, timestamp)
         self._binding_args = binding_args
@@ -182,9 +216,19 @@ class MpiexecStarter(Starter):
         self._env[cfg.RENDEZVOUS_ADDR] = self._store.address[0]
         self._env[cfg.RENDEZVOUS_PORT] = str(self._store.address[1])
 
+    def _wrapper(self) -> Optional[str]:
+        """Hydra with -p/-i: the ssh wrapper script, in a private directory of ours."""
+        if self.flavor == OPENMPI or not any(self._ssh):
+            return None
+        self._wrapper_dir = tempfile.mkdtemp(prefix="hvdlite-mpi-ssh-")
+        return write_ssh_wrapper(self._wrapper_dir, *self._ssh)
+
     def close(self) -> None:
         if self._store is not None:
             self._store.shutdown()
+        if self._wrapper_dir is not None:
+            shutil.rmtree(self._wrapper_dir, ignore_errors=True)
+            self._wrapper_dir = None
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
         if self._proc is not None:
@@ -194,7 +238,7 @@ class MpiexecStarter(Starter):
         cmd = build_command(self.flavor, self._mpiexec, len(slots), used, self._env,
                             self._names, self._mpi_args, self._command, *self._ssh,
                             output_dir=self._output[0], timestamp=self._output[1],
-                            binding_args=self._binding_args)
+                            binding_args=self._binding_args, ssh_wrapper=self._wrapper())
         if self._verbose:
             sys.stderr.write(f"hvdlite-run: {self.flavor}: "
                              f"{' '.join(shlex.quote(c) for c in cmd)}\n")
