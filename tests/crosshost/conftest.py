@@ -30,9 +30,9 @@ def testbed():
 class Job:
     """``hvdlite-run`` started on a testbed host, its output lines timestamped."""
 
-    def __init__(self, tb, host, launcher_args, script, script_args=()):
+    def __init__(self, tb, host, launcher_args, script, script_args=(), env=None):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get(
-            "PYTHONPATH", "")]))
+            "PYTHONPATH", "")]), **(env or {}))
         self.proc = tb.popen(host, [sys.executable, "-m", "hvdlite.runner.launch",
                                     *launcher_args, *tb.ssh_args(), sys.executable,
                                     os.path.join(WORKERS, script), *script_args],

@@ -2,12 +2,15 @@
 sshd, and the traffic between them crosses a veth link through a bridge, which the tests
 shape, make lossy or cut."""
 
+import os
 import re
 import time
 
 import pytest
 
-from .conftest import Job, leftovers
+from .conftest import REPO, Job, leftovers
+
+ELASTIC_WORKERS = os.path.join(REPO, "tests", "elastic", "workers")
 
 HOSTS = ["-np", "4", "-H", "tbh0:2,tbh1:2"]
 
@@ -132,3 +135,55 @@ def test_a_cut_link_ends_the_job_naming_the_unreachable_host(testbed):
         time.sleep(0.5)
     assert leftovers(testbed, "tbh0") == [] and leftovers(testbed, "tbh1") == [], \
         (leftovers(testbed, "tbh0"), leftovers(testbed, "tbh1"))
+
+
+@pytest.mark.timeout(180)
+def test_elastic_job_survives_a_cut_and_the_host_rejoins_when_healed(testbed, tmp_path):
+    """An elastic job on tbh0 and tbh1 (one slot each); tbh1's link is cut mid-training.
+    The launcher hears nothing from tbh1 for 8 s, blacklists it and opens a round without
+    it; the survivor, blocked in a collective with its vanished peer, lets go as soon as
+    that round is open (not after --op-timeout-seconds) and resumes from its last commit.
+    The link heals, tbh1's cooldown ends, a new task there starts a worker that takes the
+    state from the live peer; every step runs once and the weights are the fault-free
+    run's.  The cut-off task on tbh1 ends its own workers (no second job)."""
+    from tests.elastic.conftest import check_result
+    steps = 100
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("tbh0:1\ntbh1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    result = tmp_path / "result.json"
+    job = Job(testbed, "tbh0", ["-np", "2", "--min-np", "1", "--max-np", "2",
+                                "--host-discovery-script", str(discover),
+                                "--blacklist-cooldown-range", "8", "9",
+                                "-x", "ELASTIC_STEPS", "-x", "ELASTIC_STEP_SLEEP",
+                                "-x", "ELASTIC_OUT"],
+              os.path.join(ELASTIC_WORKERS, "elastic_train.py"),
+              env={"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.2",
+                   "ELASTIC_OUT": str(result)})
+    try:
+        job.wait_for("TRAIN rank=1 size=2 step=0", 60)
+        time.sleep(3)
+        testbed.cut("tbh1")
+        cut_at = time.monotonic()
+        released = job.wait_for("RESET rank=0 size=1", 30)
+        time.sleep(2)
+        testbed.heal("tbh1")
+        rc = job.finish(120)
+    finally:
+        testbed.heal("tbh1")
+    text = job.text()
+    assert rc == 0, text
+    assert released - cut_at < 15, (released - cut_at, text)        # not the 60 s op timeout
+    assert "host tbh1 stopped answering" in text and "blacklisting host tbh1" in text, text
+    assert "gave up waiting for the Gloo" in text and "joining the new round" in text, text
+    rejoined = text.split("blacklist cooldown over")[-1]
+    assert re.search(r"rank 1 tbh1:0 \(new\)", rejoined), text
+    assert "DONE rank=1 size=2 steps=100" in text, text
+    check_result(result, steps, [2, 1])
+    deadline = time.monotonic() + 20
+    while (leftovers(testbed, "tbh1") or leftovers(testbed, "tbh0")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftovers(testbed, "tbh0") == [] and leftovers(testbed, "tbh1") == []

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.common import config as cfg
-from hvdlite.common.backend import shm
+from hvdlite.common.backend import gloo_waits, shm
 from hvdlite.common.backend.base import _DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteRoundSupersededError, HvdliteTimeoutError)
@@ -45,6 +45,8 @@ class ExchangeGroup(NamedTuple):
     names: List[str]
     who: str
     timeout_s: float
+    #: elastic jobs: ends a wait once a newer round is open (see gloo_waits)
+    watch: Optional[gloo_waits.RoundWatch] = None
 
 
 class AuthenticatedStore(dist.Store):
@@ -106,6 +108,9 @@ class GlooBackend(Backend):
         self._timeout_s = config.op_timeout_s
         self._client = client
         self.round = place.round
+        gloo_waits.reap()
+        self._watch = gloo_waits.RoundWatch(client, place.round, who) \
+            if config.elastic else None
         self.rank, self.size = place.rank, place.size
         self.local_rank, self.local_size = place.local_rank, place.local_size
         self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
@@ -226,7 +231,7 @@ class GlooBackend(Backend):
             self._cross_peers = ExchangeGroup(
                 self._cross_pg, self.cross_rank, self.cross_size,
                 _member_names(cross, self.cross_size, config.start_timeout_s), self._who,
-                self._timeout_s)
+                self._timeout_s, self._watch)
         log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
                   "hierarchical" if self._cross_pg is not None else "one host")
 
@@ -291,7 +296,7 @@ class GlooBackend(Backend):
         self.pg = self._make_pg(client, config, self.rank, self.size)
         self._peers = ExchangeGroup(self.pg, self.rank, self.size,
                                     [f"rank {r}" for r in self._job_ranks], self._who,
-                                    self._timeout_s)
+                                    self._timeout_s, self._watch)
 
     def _make_pg(self, client, config: cfg.Config, rank: int, size: int):
         store = AuthenticatedStore(client, config.start_timeout_s)
@@ -332,7 +337,12 @@ class GlooBackend(Backend):
 
     def _run(self, what: str, work) -> None:
         try:
-            work.wait()
+            if self._watch is None:
+                work.wait()
+            else:
+                gloo_waits.wait(work, self._timeout_s, what, self._watch)
+        except HvdliteRoundSupersededError:
+            raise
         except Exception as exc:
             raise HvdliteInternalError(
                 f"{self._who}: Gloo {what} failed ({exc}); a peer rank has probably "
@@ -461,6 +471,10 @@ class GlooBackend(Backend):
         exchange(self._peers, send, recv, peer, peer, _P2P_TAG)
 
     def close(self):
+        # a round whose wait was given up still has an operation pending in its groups:
+        # they are kept referenced until it failed (gloo_waits.bury), not dropped here
+        held = [x for x in (self.pg, self._cross_pg, self._peers, self._cross_peers)
+                if x is not None]
         # the exchange groups hold the process groups too: a group still referenced after its
         # shutdown is destroyed at interpreter exit, where Gloo aborts ("terminate called")
         self._peers = self._cross_peers = None
@@ -481,6 +495,8 @@ class GlooBackend(Backend):
             except Exception as exc:  # already broken by a dead peer: nothing left to release
                 log.debug("rank %d: Gloo shutdown: %s", self.rank, exc)
         self._client.close()
+        if self._watch is not None and self._watch.gave_up:
+            gloo_waits.bury(held, self._timeout_s + 5.0)
 
 
 def _remove_dead_segments(who: str) -> None:
@@ -524,9 +540,9 @@ def exchange(group: ExchangeGroup, send, recv, dst: int, src: int, tag: int) -> 
         peer = dst
         if send.numel():
             works.append((group.pg.send([_as_bytes(send)], dst, tag), dst))
-        timeout = datetime.timedelta(seconds=group.timeout_s)
         for work, peer in works:
-            if work.wait(timeout) is False:
+            if gloo_waits.wait(work, group.timeout_s, f"exchange with {group.names[peer]}",
+                               group.watch) is False:
                 raise HvdliteInternalError(
                     f"{group.who}: Gloo exchange with {group.names[peer]} was aborted")
     except HvdliteInternalError:

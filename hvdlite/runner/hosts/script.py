@@ -24,6 +24,7 @@ from typing import List, Optional
 
 import psutil
 
+from hvdlite.common import config as cfg
 from hvdlite.runner import lifeline
 from hvdlite.runner.hosts.slots import HostSlots, host_name_problem
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
@@ -77,7 +78,7 @@ def parse_discovery_output(text: str, default_slots: int = 1,
             raise HostDiscoveryError(
                 f"line {number} ({raw.strip()!r}): host {host!r} has {total} slots, "
                 f"more than the {max_slots} worker processes one job may run "
-                f"(--max-workers / HVDLITE_MAX_WORKERS)", output=text)
+                f"(--max-workers / {cfg.MAX_WORKERS})", output=text)
         if host in found:
             prev = found[host]
             if prev.user != (user or None):

@@ -86,8 +86,8 @@ class TaskWorkers(Starter):
         self._all_tasks: List[_HostTask] = []
         self._live: Dict[SlotId, int] = {}           # worker -> index of the task running it
         self._rank_of: Dict[SlotId, int] = {}        # worker -> its rank when last started
-        #: hosts found unreachable -> seconds they had been silent then
-        self._unreachable: Dict[str, float] = {}
+        #: tasks (by index) whose host stopped answering -> seconds silent then
+        self._unreachable: Dict[int, float] = {}
         self._beats = task_heartbeats.TaskHeartbeats(key, self._beat_targets)
         self._dead_since: Dict[int, float] = {}
         self._seen_exits = 0
@@ -318,22 +318,25 @@ class TaskWorkers(Starter):
         return {ht.index: (regs[ht.index].addr, regs[ht.index].port, ht.hostname)
                 for ht in list(self._hosts.values())
                 if ht.index in regs and ht.task.poll() is None
-                and ht.hostname not in self._unreachable}
+                and ht.index not in self._unreachable}
 
     def _silent(self, ht: _HostTask, at_least: float = task_heartbeats.SUSPECT_S) -> bool:
-        return ht.hostname in self._unreachable or \
-            self._beats.silent_for(ht.index) >= at_least
+        return ht.index in self._unreachable or (
+            ht.task.poll() is None and self._beats.silent_for(ht.index) >= at_least)
 
     def _lost_to_silence(self) -> List[Tuple[SlotId, int]]:
-        """The workers of hosts that stopped answering, as lost (once per host)."""
+        """The workers of hosts that stopped answering, as lost (once per task).  The task
+        is cut off and forgotten: if the host comes back (an elastic job), it gets a new
+        task, whose workers take the state from a live peer; the old one, hearing nothing,
+        ends its own workers."""
         exits = []
         for ht in list(self._hosts.values()):
             silent = self._beats.silent_for(ht.index)
             pending = [sid for sid, index in self._live.items() if index == ht.index]
             if silent < task_heartbeats.UNREACHABLE_S or not pending \
-                    or ht.hostname in self._unreachable:
+                    or ht.index in self._unreachable:
                 continue
-            self._unreachable[ht.hostname] = silent
+            self._unreachable[ht.index] = silent
             log.warning("host %s stopped answering: its task service has not replied for "
                         "%.0fs (a cut link, or a host that froze or went down); its workers "
                         "%s are lost", ht.hostname, silent,
@@ -341,13 +344,15 @@ class TaskWorkers(Starter):
             for sid in pending:
                 del self._live[sid]
                 exits.append((sid, TASK_LOST_CODE))
+            ht.task.kill()
+            del self._hosts[ht.hostname]
         return exits
 
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
         """When a host stopped answering, the summary names it and its ranks first (the
         ranks elsewhere that failed only noticed it was gone); else None."""
-        silent = [(self._unreachable.get(ht.hostname, self._beats.silent_for(ht.index)), ht)
-                  for ht in self._hosts.values() if self._silent(ht)]
+        silent = [(self._unreachable.get(ht.index, self._beats.silent_for(ht.index)), ht)
+                  for ht in self._all_tasks if self._silent(ht)]
         if not silent:
             return None
         seconds, ht = max(silent, key=lambda item: item[0])
