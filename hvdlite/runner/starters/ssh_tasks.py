@@ -170,6 +170,9 @@ class TaskWorkers(Starter):
         log.warning("using interface %s; rendezvous at %s", self._iface, self._rdv)
 
     def _start_task(self, host: HostSlots, deadline: float) -> _HostTask:
+        for old in self._all_tasks:      # the host is back: its old silence explains nothing
+            if old.hostname == host.hostname:
+                self._unreachable.pop(old.index, None)
         index = self._service.add_host(host.hostname)
         local = is_local(host.hostname)
         payload = {

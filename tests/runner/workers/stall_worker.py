@@ -1,5 +1,6 @@
-"""Rank 1 (or, for a dump, every rank) stays in a function of this script while the
-others wait in an allreduce; the launcher's stack report must name that function.
+"""Rank 1 (or, for a dump, every rank) stays in a function of this script, blocked in C
+code (a lock) while the others wait in an allreduce; the launcher's stack report must name
+that function.
 
 argv: MODE SECONDS [FLAG]
   MODE     ``stall``: rank 1 dawdles, rank 0 waits in the allreduce;
@@ -10,6 +11,7 @@ argv: MODE SECONDS [FLAG]
 """
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -17,13 +19,24 @@ import torch
 import hvdlite.torch as hvd
 
 
-def dawdle_in_user_code(seconds, flag):
+def _release_when_seen(lock, seconds, flag):
+    """Release ``lock`` once ``flag`` exists (a second later) or ``seconds`` passed."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if flag and os.path.exists(flag):
-            time.sleep(1.0)
-            return
+    while time.monotonic() < deadline and not (flag and os.path.exists(flag)):
         time.sleep(0.1)
+    if flag and os.path.exists(flag):
+        time.sleep(1.0)
+    lock.release()
+
+
+def dawdle_in_user_code(seconds, flag):
+    """Block in C code, waiting for a lock, until another thread releases it (the stack
+    report must still show this frame)."""
+    lock = threading.Lock()
+    lock.acquire()
+    threading.Thread(target=_release_when_seen, args=(lock, seconds, flag),
+                     daemon=True).start()
+    lock.acquire()
 
 
 def main():
