@@ -188,3 +188,29 @@ def test_fault_at_fails_a_rank_at_a_commit_and_the_job_recovers(job_factory):
            "commit 5 (round 0)" in out, out
     assert out.count("injected fault") == 1, out
     check_result(job.result, STEPS, [3, 2])
+
+
+def test_a_stopped_worker_is_ended_and_the_others_go_on(job_factory):
+    """A worker SIGSTOPped mid-training: the launcher sees it stopped for 5 s, ends it, and
+    the survivors, blocked in a collective with it, go on in the next round from their
+    last commit well before --op-timeout-seconds (60 s); the result is the fault-free one
+    and the frozen process is gone."""
+    import psutil
+    job = job_factory("localhost:3\n", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      env={"ELASTIC_STEP_SLEEP": "0.1"}, steps=80)
+    job.wait_for("TRAIN rank=2 size=3")
+    time.sleep(1.5)
+    victim = next(p for p in procs_with(TRAIN)
+                  if p.environ().get("HVDLITE_LOCAL_RANK") == "1")
+    victim.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    job.wait_for("RESET rank=0 size=2", timeout_s=40)
+    resumed = time.monotonic() - frozen_at
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert resumed < 20, (resumed, out)
+    assert "localhost:1 stopped (SIGSTOP, a debugger or a frozen host) for 5s; ending them" \
+        in out, out
+    check_result(job.result, 80, [3, 2])
+    assert not psutil.pid_exists(victim.pid) or \
+        psutil.Process(victim.pid).status() == psutil.STATUS_ZOMBIE

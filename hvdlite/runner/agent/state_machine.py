@@ -55,6 +55,7 @@ round that had failed or was stopped before.
 import dataclasses
 import enum
 import logging
+import signal
 import threading
 import time
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
@@ -73,6 +74,12 @@ log = logging.getLogger("hvdlite.runner.agent")
 
 #: the driver wakes at least this often even when nothing signals it (a safety net)
 MAX_SLEEP_S = 0.5
+#: elastic jobs: a member whose process has been stopped (SIGSTOP, a frozen host's
+#: scheduler, a debugger) this long is ended, so that a new round goes on without it (its
+#: peers would otherwise wait --op-timeout-seconds in their next collective); how often the
+#: starter is asked which workers are stopped
+FROZEN_S = 5.0
+FROZEN_CHECK_S = 1.0
 #: the exit status of a job the driver failed (reset limit, too few slots)
 FAILED_EXIT = 1
 #: the exit status after SIGINT/SIGTERM
@@ -188,6 +195,12 @@ class Agent:
         self._prepared: Set[str] = set()
         #: failures this step whose rank only saw a peer's failure: {slot: its error line}
         self._peer_failed: Dict[SlotId, str] = {}
+        #: members seen stopped, since when; and when the starter was last asked
+        self._frozen_since: Dict[SlotId, float] = {}
+        self._frozen_checked = 0.0
+        #: members ended for being stopped: their exit is a failure whatever its code (a
+        #: worker that gets SIGTERM may leave with 0)
+        self._ended_frozen: Set[SlotId] = set()
         self._unformed: List[int] = []        # rounds in a row replaced before they formed
         #: new workers of a round that never formed before training finished: not waited for
         self._excused: Set[SlotId] = set()
@@ -243,6 +256,7 @@ class Agent:
         for sid, code in failures:
             self._blacklist_for(sid, code)
         if self.state is State.RUNNING:
+            self._end_frozen()
             self._step_running(failures)
         elif self.state is State.WAITING_FOR_SLOTS:
             self._step_waiting()
@@ -290,6 +304,9 @@ class Agent:
                 log.info("round %d: worker %s (%s) %s; its slot is not in the newest round: "
                          "no failure", self.round, _name(sid), started, describe_exit(code))
                 continue
+            if sid in self._ended_frozen:
+                self._ended_frozen.discard(sid)
+                code = code or -signal.SIGTERM
             self._exit_order.append((sid, code))
             if code == 0:
                 log.info("round %d: worker %s exited 0", self.round, _name(sid))
@@ -298,6 +315,29 @@ class Agent:
                 failures.append((sid, code))
                 self._note_peer_failure(sid, worker)
         return failures
+
+    def _end_frozen(self) -> None:
+        """Elastic jobs: end the members whose process has been stopped for
+        :data:`FROZEN_S`; their exits then count as failures, so the next round goes on
+        without them (and the survivors' waits let go as soon as it is open)."""
+        now = time.monotonic()
+        if self.settings.static or now - self._frozen_checked < FROZEN_CHECK_S:
+            return
+        self._frozen_checked = now
+        members = set(self.round_ids)
+        stopped = [sid for sid in self._workers.suspended()
+                   if sid in members and sid in self._live and not self._live[sid].stopping]
+        self._frozen_since = {sid: self._frozen_since.get(sid, now) for sid in stopped}
+        frozen = [sid for sid, since in self._frozen_since.items() if now - since >= FROZEN_S]
+        if not frozen:
+            return
+        log.warning("round %d: worker(s) %s stopped (SIGSTOP, a debugger or a frozen host) for "
+                    "%.0fs; ending them so that the others go on without them", self.round,
+                    ", ".join(map(_name, frozen)), FROZEN_S)
+        self._workers.stop(frozen)
+        for sid in frozen:
+            del self._frozen_since[sid]
+            self._ended_frozen.add(sid)
 
     def _note_peer_failure(self, sid: SlotId, worker: _Worker) -> None:
         """Remember a failed worker whose own exit report (sent by this process, not an
