@@ -117,37 +117,25 @@ class Timeline(Recorder):
     # -- recorder side: the background thread; append only ---------------------------------
     def cycle(self, cycle, start):
         self._cycle_start = start
-        if self.mark_cycles and not self._broken:
+        if self.mark_cycles:
             self._events.append((_C, cycle, start))
 
     def queued(self, name, op, submitted, nbytes=0):
-        if self._broken:
-            return                  # the writer stopped: keep nothing
         self._events.append((_Q, name, op, submitted, self._cycle_start, nbytes))
 
     def negotiated(self, name, end, waited_for):
-        if self._broken:
-            return                  # the writer stopped: keep nothing
         self._events.append((_N, name, end, waited_for))
 
     def span(self, phase, names, start, end, chunk=0):
-        if self._broken:
-            return                  # the writer stopped: keep nothing
         self._events.append((_S, phase, names, start, end, chunk))
 
     def done(self, name, end, error):
-        if self._broken:
-            return                  # the writer stopped: keep nothing
         self._events.append((_D, name, end, error))
 
     def parameters(self, cycle, params):
-        if self._broken:
-            return                  # the writer stopped: keep nothing
         self._events.append((_P, cycle, time.monotonic(), params))
 
     def late(self, end, rank, seconds):
-        if self._broken:
-            return                  # the writer stopped: keep nothing
         self._events.append((_L, rank, end, seconds))
 
     # -- writer thread ------------------------------------------------------------------------
@@ -171,7 +159,9 @@ class Timeline(Recorder):
             write()
         except OSError as exc:
             self._broken = True
-            self._events.clear()
+            # keep nothing from now on: a deque of length 0 drops every append, so the
+            # recorder's per-op methods need no check of their own
+            self._events = collections.deque(maxlen=0)
             log.warning("timeline %s: writing failed (%s); the timeline stops here and the "
                         "job goes on", self.path, exc.strerror or exc)
             self._close_quietly()

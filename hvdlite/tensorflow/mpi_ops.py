@@ -242,18 +242,26 @@ except ImportError:                       # pragma: no cover
         return True
 
 
-def _scaled_by_size(t, process_set, power: int):
-    """``t * size**power`` with the set's size read when the op runs, not when it is traced
-    (an elastic job's size changes under a traced ``tf.function``).  Integers are scaled
-    in float64 and truncated toward zero, as the runtime scales them, keeping the dtype."""
-    def fn(v):
-        factor = float(ops.process_set_size(process_set)) ** power
-        if v.dtype.is_floating:
-            return [v * tf.cast(factor, v.dtype)]
-        return [tf.cast(tf.cast(v, tf.float64) * factor, v.dtype)]
-    [out] = _run(fn, [t], [t.dtype])
-    out.set_shape(t.shape)
+def _size_now(process_set) -> tf.Tensor:
+    """The set's size as an int32 scalar: a constant eagerly, read when the graph runs
+    otherwise (an elastic job's size changes under a traced ``tf.function``)."""
+    def size():
+        return tf.constant(ops.process_set_size(process_set), tf.int32)
+    if tf.executing_eagerly():
+        return size()
+    out = tf.py_function(size, [], tf.int32)
+    out.set_shape([])
     return out
+
+
+def _scaled_by_size(t, process_set, power: int):
+    """``t * size**power`` with the set's size read when the op runs (:func:`_size_now`).
+    Integers are scaled in float64 and truncated toward zero, as the runtime scales them,
+    keeping the dtype."""
+    factor = tf.cast(_size_now(process_set), tf.float64) ** power
+    if t.dtype.is_floating:
+        return t * tf.cast(factor, t.dtype)
+    return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
 
 
 def _differentiable(tensors) -> bool:
@@ -336,18 +344,6 @@ def _check_sparse(rop, pre, post, name):
         raise NotImplementedError(
             f"allreduce of IndexedSlices {_label(name)}: prescale_factor and "
             f"postscale_factor are not supported with tf.IndexedSlices")
-
-
-def _size_now(process_set) -> tf.Tensor:
-    """The set's size as an int32 scalar: a constant eagerly, read when the graph runs
-    otherwise (an elastic job's size changes under a traced ``tf.function``)."""
-    def size():
-        return tf.constant(ops.process_set_size(process_set), tf.int32)
-    if tf.executing_eagerly():
-        return size()
-    out = tf.py_function(size, [], tf.int32)
-    out.set_shape([])
-    return out
 
 
 def _divided_by_size(values, process_set, name):
