@@ -129,7 +129,10 @@ class RendezvousService(KVStoreService):
     whose slot is not in the newest round is told so at once (``removed``): it is
     stale, or its host left the job, and must not meet the round's members.
     ``newest_round`` answers the newest round's number (workers poll it to notice
-    membership changes).  With ``repeat_last=True`` (a static job)
+    membership changes).  A slot the agent has put on *standby* (:meth:`standby`: a
+    replacement started ahead of the round that will take it) is not told to leave: its
+    request is counted as ready (:meth:`ready`) and waits until a round has its place, so
+    the agent publishes that round only once the new process can join at once.  With ``repeat_last=True`` (a static job)
     a request for a round after the newest one opens the next round with the same
     slots, so ``shutdown()`` then ``init()`` needs nobody to publish.
     """
@@ -146,6 +149,9 @@ class RendezvousService(KVStoreService):
         self._job_id = job_id
         self._round = -1
         self._places: Dict[Tuple[str, int], SlotInfo] = {}
+        #: slots started ahead of their round, and those of them whose process is waiting
+        self._standby: set = set()
+        self._ready: set = set()
         self._reports: Dict[Tuple[str, int], dict] = {}
         #: what running ranks report: counters (op ``metrics``) and straggler lines
         self.inbox = MetricsInbox(self._host_of_rank)
@@ -185,8 +191,24 @@ class RendezvousService(KVStoreService):
         with self._cond:
             self._round += 1
             self._places = places
+            self._standby -= set(places)
+            self._ready -= set(places)
             self._cond.notify_all()
             return self._round
+
+    def standby(self, ids: Sequence[Tuple[str, int]]) -> None:
+        """The slots whose new processes wait for a later round (replacing the previous
+        set): their ``join_round`` waits for a round with their place instead of being
+        told to leave.  A slot taken off the set is told to leave at once."""
+        with self._cond:
+            self._standby = {tuple(i) for i in ids} - set(self._places)
+            self._ready &= self._standby
+            self._cond.notify_all()
+
+    def ready(self) -> set:
+        """The standby slots whose process is waiting in ``join_round`` now."""
+        with self._cond:
+            return set(self._ready)
 
     def formed(self, round_: int) -> bool:
         """Did every rank of ``round_``, the newest round, reach ``init()`` (set its arrival
@@ -244,14 +266,21 @@ class RendezvousService(KVStoreService):
                     self.publish(list(self._places.values()), list(self._places))
                 if self._round > after:
                     slot = self._places.get((host, local_rank))
-                    if slot is None:          # an answer, not an error: the caller must leave
+                    if slot is not None:
+                        place = dataclasses.asdict(slot)
+                        return dict({f: place[f] for f in PLACE_FIELDS},
+                                    round=self._round), b""
+                    if (host, local_rank) not in self._standby:
+                        # an answer, not an error: the caller must leave
                         return {"round": self._round, "removed": (
                             f"round {self._round} has no place for host {host} local slot "
                             f"{local_rank} (its slots: {sorted(self._places)})")}, b""
-                    place = dataclasses.asdict(slot)
-                    return dict({f: place[f] for f in PLACE_FIELDS}, round=self._round), b""
+                    if (host, local_rank) not in self._ready:     # waits for its round
+                        self._ready.add((host, local_rank))
+                        self._cond.notify_all()
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._ready.discard((host, local_rank))
                     raise ServiceError(f"no round after round {after} was opened within "
                                        f"{timeout_s:g}s")
                 self._cond.wait(left)

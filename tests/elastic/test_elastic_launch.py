@@ -144,10 +144,10 @@ def test_elastic_example_survives_a_new_host(job_factory):
     example = os.path.join(ROOT, "examples", "pytorch_synthetic_benchmark_elastic.py")
     job = job_factory("localhost:1\n", ["-np", "1", "--min-np", "1", "--max-np", "2"],
                       command=[sys.executable, example, "--batch-size", "2", "--image-size",
-                               "16", "--width", "4", "--num-iters", "100",
+                               "16", "--width", "4", "--num-iters", "400",
                                "--num-batches-per-iter", "2", "--num-warmup-batches", "1"])
-    # 100 iterations of ~20 ms: seconds of margin for the discovery to see the new host
-    # while one rank still trains, even on a loaded machine (40 once finished first)
+    # 400 iterations of ~20 ms: the new worker starts while the first rank trains on, and
+    # its round opens once it waits to join (seconds of start-up), long before the end
     job.wait_for("Iter #1:")
     job.hosts_file.write_text("localhost:1\n127.0.0.1:1\n")
     assert job.finish() == 0, job.output()

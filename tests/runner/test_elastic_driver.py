@@ -132,6 +132,8 @@ class FakeRounds:
         self.ids: List[list] = []
         self.reports: Dict[tuple, dict] = {}
         self.unformed = False         # every round "never forms" (its ranks do not all arrive)
+        self.standing: set = set()    # slots started ahead of their round
+        self.hold_standby = False     # they never come to wait to join
 
     def publish(self, slots, ids):
         self.rounds.append(list(slots))
@@ -143,6 +145,13 @@ class FakeRounds:
 
     def formed(self, round_):
         return not self.unformed
+
+    def standby(self, ids):
+        self.standing = set(ids)
+
+    def ready(self):
+        """Standby workers wait to join at once, unless a test holds them back."""
+        return set() if self.hold_standby else set(self.standing)
 
 
 class Job:
@@ -346,6 +355,48 @@ def test_discovery_add_appends_new_slots_up_to_max_np():
     disc.set("a:2,b:3,c:4")
     time.sleep(0.15)
     assert len(job.rounds.rounds) == 2 and job.driver.resets == 1
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_new_workers_start_ahead_and_join_once_they_wait(caplog):
+    """A growing job starts the new slots' workers on standby while the round trains on,
+    and publishes the round that takes them only once they wait to join; one that fails
+    first blacklists its host, and no round is published for it."""
+    caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2, max_np=4, cooldown=(60, 60))
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.rounds.hold_standby = True
+    disc.set("a:1,b:1,c:1,d:1")
+    wait_for(lambda: ("d", 0) in job.workers.started)
+    assert job.rounds.standing == {("c", 0), ("d", 0)}
+    time.sleep(0.3)
+    assert len(job.rounds.rounds) == 1 and job.driver.state is State.RUNNING
+    assert "starting 2 new workers ahead of the next round (c:0, d:0)" in caplog.text
+    job.workers.exit(("d", 0), 1)                 # fails before it ever waited to join
+    wait_for(lambda: job.driver.hostset.is_blacklisted("d"))
+    assert job.rounds.standing == {("c", 0)} and len(job.rounds.rounds) == 1
+    job.rounds.hold_standby = False               # c now waits to join: its round opens
+    assert job.wait_round(1) == [("a", 0), ("b", 0), ("c", 0)]
+    assert job.workers.started.count(("c", 0)) == 1 and job.driver.resets == 1
+    job.all_exit(0)
+    assert job.finish() == 0
+
+
+def test_a_failure_while_workers_start_ahead_does_not_wait_for_them():
+    """A member fails while a new worker is on standby: the survivors' round opens at once
+    without it, and the standby worker joins the round after, once it waits."""
+    disc = FakeDiscovery("a:1,b:1")
+    job = Job(disc, np=2, min_np=1, max_np=3, cooldown=(60, 60))
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.rounds.hold_standby = True
+    disc.set("a:1,b:1,c:1")
+    wait_for(lambda: ("c", 0) in job.workers.started)
+    job.workers.exit(("b", 0), 9)
+    assert job.wait_round(1) == [("a", 0)]
+    job.rounds.hold_standby = False
+    assert job.wait_round(2) == [("a", 0), ("c", 0)]
     job.all_exit(0)
     assert job.finish() == 0
 

@@ -123,8 +123,11 @@ def test_local_discovery_grows_the_job(tmp_path):
     done.write_text("")
     code, out, err = job.finish()
     assert code == 0, err
-    assert "round 1: 3 workers: rank 0 localhost:0, rank 1 127.0.0.1:0 (new), " \
-           "rank 2 127.0.0.1:1 (new)" in err
+    # the new workers started ahead of round 1, which opened once both waited to join
+    assert "round 0: starting 2 new workers ahead of the next round (127.0.0.1:0, " \
+           "127.0.0.1:1)" in err
+    assert "round 1: 3 workers: rank 0 localhost:0, rank 1 127.0.0.1:0 (was on standby), " \
+           "rank 2 127.0.0.1:1 (was on standby)" in err
 
 
 @pytest.mark.timeout(60)
@@ -178,7 +181,7 @@ def test_ssh_failure_and_rejoin_after_cooldown(sshd, tmp_path):
     assert "round 0: worker 127.0.0.2:0 (rank 1) exited with code 3; blacklisting host " \
            "127.0.0.2 for 1s" in err
     assert "host 127.0.0.2: blacklist cooldown over" in err
-    assert "round 2: 2 workers: rank 0 127.0.0.1:0, rank 1 127.0.0.2:0 (new)" in err
+    assert "round 2: 2 workers: rank 0 127.0.0.1:0, rank 1 127.0.0.2:0 (was on standby)" in err
     assert wait_gone(tag, 10) == [] and wait_gone(ANY_TASK, 10) == []
 
 

@@ -8,7 +8,7 @@ chosen between them).  A static job's store repeats its one round for every
 publishes.  A starter whose workers need no store (mpiexec) gets none.
 """
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Set, Tuple
 
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.rendezvous import RendezvousService
@@ -46,6 +46,15 @@ class Rounds:
         """Did every rank of the newest round reach ``init()``?  (True without a store:
         mpiexec's ranks meet on their own.)"""
         return True if self.service is None else self.service.formed(round_)
+
+    def standby(self, ids: Sequence[SlotId]) -> None:
+        """Slots started ahead of the round that will take them (see ``RendezvousService``)."""
+        if self.service is not None:
+            self.service.standby(ids)
+
+    def ready(self) -> Set[SlotId]:
+        """The standby slots whose process waits to join (every one without a store)."""
+        return set() if self.service is None else self.service.ready()
 
     def exit_reports(self) -> Dict[SlotId, dict]:
         return {} if self.service is None else self.service.exit_reports()

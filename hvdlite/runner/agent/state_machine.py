@@ -46,6 +46,16 @@ stopped, and workers whose slot is no longer in the newest round, may exit with 
 code: that is no failure.  Every round after the first counts as a reset; when the
 job needs one more than ``--reset-limit`` allows, it fails.
 
+Growing without stopping.  Once an elastic job has survivors training, new slots
+(a host back from its cooldown, a host discovery added) do not enter the next round at
+once: their workers are started *ahead* of it, on standby, while the others train on.
+The round that takes them is published only when every one of them waits to join
+(``Publisher.ready``; a replacement's start-up takes seconds), so the survivors stop at
+``commit()`` only for the reset itself.  A standby worker that fails before it joins
+gets its host (or slot) blacklisted like a member's; one that does not wait to join
+within ``--elastic-timeout`` is ended the same way.  Rounds forced by a failure, and
+rounds that could not reach ``--min-np`` without them, take the new slots at once.
+
 Success.  Once a worker of the newest round exits 0, training is over: the job
 stops changing rounds (FINISHING) and succeeds when every worker of the round has
 exited 0; a failure of one of them now fails the job, and so does a worker of the
@@ -129,6 +139,12 @@ class Publisher(Protocol):
     def formed(self, round_: int) -> bool:
         """Did every rank of the newest round ``round_`` reach ``init()``?"""
 
+    def standby(self, ids: Sequence[SlotId]) -> None:
+        """These slots' new workers wait for a later round (replaces the previous set)."""
+
+    def ready(self) -> Set[SlotId]:
+        """The standby slots whose worker is waiting to join."""
+
 
 @dataclasses.dataclass
 class _Worker:
@@ -204,6 +220,9 @@ class Agent:
         self._unformed: List[int] = []        # rounds in a row replaced before they formed
         #: new workers of a round that never formed before training finished: not waited for
         self._excused: Set[SlotId] = set()
+        #: workers started ahead of the round that will take them (a growing elastic job):
+        #: slot -> when started; the round is published once they wait to join
+        self._standby: Dict[SlotId, float] = {}
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -250,6 +269,7 @@ class Agent:
                             f"worker {_name(next(iter(self._finished)))} of round {self.round} "
                             f"exited 0: training is over")
             self._excuse_newcomers()
+            self._stop(list(self._standby))
         if self.state is State.FINISHING or (failures and self.settings.static):
             self._step_finishing(failures)
             return
@@ -257,6 +277,7 @@ class Agent:
             self._blacklist_for(sid, code)
         if self.state is State.RUNNING:
             self._end_frozen()
+            self._check_standby()
             self._step_running(failures)
         elif self.state is State.WAITING_FOR_SLOTS:
             self._step_waiting()
@@ -296,6 +317,9 @@ class Agent:
                 log.info("round %d: exit of unknown worker %s ignored", self.round, _name(sid))
                 continue
             started = f"started as rank {worker.slot.rank} in round {worker.started_round}"
+            if sid in self._standby:
+                self._standby_exited(sid, worker, code)
+                continue
             if worker.stopping:
                 log.info("round %d: worker %s (%s) %s after it was stopped",
                          self.round, _name(sid), started, describe_exit(code))
@@ -315,6 +339,39 @@ class Agent:
                 failures.append((sid, code))
                 self._note_peer_failure(sid, worker)
         return failures
+
+    def _standby_exited(self, sid: SlotId, worker: _Worker, code: int) -> None:
+        """A worker started ahead of its round exited before it joined one."""
+        del self._standby[sid]
+        self._rendezvous.standby(list(self._standby))
+        if worker.stopping or code == 0:
+            log.info("round %d: standby worker %s %s before joining a round", self.round,
+                     _name(sid), describe_exit(code))
+            return
+        self._standby_failed(sid, f"{describe_exit(code)} before it could join a round")
+
+    def _standby_failed(self, sid: SlotId, why: str) -> None:
+        """Keep out the slot of a standby worker that failed (the host, when none of its
+        workers is running)."""
+        others = [i for i, w in self._live.items()
+                  if i[0] == sid[0] and i != sid and not w.stopping]
+        what = _name(sid) if others else sid[0]
+        cooldown = self.hostset.blacklist(sid if others else sid[0], f"worker {_name(sid)} {why}")
+        log.warning("round %d: new worker %s %s; blacklisting %s %s %s", self.round,
+                    _name(sid), why, "slot" if others else "host", what, _for(cooldown))
+
+    def _check_standby(self) -> None:
+        """End the standby workers that have not come to wait within --elastic-timeout."""
+        if not self._standby:
+            return
+        ready = self._rendezvous.ready()
+        now = time.monotonic()
+        late = [sid for sid, since in self._standby.items() if sid not in ready
+                and now - since > self.settings.elastic_timeout_s]
+        for sid in late:
+            self._standby_failed(sid, f"did not reach init() within --elastic-timeout "
+                                      f"{self.settings.elastic_timeout_s:g}s")
+        self._stop(late)
 
     def _end_frozen(self) -> None:
         """Elastic jobs: end the members whose process has been stopped for
@@ -381,6 +438,10 @@ class Agent:
 
     def _stop(self, ids: Sequence[SlotId]) -> None:
         ids = [i for i in ids if i in self._live and not self._live[i].stopping]
+        if any(i in self._standby for i in ids):
+            for i in ids:
+                self._standby.pop(i, None)
+            self._rendezvous.standby(list(self._standby))
         for i in ids:
             self._live[i].stopping = True
         if ids:
@@ -442,8 +503,12 @@ class Agent:
                 peers_only=all(s in self._peer_failed for s, _ in failures))
             return
         plan = self._plan()
+        if plan is None:
+            return
+        plan, later = self._defer(plan)
+        self._start_ahead(later)
         current = list(self.round_ids)
-        if plan is not None and plan != current:
+        if self.state is State.RUNNING and plan != current:
             added = [p for p in plan if p not in current]
             removed = [c for c in current if c not in plan]
             why = "hosts changed:" + (f" adds {', '.join(map(_name, added))}" if added else "") \
@@ -553,6 +618,7 @@ class Agent:
                                 f"{_count(have, 'usable slot')}, {self._needed()} needed")
                 self._step_waiting()
                 return
+            plan, later = self._defer(plan)
             refused = self._prepare_hosts(plan)
             if refused is None:
                 return
@@ -563,6 +629,62 @@ class Agent:
         if self.round >= 0:
             self.resets += 1
         self._publish(plan)
+        if self.state is State.RUNNING:
+            self._start_ahead(later)
+
+    def _defer(self, plan: List[SlotId]) -> Tuple[List[SlotId], List[SlotId]]:
+        """Split ``plan`` into the round to publish now and the new slots whose workers
+        should rather start ahead of a later round (see "Growing without stopping"): the
+        new slots not yet waiting to join, when there are survivors and the round reaches
+        the slots it needs without them."""
+        if self.settings.static or self.round < 0 or not self._workers.needs_rendezvous:
+            return plan, []
+        members = set(self.round_ids)
+        if not any(sid in members for sid in plan):
+            return plan, []
+        ready = self._rendezvous.ready()
+        later = [sid for sid in plan if sid not in members
+                 and not (sid in self._standby and sid in ready)]
+        now = [sid for sid in plan if sid not in later]
+        if not later or len(now) < self._needed():
+            return plan, []
+        return now, later
+
+    def _start_ahead(self, later: List[SlotId]) -> None:
+        """Start the workers of ``later``'s slots that are not running yet, on standby: they
+        wait to join while the round's members train."""
+        fresh = [sid for sid in later if sid not in self._live]
+        if not fresh:
+            return
+        refused = self._prepare_hosts(fresh)
+        if refused is None:
+            return
+        if refused and not self._blacklist_hosts(refused, "cannot take workers"):
+            return
+        fresh = [sid for sid in fresh if sid[0] not in refused]
+        slots = dict(zip(self.round_ids + fresh, place_slots(self.round_ids + fresh)))
+        now = time.monotonic()
+        for sid in fresh:
+            self._standby[sid] = now
+        self._rendezvous.standby(list(self._standby))
+        starting = [dataclasses.replace(slots[sid], local_rank=sid[1]) for sid in fresh]
+        not_started = self._workers.start(starting) if starting else {}
+        for sid, launched in zip(fresh, starting):
+            if sid in not_started:
+                del self._standby[sid]
+            else:
+                self._live[sid] = _Worker(launched, self.round)
+        self._rendezvous.standby(list(self._standby))
+        started = [sid for sid in fresh if sid in self._standby]
+        if started:
+            log.warning("round %d: starting %s ahead of the next round (%s); it opens once "
+                        "they wait to join, training goes on meanwhile", self.round,
+                        _count(len(started), "new worker"), ", ".join(map(_name, started)))
+        if not_started:
+            refused = {}
+            for sid, why in not_started.items():
+                refused.setdefault(sid[0], why)
+            self._blacklist_hosts(refused, "cannot start workers")
 
     def _prepare_hosts(self, plan: List[SlotId]) -> Optional[Dict[str, str]]:
         """Have the starter ready the plan's new hosts; ``{host: why}`` for those it could
@@ -582,16 +704,22 @@ class Agent:
     def _publish(self, plan: List[SlotId]) -> None:
         slots = place_slots(plan)
         new = [(sid, s) for sid, s in zip(plan, slots) if sid not in self._live]
+        joining = [sid for sid in plan if sid in self._standby]
         self.round = self._rendezvous.publish(slots, plan)
+        for sid in joining:
+            del self._standby[sid]
+            self._live[sid].started_round = self.round
         self.round_slots = slots
         self.round_ids = list(plan)
         self._wait_since = None
         (log.info if self.settings.static else log.warning)(
             "round %d: %s: %s", self.round, _count(len(slots), "worker"), ", ".join(
                 f"rank {s.rank} {_name(sid)}{' (new)' if sid not in self._live else ''}"
+                f"{' (was on standby)' if sid in joining else ''}"
                 for sid, s in zip(plan, slots)))
         members = set(plan)
-        self._stop([sid for sid in self._live if sid not in members])
+        self._stop([sid for sid in self._live if sid not in members
+                    and sid not in self._standby])
         # a new worker is started under its slot id: that is how it joins every round
         starting = [dataclasses.replace(s, local_rank=sid[1]) for sid, s in new]
         not_started = self._workers.start(starting) if starting else {}
@@ -652,6 +780,9 @@ class Agent:
                     break                   # never walk more slots than the round may use
                 sid = (host.hostname, local)
                 if sid in kept or self.hostset.slot_blacklisted(sid):
+                    continue
+                if sid in self._standby:    # started ahead of this round
+                    plan.append(sid)
                     continue
                 if sid in self._live:       # its old process is still being stopped
                     break
