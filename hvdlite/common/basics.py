@@ -42,6 +42,8 @@ class _State:
         self.atexit_registered = False
         #: callables returning a hook, or None once its owner is gone
         self.reset_hooks: List[Callable[[], Optional[Callable[[], None]]]] = []
+        #: run once, before this process first joins an elastic job (register_warmup)
+        self.warmups: List[Callable[[], None]] = []
 
 
 _STATE = _State()
@@ -56,6 +58,27 @@ def register_reset_hook(hook: Callable[[], None]) -> None:
     ref = weakref.WeakMethod(hook) if inspect.ismethod(hook) else (lambda: hook)
     with _STATE.lock:
         _STATE.reset_hooks.append(ref)
+
+
+def register_warmup(warmup: Callable[[], None]) -> None:
+    """Run ``warmup()`` before this process first joins an elastic job's round.
+
+    A worker that joins running survivors makes them wait for whatever it does between
+    ``init()`` and its first collective; slow first-use work (a framework's lazy imports)
+    done here instead is done while it waits to join.  A failing warm-up is logged and
+    skipped: the work is then done later, as without it."""
+    with _STATE.lock:
+        _STATE.warmups.append(warmup)
+
+
+def _warm_up(config: Config) -> None:
+    if not config.elastic or _STATE.last_round >= 0:
+        return
+    for warmup in _STATE.warmups:
+        try:
+            warmup()
+        except Exception as exc:  # noqa: BLE001 - an optimisation only
+            log.debug("warm-up %r failed: %s", warmup, exc)
 
 
 def _run_reset_hooks() -> None:
@@ -123,6 +146,7 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
             config = Config.from_env()
         logging.getLogger("hvdlite").setLevel(config.log_level)
         _run_reset_hooks()
+        _warm_up(config)
         # the slot this process joins rounds with, before the round renumbers it
         exit_report.install(config.rendezvous_addr, config.rendezvous_port, config.secret_key,
                             config.hostname, config.local_rank)

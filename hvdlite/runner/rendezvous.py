@@ -235,6 +235,24 @@ class RendezvousService(KVStoreService):
         with self._cond:
             return next((s.hostname for s in self._places.values() if s.rank == rank), None)
 
+    #: the longest an ``await_round`` request is held (the worker asks again)
+    _MAX_AWAIT_S = 60.0
+
+    def _await_round(self, header):
+        """Answer the newest round once it is newer than ``after``, or after ``timeout_s``
+        whatever it is: a worker's round watcher holds one such request open, so it learns
+        of a new round within a network round trip, without polling."""
+        after, timeout_s = header.get("after"), header.get("timeout_s")
+        if not (is_int(after) and isinstance(timeout_s, (int, float))
+                and 0 <= timeout_s <= self._MAX_AWAIT_S):
+            raise ServiceError(f"await_round: after (an integer) and timeout_s "
+                               f"(0..{self._MAX_AWAIT_S:g} seconds) are required")
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._round <= after and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            return {"round": self._round}, b""
+
     def handle(self, header, blob, client):
         if header.get("op") == "metrics":
             self.inbox.take_metrics(header, blob)
@@ -245,6 +263,8 @@ class RendezvousService(KVStoreService):
         if header.get("op") == "newest_round":
             with self._cond:
                 return {"round": self._round}, b""
+        if header.get("op") == "await_round":
+            return self._await_round(header)
         if header.get("op") == "exit_report":
             self._take_exit_report(header)
             return {}, b""

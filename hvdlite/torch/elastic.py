@@ -21,12 +21,23 @@ from typing import Any, Dict, Iterator, List
 import torch
 import torch.utils.data
 
+from hvdlite.common import basics
 from hvdlite.common.elastic import ObjectState, State, run_fn
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from hvdlite.torch.mpi_ops import rank, size
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
+
+
+def _import_what_optimizers_need() -> None:
+    """Building the first ``torch.optim`` optimizer imports ``torch._dynamo`` (a second or
+    more of a loaded host's time): done before a new worker joins running survivors,
+    they do not wait for it at its first collective."""
+    import torch._dynamo  # noqa: F401
+
+
+basics.register_warmup(_import_what_optimizers_need)
 
 
 def run(func):

@@ -45,8 +45,6 @@ class ExchangeGroup(NamedTuple):
     names: List[str]
     who: str
     timeout_s: float
-    #: elastic jobs: ends a wait once a newer round is open (see gloo_waits)
-    watch: Optional[gloo_waits.RoundWatch] = None
 
 
 class AuthenticatedStore(dist.Store):
@@ -109,8 +107,10 @@ class GlooBackend(Backend):
         self._client = client
         self.round = place.round
         gloo_waits.reap()
-        self._watch = gloo_waits.RoundWatch(client, place.round, who) \
-            if config.elastic else None
+        self._watch = gloo_waits.RoundWatch(
+            client, place.round, who, gloo_waits.watcher_for(
+                (config.rendezvous_addr, config.rendezvous_port),
+                lambda: _store_client(config))) if config.elastic else None
         self.rank, self.size = place.rank, place.size
         self.local_rank, self.local_size = place.local_rank, place.local_size
         self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
@@ -124,8 +124,10 @@ class GlooBackend(Backend):
         self._peers: Optional[ExchangeGroup] = None
         self._cross_peers: Optional[ExchangeGroup] = None
         #: the cross-host part of the control MIN runs by dissemination (False: Gloo's ring
-        #: allreduce; a benchmark knob, see benchmarks/control_plane.py --cross-min)
-        self.cross_min_by_dissemination = True
+        #: allreduce; a benchmark knob, see benchmarks/control_plane.py --cross-min).  Not in
+        #: elastic jobs: their waits must be let go of when the round changes, and only a
+        #: collective's wait can be (see exchange)
+        self.cross_min_by_dissemination = not config.elastic
         try:
             self._await_peers(client, config, joining)
             self._connect(client, config)
@@ -231,7 +233,7 @@ class GlooBackend(Backend):
             self._cross_peers = ExchangeGroup(
                 self._cross_pg, self.cross_rank, self.cross_size,
                 _member_names(cross, self.cross_size, config.start_timeout_s), self._who,
-                self._timeout_s, self._watch)
+                self._timeout_s)
         log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
                   "hierarchical" if self._cross_pg is not None else "one host")
 
@@ -296,7 +298,7 @@ class GlooBackend(Backend):
         self.pg = self._make_pg(client, config, self.rank, self.size)
         self._peers = ExchangeGroup(self.pg, self.rank, self.size,
                                     [f"rank {r}" for r in self._job_ranks], self._who,
-                                    self._timeout_s, self._watch)
+                                    self._timeout_s)
 
     def _make_pg(self, client, config: cfg.Config, rank: int, size: int):
         store = AuthenticatedStore(client, config.start_timeout_s)
@@ -318,7 +320,10 @@ class GlooBackend(Backend):
                 f"{self._who} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
 
     def newest_round(self) -> int:
-        """The newest rendezvous round the launcher has opened (may be newer than ours)."""
+        """The newest rendezvous round the launcher has opened (may be newer than ours);
+        elastic jobs read it from the process's round watcher, without a request."""
+        if self._watch is not None:
+            return self._watch.newest()
         return self._client.newest_round()
 
     def _await_peers(self, client, config: cfg.Config, what: str) -> None:
@@ -360,7 +365,7 @@ class GlooBackend(Backend):
                     self._cross_allreduce
             self._shm.allreduce_(t, ReduceOp.MIN, cross)
             return vec
-        if self.size > 2:
+        if self.size > 2 and self._watch is None:
             dissemination_min_(self._peers, t)
             return vec
         self._run("control allreduce", self.pg.allreduce([t], _min_opts()))
@@ -529,6 +534,10 @@ def exchange(group: ExchangeGroup, send, recv, dst: int, src: int, tag: int) -> 
     """Send ``send`` to member ``dst`` of ``group`` while receiving ``src``'s message into
     ``recv``; each wait is bound by the group's op timeout.
 
+    The wait is never taken in slices (``gloo_waits``): a send or receive whose timed wait
+    runs out breaks every connection of Gloo's context, so elastic jobs use collectives,
+    not exchanges, for what runs every cycle.
+
     Raises:
         HvdliteInternalError: the exchange failed or timed out (names the peer and the flag).
     """
@@ -542,7 +551,7 @@ def exchange(group: ExchangeGroup, send, recv, dst: int, src: int, tag: int) -> 
             works.append((group.pg.send([_as_bytes(send)], dst, tag), dst))
         for work, peer in works:
             if gloo_waits.wait(work, group.timeout_s, f"exchange with {group.names[peer]}",
-                               group.watch) is False:
+                               None) is False:
                 raise HvdliteInternalError(
                     f"{group.who}: Gloo exchange with {group.names[peer]} was aborted")
     except HvdliteInternalError:

@@ -4,10 +4,13 @@ A Gloo collective whose peer vanished without closing its connections (a cut lin
 host) blocks until ``--op-timeout-seconds``.  In an elastic job the launcher has usually
 opened the next round long before: the survivors should join it at once instead of waiting
 out the timeout.  So an elastic job's waits are taken in slices of :data:`SLICE_S`, and
-after each slice that ends without the operation a :class:`RoundWatch` asks the launcher's
-store whether a newer round is open; if so the wait ends with
-``HvdliteRoundSupersededError`` (an ``HvdliteInternalError``: the elastic loop rolls back to
-the last commit and joins the new round).
+after each slice that ends without the operation a :class:`RoundWatch` checks whether a
+newer round is open; if so the wait ends with ``HvdliteRoundSupersededError`` (an
+``HvdliteInternalError``: the elastic loop rolls back to the last commit and joins the new
+round).  The check costs nothing: each process keeps one :class:`RoundWatcher` thread
+holding an ``await_round`` request open at the launcher's store, which answers as soon as a
+round opens, so a survivor lets go within a slice of the new round (the store is asked
+directly only when the watcher cannot reach it).
 
 The abandoned operation is still pending inside Gloo, and dropping the last reference to its
 process group then blocks until it fails (the op timeout) -- or, at interpreter exit, aborts
@@ -21,28 +24,94 @@ import ctypes
 import datetime
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hvdlite.common.exceptions import HvdliteRoundSupersededError
 
+_LOCK = threading.Lock()
+
 #: one slice of an elastic job's wait for a Gloo operation
-SLICE_S = 1.0
+SLICE_S = 0.05
+#: how long the watcher's request is held at the store before it asks again
+AWAIT_S = 20.0
 #: what a Gloo work's wait(timeout) raises when the timeout, not the operation, ended it
 _SLICE_OVER = "Operation timed out"
 
 
-class RoundWatch:
-    """Asks the launcher's store (``client``, a ``KVClient``) whether a round newer than
-    ``round_`` is open."""
+class RoundWatcher:
+    """The newest round of one job's store, kept current by a daemon thread (one per
+    process and store) whose ``await_round`` request the store answers when a round opens.
 
-    def __init__(self, client, round_: int, who: str):
+    ``make_client()`` gives the thread its own store connection.  When the thread cannot
+    reach the store it ends; :attr:`alive` is then False and callers ask the store
+    themselves (the next :func:`watcher_for` starts a new thread)."""
+
+    def __init__(self, make_client: Callable[[], Any]):
+        self._make_client = make_client
+        self.newest = -1
+        self.alive = True
+        self._seen = threading.Event()
+        threading.Thread(target=self._run, name="hvdlite-round-watcher", daemon=True).start()
+
+    def _run(self) -> None:
+        client = None
+        try:
+            client = self._make_client()
+            while True:
+                self.newest = max(self.newest, client.await_round(self.newest, AWAIT_S))
+                self._seen.set()
+        except Exception:  # the store is gone (job over) or unreachable: callers ask it
+            self.alive = False
+            self._seen.set()
+        finally:
+            if client is not None:
+                client.close()
+
+    def wait_first(self, timeout_s: float) -> None:
+        """Wait (briefly) for the first answer, so that :attr:`newest` is meaningful."""
+        self._seen.wait(timeout_s)
+
+
+_WATCHERS: Dict[Tuple[str, int], RoundWatcher] = {}
+
+
+def watcher_for(addr: Tuple[str, int], make_client: Callable[[], Any]) -> RoundWatcher:
+    """This process's watcher of the store at ``addr`` (started on first use)."""
+    with _LOCK:
+        watcher = _WATCHERS.get(addr)
+        if watcher is None or not watcher.alive:
+            watcher = _WATCHERS[addr] = RoundWatcher(make_client)
+        return watcher
+
+
+class RoundWatch:
+    """Tells whether a round newer than ``round_`` is open: from the process's
+    :class:`RoundWatcher` when it runs, else by asking the store through ``client`` (a
+    ``KVClient``), at most once a second."""
+
+    def __init__(self, client, round_: int, who: str,
+                 watcher: Optional[RoundWatcher] = None):
         self._client, self._round, self._who = client, round_, who
+        self._watcher = watcher
+        self._asked = 0.0
         #: a wait was given up: the groups must be buried, not dropped (see bury)
         self.gave_up = False
 
+    def newest(self) -> int:
+        """The newest round known now (asks the store only without a live watcher)."""
+        if self._watcher is not None and self._watcher.alive and self._watcher.newest >= 0:
+            return self._watcher.newest
+        return self._client.newest_round()
+
     def check(self, what: str) -> None:
         """Raises HvdliteRoundSupersededError when a newer round is open."""
-        newest = self._client.newest_round()
+        if self._watcher is not None and self._watcher.alive:
+            newest = self._watcher.newest
+        elif time.monotonic() - self._asked >= 1.0:
+            self._asked = time.monotonic()
+            newest = self._client.newest_round()
+        else:
+            return
         if newest > self._round:
             self.gave_up = True
             raise HvdliteRoundSupersededError(
@@ -73,7 +142,6 @@ def wait(work, timeout_s: float, what: str, watch: Optional[RoundWatch]) -> Any:
 
 
 _GRAVES: List[Tuple[float, list]] = []
-_LOCK = threading.Lock()
 
 
 def bury(objects: list, keep_s: float) -> None:

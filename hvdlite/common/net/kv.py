@@ -140,5 +140,13 @@ class KVClient:
         reply, _ = self._client.request({"op": "newest_round"})
         return int(reply["round"])
 
+    def await_round(self, after: int, timeout_s: float) -> int:
+        """The newest round, answered as soon as it is newer than ``after`` or once
+        ``timeout_s`` has passed."""
+        reply, _ = self._client.request({"op": "await_round", "after": int(after),
+                                         "timeout_s": float(timeout_s)},
+                                        timeout_s=float(timeout_s) + 5)
+        return int(reply["round"])
+
     def close(self) -> None:
         self._client.close()
