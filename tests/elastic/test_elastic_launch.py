@@ -8,6 +8,7 @@ reference however the job was resized.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,6 +108,21 @@ def test_discovery_removes_a_host_and_the_rest_continue(job_factory):
     assert job.finish() == 0, job.output()
     result = check_result(job.result, 40, [3, 2])
     assert result["size"] == 2
+
+
+def test_a_rank_holding_the_interpreter_lock_for_seconds_costs_no_reset(job_factory):
+    """Three 1-slot hosts (the control plane between hosts runs every cycle): one rank's
+    background thread cannot run for 2.5 s.  Its peers wait in a collective whose waits are
+    taken in slices (to let go when a round changes); none of them may give up or break
+    the group (a timed-out Gloo receive would), so the job finishes without a reset."""
+    hosts = f"localhost:1\n127.0.0.1:1\n{socket.gethostname()}:1\n"
+    job = job_factory(hosts, ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      env={"ELASTIC_HOLD_GIL": "127.0.0.1:0:5:2.5"}, steps=12)
+    assert job.finish(90) == 0, job.output()
+    out = job.output()
+    assert "HOLDING the GIL for 2.5s at step 5" in out, out
+    assert "RESET" not in out and "restoring the last commit" not in out, out
+    check_result(job.result, 12, [3])
 
 
 def test_too_few_slots_for_longer_than_the_elastic_timeout_fails_clearly(job_factory):

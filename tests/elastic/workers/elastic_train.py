@@ -11,9 +11,12 @@ Environment: ELASTIC_STEPS (default 30), ELASTIC_OUT (rank 0 writes the result
 there as JSON), ELASTIC_KILL_AT (``host:local_rank:step``: that worker SIGKILLs
 itself during that step's gradient allreduce), ELASTIC_STEP_SLEEP (seconds per
 step, so hosts can come and go while training runs), ELASTIC_SLEEP_WHILE (a path:
-sleep only while it exists, so a test can end the slow part when it is done).
+sleep only while it exists, so a test can end the slow part when it is done),
+ELASTIC_HOLD_GIL (``host:local_rank:step:seconds``: that worker holds the interpreter
+lock that long before that step's backward pass, so its background thread cannot run).
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -50,6 +53,18 @@ def should_die(step: int) -> bool:
     return me == (host, local_rank) and step == int(at)
 
 
+def hold_gil(step: int) -> None:
+    """Block this process, interpreter lock held (a long C call would), if asked to."""
+    target = os.environ.get("ELASTIC_HOLD_GIL")
+    if not target:
+        return
+    host, local_rank, at, seconds = target.split(":")
+    me = (os.environ.get("HVDLITE_HOSTNAME"), os.environ.get("HVDLITE_LOCAL_RANK"))
+    if me == (host, local_rank) and step == int(at):
+        print(f"HOLDING the GIL for {seconds}s at step {step}", flush=True)
+        ctypes.PyDLL(None).usleep(int(float(seconds) * 1e6))   # PyDLL: the lock stays held
+
+
 def still_slow() -> bool:
     return SLEEP_WHILE is None or os.path.exists(SLEEP_WHILE)
 
@@ -79,6 +94,7 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die, slow=still_slow):
                           (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size())
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
+            hold_gil(state.step)
             loss.backward()                       # gradient allreduce starts here
             if die(state.step):
                 os.kill(os.getpid(), signal.SIGKILL)
