@@ -132,7 +132,13 @@ class RendezvousService(KVStoreService):
     membership changes).  A slot the agent has put on *standby* (:meth:`standby`: a
     replacement started ahead of the round that will take it) is not told to leave: its
     request is counted as ready (:meth:`ready`) and waits until a round has its place, so
-    the agent publishes that round only once the new process can join at once.  With ``repeat_last=True`` (a static job)
+    the agent publishes that round only once the new process can join at once.
+
+    One process per slot: a slot is bound to the token of the process that first joined
+    with it, and a process presenting another token is told to leave -- unless it joins
+    for the first time (``after`` -1) after the agent announced a new process for the
+    slot (:meth:`new_process`).  So the workers of a task the launcher cut off, back
+    after a partition healed, cannot join beside (or instead of) their replacement.  With ``repeat_last=True`` (a static job)
     a request for a round after the newest one opens the next round with the same
     slots, so ``shutdown()`` then ``init()`` needs nobody to publish.
     """
@@ -152,6 +158,8 @@ class RendezvousService(KVStoreService):
         #: slots started ahead of their round, and those of them whose process is waiting
         self._standby: set = set()
         self._ready: set = set()
+        #: slot -> the token of the process that holds it (see the class docstring)
+        self._tokens: Dict[Tuple[str, int], str] = {}
         self._reports: Dict[Tuple[str, int], dict] = {}
         #: what running ranks report: counters (op ``metrics``) and straggler lines
         self.inbox = MetricsInbox(self._host_of_rank)
@@ -204,6 +212,27 @@ class RendezvousService(KVStoreService):
             self._standby = {tuple(i) for i in ids} - set(self._places)
             self._ready &= self._standby
             self._cond.notify_all()
+
+    def new_process(self, ids: Sequence[Tuple[str, int]]) -> None:
+        """New processes are being started on these slots: the first to join each binds
+        it; the slot's previous process may no longer join."""
+        with self._cond:
+            for i in ids:
+                self._tokens.pop(tuple(i), None)
+
+    def _stale(self, slot: Tuple[str, int], token, after: int) -> Optional[str]:
+        """Why the process with ``token`` may not join as ``slot`` (None: it may), binding
+        the slot to a first-time joiner.  Requests without a token are not checked."""
+        if not isinstance(token, str):
+            return None
+        held = self._tokens.get(slot)
+        if held is None and after < 0:
+            self._tokens[slot] = token
+            return None
+        if held == token:
+            return None
+        return (f"another process now holds host {slot[0]} local slot {slot[1]} (this one was "
+                f"cut off from the job, e.g. by a partition that has healed)")
 
     def ready(self) -> set:
         """The standby slots whose process is waiting in ``join_round`` now."""
@@ -280,12 +309,17 @@ class RendezvousService(KVStoreService):
             raise ServiceError("join_round: after, local_rank (integers), hostname (string) "
                                "and timeout_s (seconds) are required")
         deadline = time.monotonic() + timeout_s
+        token = header.get("token")
         with self._cond:
             while True:
                 if self._round <= after and self._repeat_last and self._places:
                     self.publish(list(self._places.values()), list(self._places))
                 if self._round > after:
                     slot = self._places.get((host, local_rank))
+                    stale = None if slot is None and (host, local_rank) not in self._standby \
+                        else self._stale((host, local_rank), token, after)
+                    if stale is not None:
+                        return {"round": self._round, "removed": stale}, b""
                     if slot is not None:
                         place = dataclasses.asdict(slot)
                         return dict({f: place[f] for f in PLACE_FIELDS},

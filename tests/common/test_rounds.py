@@ -141,3 +141,82 @@ def test_a_wait_in_a_replaced_round_ends_at_once_with_the_newest_round():
         plain.close()
     finally:
         service.shutdown()
+
+
+def _join(client, host, local_rank, after, token, timeout_s=10.0):
+    reply, _ = client.request({"op": "join_round", "after": after, "hostname": host,
+                               "local_rank": local_rank, "timeout_s": timeout_s,
+                               "token": token}, timeout_s=timeout_s + 5)
+    return reply
+
+
+def test_one_process_per_slot_a_cut_off_one_cannot_join_beside_its_replacement():
+    """A slot is bound to the first process that joins with it; after the agent starts a
+    new process there, the old one (a partition's far side, healed) is told to leave, and
+    the new one binds the slot."""
+    from hvdlite.common.net.service import Client
+
+    key = new_key()
+    service = RendezvousService(key, repeat_last=False, job_id="j")
+    client = Client(service.address, key, 20.0)
+    try:
+        service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
+        assert _join(client, "a", 0, -1, "old")["round"] == 0
+        other = _join(client, "a", 0, -1, "intruder")
+        assert "another process now holds host a local slot 0" in other["removed"], other
+        service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
+        assert _join(client, "a", 0, 0, "old")["round"] == 1       # a survivor rejoins
+        service.new_process([("a", 0)])                             # the agent replaced it
+        service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
+        stale = _join(client, "a", 0, 1, "old")
+        assert "cut off from the job" in stale["removed"], stale
+        assert _join(client, "a", 0, -1, "new")["round"] == 2
+        assert "removed" in _join(client, "a", 0, 1, "old")
+    finally:
+        client.close()
+        service.shutdown()
+
+
+def test_a_standby_slot_waits_for_its_round_and_counts_as_ready():
+    """A worker started ahead of its round is not told to leave: its join waits (and the
+    agent sees it ready) until a round with its place opens; taken off standby, it leaves.
+    A round watcher's await_round answers as soon as a round opens."""
+    import threading
+
+    from hvdlite.common.net.service import Client
+
+    key = new_key()
+    service = RendezvousService(key, repeat_last=False, job_id="j")
+    clients = [Client(service.address, key, 20.0) for _ in range(3)]
+    try:
+        service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
+        service.standby([("b", 0), ("c", 0)])
+        answers = {}
+        joins = [threading.Thread(target=lambda h=h, c=c: answers.__setitem__(
+                     h, _join(c, h, 0, -1, "t" + h)), daemon=True)
+                 for h, c in (("b", clients[0]), ("c", clients[1]))]
+        for t in joins:
+            t.start()
+        deadline = time.monotonic() + 5
+        while service.ready() != {("b", 0), ("c", 0)} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert service.ready() == {("b", 0), ("c", 0)} and answers == {}
+        assert clients[2].request({"op": "await_round", "after": 0, "timeout_s": 0.2})[0][
+            "round"] == 0                                           # nothing newer yet
+        waiter = threading.Thread(target=lambda: answers.__setitem__("await", clients[2].request(
+            {"op": "await_round", "after": 0, "timeout_s": 10})[0]["round"]), daemon=True)
+        waiter.start()
+        time.sleep(0.2)
+        service.standby([("b", 0)])                                 # c is dropped
+        service.publish([_slot("a", 0, 0, 2, 1), _slot("b", 0, 1, 2, 1)])
+        for t in joins + [waiter]:
+            t.join(5)
+        assert "b" in answers, answers
+        assert answers["b"]["round"] == 1 and answers["b"]["rank"] == 1, answers
+        assert "round 1 has no place for host c local slot 0" in answers["c"]["removed"]
+        assert answers["await"] == 1
+        assert service.ready() == set()
+    finally:
+        for c in clients:
+            c.close()
+        service.shutdown()

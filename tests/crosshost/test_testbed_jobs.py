@@ -137,17 +137,79 @@ def test_a_cut_link_ends_the_job_naming_the_unreachable_host(testbed):
         (leftovers(testbed, "tbh0"), leftovers(testbed, "tbh1"))
 
 
+def _worker_pids(tb, host):
+    return [pid for pid in tb.pids(host) if "elastic_train.py" in _cmdline(pid)]
+
+
+def _cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _wait_for_nth(job, text, n, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        hits = [at for at, line in job.lines if text in line]
+        if len(hits) >= n:
+            return hits[n - 1]
+        if job.proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} lines with {text!r}:\n{job.text()}")
+
+
+@pytest.mark.timeout(120)
+def test_a_frozen_rank_is_named_with_its_host_and_the_job_goes_on_when_it_resumes(
+        testbed, tmp_path):
+    """A static job on tbh0 and tbh1; the rank on tbh1 is SIGSTOPped.  Its peer waits in a
+    collective and can say nothing; the launcher, which sees the process stopped through
+    tbh1's task service, names the rank and host within seconds.  SIGCONT: the job goes on
+    and ends with the fault-free result."""
+    import signal
+    from tests.elastic.conftest import check_result
+    slow = tmp_path / "slow"
+    slow.write_text("")
+    result = tmp_path / "result.json"
+    job = Job(testbed, "tbh0", ["-np", "2", "-H", "tbh0:1,tbh1:1",
+                                "-x", "ELASTIC_STEPS", "-x", "ELASTIC_STEP_SLEEP",
+                                "-x", "ELASTIC_SLEEP_WHILE", "-x", "ELASTIC_OUT"],
+              os.path.join(ELASTIC_WORKERS, "elastic_train.py"),
+              env={"ELASTIC_STEPS": "300", "ELASTIC_STEP_SLEEP": "0.1",
+                   "ELASTIC_SLEEP_WHILE": str(slow), "ELASTIC_OUT": str(result)})
+    job.wait_for("TRAIN rank=1 size=2 step=0", 60)
+    time.sleep(1)
+    (victim,) = _worker_pids(testbed, "tbh1")
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    named = job.wait_for("rank 1 on host tbh1 (worker tbh1:0) has been stopped for", 30)
+    os.kill(victim, signal.SIGCONT)
+    job.wait_for("rank 1 on host tbh1 (worker tbh1:0) runs again", 15)
+    slow.unlink()
+    assert job.finish(60) == 0, job.text()
+    assert named - stopped_at < 12, (named - stopped_at, job.text())
+    assert "every other rank waits for it in its next collective" in job.text()
+    check_result(result, 300, [2])
+
+
 @pytest.mark.timeout(180)
 def test_elastic_job_survives_a_cut_and_the_host_rejoins_when_healed(testbed, tmp_path):
     """An elastic job on tbh0 and tbh1 (one slot each); tbh1's link is cut mid-training.
     The launcher hears nothing from tbh1 for 8 s, blacklists it and opens a round without
     it; the survivor, blocked in a collective with its vanished peer, lets go as soon as
     that round is open (not after --op-timeout-seconds) and resumes from its last commit.
-    The link heals, tbh1's cooldown ends, a new task there starts a worker that takes the
-    state from the live peer; every step runs once and the weights are the fault-free
-    run's.  The cut-off task on tbh1 ends its own workers (no second job)."""
+    The link heals, tbh1's cooldown ends, a new task there starts a worker on standby while
+    the survivor trains on; it joins at a commit and takes the state from the live peer.
+    No split brain: the cut-off worker is never admitted again (the store knows its slot
+    now belongs to the new process) and its task ends it.  Then the new worker on tbh1 is
+    SIGSTOPped: the launcher ends it after 5 s and the survivor goes on again.  Every step
+    runs once and the weights are the fault-free run's."""
+    import signal
     from tests.elastic.conftest import check_result
-    steps = 100
+    steps = 400
+    slow = tmp_path / "slow"
+    slow.write_text("")
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("tbh0:1\ntbh1:1\n")
     discover = tmp_path / "discover.sh"
@@ -158,18 +220,25 @@ def test_elastic_job_survives_a_cut_and_the_host_rejoins_when_healed(testbed, tm
                                 "--host-discovery-script", str(discover),
                                 "--blacklist-cooldown-range", "8", "9",
                                 "-x", "ELASTIC_STEPS", "-x", "ELASTIC_STEP_SLEEP",
-                                "-x", "ELASTIC_OUT"],
+                                "-x", "ELASTIC_SLEEP_WHILE", "-x", "ELASTIC_OUT"],
               os.path.join(ELASTIC_WORKERS, "elastic_train.py"),
               env={"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.2",
-                   "ELASTIC_OUT": str(result)})
+                   "ELASTIC_SLEEP_WHILE": str(slow), "ELASTIC_OUT": str(result)})
     try:
         job.wait_for("TRAIN rank=1 size=2 step=0", 60)
         time.sleep(3)
+        (cut_off,) = _worker_pids(testbed, "tbh1")
         testbed.cut("tbh1")
         cut_at = time.monotonic()
         released = job.wait_for("RESET rank=0 size=1", 30)
         time.sleep(2)
         testbed.heal("tbh1")
+        _wait_for_nth(job, "RESET rank=0 size=2", 1, 60)             # tbh1 is back
+        (new,) = [p for p in _worker_pids(testbed, "tbh1") if p != cut_off]
+        time.sleep(1)
+        os.kill(new, signal.SIGSTOP)
+        _wait_for_nth(job, "RESET rank=0 size=1", 2, 30)
+        slow.unlink()
         rc = job.finish(120)
     finally:
         testbed.heal("tbh1")
@@ -178,10 +247,15 @@ def test_elastic_job_survives_a_cut_and_the_host_rejoins_when_healed(testbed, tm
     assert released - cut_at < 15, (released - cut_at, text)        # not the 60 s op timeout
     assert "host tbh1 stopped answering" in text and "blacklisting host tbh1" in text, text
     assert "gave up waiting for the Gloo" in text and "joining the new round" in text, text
-    rejoined = text.split("blacklist cooldown over")[-1]
-    assert re.search(r"rank 1 tbh1:0 \(new\)", rejoined), text
-    assert "DONE rank=1 size=2 steps=100" in text, text
+    rejoined = text.split("blacklist cooldown over")[1]
+    assert "starting 1 new worker ahead of the next round (tbh1:0)" in rejoined, text
+    assert re.search(r"rank 1 tbh1:0 \(was on standby\)", rejoined), text
+    assert "tbh1:0 stopped (SIGSTOP, a debugger or a frozen host) for 5s; ending them" \
+        in text, text
+    assert "DONE rank=0" in text, text
     check_result(result, steps, [2, 1])
+    assert not os.path.exists(f"/proc/{cut_off}/cmdline") and \
+        not os.path.exists(f"/proc/{new}/cmdline")
     deadline = time.monotonic() + 20
     while (leftovers(testbed, "tbh1") or leftovers(testbed, "tbh0")) and \
             time.monotonic() < deadline:

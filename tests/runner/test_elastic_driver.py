@@ -134,6 +134,7 @@ class FakeRounds:
         self.unformed = False         # every round "never forms" (its ranks do not all arrive)
         self.standing: set = set()    # slots started ahead of their round
         self.hold_standby = False     # they never come to wait to join
+        self.new_processes: list = []  # slots announced to take a new process, in order
 
     def publish(self, slots, ids):
         self.rounds.append(list(slots))
@@ -148,6 +149,9 @@ class FakeRounds:
 
     def standby(self, ids):
         self.standing = set(ids)
+
+    def new_process(self, ids):
+        self.new_processes.extend(ids)
 
     def ready(self):
         """Standby workers wait to join at once, unless a test holds them back."""

@@ -8,6 +8,7 @@ module itself needs no torch.
 
 import base64
 import dataclasses
+import secrets
 from typing import List, Optional, Tuple
 
 from hvdlite.common.exceptions import (HvdliteRemovedError, HvdliteRoundSupersededError,
@@ -17,6 +18,12 @@ from hvdlite.common.net.service import Client, ServiceError
 
 #: what a rank learns when it joins a round (the same fields as the launcher's slots)
 PLACE_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+#: who this process is to the store: a slot joins with it, so that a stale process (of a
+#: task the launcher cut off, back after a partition healed) cannot pass for the new
+#: process started on its slot (see ``RendezvousService``)
+PROCESS_TOKEN = secrets.token_hex(8)
 
 
 def round_prefix(job_id: str, round_: int) -> str:
@@ -123,7 +130,8 @@ class KVClient:
                 left the job, or this process is stale).
         """
         header = {"op": "join_round", "after": int(after), "hostname": hostname,
-                  "local_rank": int(local_rank), "timeout_s": float(timeout_s)}
+                  "local_rank": int(local_rank), "timeout_s": float(timeout_s),
+                  "token": PROCESS_TOKEN}
         try:
             reply, _ = self._client.request(header, timeout_s=float(timeout_s) + 5)
         except ServiceError as exc:

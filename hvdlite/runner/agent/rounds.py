@@ -52,6 +52,11 @@ class Rounds:
         if self.service is not None:
             self.service.standby(ids)
 
+    def new_process(self, ids: Sequence[SlotId]) -> None:
+        """New processes start on these slots (their previous ones may not join again)."""
+        if self.service is not None:
+            self.service.new_process(ids)
+
     def ready(self) -> Set[SlotId]:
         """The standby slots whose process waits to join (every one without a store)."""
         return set() if self.service is None else self.service.ready()

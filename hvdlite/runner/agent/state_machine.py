@@ -145,6 +145,9 @@ class Publisher(Protocol):
     def ready(self) -> Set[SlotId]:
         """The standby slots whose worker is waiting to join."""
 
+    def new_process(self, ids: Sequence[SlotId]) -> None:
+        """New processes start on these slots; their previous processes may not join."""
+
 
 @dataclasses.dataclass
 class _Worker:
@@ -217,6 +220,8 @@ class Agent:
         #: members ended for being stopped: their exit is a failure whatever its code (a
         #: worker that gets SIGTERM may leave with 0)
         self._ended_frozen: Set[SlotId] = set()
+        #: static jobs: stopped members already reported (until they run again)
+        self._frozen_said: Set[SlotId] = set()
         self._unformed: List[int] = []        # rounds in a row replaced before they formed
         #: new workers of a round that never formed before training finished: not waited for
         self._excused: Set[SlotId] = set()
@@ -374,19 +379,37 @@ class Agent:
         self._stop(late)
 
     def _end_frozen(self) -> None:
-        """Elastic jobs: end the members whose process has been stopped for
-        :data:`FROZEN_S`; their exits then count as failures, so the next round goes on
-        without them (and the survivors' waits let go as soon as it is open)."""
+        """Members whose process has been stopped for :data:`FROZEN_S`: an elastic job ends
+        them (their exits then count as failures, so the next round goes on without them and
+        the survivors' waits let go as soon as it is open); a static job, which cannot go on
+        without them, says which rank and host every other rank is waiting for."""
         now = time.monotonic()
-        if self.settings.static or now - self._frozen_checked < FROZEN_CHECK_S:
+        if now - self._frozen_checked < FROZEN_CHECK_S:
             return
         self._frozen_checked = now
         members = set(self.round_ids)
         stopped = [sid for sid in self._workers.suspended()
                    if sid in members and sid in self._live and not self._live[sid].stopping]
+        for sid in self._frozen_since:
+            if sid not in stopped and sid in self._frozen_said:
+                log.warning("round %d: rank %d on host %s (worker %s) runs again", self.round,
+                            self._rank_in_round(sid), sid[0], _name(sid))
+        self._frozen_said &= set(stopped)
         self._frozen_since = {sid: self._frozen_since.get(sid, now) for sid in stopped}
         frozen = [sid for sid, since in self._frozen_since.items() if now - since >= FROZEN_S]
         if not frozen:
+            return
+        if self.settings.static:
+            for sid in frozen:
+                if sid not in self._frozen_said:
+                    self._frozen_said.add(sid)
+                    log.warning(
+                        "round %d: rank %d on host %s (worker %s) has been stopped for %.0fs "
+                        "(SIGSTOP, a debugger or a frozen host): every other rank waits for it "
+                        "in its next collective; the job goes on when it runs again, or fails "
+                        "after --op-timeout-seconds%s", self.round, self._rank_in_round(sid),
+                        sid[0], _name(sid), now - self._frozen_since[sid],
+                        "" if self._op_timeout_s is None else f" ({self._op_timeout_s:g}s)")
             return
         log.warning("round %d: worker(s) %s stopped (SIGSTOP, a debugger or a frozen host) for "
                     "%.0fs; ending them so that the others go on without them", self.round,
@@ -667,6 +690,7 @@ class Agent:
         for sid in fresh:
             self._standby[sid] = now
         self._rendezvous.standby(list(self._standby))
+        self._rendezvous.new_process(fresh)
         starting = [dataclasses.replace(slots[sid], local_rank=sid[1]) for sid in fresh]
         not_started = self._workers.start(starting) if starting else {}
         for sid, launched in zip(fresh, starting):
@@ -722,6 +746,8 @@ class Agent:
                     and sid not in self._standby])
         # a new worker is started under its slot id: that is how it joins every round
         starting = [dataclasses.replace(s, local_rank=sid[1]) for sid, s in new]
+        if starting:
+            self._rendezvous.new_process([sid for sid, _ in new])
         not_started = self._workers.start(starting) if starting else {}
         refused: Dict[str, str] = {}
         for (sid, s), launched in zip(new, starting):
