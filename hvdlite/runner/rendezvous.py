@@ -13,6 +13,7 @@ keys live under their own prefix, so rounds never mix.
 
 import base64
 import dataclasses
+import logging
 import threading
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -22,6 +23,8 @@ from hvdlite.common.net.service import Service, ServiceError, is_int
 from hvdlite.runner.agent.blame import MAX_REPORTS, parse_exit_report
 from hvdlite.runner.hosts import SlotInfo
 from hvdlite.runner.metrics_inbox import MetricsInbox
+
+log = logging.getLogger("hvdlite.runner.rendezvous")
 
 
 class KVStoreService(Service):
@@ -138,7 +141,12 @@ class RendezvousService(KVStoreService):
     with it, and a process presenting another token is told to leave -- unless it joins
     for the first time (``after`` -1) after the agent announced a new process for the
     slot (:meth:`new_process`).  So the workers of a task the launcher cut off, back
-    after a partition healed, cannot join beside (or instead of) their replacement.  With ``repeat_last=True`` (a static job)
+    after a partition healed, cannot join beside (or instead of) their replacement.
+
+    A reset nobody left: when every member of the newest round asks for a round after it
+    (a collective failed on every rank, e.g. one rank raised, and no process exited), the
+    store opens the next round with the same members itself -- the agent, which opens
+    rounds when membership changes, has nothing to change.  With ``repeat_last=True`` (a static job)
     a request for a round after the newest one opens the next round with the same
     slots, so ``shutdown()`` then ``init()`` needs nobody to publish.
     """
@@ -160,6 +168,8 @@ class RendezvousService(KVStoreService):
         self._ready: set = set()
         #: slot -> the token of the process that holds it (see the class docstring)
         self._tokens: Dict[Tuple[str, int], str] = {}
+        #: members of the newest round waiting in join_round for a round after it
+        self._asking: set = set()
         self._reports: Dict[Tuple[str, int], dict] = {}
         #: what running ranks report: counters (op ``metrics``) and straggler lines
         self.inbox = MetricsInbox(self._host_of_rank)
@@ -199,6 +209,7 @@ class RendezvousService(KVStoreService):
         with self._cond:
             self._round += 1
             self._places = places
+            self._asking = set()
             self._standby -= set(places)
             self._ready -= set(places)
             self._cond.notify_all()
@@ -212,6 +223,19 @@ class RendezvousService(KVStoreService):
             self._standby = {tuple(i) for i in ids} - set(self._places)
             self._ready &= self._standby
             self._cond.notify_all()
+
+    def _ask_again(self, slot: Tuple[str, int]) -> None:
+        """A member of the newest round waits for a round after it; once every member
+        does, open one with the same members (see the class docstring)."""
+        if slot in self._asking:
+            return
+        self._asking.add(slot)
+        if self._asking >= set(self._places):
+            log.warning("round %d: every one of its %d ranks asked for a new round and none "
+                        "left the job (a collective failed on all of them): opening round "
+                        "%d with the same ranks", self._round, len(self._places),
+                        self._round + 1)
+            self.publish(list(self._places.values()), list(self._places))
 
     def new_process(self, ids: Sequence[Tuple[str, int]]) -> None:
         """New processes are being started on these slots: the first to join each binds
@@ -314,6 +338,8 @@ class RendezvousService(KVStoreService):
             while True:
                 if self._round <= after and self._repeat_last and self._places:
                     self.publish(list(self._places.values()), list(self._places))
+                elif self._round <= after and (host, local_rank) in self._places:
+                    self._ask_again((host, local_rank))
                 if self._round > after:
                     slot = self._places.get((host, local_rank))
                     stale = None if slot is None and (host, local_rank) not in self._standby \
@@ -335,6 +361,7 @@ class RendezvousService(KVStoreService):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._ready.discard((host, local_rank))
+                    self._asking.discard((host, local_rank))
                     raise ServiceError(f"no round after round {after} was opened within "
                                        f"{timeout_s:g}s")
                 self._cond.wait(left)

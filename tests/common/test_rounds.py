@@ -220,3 +220,34 @@ def test_a_standby_slot_waits_for_its_round_and_counts_as_ready():
         for c in clients:
             c.close()
         service.shutdown()
+
+
+def test_when_every_member_asks_for_a_new_round_the_store_opens_one_with_them():
+    """A collective failed on every rank and no process left: nobody would publish a round
+    (membership did not change), so the store opens the next one with the same members --
+    but only once all of them ask."""
+    import threading
+
+    from hvdlite.common.net.service import Client
+
+    key = new_key()
+    service = RendezvousService(key, repeat_last=False, job_id="j")
+    clients = [Client(service.address, key, 20.0) for _ in range(2)]
+    try:
+        service.publish([_slot("a", 0, 0, 2, 1), _slot("b", 0, 1, 2, 1)])
+        for host, c in zip("ab", clients):
+            assert _join(c, host, 0, -1, "t" + host)["round"] == 0
+        answers = {}
+        first = threading.Thread(target=lambda: answers.__setitem__(
+            "a", _join(clients[0], "a", 0, 0, "ta")), daemon=True)
+        first.start()
+        time.sleep(0.5)
+        assert answers == {} and service.round == 0          # one asked: no new round
+        answers["b"] = _join(clients[1], "b", 0, 0, "tb")
+        first.join(5)
+        assert answers["a"]["round"] == answers["b"]["round"] == 1, answers
+        assert (answers["a"]["rank"], answers["b"]["rank"]) == (0, 1)
+    finally:
+        for c in clients:
+            c.close()
+        service.shutdown()
