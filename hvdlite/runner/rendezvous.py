@@ -143,10 +143,11 @@ class RendezvousService(KVStoreService):
     slot (:meth:`new_process`).  So the workers of a task the launcher cut off, back
     after a partition healed, cannot join beside (or instead of) their replacement.
 
-    A reset nobody left: when every member of the newest round asks for a round after it
-    (a collective failed on every rank, e.g. one rank raised, and no process exited), the
-    store opens the next round with the same members itself -- the agent, which opens
-    rounds when membership changes, has nothing to change.  With ``repeat_last=True`` (a static job)
+    A reset nobody left: :meth:`all_asking` tells the agent when every member of the newest
+    round asks for a round after it (a collective failed on every rank, e.g. one rank
+    raised, and no process exited); the agent, which otherwise opens rounds only when
+    membership changes, then opens one with the same members.  ``waker`` (see
+    :meth:`set_waker`) is called the moment that happens.  With ``repeat_last=True`` (a static job)
     a request for a round after the newest one opens the next round with the same
     slots, so ``shutdown()`` then ``init()`` needs nobody to publish.
     """
@@ -170,6 +171,7 @@ class RendezvousService(KVStoreService):
         self._tokens: Dict[Tuple[str, int], str] = {}
         #: members of the newest round waiting in join_round for a round after it
         self._asking: set = set()
+        self._waker: Optional[Callable[[], None]] = None
         self._reports: Dict[Tuple[str, int], dict] = {}
         #: what running ranks report: counters (op ``metrics``) and straggler lines
         self.inbox = MetricsInbox(self._host_of_rank)
@@ -225,17 +227,23 @@ class RendezvousService(KVStoreService):
             self._cond.notify_all()
 
     def _ask_again(self, slot: Tuple[str, int]) -> None:
-        """A member of the newest round waits for a round after it; once every member
-        does, open one with the same members (see the class docstring)."""
+        """A member of the newest round waits for a round after it; the agent is woken once
+        every member does (see the class docstring)."""
         if slot in self._asking:
             return
         self._asking.add(slot)
-        if self._asking >= set(self._places):
-            log.warning("round %d: every one of its %d ranks asked for a new round and none "
-                        "left the job (a collective failed on all of them): opening round "
-                        "%d with the same ranks", self._round, len(self._places),
-                        self._round + 1)
-            self.publish(list(self._places.values()), list(self._places))
+        if self._asking >= set(self._places) and self._waker is not None:
+            self._waker()
+
+    def all_asking(self, round_: int) -> bool:
+        """Does every member of ``round_``, the newest round, wait for a round after it?"""
+        with self._cond:
+            return round_ == self._round and bool(self._places) and \
+                self._asking >= set(self._places)
+
+    def set_waker(self, waker: Callable[[], None]) -> None:
+        """Call ``waker()`` (thread-safe, quick) when every member asks for a new round."""
+        self._waker = waker
 
     def new_process(self, ids: Sequence[Tuple[str, int]]) -> None:
         """New processes are being started on these slots: the first to join each binds

@@ -222,31 +222,38 @@ def test_a_standby_slot_waits_for_its_round_and_counts_as_ready():
         service.shutdown()
 
 
-def test_when_every_member_asks_for_a_new_round_the_store_opens_one_with_them():
+def test_the_store_tells_when_every_member_asks_for_a_new_round():
     """A collective failed on every rank and no process left: nobody would publish a round
-    (membership did not change), so the store opens the next one with the same members --
-    but only once all of them ask."""
+    (membership did not change), so the store wakes the agent once every member asks for
+    one -- not before -- and the agent reopens the same members."""
     import threading
 
     from hvdlite.common.net.service import Client
 
     key = new_key()
     service = RendezvousService(key, repeat_last=False, job_id="j")
+    woken = threading.Event()
+    service.set_waker(woken.set)
     clients = [Client(service.address, key, 20.0) for _ in range(2)]
     try:
-        service.publish([_slot("a", 0, 0, 2, 1), _slot("b", 0, 1, 2, 1)])
+        slots = [_slot("a", 0, 0, 2, 1), _slot("b", 0, 1, 2, 1)]
+        service.publish(slots)
         for host, c in zip("ab", clients):
             assert _join(c, host, 0, -1, "t" + host)["round"] == 0
         answers = {}
-        first = threading.Thread(target=lambda: answers.__setitem__(
-            "a", _join(clients[0], "a", 0, 0, "ta")), daemon=True)
-        first.start()
-        time.sleep(0.5)
-        assert answers == {} and service.round == 0          # one asked: no new round
-        answers["b"] = _join(clients[1], "b", 0, 0, "tb")
-        first.join(5)
+        asks = [threading.Thread(target=lambda h=h, c=c: answers.__setitem__(
+                    h, _join(c, h, 0, 0, "t" + h)), daemon=True)
+                for h, c in zip("ab", clients)]
+        asks[0].start()
+        time.sleep(0.3)
+        assert not woken.is_set() and not service.all_asking(0)      # one asked
+        asks[1].start()
+        assert woken.wait(5) and service.all_asking(0)
+        service.publish(slots)                                        # what the agent does
+        for t in asks:
+            t.join(5)
         assert answers["a"]["round"] == answers["b"]["round"] == 1, answers
-        assert (answers["a"]["rank"], answers["b"]["rank"]) == (0, 1)
+        assert not service.all_asking(1)
     finally:
         for c in clients:
             c.close()

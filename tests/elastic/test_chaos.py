@@ -85,7 +85,7 @@ def run_chaos(tmp_path, seed, faults, steps, gap_s):
     assert abs(result["bias"][0] - bias[0]) < 1e-5, (what, result)
     assert "injected fault" in out, (what, out)
     # the raise is every rank's reset with nobody gone: the store reopened the same ranks
-    assert "asked for a new round and none left the job" in out, (what, out)
+    assert "left it and asks for a new one, and none exited" in out, (what, out)
     deadline = time.monotonic() + 15
     while _leftovers(job) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -135,6 +135,7 @@ class FakeRounds:
         self.standing: set = set()    # slots started ahead of their round
         self.hold_standby = False     # they never come to wait to join
         self.new_processes: list = []  # slots announced to take a new process, in order
+        self.asking_round = None      # a round whose members all ask for a new one
 
     def publish(self, slots, ids):
         self.rounds.append(list(slots))
@@ -152,6 +153,12 @@ class FakeRounds:
 
     def new_process(self, ids):
         self.new_processes.extend(ids)
+
+    def all_asking(self, round_):
+        return self.asking_round == round_
+
+    def set_waker(self, waker):
+        self.waker = waker
 
     def ready(self):
         """Standby workers wait to join at once, unless a test holds them back."""
@@ -793,3 +800,19 @@ def test_task_workers_through_local_tasks(capfd, caplog):
     assert "[2]<stdout>:JOINED round=1 rank=1 size=2 slot=127.0.0.1:0" in out
     assert "[0]<stdout>:JOINED round=1 rank=0 size=2 slot=localhost:0" in out
     assert "[2]<stdout>:DONE slot=127.0.0.1:0" in out
+
+
+def test_a_round_whose_members_all_ask_for_a_new_one_is_reopened_as_a_reset():
+    """Every rank left the round (a collective failed on all) and none exited: the agent
+    reopens the same members, and that counts against --reset-limit."""
+    job = Job(FakeDiscovery("a:1,b:1"), np=2, reset_limit=1)
+    assert job.wait_round(0) == [("a", 0), ("b", 0)]
+    job.rounds.asking_round = 0
+    job.rounds.waker()
+    assert job.wait_round(1) == [("a", 0), ("b", 0)] and job.driver.resets == 1
+    assert job.workers.started == [("a", 0), ("b", 0)]        # nobody started again
+    job.rounds.asking_round = 1
+    job.rounds.waker()
+    wait_for(lambda: job.driver.state is State.FAILED)
+    assert "--reset-limit is 1" in job.driver.error and "asks for a new one" in job.driver.error
+    assert job.finish() == 1

@@ -310,7 +310,10 @@ class GlooBackend(Backend):
         else:
             opts._devices = [dist.ProcessGroupGloo.create_default_device()]
         try:
-            return dist.ProcessGroupGloo(store, rank, size, opts)
+            return gloo_waits.build(lambda: dist.ProcessGroupGloo(store, rank, size, opts),
+                                    self._watch, "connection to its peers")
+        except HvdliteRoundSupersededError:
+            raise
         except Exception as exc:
             if client.superseded_by is not None:      # the store's wait said so, not Gloo
                 raise HvdliteRoundSupersededError(

@@ -141,6 +141,38 @@ def wait(work, timeout_s: float, what: str, watch: Optional[RoundWatch]) -> Any:
         watch.check(what)
 
 
+def build(make: Callable[[], Any], watch: Optional[RoundWatch], what: str) -> Any:
+    """``make()`` (e.g. a process group's constructor, which connects to every peer and
+    retries a dead one until the op timeout), given up once a newer round is open: it runs
+    on a daemon thread the caller waits for in slices; an abandoned one ends on its own
+    (its result dropped).
+
+    Raises:
+        HvdliteRoundSupersededError: a newer round is open.
+        Exception: what ``make()`` raised.
+    """
+    if watch is None:
+        return make()
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["value"] = make()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="hvdlite-gloo-connect", daemon=True)
+    thread.start()
+    while True:
+        thread.join(SLICE_S)
+        if not thread.is_alive():
+            break
+        watch.check(what)
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
+
+
 _GRAVES: List[Tuple[float, list]] = []
 
 

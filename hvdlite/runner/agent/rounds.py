@@ -29,6 +29,7 @@ class Rounds:
         self._repeat_last = repeat_last
         self._needed = needed
         self._count = -1
+        self._waker: Optional[Callable[[], None]] = None
         self.service: Optional[RendezvousService] = None
 
     def publish(self, slots: Sequence[SlotInfo], ids: Sequence[SlotId]) -> int:
@@ -40,6 +41,8 @@ class Rounds:
             self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
                                              bind_addr=self._bind_addr(), job_id=self._job_id,
                                              extra_ops=self._extra_ops)
+            if self._waker is not None:
+                self.service.set_waker(self._waker)
         return self.service.publish(slots, ids)
 
     def formed(self, round_: int) -> bool:
@@ -56,6 +59,16 @@ class Rounds:
         """New processes start on these slots (their previous ones may not join again)."""
         if self.service is not None:
             self.service.new_process(ids)
+
+    def all_asking(self, round_: int) -> bool:
+        """Does every member of ``round_`` wait for a round after it (none left)?"""
+        return self.service is not None and self.service.all_asking(round_)
+
+    def set_waker(self, waker: Callable[[], None]) -> None:
+        """Call ``waker()`` when every member of the newest round asks for a new one."""
+        self._waker = waker
+        if self.service is not None:
+            self.service.set_waker(waker)
 
     def ready(self) -> Set[SlotId]:
         """The standby slots whose process waits to join (every one without a store)."""

@@ -56,6 +56,10 @@ gets its host (or slot) blacklisted like a member's; one that does not wait to j
 within ``--elastic-timeout`` is ended the same way.  Rounds forced by a failure, and
 rounds that could not reach ``--min-np`` without them, take the new slots at once.
 
+A reset nobody left.  When every member of the round asks the store for a new one and none
+exited (a collective failed on all ranks, e.g. one rank raised), the agent opens a round
+with the same members, counted as a reset like any other.
+
 Success.  Once a worker of the newest round exits 0, training is over: the job
 stops changing rounds (FINISHING) and succeeds when every worker of the round has
 exited 0; a failure of one of them now fails the job, and so does a worker of the
@@ -148,6 +152,12 @@ class Publisher(Protocol):
     def new_process(self, ids: Sequence[SlotId]) -> None:
         """New processes start on these slots; their previous processes may not join."""
 
+    def all_asking(self, round_: int) -> bool:
+        """Does every member of ``round_`` wait for a round after it, none having left?"""
+
+    def set_waker(self, waker) -> None:
+        """Call ``waker()`` when :meth:`all_asking` becomes true."""
+
 
 @dataclasses.dataclass
 class _Worker:
@@ -188,6 +198,7 @@ class Agent:
         self._workers = workers
         self._rendezvous = rendezvous
         self._wake = threading.Event()
+        rendezvous.set_waker(self.wake)
         self._stop_requested = threading.Event()
         self._poller = DiscoveryPoller(discovery, self.wake, discovery_interval_s)
         self._can_change = discovery.can_change
@@ -524,6 +535,13 @@ class Agent:
             self._need_round("worker " + ", ".join(
                 f"{_name(s)} {describe_exit(c)}" for s, c in failures),
                 peers_only=all(s in self._peer_failed for s, _ in failures))
+            return
+        if not self.settings.static and self._rendezvous.all_asking(self.round):
+            why = (f"every rank of round {self.round} left it and asks for a new one, and "
+                   f"none exited (a collective failed on all of them): the same "
+                   f"{_count(len(self.round_ids), 'worker')} again")
+            log.warning("round %d: %s", self.round, why)
+            self._need_round(why)
             return
         plan = self._plan()
         if plan is None:

@@ -37,6 +37,10 @@ while True:
     if a.done_file and os.path.exists(a.done_file):
         print(f"DONE slot={me}", flush=True)
         sys.exit(0)
+    # like a real rank, ask for the next round only once it is open (a rank asks while
+    # still in its round only when that round failed: when all do, the agent reopens it)
+    if last >= 0 and store.await_round(last, 0.3) <= last:
+        continue
     try:
         place = store.join_round(last, host, local, timeout_s=0.3)
     except HvdliteRemovedError:
