@@ -71,6 +71,7 @@ def run_chaos(tmp_path, seed, faults, steps, gap_s):
                 continue
             done.append((action, host))
         slow.unlink()
+        print(f"chaos seed {seed}: faults applied {done}", flush=True)
         code = job.finish(240)
     finally:
         job.kill()
