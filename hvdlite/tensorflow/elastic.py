@@ -24,7 +24,31 @@ from hvdlite.tensorflow.functions import broadcast_object, broadcast_variables
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
 
-_INTERNAL = HvdliteInternalError.__name__
+
+
+def _internal_names():
+    """``HvdliteInternalError`` and the names of its subclasses (a wait given up for a newer
+    round, a timeout, a stall): any of them inside a TensorFlow error means a reset."""
+    names, todo = [], [HvdliteInternalError]
+    while todo:
+        cls = todo.pop()
+        names.append(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
+
+
+def as_internal_error(text: str):
+    """The ``HvdliteInternalError`` a TensorFlow error's message wraps (any subclass: a wait
+    given up for a newer round, a timeout, a stall), or None when it wraps none."""
+    names = [n for n in _internal_names() if n in text]
+    if not names:
+        return None
+    # the runtime's own message, without TensorFlow's graph traceback around it
+    for line in text.splitlines():
+        for n in names:
+            if line.startswith(n + ":"):
+                return HvdliteInternalError(line[len(n) + 1:].strip() or text)
+    return HvdliteInternalError(text)
 
 
 def run(func):
@@ -51,13 +75,10 @@ def run(func):
         try:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as exc:
-            text = exc.message or ""
-            if _INTERNAL not in text:
+            internal = as_internal_error(exc.message or "")
+            if internal is None:
                 raise
-            # the runtime's own message, without TensorFlow's graph traceback around it
-            line = next((ln for ln in text.splitlines() if ln.startswith(_INTERNAL + ":")),
-                        text)
-            raise HvdliteInternalError(line[len(_INTERNAL) + 1:].strip() or text) from exc
+            raise internal from exc
 
     return run_fn(unwrapped)
 

@@ -50,3 +50,21 @@ def test_tf_worker_killed_in_tf_function_allreduce_job_finishes_from_last_commit
     for got, want in zip(res["weights"], res["reference"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert "RESET" in out, out[-6000:]
+
+
+def test_a_tf_error_wrapping_any_internal_error_is_a_reset():
+    """Inside tf.function the runtime's error reaches Python as a TensorFlow error naming its
+    class: a wait given up for a newer round (HvdliteRoundSupersededError, frequent since
+    waits are sliced at 50 ms) must reset like HvdliteInternalError itself, not end the rank
+    (it did: the rank exited 1 and the job waited for --elastic-timeout)."""
+    pytest.importorskip("tensorflow")
+    from hvdlite.common.exceptions import HvdliteInternalError
+    from hvdlite.tensorflow.elastic import as_internal_error
+
+    for name in ("HvdliteInternalError", "HvdliteRoundSupersededError",
+                 "HvdliteTimeoutError", "HvdliteStallError"):
+        text = f"Traceback (most recent call last):\n  ...\n{name}: rank 0: gave up\n [[{{node}}]]"
+        err = as_internal_error(text)
+        assert isinstance(err, HvdliteInternalError) and str(err) == "rank 0: gave up", name
+    assert as_internal_error("ValueError: bad shape") is None
+    assert as_internal_error("HvdliteMismatchError: shapes differ") is None

@@ -222,6 +222,7 @@ class GlooBackend(Backend):
                 group.close()
             return
         self._shm = group
+        group.watch = self._watch
         if self.cross_size > 1:
             # the hosts' slices meet among the ranks with this local rank
             cross = _store_client(config)

@@ -139,6 +139,9 @@ class SharedMemoryGroup:
         self._pieces = int(self._progress[_COPIED_OUT][local_rank])
         self._set = 0
         self._last_peer_check = 0.0
+        #: elastic jobs: a ``gloo_waits.RoundWatch``; a wait ends once a newer round is open
+        #: (a local peer that moved on to it will never come back to this collective)
+        self.watch = None
 
     @classmethod
     def create(cls, local_size, slot_bytes, job_ranks, timeout_s, path=None):
@@ -261,6 +264,8 @@ class SharedMemoryGroup:
                 self._check_peers(counters, g, waited)
 
     def _check_peers(self, counters, g: int, waited: float) -> None:
+        if self.watch is not None:
+            self.watch.check("shared-memory collective")
         late = [r for r in range(self.local_size) if counters[r] < g]
         for r in late:
             pid = int(self._pids[r])
