@@ -71,13 +71,20 @@ class Job:
         return "\n".join(line for _, line in self.lines)
 
 
+def cmdline(pid):
+    """A process's command line ("" once it is gone)."""
+    try:
+        return open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+    except OSError:
+        return ""
+
+
 def leftovers(tb, host):
     """Processes on ``host`` other than its own sshd listener."""
     left = []
     for pid in tb.pids(host):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
-        except OSError:
+        cmd = cmdline(pid)
+        if not cmd:
             continue
         if not cmd.endswith("[listener] 0 of 10-100 startups") and "sshd -D -e -f" not in cmd:
             left.append(f"{pid}: {cmd[:120]}")

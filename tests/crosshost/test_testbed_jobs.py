@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import REPO, Job, leftovers
+from .conftest import REPO, Job, cmdline, leftovers
 
 ELASTIC_WORKERS = os.path.join(REPO, "tests", "elastic", "workers")
 
@@ -138,14 +138,7 @@ def test_a_cut_link_ends_the_job_naming_the_unreachable_host(testbed):
 
 
 def _worker_pids(tb, host):
-    return [pid for pid in tb.pids(host) if "elastic_train.py" in _cmdline(pid)]
-
-
-def _cmdline(pid):
-    try:
-        return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
-    except OSError:
-        return ""
+    return [pid for pid in tb.pids(host) if "elastic_train.py" in cmdline(pid)]
 
 
 def _wait_for_nth(job, text, n, timeout_s):

@@ -716,7 +716,8 @@ class Agent:
                 del self._standby[sid]
             else:
                 self._live[sid] = _Worker(launched, self.round)
-        self._rendezvous.standby(list(self._standby))
+        if not_started:
+            self._rendezvous.standby(list(self._standby))
         started = [sid for sid in fresh if sid in self._standby]
         if started:
             log.warning("round %d: starting %s ahead of the next round (%s); it opens once "
