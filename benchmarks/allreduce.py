@@ -439,7 +439,8 @@ def restart_hvdlite(fusion_threshold, extra_env=None):
 def tune(args, shapes, rank):
     """Runs steps of the tuned workload under --autotune until rank 0 keeps its best; returns
     (environment that sets those parameters, a description, seconds spent, samples)."""
-    from hvdlite.common import basics, observers
+    from hvdlite.common import basics
+    from hvdlite.common.diagnostics import observers
     restart_hvdlite(None, {"HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "1",
                            "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": str(args.autotune_steps),
                            "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(args.autotune_samples)})

@@ -14,7 +14,7 @@ Four sources of numbers, kept apart in the table and the JSON:
 
 * ``process`` rows: real processes through ``hvdlite-run -np N --no-shared-memory`` (Gloo over TCP
   loopback, so every control collective takes the cross-host code path).  Each rank builds the
-  real :class:`~hvdlite.common.runtime.Runtime` on the real :class:`GlooBackend`; the benchmark
+  real :class:`~hvdlite.common.engine.runtime.Runtime` on the real :class:`GlooBackend`; the benchmark
   only wraps the backend in :class:`TimedBackend` (a delegating proxy that times the two control
   collectives) and replaces the runtime's controller, before the thread starts, by
   :class:`TimedController` (a :class:`Controller` subclass that times ``ingest``).  No runtime
@@ -50,7 +50,7 @@ the requests + decode + controller).  Rank 0's background thread reports, per cy
 allreduce's wall time, the allgather's wall time and bytes, decode+ingest time, and the thread's
 CPU time.  Medians are reported.
 
-Exact (not measured) columns come from the control-vector layout in ``hvdlite/common/runtime.py``:
+Exact (not measured) columns come from the control-vector layout in ``hvdlite/common/engine/runtime.py``:
 ``4 * (4 + Parameters.WIDTH + np + cache_capacity)`` bytes per rank per cycle.
 
 ``--json FILE`` writes every row, the fits and the predictions; ``--plot FILE.png`` draws them
@@ -80,15 +80,15 @@ if REPO not in sys.path:          # for tests.common.loopback (the thread harnes
 
 import numpy as np                                           # noqa: E402
 
-from hvdlite.common import control_vector as cv              # noqa: E402
+from hvdlite.common.engine import control_vector as cv              # noqa: E402
 from hvdlite.common.backend.base import Backend              # noqa: E402
 from hvdlite.common.config import Config                     # noqa: E402
-from hvdlite.common.controller import Controller             # noqa: E402
-from hvdlite.common.message import (OpType, ReduceOp, Request,  # noqa: E402
+from hvdlite.common.engine.controller import Controller             # noqa: E402
+from hvdlite.common.engine.message import (OpType, ReduceOp, Request,  # noqa: E402
                                     decode_requests, encode_requests)
-from hvdlite.common.parameters import Parameters             # noqa: E402
-from hvdlite.common.runtime import Runtime                   # noqa: E402
-from hvdlite.common.tensor_queue import Entry, Handle        # noqa: E402
+from hvdlite.common.engine.parameters import Parameters             # noqa: E402
+from hvdlite.common.engine.runtime import Runtime                   # noqa: E402
+from hvdlite.common.engine.tensor_queue import Entry, Handle        # noqa: E402
 
 #: the int32 fields in front of the per-rank alive flags (need, -len, stall, version, params)
 HEADER_INTS = 6 + Parameters.WIDTH
@@ -104,7 +104,7 @@ FIT_MAX_NP = 64
 
 def control_vector_bytes(size: int, cache_capacity: int) -> int:
     """Bytes of hvdlite's per-cycle control vector (every rank contributes one); the same at
-    every size since the vector became O(1) (hvdlite/common/control_vector.py)."""
+    every size since the vector became O(1) (hvdlite/common/engine/control_vector.py)."""
     return 4 * cv.length(cache_capacity)
 
 
@@ -399,7 +399,7 @@ def run_process_job(size: int, args, hosts: Optional[str] = None,
                 where += ["--ssh-port", str(args.ssh_port)]
             if args.ssh_identity:
                 where += ["--ssh-identity-file", args.ssh_identity]
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(size), *where,
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(size), *where,
                "--start-timeout", str(int(args.run_timeout)),
                sys.executable, os.path.abspath(__file__), "--worker",
                "--out", out, "--tensors", str(args.tensors), "--hit-steps", str(args.hit_steps),

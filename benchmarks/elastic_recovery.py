@@ -82,7 +82,7 @@ class _Job:
             f.write(f"#!/bin/sh\ncat {self.hosts}\n")
         os.chmod(script, 0o755)
         self.log = os.path.join(workdir, f"job{time.monotonic_ns()}.out")
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np), "--min-np", "1",
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np), "--min-np", "1",
                "--max-np", str(max_np), "--host-discovery-script", script,
                sys.executable, HERE, "--worker", *worker_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -5,7 +5,7 @@
 
 Four single-slot "hosts" that are all this machine (distinct names for it taken from
 ``local_addresses()``: ``localhost``, ``127.0.0.1``, the host name, an interface's
-IPv4 address) run an elastic torch job through ``python -m hvdlite.runner.launch``
+IPv4 address) run an elastic torch job through ``python -m hvdlite.runner.cli.launch``
 (``-np 4 --min-np 2 --max-np 4``).  A discovery script always lists all four hosts;
 a killed worker's host is blacklisted for 1-2 s (``--blacklist-cooldown-range``),
 then discovery offers it again and a replacement worker starts and joins.  This
@@ -235,7 +235,7 @@ class Job:
         self.lock = threading.Lock()
         self.steps, self.faults, self.resets, self.driver, self.enters0 = [], [], [], [], []
         self.hosts_of, self.entered, self.done, self.sums = {}, set(), False, {}
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(NUM_HOSTS),
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(NUM_HOSTS),
                "--min-np", "2", "--max-np", str(NUM_HOSTS), "--host-discovery-script", script,
                "--blacklist-cooldown-range", "1", "2", "--reset-limit", "10000",
                "--log-level", log_level,

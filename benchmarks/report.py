@@ -57,7 +57,7 @@ class Job:
 
     def run(self, tmp: str) -> None:
         out = os.path.join(tmp, f"{self.key}.json")
-        launcher = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(self.np)]
+        launcher = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(self.np)]
         if self.backend == "mpi":
             launcher.append("--mpi")
         cmd = launcher + self.launcher_args + [sys.executable,
@@ -119,8 +119,8 @@ def timeline_writer_cost(steps: int = 40) -> dict:
     """In this process: what the timeline costs per ResNet-50-like step (161 tensors, 150 of
     them fused), recording on the background thread and formatting on the writer thread."""
     sys.path.insert(0, REPO)
-    from hvdlite.common.recorder import COLLECTIVE, COPY_IN, COPY_OUT
-    from hvdlite.common.timeline_writer import Timeline
+    from hvdlite.common.diagnostics.recorder import COLLECTIVE, COPY_IN, COPY_OUT
+    from hvdlite.common.diagnostics.timeline_writer import Timeline
     with tempfile.TemporaryDirectory() as tmp:
         tl = Timeline(os.path.join(tmp, "t.json"), backend_name="gloo", flush_interval_s=1e6)
         names = [f"bench.resnet50.{i}" for i in range(161)]

@@ -31,7 +31,7 @@ def launch(np_, mode, workloads, impls, rounds, bert_layers, steps=(), hosts=Non
     """One allreduce.py launch; returns its JSON rows, or raises with its output."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np_)]
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np_)]
         if mode == "mpi":
             cmd.append("--mpi")
         if hosts:

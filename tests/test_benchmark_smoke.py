@@ -17,7 +17,7 @@ WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
 @pytest.mark.timeout(120)
 def test_allreduce_benchmark_smoke(tmp_path):
     out_json = tmp_path / "allreduce.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable,
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
            str(REPO / "benchmarks" / "allreduce.py"), "--iters", "1", "--warmup", "1",
            "--rounds", "1", "--bert-layers", "1", "--json", str(out_json)]
     env = dict(os.environ)

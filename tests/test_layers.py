@@ -15,9 +15,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "hvdlite")
 #: the modules that spell variable names: the tunables' table, the launcher-set names, and
-#: config.py (Horovod's variables that have no effect here)
-NAME_MODULES = tuple(os.path.join("hvdlite", "common", f)
-                     for f in ("tunables.py", "env_names.py", "config.py"))
+#: the config package itself (Horovod's variables that have no effect here)
+NAME_MODULES = tuple(os.path.join("hvdlite", "common", "config", f)
+                     for f in ("tunables.py", "env_names.py", "__init__.py"))
 #: a full variable name, not the ``HVDLITE_*`` pattern of a help text
 _VAR_NAME = re.compile(r"\bHVDLITE_[A-Z0-9][A-Z0-9_]*")
 #: a full Horovod variable name (its tuning names too are spelled only in NAME_MODULES)
@@ -157,26 +157,16 @@ def test_common_imports_no_launcher_or_framework_binding(graph):
 #: module imports only modules of its own layer or of a lower one
 _COMMON_LAYERS = (
     ("leaves", ("hvdlite.common.config", "hvdlite.common.exceptions",
-                "hvdlite.common.env_names", "hvdlite.common.log_levels",
-                "hvdlite.common.tunables", "hvdlite.common.secret_env",
-                "hvdlite.common.launcher_detection", "hvdlite.common.api_docs",
-                "hvdlite.common.slurm", "hvdlite.common.fault_injection")),
+                "hvdlite.common.api_docs", "hvdlite.common.fault_injection",
+                "hvdlite.common.slurm.environment")),
     ("net", ("hvdlite.common.net",)),
-    ("buffers and messages", ("hvdlite.common.arrays", "hvdlite.common.message")),
+    ("buffers and messages", ("hvdlite.common.arrays", "hvdlite.common.engine.message")),
     ("backend", ("hvdlite.common.backend",)),
-    ("runtime", ("hvdlite.common.runtime", "hvdlite.common.controller",
-                 "hvdlite.common.executor", "hvdlite.common.fusion",
-                 "hvdlite.common.response_cache", "hvdlite.common.tensor_queue",
-                 "hvdlite.common.adasum", "hvdlite.common.parameters",
-                 "hvdlite.common.recorder", "hvdlite.common.observers",
-                 "hvdlite.common.timeline_writer", "hvdlite.common.autotune",
-                 "hvdlite.common.stack_report", "hvdlite.common.flight_recorder",
-                 "hvdlite.common.stragglers", "hvdlite.common.metrics_counters",
-                 "hvdlite.common.control_vector")),
+    ("engine and diagnostics", ("hvdlite.common.engine", "hvdlite.common.diagnostics")),
     ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets",
-                "hvdlite.common.exit_report", "hvdlite.common.srun_step")),
+                "hvdlite.common.slurm")),
     ("op layer", ("hvdlite.common.ops",)),
-    ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic",
+    ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic_state",
                            "hvdlite.common.compression",
                            "hvdlite.common.powersgd_settings")),
 )
@@ -205,7 +195,7 @@ def _upward_imports(graph: Dict[str, List[Import]]) -> List[Tuple[str, Import]]:
 
 
 def test_every_common_module_has_a_layer(graph):
-    loose = [m for m in graph if _within(m, ["hvdlite.common"]) and m != "hvdlite.common"
+    loose = [m for m in graph if _within(m, ["hvdlite.common"]) and graph[m]
              and _common_layer(m) is None]
     assert not loose, f"add these to _COMMON_LAYERS (and docs/architecture.md): {loose}"
 
@@ -220,9 +210,9 @@ def test_common_layers_import_only_downwards(graph):
 def test_the_layer_check_sees_an_upward_import():
     """Not vacuous: the backend importing the runtime, even inside a function, is caught;
     the runtime importing the backend is not."""
-    up = Import("hvdlite.common.runtime", "x.py", 1, True)
+    up = Import("hvdlite.common.engine.runtime", "x.py", 1, True)
     down = Import("hvdlite.common.backend.base", "y.py", 2, False)
-    graph = {"hvdlite.common.backend.shm": [up], "hvdlite.common.runtime": [down]}
+    graph = {"hvdlite.common.backend.shm": [up], "hvdlite.common.engine.runtime": [down]}
     assert _upward_imports(graph) == [("hvdlite.common.backend.shm", up)]
 
 
@@ -300,7 +290,7 @@ def _names_outside_config(pattern, allowed=frozenset()) -> List[str]:
 
 def test_hvdlite_variable_names_are_spelled_only_in_config():
     bad = _names_outside_config(_VAR_NAME)
-    assert not bad, "spell these with the constants of hvdlite/common/config.py:\n" + \
+    assert not bad, "spell these with the constants of hvdlite/common/config:\n" + \
         "\n".join(bad)
 
 
@@ -335,3 +325,75 @@ def test_the_pattern_catches_a_horovod_name_in_code():
     found = [n for node in ast.walk(tree) if isinstance(node, ast.Constant)
              and isinstance(node.value, str) for n in _HOROVOD_NAME.findall(node.value)]
     assert sorted(found) == ["HOROVOD_CYCLE_TIME", "HOROVOD_RANK"]
+
+
+#: the launcher's packages, lowest first: a module imports only its own package or a
+#: lower one (``hvdlite.runner.api`` and ``__main__`` sit on top of them all)
+_RUNNER_LAYERS = ("hvdlite.runner.processes", "hvdlite.runner.hosts", "hvdlite.runner.store",
+                  "hvdlite.runner.tasks", "hvdlite.runner.slurm", "hvdlite.runner.starters",
+                  "hvdlite.runner.agent", "hvdlite.runner.cli",
+                  ("hvdlite.runner.api", "hvdlite.runner.__main__"))
+
+
+def _runner_layer(module: str):
+    for index, prefixes in enumerate(_RUNNER_LAYERS):
+        if _within(module, prefixes if isinstance(prefixes, tuple) else (prefixes,)):
+            return index
+    return None
+
+
+def test_every_runner_module_has_a_layer(graph):
+    loose = [m for m in graph if _within(m, ["hvdlite.runner"]) and graph[m]
+             and _runner_layer(m) is None]
+    assert not loose, f"add these to _RUNNER_LAYERS (and docs/architecture.md): {loose}"
+
+
+def test_runner_packages_import_only_downwards(graph):
+    bad = [(m, i) for m, imps in graph.items() if _runner_layer(m) is not None
+           for i in imps if _runner_layer(i.target) is not None
+           and _runner_layer(i.target) > _runner_layer(m)]
+    assert not bad, "a package of hvdlite.runner imports a higher one:\n" + _edges(bad)
+
+
+def test_platforms_sit_on_the_launcher_and_not_on_each_other(graph):
+    """Ray and Spark use the launcher; neither imports the other, and nothing below them
+    imports either."""
+    platforms = ("hvdlite.ray", "hvdlite.spark")
+    bad = [(m, i) for m, imps in graph.items() for i in imps
+           if _within(i.target, platforms) and not _within(m, platforms)]
+    bad += [(m, i) for m, imps in graph.items() for i in imps
+            for a, b in (platforms, platforms[::-1])
+            if _within(m, [a]) and _within(i.target, [b])]
+    assert not bad, "an import of a platform from outside it:\n" + _edges(bad)
+
+
+#: how many modules a package may hold beside its sub-packages
+MAX_LOOSE_MODULES = 12
+
+
+def test_no_package_is_a_flat_bag():
+    crowded = {}
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        loose = [f for f in files if f.endswith(".py") and f not in ("__init__.py",
+                                                                     "__main__.py")]
+        if len(loose) > MAX_LOOSE_MODULES:
+            crowded[os.path.relpath(folder, ROOT)] = len(loose)
+    assert not crowded, f"more than {MAX_LOOSE_MODULES} modules in one package: {crowded}"
+
+
+def test_every_package_says_what_it_owns():
+    """Each sub-package of common/ and runner/ has a docstring that says what it holds and
+    what it may import."""
+    bare = []
+    for base in ("common", "runner"):
+        for folder, dirs, _ in os.walk(os.path.join(PACKAGE, base)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            if folder == os.path.join(PACKAGE, base):
+                continue
+            init = os.path.join(folder, "__init__.py")
+            with open(init, encoding="utf-8") as f:
+                doc = ast.get_docstring(ast.parse(f.read())) or ""
+            if "import" not in doc.lower():
+                bare.append(os.path.relpath(init, ROOT))
+    assert not bare, "say what the package owns and may import in: " + ", ".join(bare)

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(90)
 def test_tiny_ops_benchmark_smoke(tmp_path):
     out_json = tmp_path / "tiny.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable,
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
            str(REPO / "benchmarks" / "tiny_ops.py"), "--tensors", "50", "--floats", "8",
            "--steps", "2", "--warmup", "1", "--rounds", "1", "--json", str(out_json)]
     env = dict(os.environ)

@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from hvdlite.common.message import ReduceOp
+from hvdlite.common.engine.message import ReduceOp
 
 _SUM, _MIN, _MAX, _PRODUCT = (int(ReduceOp.SUM), int(ReduceOp.MIN), int(ReduceOp.MAX),
                               int(ReduceOp.PRODUCT))

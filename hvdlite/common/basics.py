@@ -19,15 +19,19 @@ import threading
 import weakref
 from typing import Callable, List, Optional
 
-from hvdlite.common import (arrays, exit_report, flight_recorder, metrics_counters, observers,
-                            srun_step)
+from hvdlite.common import arrays
+from hvdlite.common.diagnostics import exit_report
+from hvdlite.common.diagnostics import flight_recorder
+from hvdlite.common.diagnostics import metrics_counters
+from hvdlite.common.diagnostics import observers
+from hvdlite.common.slurm import srun_step
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteNotInitializedError)
-from hvdlite.common.recorder import NULL, Recorder
-from hvdlite.common.runtime import Runtime
+from hvdlite.common.diagnostics.recorder import NULL, Recorder
+from hvdlite.common.engine.runtime import Runtime
 
 log = logging.getLogger("hvdlite")
 

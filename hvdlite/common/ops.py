@@ -26,10 +26,10 @@ from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.process_sets import ProcessSet, global_process_set  # noqa: F401
-from hvdlite.common.recorder import NULL, Recorder
+from hvdlite.common.diagnostics.recorder import NULL, Recorder
 from hvdlite.common.arrays import DTYPE_NAMES, dtype_name
-from hvdlite.common.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.engine.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
+from hvdlite.common.engine.tensor_queue import Entry, Handle
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 from hvdlite.common import basics
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.runtime import Runtime
+from hvdlite.common.engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,6 @@ Imports Ray only when an executor starts, so ``import hvdlite.ray`` works withou
 installed (``pip install hvdlite[ray]`` brings it).
 """
 
-from hvdlite.ray.executor import HvdliteRayError, RayExecutor, RaySettings  # noqa: F401
+from hvdlite.ray.ray_executor import HvdliteRayError, RayExecutor, RaySettings  # noqa: F401
 
 __all__ = ["RayExecutor", "RaySettings", "HvdliteRayError"]

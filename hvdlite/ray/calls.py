@@ -1,6 +1,6 @@
 """The static executor's starter: calls on actors that already run.
 
-A static :class:`~hvdlite.ray.executor.RayExecutor` places its actors once, in
+A static :class:`~hvdlite.ray.ray_executor.RayExecutor` places its actors once, in
 ``start()``, and then runs one job per ``run()`` / ``execute()``.  Each such job goes
 through the launcher's agent like any other: the host source is the executor's nodes
 (fixed), and this starter "starts" the worker of a slot by calling the function on
@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from hvdlite.ray.worker import RankFailed
 from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.starters.base import SlotId, Starter, slot_id
+from hvdlite.runner.hosts import SlotId, slot_id
+from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
 

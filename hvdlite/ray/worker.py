@@ -6,7 +6,7 @@ import traceback
 from typing import Any, Callable, Dict, Optional
 
 from hvdlite.common import config as cfg
-from hvdlite.runner.nics import discover_nics
+from hvdlite.runner.tasks.nics import discover_nics
 
 
 class RankWorker:

@@ -6,7 +6,7 @@ activated, ``pip install --user``): any Python that can import hvdlite can launc
 
 import sys
 
-from hvdlite.runner.launch import main
+from hvdlite.runner.cli.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 Horovod's ``horovod.run``: the function runs through the same launcher as
 ``hvdlite-run`` (local ranks, SSH hosts, ``use_mpi``), each rank as
-``python -m hvdlite.runner.function_rank``.  The caller serves the pickled
+``python -m hvdlite.runner.tasks.function_rank``.  The caller serves the pickled
 ``(function, args, kwargs)`` and collects results through a
 :class:`~hvdlite.common.net.service.Service` with a fresh key: every frame is
 HMAC-verified before it is decoded, so only the job's ranks can hand the caller
@@ -23,10 +23,10 @@ from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Header, Service, ServiceError
-from hvdlite.runner import launch
+from hvdlite.runner.cli import launch
 from hvdlite.runner.hosts import is_local
-from hvdlite.runner.function_rank import MODULE as TASK_MODULE
-from hvdlite.runner.function_rank import dumps, loads
+from hvdlite.runner.tasks.function_rank import MODULE as TASK_MODULE
+from hvdlite.runner.tasks.function_rank import dumps, loads
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.service import Header, Service, ServiceError
 from hvdlite.runner.hosts import HostSlots
-from hvdlite.runner.starters.base import SlotId
+from hvdlite.runner.hosts import SlotId
 
 #: a running task whose heartbeat has been silent this long is lost
 TASK_LOST_S = 15.0

@@ -26,10 +26,9 @@ from hvdlite.runner.agent import settings as job_settings
 from hvdlite.runner.agent.rounds import Rounds
 from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent.state_machine import FINAL, Agent, State
-from hvdlite.runner.function_rank import loads
-from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.tasks.function_rank import loads
+from hvdlite.runner.hosts import HostSlots, slots_by_node
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.ray.placement import slots_by_node
 from hvdlite.spark.pool import HvdliteSparkError, TaskPool
 from hvdlite.spark.starter import PoolHosts, SparkTasks
 from hvdlite.spark.task import partition_runner

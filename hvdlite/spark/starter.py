@@ -16,8 +16,9 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 from hvdlite.runner.hosts import HostSlots, SlotInfo
 from hvdlite.runner.hosts.source import HostSource
-from hvdlite.runner.procs import slot_env
-from hvdlite.runner.starters.base import SlotId, Starter, slot_id
+from hvdlite.runner.processes.workers import slot_env
+from hvdlite.runner.hosts import SlotId, slot_id
+from hvdlite.runner.starters.base import Starter
 from hvdlite.spark.pool import LOST_EXIT, TaskPool
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.service import Client
-from hvdlite.runner.function_rank import dumps
-from hvdlite.runner.nics import discover_nics
+from hvdlite.runner.tasks.function_rank import dumps
+from hvdlite.runner.tasks.nics import discover_nics
 
 #: seconds between a running task's heartbeats
 HEARTBEAT_S = 1.0

@@ -8,7 +8,7 @@
         ...
         state.commit()
 
-The reset loop is framework-neutral (:mod:`hvdlite.common.elastic`).  A collective that fails
+The reset loop is framework-neutral (:mod:`hvdlite.common.elastic_state`).  A collective that fails
 inside ``tf.function`` (Keras' compiled train step included) reaches Python as TensorFlow's
 ``UnknownError`` wrapping the runtime's error; :func:`run` turns it back into
 ``HvdliteInternalError`` so the loop restores and resets as it does in eager mode.
@@ -18,7 +18,7 @@ import functools
 
 import tensorflow as tf
 
-from hvdlite.common.elastic import ObjectState, State, run_fn
+from hvdlite.common.elastic_state import ObjectState, State, run_fn
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.tensorflow.functions import broadcast_object, broadcast_variables
 

@@ -8,7 +8,7 @@ waited for answer "is it the network, the copies, or a slow rank?" at once.
 import collections
 from typing import Dict, List
 
-from hvdlite.common.timeline_writer import (COPY_IN_NAME, COPY_OUT_NAME, NEGOTIATE_PREFIX,
+from hvdlite.common.diagnostics.timeline_writer import (COPY_IN_NAME, COPY_OUT_NAME, NEGOTIATE_PREFIX,
                                             QUEUED_NAME, load_events, rotated_paths)
 
 #: the phases a summary reports, in the order a tensor passes them

@@ -14,7 +14,7 @@ import collections
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from hvdlite.common.flight_recorder import dump_files, load
+from hvdlite.common.diagnostics.flight_recorder import dump_files, load
 
 #: ops whose first dimension may differ between ranks
 _RAGGED = ("allgather", "alltoall")

@@ -2,7 +2,7 @@
 
 The runtime marks every completing cycle in which one rank was clearly the last to be
 ready with a ``LATE`` event (its rank, and how long the others waited: the straggler
-report's measure, ``hvdlite.common.stragglers``), on the response cache's fast path too.
+report's measure, ``hvdlite.common.diagnostics.stragglers``), on the response cache's fast path too.
 A trace without them (written by an older hvdlite) falls back to the negotiation slices'
 ``waited_for``, which only see a rank that asked a full cycle later than the others.
 :func:`report` gives the table and, with ``--plot``, draws it (matplotlib when
@@ -12,7 +12,7 @@ installed, else bars of text in the table).
 import collections
 from typing import Dict, List, Optional, Tuple
 
-from hvdlite.common.timeline_writer import LATE_NAME, NEGOTIATE_PREFIX, load_events
+from hvdlite.common.diagnostics.timeline_writer import LATE_NAME, NEGOTIATE_PREFIX, load_events
 
 #: the widest text bar
 _BAR = 30

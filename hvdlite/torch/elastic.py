@@ -10,7 +10,7 @@ Names and semantics follow ``horovod.torch.elastic``::
         ...
         state.commit()
 
-The reset loop itself is framework-neutral (:mod:`hvdlite.common.elastic`).
+The reset loop itself is framework-neutral (:mod:`hvdlite.common.elastic_state`).
 """
 
 import copy
@@ -22,7 +22,7 @@ import torch
 import torch.utils.data
 
 from hvdlite.common import basics
-from hvdlite.common.elastic import ObjectState, State, run_fn
+from hvdlite.common.elastic_state import ObjectState, State, run_fn
 from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from hvdlite.torch.mpi_ops import rank, size

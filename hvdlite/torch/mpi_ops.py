@@ -24,7 +24,7 @@ from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet, 
                                 Sum, add_process_set, global_process_set, init, poll,
                                 remove_process_set, synchronize)
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.tensor_queue import Handle
+from hvdlite.common.engine.tensor_queue import Handle
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",

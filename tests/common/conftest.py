@@ -28,7 +28,7 @@ def run_job(np, script, *args, env=None, timeout=180, launcher="hvdlite"):
     """Run ``script`` on ``np`` ranks through hvdlite-run, mpiexec, or as one plain process."""
     path = os.path.join(WORKERS, script)
     if launcher == "hvdlite":
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np), sys.executable,
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np), sys.executable,
                path, *args]
     elif launcher == "mpiexec":
         mpiexec = shutil.which("mpiexec", path=BIN) or shutil.which("mpiexec")

@@ -17,9 +17,9 @@ import torch
 from hvdlite.common.backend.base import Backend
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.message import ReduceOp
-from hvdlite.common.recorder import NULL
-from hvdlite.common.runtime import Runtime
+from hvdlite.common.engine.message import ReduceOp
+from hvdlite.common.diagnostics.recorder import NULL
+from hvdlite.common.engine.runtime import Runtime
 
 _REDUCE = {ReduceOp.SUM: lambda s: torch.stack(s).sum(0),
            ReduceOp.MIN: lambda s: torch.stack(s).min(0).values,

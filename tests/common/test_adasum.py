@@ -1,4 +1,4 @@
-"""op=Adasum, layers 1 and 2: the algorithm (hvdlite/common/adasum.py) on thread-ranks over the
+"""op=Adasum, layers 1 and 2: the algorithm (hvdlite/common/engine/adasum.py) on thread-ranks over the
 loopback backend against the plainly written rule, then through real Runtime objects.
 """
 
@@ -7,10 +7,10 @@ import threading
 import pytest
 import torch
 
-from hvdlite.common import adasum
+from hvdlite.common.engine import adasum
 from hvdlite.common.backend.local import LocalBackend
-from hvdlite.common.message import OpType, ReduceOp, Request
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.engine.message import OpType, ReduceOp, Request
+from hvdlite.common.engine.tensor_queue import Entry, Handle
 from tests.common.adasum_reference import pair, tolerance, tree
 from tests.common.loopback import Hub, LoopbackBackend, on_every_rank, wait
 from tests.common.loopback import start_runtimes as start

@@ -14,9 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("ml_dtypes")
 
-from hvdlite.common import adasum, arrays, fusion  # noqa: E402
+from hvdlite.common import arrays  # noqa: E402
+from hvdlite.common.engine import adasum
+from hvdlite.common.engine import fusion
 from hvdlite.common.backend.base import Backend  # noqa: E402
-from hvdlite.common.message import ReduceOp  # noqa: E402
+from hvdlite.common.engine.message import ReduceOp  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from hvdlite.common import control_vector as cv
-from hvdlite.common.controller import Controller
+from hvdlite.common.engine import control_vector as cv
+from hvdlite.common.engine.controller import Controller
 from hvdlite.common.exceptions import HvdliteMismatchError
-from hvdlite.common.message import BARRIER_NAME, OpType, ReduceOp, Request
-from hvdlite.common.stragglers import NOT_PENDING
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.engine.message import BARRIER_NAME, OpType, ReduceOp, Request
+from hvdlite.common.diagnostics.stragglers import NOT_PENDING
+from hvdlite.common.engine.tensor_queue import Entry, Handle
 from tests.common.loopback import on_every_rank, wait
 from tests.common.loopback import start_runtimes as start
 from tests.common.loopback import stop_runtimes as stop
@@ -78,7 +78,7 @@ def test_straggler_summary_names_the_newest_rank():
 def test_digests_agree_only_when_every_rank_sent_the_same_payload():
     a = [Request("x", OpType.ALLREDUCE, "float32", (4,), reduce_op=1)]
     b = [Request("y", OpType.ALLREDUCE, "float32", (4,), reduce_op=1)]
-    from hvdlite.common.message import encode_requests
+    from hvdlite.common.engine.message import encode_requests
     vecs = []
     for reqs in (a, a, a):
         v = cv.template(8)
@@ -155,7 +155,7 @@ def test_lists_that_differ_wait_to_become_the_same_instead_of_allgathering(monke
     """Rank 1 submits its second tensor later: the negotiation waits for its list to match
     rank 0's (here without bound), then needs no allgather."""
     import time
-    from hvdlite.common import runtime as runtime_module
+    from hvdlite.common.engine import runtime as runtime_module
     monkeypatch.setattr(runtime_module, "_CONVERGE_US", 10 ** 9)
     hub, rts = start(2)
     bufs = [[torch.full((3,), float(r + 1)) for _ in range(2)] for r in range(2)]

@@ -20,7 +20,7 @@ from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.hosts.slots import place_slots
-from hvdlite.runner.rendezvous import RendezvousService
+from hvdlite.runner.store.rendezvous import RendezvousService
 
 pytestmark = pytest.mark.timeout(60)
 

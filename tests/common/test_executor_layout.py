@@ -4,11 +4,11 @@ where the result lies in the same place, and every step unpacks its own values."
 import pytest
 import torch
 
-from hvdlite.common import fusion
-from hvdlite.common.executor import Executor
-from hvdlite.common.message import OpType, ReduceOp, Response
-from hvdlite.common.parameters import Parameters
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.engine import fusion
+from hvdlite.common.engine.executor import Executor
+from hvdlite.common.engine.message import OpType, ReduceOp, Response
+from hvdlite.common.engine.parameters import Parameters
+from hvdlite.common.engine.tensor_queue import Entry, Handle
 
 
 class AlternatingStage:

@@ -14,7 +14,7 @@ import pytest
 from hvdlite.common import config as cfg
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.rendezvous import RendezvousService
+from hvdlite.runner.store.rendezvous import RendezvousService
 from tests.common.conftest import ROOT, WORKERS, worker_env
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,10 +11,10 @@ import torch
 
 from hvdlite.common.exceptions import (HvdliteInternalError, HvdliteMismatchError,
                                        HvdliteStallError)
-from hvdlite.common.message import JOIN_NAME, OpType, ReduceOp, Request
-from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, NULL,
+from hvdlite.common.engine.message import JOIN_NAME, OpType, ReduceOp, Request
+from hvdlite.common.diagnostics.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, NULL,
                                      QUEUED, Recorder)
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.engine.tensor_queue import Entry, Handle
 from tests.common.loopback import on_every_rank, wait
 from tests.common.loopback import start_runtimes as start
 from tests.common.loopback import stop_runtimes as stop

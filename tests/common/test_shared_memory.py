@@ -62,7 +62,7 @@ def test_turned_off_runs_over_gloo():
 @pytest.mark.timeout(200)
 def test_two_hosts_hierarchical(sshd):
     before = set(shm.leftover_segments())
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "4",
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "4",
            "-H", "127.0.0.1:2,127.0.0.2:2", *sshd.ssh_args(),
            sys.executable, os.path.join(WORKERS, "shm_worker.py")]
     proc = subprocess.run(cmd, env=worker_env(HOST_SLOTS), cwd=ROOT, capture_output=True,
@@ -73,7 +73,7 @@ def test_two_hosts_hierarchical(sshd):
 
 
 def _launch_sleeping(np_, tag):
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", str(np_), sys.executable,
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np_), sys.executable,
            os.path.join(WORKERS, "shm_worker.py"), "--only", "many_fused", "--sleep", "60",
            "--tag", tag]
     return subprocess.Popen(cmd, env=worker_env(SMALL_SLOTS), cwd=ROOT, stdout=subprocess.PIPE,
@@ -83,7 +83,7 @@ def _launch_sleeping(np_, tag):
 def _ranks_of(tag):
     return [p for p in psutil.process_iter(["cmdline"])
             if tag in (p.info["cmdline"] or []) and "shm_worker.py" in " ".join(
-                p.info["cmdline"] or []) and "hvdlite.runner.launch" not in p.info["cmdline"]]
+                p.info["cmdline"] or []) and "hvdlite.runner.cli.launch" not in p.info["cmdline"]]
 
 
 def _wait_for(cond, timeout_s):

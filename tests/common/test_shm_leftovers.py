@@ -24,7 +24,7 @@ class _Job:
 
     def __init__(self, *args):
         self.tag = uuid.uuid4().hex
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable,
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
                os.path.join(WORKERS, "shm_worker.py"), "--only", "many_fused", "--tag",
                self.tag, *args]
         self.proc = subprocess.Popen(cmd, env=worker_env(), cwd=ROOT, stdout=subprocess.PIPE,
@@ -48,7 +48,7 @@ class _Job:
         found = {}
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
-            if self.tag in cmd and "hvdlite.runner.launch" not in cmd:
+            if self.tag in cmd and "hvdlite.runner.cli.launch" not in cmd:
                 try:
                     found[int(p.environ()["HVDLITE_LOCAL_RANK"])] = p
                 except (psutil.Error, KeyError):

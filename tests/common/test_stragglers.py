@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from hvdlite.common import stragglers
-from hvdlite.common.stragglers import StragglerTracker, ready_age_us
+from hvdlite.common.diagnostics import stragglers
+from hvdlite.common.diagnostics.stragglers import StragglerTracker, ready_age_us
 
 
 def _run(ages_of_step, steps, step_s=0.05, window_s=1.0, ranks=(0, 1)):

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from hvdlite.common import config as cfg
-from hvdlite.common import tunables
-from hvdlite.runner import config_file, flags
+from hvdlite.common.config import tunables
+from hvdlite.runner.cli import config_file
+from hvdlite.runner.cli import flags
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,8 +32,8 @@ def test_readme_table_is_the_generated_one():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         block = readme_block(f.read())
     assert block == tunables.markdown(), (
-        "README.md's tunables table differs from hvdlite/common/tunables.py; paste the "
-        "output of 'python -m hvdlite.common.tunables --markdown' between the markers")
+        "README.md's tunables table differs from hvdlite/common/config/tunables.py; paste the "
+        "output of 'python -m hvdlite.common.config.tunables --markdown' between the markers")
 
 
 def test_readme_check_sees_an_edit():
@@ -44,7 +45,7 @@ def test_readme_check_sees_an_edit():
 
 
 def test_markdown_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "hvdlite.common.tunables", "--markdown"],
+    out = subprocess.run([sys.executable, "-m", "hvdlite.common.config.tunables", "--markdown"],
                          capture_output=True, text=True, check=True, timeout=30,
                          env={**os.environ, "PYTHONPATH": ROOT}).stdout
     assert out == tunables.markdown()

@@ -2,12 +2,14 @@
 
 import pytest
 
-from hvdlite.common.config import Config, rank_env
-from hvdlite.common.controller import Controller, plan_fusion
+from hvdlite.common.config import Config
+from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.processes.workers import slot_env
+from hvdlite.common.engine.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.common.message import (OpType, ReduceOp, Request, Response, decode_requests,
+from hvdlite.common.engine.message import (OpType, ReduceOp, Request, Response, decode_requests,
                                     encode_requests)
-from hvdlite.common.response_cache import ResponseCache
+from hvdlite.common.engine.response_cache import ResponseCache
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -114,8 +116,10 @@ def test_config_reads_env_and_rejects_bad_values(caplog):
         Config.from_env({"HVDLITE_CACHE_CAPACITY": "lots"})
     with pytest.raises(HvdliteConfigError, match="HVDLITE_RANK"):
         Config.from_env({"HVDLITE_RANK": "2", "HVDLITE_SIZE": "2"})
-    env = rank_env(1, 2, 1, 2, 0, 1, "h")
+    env = slot_env(SlotInfo("h", rank=1, local_rank=1, cross_rank=0, size=2, local_size=2,
+                            cross_size=1), {}, {})
     assert env["HOROVOD_RANK"] == env["HVDLITE_RANK"] == "1"
+    assert env["HOROVOD_LOCAL_SIZE"] == env["HVDLITE_LOCAL_SIZE"] == "2"
 
 
 def test_common_imports_no_framework_at_module_level():
@@ -123,8 +127,8 @@ def test_common_imports_no_framework_at_module_level():
     import subprocess
     import sys
     code = ("import sys\n"
-            "import hvdlite.common.basics, hvdlite.common.runtime, hvdlite.common.executor\n"
-            "import hvdlite.common.controller, hvdlite.common.fusion\n"
+            "import hvdlite.common.basics, hvdlite.common.engine.runtime, hvdlite.common.engine.executor\n"
+            "import hvdlite.common.engine.controller, hvdlite.common.engine.fusion\n"
             "import hvdlite.common.backend.local, hvdlite.common.backend.mpi\n"
             "bad = [m for m in ('torch', 'tensorflow') if m in sys.modules]\n"
             "assert not bad, bad\n")
@@ -136,7 +140,7 @@ def test_common_imports_no_framework_at_module_level():
 def test_requests_in_flight_are_bounded_and_released():
     """The sum of in-flight requests' wire bounds stays under the negotiation payload's
     bound (its length travels in the int32 control vector): past it, push refuses."""
-    from hvdlite.common import tensor_queue as tq
+    from hvdlite.common.engine import tensor_queue as tq
     q = tq.TensorQueue()
     handle = tq.Handle(1)
     name = "n" * 4096

@@ -33,7 +33,7 @@ class Job:
     def __init__(self, tb, host, launcher_args, script, script_args=(), env=None):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get(
             "PYTHONPATH", "")]), **(env or {}))
-        self.proc = tb.popen(host, [sys.executable, "-m", "hvdlite.runner.launch",
+        self.proc = tb.popen(host, [sys.executable, "-m", "hvdlite.runner.cli.launch",
                                     *launcher_args, *tb.ssh_args(), sys.executable,
                                     os.path.join(WORKERS, script), *script_args],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

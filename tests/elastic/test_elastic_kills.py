@@ -50,7 +50,7 @@ def _workers():
         try:
             cmd = p.info["cmdline"] or []
             if p.info["status"] != psutil.STATUS_ZOMBIE and any(TRAIN in c for c in cmd) \
-                    and "hvdlite.runner.launch" not in cmd:
+                    and "hvdlite.runner.cli.launch" not in cmd:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -62,7 +62,7 @@ def _worker_of(host):
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
-            if p.info["status"] == psutil.STATUS_ZOMBIE or "hvdlite.runner.launch" in cmd \
+            if p.info["status"] == psutil.STATUS_ZOMBIE or "hvdlite.runner.cli.launch" in cmd \
                     or not any(TRAIN in c for c in cmd):
                 continue
             if p.environ().get("HVDLITE_HOSTNAME") == host:

@@ -41,7 +41,7 @@ class Job:
         self.out = tmp_path / "launcher.out"
         full_env = worker_env({"ELASTIC_STEPS": str(steps), "ELASTIC_OUT": str(self.result)})
         full_env.update(env or {})
-        cmd = [sys.executable, "-m", "hvdlite.runner.launch", *flags,
+        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", *flags,
                "--host-discovery-script", str(script), *(command or [sys.executable, TRAIN])]
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=out,

@@ -8,7 +8,7 @@ sync, resume) independently of the elastic driver.
 import pytest
 
 from hvdlite.common.net.framing import new_key
-from hvdlite.runner.rendezvous import RendezvousService
+from hvdlite.runner.store.rendezvous import RendezvousService
 from tests.elastic.conftest import Worker, check_result, slots
 
 pytestmark = pytest.mark.timeout(150)

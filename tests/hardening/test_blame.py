@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.timeout(90),
 def _run(mode, hosts=()):
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
                os.environ.get("PATH", ""))
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", *hosts,
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", *hosts,
                         "--op-timeout-seconds", "3", sys.executable, LEAVE, mode],
                        capture_output=True, text=True, timeout=80, env=env, cwd=ROOT)
     last = [ln for ln in r.stderr.splitlines() if ln.startswith("hvdlite-run:")]
@@ -87,7 +87,7 @@ def test_over_long_name_is_refused_and_the_runtime_keeps_working():
     worker = os.path.join(ROOT, "tests", "hardening", "workers", "long_name_worker.py")
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
                os.environ.get("PATH", ""))
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2",
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
                         sys.executable, worker], capture_output=True, text=True, timeout=80,
                        env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -13,13 +13,13 @@ import psutil
 import pytest
 
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.runner import launch
+from hvdlite.runner.cli import launch
 from hvdlite.runner.hosts import parse_hostfile, parse_hosts
 from hvdlite.runner.hosts.script import (MAX_OUTPUT_BYTES, ScriptDiscovery,
                                          parse_discovery_output)
 from hvdlite.runner.hosts.slots import HostSlots
 from hvdlite.runner.hosts.source import HostDiscoveryError
-from hvdlite.runner.ssh import SSHOptions, agent_task
+from hvdlite.runner.tasks.ssh import SSHOptions, agent_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +30,7 @@ def _launch(args, env=None, timeout=30):
     full = dict(os.environ, PYTHONPATH=ROOT)
     full.update(env or {})
     started = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", *args],
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", *args],
                        capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
     return r, time.monotonic() - started
 
@@ -172,7 +172,8 @@ def test_config_file_refuses_text_for_a_boolean(yaml_text, expected, tmp_path):
 
 
 def test_config_file_takes_real_yaml_booleans_yes_and_no_included(tmp_path):
-    from hvdlite.runner import config_file, flags
+    from hvdlite.runner.cli import config_file
+    from hvdlite.runner.cli import flags
     for text, off in (("false", True), ("no", True), ("true", False), ("yes", False)):
         f = tmp_path / "c.yaml"
         f.write_text(f"stall_check:\n  enabled: {text}\n")

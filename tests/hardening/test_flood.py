@@ -34,7 +34,7 @@ def _attacked_job(tmp_path, hosts=(), conns=1000, fuzz_seed=None, steps=3, secon
     """Run ``hvdlite-run -np 2`` under attack; return (launcher result, attacker stats, s)."""
     ready = str(tmp_path / "attack-on")
     t0 = time.monotonic()
-    job = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", *hosts,
+    job = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", *hosts,
                             "--start-timeout", "30", sys.executable, RANK, ready, str(steps)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=_env(), cwd=str(tmp_path))

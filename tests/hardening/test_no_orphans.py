@@ -35,7 +35,7 @@ def _kill_launcher_and_count_survivors(flags, n_ranks, rank_marker=SILENT):
     token = uuid.uuid4().hex
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "hvdlite.runner.launch", *flags, sys.executable, SILENT, token,
+        [sys.executable, "-m", "hvdlite.runner.cli.launch", *flags, sys.executable, SILENT, token,
          "300"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     survivors = []
     try:

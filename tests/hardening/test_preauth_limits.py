@@ -234,7 +234,7 @@ def test_forged_frames_make_a_few_log_lines_and_a_summary():
 
 def test_a_burst_of_legitimate_clients_over_the_cap_all_get_through():
     """Clients the cap refuses (RST before the nonce) connect again and succeed."""
-    from hvdlite.runner.rendezvous import KVStoreService
+    from hvdlite.runner.store.rendezvous import KVStoreService
     key = new_key()
     store = KVStoreService(key, max_unauthenticated=4)
     results = []

@@ -8,7 +8,7 @@ import pytest
 from hvdlite.common.net import preauth
 from hvdlite.common.net.framing import NONCE_BYTES, SecureChannel, new_key
 from hvdlite.common.net.kv import KVClient
-from hvdlite.runner.rendezvous import KVStoreService
+from hvdlite.runner.store.rendezvous import KVStoreService
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -31,7 +31,7 @@ def _env(**extra):
 
 
 def _launch(flags):
-    return subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", *flags, "-np", "2",
+    return subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", *flags, "-np", "2",
                            "-x", "SECRET_X=hunter2", sys.executable,
                            os.path.join(WORKERS, "secrets_worker.py")],
                           capture_output=True, text=True, timeout=110, env=_env(), cwd=ROOT)
@@ -66,10 +66,10 @@ def test_plain_mpiexec_without_a_key_refuses_to_unpickle():
 
 
 def test_local_job_binds_gloo_listeners_to_loopback():
-    from hvdlite.runner.nics import loopback_interface
+    from hvdlite.runner.tasks.nics import loopback_interface
     lo = loopback_interface()
     assert lo
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2",
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
                         sys.executable, os.path.join(WORKERS, "listen_worker.py")],
                        capture_output=True, text=True, timeout=110, env=_env(), cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 def _launch(args, env=None, timeout=30):
     full = dict(os.environ)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", *args],
+    return subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", *args],
                           capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
 
 

@@ -19,7 +19,7 @@ def run_launcher(args, timeout=60, env=None, **kw):
     full_env = dict(os.environ)
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hvdlite.runner.launch"] + list(args),
+    return subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch"] + list(args),
                           capture_output=True, text=True, timeout=timeout, env=full_env,
                           cwd=REPO, **kw)
 

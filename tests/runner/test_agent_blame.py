@@ -1,6 +1,7 @@
 """Whom a static job's failure summary names (``hvdlite.runner.agent.blame``), on fakes."""
 
 from hvdlite.runner.agent import blame
+from hvdlite.runner.store import exit_reports
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
 RANKS = {A0: (0, "a"), A1: (1, "a"), B0: (2, "b")}
@@ -29,7 +30,7 @@ def test_the_failing_rank_itself_with_its_exception():
 
 
 def test_without_reports_a_rank_that_left_early_or_is_stopped_is_named(monkeypatch):
-    monkeypatch.setattr(blame, "REPORT_GRACE_S", 0.0)
+    monkeypatch.setattr(exit_reports, "REPORT_GRACE_S", 0.0)
     early = summary([(A1, 0), (A0, 1)]).line((A0, 1))
     assert early.startswith("hvdlite-run: rank 1 on host a exited with code 0 before its "
                             "peers finished; rank 0 on host a then failed"), early

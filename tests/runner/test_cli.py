@@ -9,7 +9,7 @@ import pytest
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
-from hvdlite.runner import launch
+from hvdlite.runner.cli import launch
 
 from conftest import free_port, run_launcher, worker
 
@@ -151,7 +151,7 @@ def test_check_build_marks_each_framework_that_is_installed(missing, capsys, mon
 
 def test_check_build_finds_tensorflow_without_importing_it():
     """A fresh process: other tests of this one may have imported TensorFlow already."""
-    code = ("import sys; from hvdlite.runner import launch; out = launch.check_build(); "
+    code = ("import sys; from hvdlite.runner.cli import launch; out = launch.check_build(); "
             "assert 'tensorflow' not in sys.modules, 'check_build imported tensorflow'; "
             "print(out)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -196,9 +196,9 @@ def test_closed_ssh_port_names_host():
 
 def test_launcher_imports_no_framework():
     import subprocess
-    code = ("import sys, hvdlite.runner.launch, hvdlite.runner.agent.job, hvdlite.runner.services.task_service, "
-            "hvdlite.runner.services.driver_service, hvdlite.runner.ssh, hvdlite.runner.starters.mpiexec, "
-            "hvdlite.runner.rank_output, hvdlite.common.net.kv; "
+    code = ("import sys, hvdlite.runner.cli.launch, hvdlite.runner.agent.job, hvdlite.runner.tasks.task_service, "
+            "hvdlite.runner.tasks.driver_service, hvdlite.runner.tasks.ssh, hvdlite.runner.starters.mpiexec, "
+            "hvdlite.runner.processes.rank_output, hvdlite.common.net.kv; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow') "
             "or m.startswith('hvdlite.torch')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)

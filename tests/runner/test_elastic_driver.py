@@ -19,7 +19,7 @@ import pytest
 
 from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Client, ServiceError
-from hvdlite.runner.services.driver_service import DriverService
+from hvdlite.runner.tasks.driver_service import DriverService
 from hvdlite.runner.agent.hostset import HostSet
 from hvdlite.runner.agent.job import JobContext, rank_env, run_agent
 from hvdlite.runner.agent.settings import JobSettings
@@ -29,11 +29,12 @@ from hvdlite.runner.hosts import HostSlots, place_slots
 from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.hosts.script import ScriptDiscovery, parse_discovery_output
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
-from hvdlite.runner.launch_config import LaunchConfig
-from hvdlite.runner.rank_output import OutputSink
-from hvdlite.runner.services.task_service import TaskService
-from hvdlite.runner.ssh import SSHOptions
-from hvdlite.runner.starters.base import Starter, slot_id
+from hvdlite.runner.cli.launch_config import LaunchConfig
+from hvdlite.runner.processes.rank_output import OutputSink
+from hvdlite.runner.tasks.task_service import TaskService
+from hvdlite.runner.tasks.ssh import SSHOptions
+from hvdlite.runner.hosts import slot_id
+from hvdlite.runner.starters.base import Starter
 from hvdlite.runner.starters.ssh_tasks import TaskWorkers
 
 from conftest import wait_gone

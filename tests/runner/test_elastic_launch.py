@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, wait_gone, worker
 
 EW = worker("elastic_worker.py")
-ANY_TASK = "hvdlite.runner.services.task_service"
+ANY_TASK = "hvdlite.runner.tasks.task_service"
 
 
 class Launch:
@@ -28,7 +28,7 @@ class Launch:
     def __init__(self, args):
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch"] + args,
+        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      cwd=REPO, env=env, start_new_session=True)
         self.out, self.err = [], []

@@ -9,7 +9,8 @@ import pytest
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.runner import flags, launch
+from hvdlite.runner.cli import flags
+from hvdlite.runner.cli import launch
 from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.starters.mpiexec import HYDRA, OPENMPI, build_command
 

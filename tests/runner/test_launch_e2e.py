@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, procs_with, run_launcher, wait_gone, worker
 
 KV = worker("kv_worker.py")
-ANY_TASK = "hvdlite.runner.services.task_service"
+ANY_TASK = "hvdlite.runner.tasks.task_service"
 
 
 def ok_lines(out):
@@ -56,7 +56,7 @@ def _start_and_interrupt(args, tag, n_ready, while_running=None):
     """Start hvdlite-run, wait for ``n_ready`` READY lines, call ``while_running(launcher)``
     (if given, with the launcher's Popen), then SIGINT it and check that every worker is
     gone; returns its stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch"] + args,
+    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO, start_new_session=True)
     ready = set()
@@ -269,7 +269,7 @@ def test_ssh_trains_with_the_runtime(sshd):
 def test_math_threads_split_between_local_ranks_unless_set():
     import os
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", KV,
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", KV,
                         "--print-env", "OMP_NUM_THREADS"], capture_output=True, text=True,
                        timeout=50, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr

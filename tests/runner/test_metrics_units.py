@@ -8,11 +8,11 @@ import types
 import pytest
 
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.common.message import OpType, Response
-from hvdlite.common.metrics_counters import Counters
+from hvdlite.common.engine.message import OpType, Response
+from hvdlite.common.diagnostics.metrics_counters import Counters
 from hvdlite.common.net.service import ServiceError
-from hvdlite.runner import metrics_server
-from hvdlite.runner.metrics_inbox import MAX_SNAPSHOT_BYTES, MetricsInbox
+from hvdlite.runner.store import metrics_server
+from hvdlite.runner.store.metrics_inbox import MAX_SNAPSHOT_BYTES, MetricsInbox
 
 prometheus_client = pytest.importorskip("prometheus_client")
 

@@ -24,7 +24,7 @@ PROMETHEUS = shutil.which("prometheus")
 def _launch(args):
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch"] + args,
+    return subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=REPO)
 

@@ -21,7 +21,7 @@ from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.starters.mpiexec import (HYDRA, INTEL, OPENMPI, build_command, detect_flavor,
                                     find_mpiexec, write_ssh_wrapper)
-from hvdlite.runner.rank_output import MODULE, mpi_rank, wrapper_command
+from hvdlite.runner.processes.rank_output import MODULE, mpi_rank, wrapper_command
 
 from conftest import REPO, run_launcher, worker
 
@@ -215,7 +215,7 @@ def test_mpi_mode_output_is_live_and_tagged(tmp_path):
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.pop("PYTHONUNBUFFERED", None)
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch", "--mpi", "-np",
+    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch", "--mpi", "-np",
                              "2", sys.executable, str(script), "-1"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

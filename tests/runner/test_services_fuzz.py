@@ -14,9 +14,9 @@ import pytest
 from hvdlite.common.net.framing import NONCE_BYTES, SecureChannel, encode_body, new_key
 from hvdlite.common.net.kv import KVClient
 from hvdlite.common.net.service import Client, ServiceError
-from hvdlite.runner.services.driver_service import DriverService
-from hvdlite.runner.rendezvous import KVStoreService
-from hvdlite.runner.services.task_service import TaskService
+from hvdlite.runner.tasks.driver_service import DriverService
+from hvdlite.runner.store.rendezvous import KVStoreService
+from hvdlite.runner.tasks.task_service import TaskService
 
 pytestmark = pytest.mark.timeout(600)
 #: unauthenticated / mutated frames per listener: a CI-sized run by default; set

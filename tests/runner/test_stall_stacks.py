@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from hvdlite.common import stack_report
+from hvdlite.common.diagnostics import stack_capture as stack_report
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Client, ServiceError
-from hvdlite.runner.stack_reports import (ReportStore, StackReports, format_report,
+from hvdlite.runner.store.stack_collection import (ReportStore, StackReports, format_report,
                                           signal_launcher)
 from hvdlite.runner.starters.mpiexec import find_mpiexec
 
@@ -123,7 +123,7 @@ class Launch:
         full_env = dict(os.environ)
         full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env["PATH"]
         full_env.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch"] + args,
+        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      cwd=REPO, env=full_env)
         self.lines = []                 # (arrival time, line)
@@ -233,7 +233,7 @@ def test_dump_stacks_prints_every_ranks_stacks(tmp_path):
     try:
         job.wait_for(r"DAWDLING rank=0", 40)
         job.wait_for(r"DAWDLING rank=1", 10)
-        asked = subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "--dump-stacks",
+        asked = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "--dump-stacks",
                                 str(job.proc.pid)], capture_output=True, text=True, cwd=REPO,
                                timeout=30)
         assert asked.returncode == 0, asked.stderr
@@ -252,7 +252,7 @@ def test_dump_stacks_prints_every_ranks_stacks(tmp_path):
 
 _BLOCKED_RANK = """
 import os, sys, threading
-from hvdlite.common import stack_report
+from hvdlite.common.diagnostics import stack_capture as stack_report
 target = stack_report.Target((sys.argv[1], int(sys.argv[2])), bytes.fromhex(os.environ["KEY"]),
                              "blockedhost")
 stack_report.Poller(target, 1, period_s=0.2).start()
@@ -310,7 +310,7 @@ def test_stall_messages_say_the_job_fails_when_a_shutdown_time_is_set():
     launcher's report and rank 0's warning say the job will fail, and when."""
     import types
     from hvdlite.common.config import Config
-    from hvdlite.common.runtime import Runtime
+    from hvdlite.common.engine.runtime import Runtime
     base = {"expected": [1], "tensors": [["g", [0], [1], 2.0]], "stalled": 1,
             "hint": "--stall-check-shutdown-time-seconds"}
     text = format_report(stack_report.STALL, {**base, "shutdown_s": 30.0}, {})

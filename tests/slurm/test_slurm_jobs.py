@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from hvdlite.runner.slurm_key import new_key
+from hvdlite.runner.slurm.key import new_key
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 

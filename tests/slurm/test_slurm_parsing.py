@@ -3,10 +3,10 @@ rank's identity: parsed from injected variables (no Slurm needed)."""
 
 import pytest
 
-from hvdlite.common import slurm
+from hvdlite.common.slurm import environment as slurm
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner.hosts import HostSlots
-from hvdlite.runner.hosts import slurm as slurm_hosts
+from hvdlite.runner.slurm import allocation as slurm_hosts
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -113,7 +113,7 @@ def test_an_exported_port_wins():
 def test_without_a_key_a_plain_srun_rank_is_told_how_to_make_one():
     env = _step(1, 1, 0)
     del env["HVDLITE_SECRET_KEY"]
-    with pytest.raises(HvdliteConfigError, match="HVDLITE_SECRET_KEY is not set.*slurm_key"):
+    with pytest.raises(HvdliteConfigError, match="HVDLITE_SECRET_KEY is not set.*slurm.key"):
         slurm.srun_step_env(env)
 
 
@@ -154,7 +154,7 @@ def _launch_env(monkeypatch):
 
 
 def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
-    from hvdlite.runner import launch
+    from hvdlite.runner.cli import launch
     _launch_env(monkeypatch)
     s = launch.settings_from_args(launch.parse_args([*CMD]))
     assert s.np == 3 and s.hosts == [HostSlots("localhost", 3)]
@@ -168,7 +168,7 @@ def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
 
 
 def test_more_ranks_than_the_allocation_names_it(monkeypatch):
-    from hvdlite.runner import launch
+    from hvdlite.runner.cli import launch
     _launch_env(monkeypatch)
     with pytest.raises(HvdliteConfigError, match="-np 4 .* 3 tasks of the Slurm allocation "
                                                  r"\(SLURM_JOB_NODELIST=localhost"):
@@ -176,10 +176,10 @@ def test_more_ranks_than_the_allocation_names_it(monkeypatch):
 
 
 def test_the_srun_command_of_a_task():
-    from hvdlite.runner.starters.srun import srun_command
+    from hvdlite.runner.slurm.srun_tasks import srun_command
     cmd = srun_command("node07", python="/py", srun="/bin/srun")
     assert cmd[0] == "/bin/srun" and cmd[-3:] == ["/py", "-m",
-                                                  "hvdlite.runner.services.task_service"]
+                                                  "hvdlite.runner.tasks.task_service"]
     for flag in ("--nodes=1", "--ntasks=1", "--nodelist=node07", "--overlap", "--mpi=none",
                  "--kill-on-bad-exit=1", "--cpu-bind=none"):
         assert flag in cmd

@@ -32,7 +32,7 @@ def test_tf_worker_killed_in_tf_function_allreduce_job_finishes_from_last_commit
     result = tmp_path / "result.json"
     env = worker_env({"ELASTIC_STEPS": str(STEPS), "ELASTIC_OUT": str(result),
                       "ELASTIC_KILL_AT": "127.0.0.1:0:5", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "3", "--min-np", "2",
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "3", "--min-np", "2",
            "--max-np", "3", "--host-discovery-script", str(script), sys.executable, TRAIN]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 @pytest.mark.timeout(150)
 def test_timeline_and_autotune_rows(tmp_path):
     out_json, trace = tmp_path / "rows.json", tmp_path / "bench_trace.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", sys.executable,
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
            str(REPO / "benchmarks" / "allreduce.py"), "--workloads", "tiny1000",
            "--impls", "hvdlite_fusion,hvdlite_timeline,hvdlite_autotune", "--iters", "2",
            "--warmup", "1", "--rounds", "1", "--autotune-workload", "tiny1000",

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from hvdlite.common import flight_recorder as fr
-from hvdlite.common.message import OpType, Request, Response
-from hvdlite.common.tensor_queue import Entry, Handle
+from hvdlite.common.diagnostics import flight_recorder as fr
+from hvdlite.common.engine.message import OpType, Request, Response
+from hvdlite.common.engine.tensor_queue import Entry, Handle
 from hvdlite.timeline import doctor
 from tests.runner.conftest import REPO, run_launcher
 
@@ -172,7 +172,7 @@ def test_dump_directory_is_private_and_a_foreign_one_is_refused(tmp_path):
 def test_a_runtime_reports_what_is_pending(tmp_path):
     from hvdlite.common.backend.local import LocalBackend
     from hvdlite.common.config import Config
-    from hvdlite.common.runtime import Runtime
+    from hvdlite.common.engine.runtime import Runtime
     config = Config(flight_recorder_dir=str(tmp_path))
     rec = fr.configure(config)
     try:

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from hvdlite.common import flight_recorder as fr
-from hvdlite.common.timeline_writer import Timeline
+from hvdlite.common.diagnostics import flight_recorder as fr
+from hvdlite.common.diagnostics.timeline_writer import Timeline
 from tests.runner.conftest import REPO, run_launcher
 from tests.timeline.test_flight_recorder import entry
 

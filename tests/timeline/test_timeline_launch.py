@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hvdlite.common.timeline_writer import load_events
+from hvdlite.common.diagnostics.timeline_writer import load_events
 from tests.runner.conftest import REPO, run_launcher
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
@@ -79,7 +79,7 @@ def test_timeline_survives_sigkill_of_rank_0(tmp_path):
     trace, pidfile = tmp_path / "k.json", tmp_path / "pid"
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.launch", "-np", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
                              "--timeline-filename", str(trace), sys.executable, WORKER,
                              "forever", str(pidfile)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hvdlite.common.recorder import COLLECTIVE
-from hvdlite.common.timeline_writer import ROTATED_FILES, Timeline, rotated_paths
+from hvdlite.common.diagnostics.recorder import COLLECTIVE
+from hvdlite.common.diagnostics.timeline_writer import ROTATED_FILES, Timeline, rotated_paths
 from hvdlite.timeline import summary_of_file
 from tests.runner.conftest import REPO
 

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from hvdlite.common import autotune
+from hvdlite.common.engine import autotune
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.common.parameters import Parameters
-from hvdlite.common.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, NULL, Recorder, Tee,
+from hvdlite.common.engine.parameters import Parameters
+from hvdlite.common.diagnostics.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, NULL, Recorder, Tee,
                                      combine)
-from hvdlite.common.timeline_writer import Timeline, load_events
+from hvdlite.common.diagnostics.timeline_writer import Timeline, load_events
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,7 +152,7 @@ def test_summary_tool_needs_no_framework_launcher_or_plotting_to_start():
 
 
 def test_a_second_init_of_a_process_writes_a_new_file(tmp_path, monkeypatch):
-    from hvdlite.common import observers
+    from hvdlite.common.diagnostics import observers
     monkeypatch.setattr(observers, "_CONFIGURED_PATHS", {})
     path = str(tmp_path / "trace.json")
     assert [observers._fresh_path(path) for _ in range(3)] == [

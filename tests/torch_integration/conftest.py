@@ -14,8 +14,8 @@ REPO = HERE.parent.parent
 
 
 def launch(script, args=(), np=2, timeout_s=150, env=None, launcher_args=()):
-    """Run ``script`` on ``np`` ranks through ``hvdlite.runner.launch``; return (rc, output)."""
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", *launcher_args, "-np", str(np),
+    """Run ``script`` on ``np`` ranks through ``hvdlite.runner.cli.launch``; return (rc, output)."""
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", *launcher_args, "-np", str(np),
            sys.executable, str(script), *args]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(

@@ -61,7 +61,7 @@ def test_gloo_exit_code(gloo):
 def test_compression_benchmark_smoke(tmp_path):
     """benchmarks/compression.py runs end to end (tiny sizes) and counts PowerSGD's bytes."""
     out_json = tmp_path / "compression.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.launch", "-np", "2", "--no-shared-memory",
+    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", "--no-shared-memory",
            sys.executable, str(REPO / "benchmarks" / "compression.py"), "--workloads", "mlp",
            "--width", "256", "--rounds", "1", "--steps", "1", "--warmup", "1",
            "--train-steps", "25", "--json", str(out_json)]

@@ -15,7 +15,7 @@ from typing import List
 import numpy as np
 
 from hvdlite.common import arrays
-from hvdlite.common.message import ReduceOp
+from hvdlite.common.engine.message import ReduceOp
 
 _LEN = struct.Struct("!I")
 

@@ -16,7 +16,7 @@ from hvdlite.common.backend import gloo_waits, shm
 from hvdlite.common.backend.base import _DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteRoundSupersededError, HvdliteTimeoutError)
-from hvdlite.common.message import ReduceOp
+from hvdlite.common.engine.message import ReduceOp
 from hvdlite.common.net.kv import KVClient, Placement, arrival_key, round_prefix
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import numpy as np
 from hvdlite.common import arrays
 from hvdlite.common.backend.base import _DONE, Backend
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.message import ReduceOp
+from hvdlite.common.engine.message import ReduceOp
 
 log = logging.getLogger(__name__)
 

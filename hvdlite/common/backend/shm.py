@@ -57,7 +57,7 @@ import numpy as np
 from hvdlite.common import arrays
 from hvdlite.common.arrays import lazy_torch
 from hvdlite.common.exceptions import HvdliteInternalError
-from hvdlite.common.message import ReduceOp
+from hvdlite.common.engine.message import ReduceOp
 
 SHM_DIR = "/dev/shm"
 #: file-name prefix of named segments (earlier versions made them; leftovers go by it)

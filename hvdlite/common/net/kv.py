@@ -1,6 +1,6 @@
 """The worker's side of the launcher's rendezvous store.
 
-The store itself (``hvdlite.runner.rendezvous.KVStoreService``) runs in the
+The store itself (``hvdlite.runner.store.rendezvous.KVStoreService``) runs in the
 launcher; workers only need this client, so it lives in the shared network
 layer.  The Gloo backend wraps it into a ``torch.distributed.Store``; this
 module itself needs no torch.

@@ -15,7 +15,7 @@ import uuid
 from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
-from hvdlite.common import flight_recorder
+from hvdlite.common.diagnostics import flight_recorder
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.rounds import Rounds
@@ -23,22 +23,22 @@ from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent.state_machine import Agent
 from hvdlite.runner.hosts import HostSlots, assign_slots, is_local, resolve
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.runner.hosts import slurm as slurm_hosts
+from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.hosts.script import ScriptDiscovery
 from hvdlite.runner.hosts.source import HostSource
-from hvdlite.runner.launch_config import LaunchConfig, forwarded
-from hvdlite.runner import metrics_server
-from hvdlite.runner.metrics_inbox import MetricsInbox
-from hvdlite.runner.nics import loopback_interface
-from hvdlite.runner.procs import StopSignals
-from hvdlite.runner.rank_output import OutputSink
-from hvdlite.runner.ssh import SSHOptions
-from hvdlite.runner.stack_reports import StackReports, on_sigusr1
+from hvdlite.runner.cli.launch_config import LaunchConfig, forwarded
+from hvdlite.runner.store import metrics_server
+from hvdlite.runner.store.metrics_inbox import MetricsInbox
+from hvdlite.runner.tasks.nics import loopback_interface
+from hvdlite.runner.processes.workers import StopSignals
+from hvdlite.runner.processes.rank_output import OutputSink
+from hvdlite.runner.tasks.ssh import SSHOptions
+from hvdlite.runner.store.stack_collection import StackReports, on_sigusr1
 from hvdlite.runner.starters.auto import AutoWorkers
 from hvdlite.runner.starters.base import Starter
 from hvdlite.runner.starters.local import LocalWorkers
 from hvdlite.runner.starters.mpiexec import MpiexecStarter
-from hvdlite.runner.starters.srun import task_opener
+from hvdlite.runner.slurm.srun_tasks import task_opener
 from hvdlite.runner.starters.ssh_tasks import TaskWorkers
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
 
 
 def _serve_metrics(job: JobContext):
-    """The ``--metrics-port`` endpoint (``hvdlite.runner.metrics_server``), or None."""
+    """The ``--metrics-port`` endpoint (``hvdlite.runner.store.metrics_server``), or None."""
     address = metrics_server.endpoint(job.config.tunable_env)
     return None if address is None else metrics_server.serve(address, job)
 

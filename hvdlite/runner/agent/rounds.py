@@ -1,6 +1,6 @@
 """The job's rendezvous rounds, as the agent sees them: a store made on first use.
 
-The store (``hvdlite.runner.rendezvous.RendezvousService``) is made when the first
+The store (``hvdlite.runner.store.rendezvous.RendezvousService``) is made when the first
 round is published, because its address is known only once the starter has
 prepared the first round's hosts (a multi-host job binds it to the interface
 chosen between them).  A static job's store repeats its one round for every
@@ -11,8 +11,8 @@ publishes.  A starter whose workers need no store (mpiexec) gets none.
 from typing import Callable, Dict, Optional, Sequence, Set, Tuple
 
 from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.rendezvous import RendezvousService
-from hvdlite.runner.starters.base import SlotId
+from hvdlite.runner.store.rendezvous import RendezvousService
+from hvdlite.runner.hosts import SlotId
 
 
 class Rounds:

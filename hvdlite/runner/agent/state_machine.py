@@ -81,8 +81,9 @@ from hvdlite.runner.agent.poller import DiscoveryPoller
 from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.hosts import HostSlots, SlotInfo, place_slots
 from hvdlite.runner.hosts.source import HostSource
-from hvdlite.runner.procs import describe_exit, exit_status
-from hvdlite.runner.starters.base import SlotId, Starter
+from hvdlite.runner.processes.workers import describe_exit, exit_status
+from hvdlite.runner.hosts import SlotId
+from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger("hvdlite.runner.agent")
 

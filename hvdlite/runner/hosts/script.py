@@ -25,7 +25,7 @@ from typing import List, Optional
 import psutil
 
 from hvdlite.common import config as cfg
-from hvdlite.runner import lifeline
+from hvdlite.runner.processes import lifeline
 from hvdlite.runner.hosts.slots import HostSlots, host_name_problem
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
 

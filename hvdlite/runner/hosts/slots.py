@@ -41,6 +41,16 @@ class SlotInfo:
     cross_size: int
 
 
+#: (host name, local rank): how the agent, the starters and the store name one worker
+#: process for its whole life, whatever rank later rounds give it
+SlotId = Tuple[str, int]
+
+
+def slot_id(slot: SlotInfo) -> SlotId:
+    """The :data:`SlotId` of ``slot``."""
+    return (slot.hostname, slot.local_rank)
+
+
 def host_name_problem(host: str) -> Optional[str]:
     """Why ``host`` cannot be a host name, or None.
 
@@ -292,3 +302,24 @@ def is_local(hostname: str) -> bool:
         return resolve(hostname) in mine and hostname not in ("",)
     except HvdliteConfigError:
         return False
+
+
+def slots_by_node(nodes: Sequence[str]) -> List[SlotInfo]:
+    """Slot i for the worker that runs on ``nodes[i]``: ranks numbered host by host in the
+    order the nodes first appear, as the SSH launcher numbers a host list, so ranks of one
+    node are consecutive and share local/cross ranks the same way.
+    """
+    order: List[str] = []
+    for n in nodes:
+        if n not in order:
+            order.append(n)
+    hosts = [HostSlots(hostname=n, slots=nodes.count(n)) for n in order]
+    by_host: Dict[str, List[SlotInfo]] = {}
+    for slot in assign_slots(hosts, len(nodes)):
+        by_host.setdefault(slot.hostname, []).append(slot)
+    taken = {n: 0 for n in order}
+    out = []
+    for n in nodes:
+        out.append(by_host[n][taken[n]])
+        taken[n] += 1
+    return out

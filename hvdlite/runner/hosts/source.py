@@ -4,7 +4,7 @@ The agent (:mod:`hvdlite.runner.agent`) asks its source about once a second on
 a thread of its own.  A source is one small module implementing
 :class:`HostSource`: :mod:`.fixed` (``-H`` / ``--hostfile``), :mod:`.script`
 (``--host-discovery-script``), and the engines' own (Ray nodes in
-``hvdlite.ray.elastic``).  A source that cannot answer raises
+``hvdlite.ray.elastic_workers``).  A source that cannot answer raises
 :class:`HostDiscoveryError`; the agent logs it and keeps the hosts it had.
 """
 

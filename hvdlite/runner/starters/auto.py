@@ -13,7 +13,8 @@ import logging
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
-from hvdlite.runner.starters.base import SlotId, Starter
+from hvdlite.runner.hosts import SlotId
+from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
 

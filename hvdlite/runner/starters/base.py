@@ -1,6 +1,6 @@
 """Starters: how a job's workers are started, stopped and watched -- the interface.
 
-The agent names a worker by its :data:`SlotId` -- (host name, local slot) --
+The agent names a worker by its :data:`~hvdlite.runner.hosts.SlotId` -- (host name, local slot) --
 which is also how the rendezvous store knows it; one process keeps its slot id
 for its whole life, whatever rank later rounds give it.  A slot id is used again
 only after its previous process has exited (a host back from the blacklist).
@@ -10,24 +10,16 @@ slots, stop some, and report exits.  Each kind is one small module beside this
 one: :mod:`.local` (child processes of the launcher), :mod:`.ssh_tasks` (a task
 service per host, over SSH for remote hosts), :mod:`.mpiexec` (one ``mpiexec``
 for the whole job), :mod:`.auto` (local or tasks, decided by the first round);
-Ray's actors are in ``hvdlite.ray.elastic``.
+Ray's actors are in ``hvdlite.ray.elastic_workers``.
 """
 
 import abc
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hvdlite.runner.hosts import HostSlots, SlotInfo
+from hvdlite.runner.hosts import HostSlots, SlotId, SlotInfo
 
 log = logging.getLogger(__name__)
-
-#: (host name, local rank): one worker process for its whole life
-SlotId = Tuple[str, int]
-
-
-def slot_id(slot: SlotInfo) -> SlotId:
-    return (slot.hostname, slot.local_rank)
-
 
 class Starter(abc.ABC):
     """Starts, stops and watches the workers of a job.

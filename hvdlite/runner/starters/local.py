@@ -1,5 +1,5 @@
 """The local starter: every worker a child process of the launcher (every host is this
-machine), one :class:`~hvdlite.runner.procs.WorkerGroup` each, so that one can be
+machine), one :class:`~hvdlite.runner.processes.workers.WorkerGroup` each, so that one can be
 stopped alone."""
 
 import logging
@@ -8,8 +8,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.procs import OutputTarget, WorkerGroup, terminate_groups
-from hvdlite.runner.starters.base import SlotId, Starter, slot_id
+from hvdlite.runner.processes.workers import OutputTarget, WorkerGroup, terminate_groups
+from hvdlite.runner.hosts import SlotId, slot_id
+from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
 

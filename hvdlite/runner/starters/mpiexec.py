@@ -7,7 +7,7 @@ only passes the tunables and ``HVDLITE_CPU_OPERATIONS=mpi``.
 
 Output is tagged as in Gloo mode, ``[rank]<stdout>:`` / ``[rank]<stderr>:`` with
 whole lines, not by mpiexec: every rank runs under the small wrapper of
-:mod:`hvdlite.runner.rank_output`, which also writes ``--output-filename``'s
+:mod:`hvdlite.runner.processes.rank_output`, which also writes ``--output-filename``'s
 ``DIR/rank.N/stdout|stderr`` files (on the rank's host).
 """
 
@@ -27,13 +27,14 @@ import psutil
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
-from hvdlite.runner import lifeline
+from hvdlite.runner.processes import lifeline
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local, resolve
-from hvdlite.runner.procs import describe_exit, kill_tree
-from hvdlite.runner.rank_output import wrapper_command
-from hvdlite.runner.agent.blame import ExitReports
-from hvdlite.runner.stack_reports import Handler, ReportStore
-from hvdlite.runner.starters.base import SlotId, Starter, slot_id
+from hvdlite.runner.processes.workers import describe_exit, kill_tree
+from hvdlite.runner.processes.rank_output import wrapper_command
+from hvdlite.runner.store.exit_reports import ExitReports
+from hvdlite.runner.store.stack_collection import Handler, ReportStore
+from hvdlite.runner.hosts import SlotId, slot_id
+from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
-from hvdlite.runner.procs import OutputTarget, describe_exit
-from hvdlite.runner.services.driver_service import Driver, DriverService
-from hvdlite.runner.ssh import SSHOptions, TaskProcess, start_task
-from hvdlite.runner.starters import task_heartbeats
-from hvdlite.runner.starters.base import SlotId, Starter, slot_id
+from hvdlite.runner.processes.workers import OutputTarget, describe_exit
+from hvdlite.runner.tasks.driver_service import Driver, DriverService
+from hvdlite.runner.tasks.ssh import SSHOptions, TaskProcess, start_task
+from hvdlite.runner.tasks import heartbeats as task_heartbeats
+from hvdlite.runner.hosts import SlotId, slot_id
+from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
 

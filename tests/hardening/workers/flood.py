@@ -34,7 +34,7 @@ import psutil
 
 from hvdlite.common import config as cfg
 
-TASK_MODULE = "hvdlite.runner.services.task_service"
+TASK_MODULE = "hvdlite.runner.tasks.task_service"
 SECRET_ENV = cfg.SECRET_KEY
 NONCE_BYTES = 16
 

@@ -10,9 +10,9 @@ import logging
 import resource
 import sys
 
-from hvdlite.runner.services.driver_service import DriverService
-from hvdlite.runner.rendezvous import KVStoreService
-from hvdlite.runner.services.task_service import TaskService
+from hvdlite.runner.tasks.driver_service import DriverService
+from hvdlite.runner.store.rendezvous import KVStoreService
+from hvdlite.runner.tasks.task_service import TaskService
 
 
 def main():

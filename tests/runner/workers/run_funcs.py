@@ -4,7 +4,7 @@ import threading
 import time
 
 from hvdlite.common import config as cfg
-from hvdlite.runner.function_rank import this_rank
+from hvdlite.runner.tasks.function_rank import this_rank
 
 
 def whoami():

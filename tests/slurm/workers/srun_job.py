@@ -6,12 +6,12 @@ import sys
 
 from hvdlite.runner.agent.job import JobContext, rank_env, run_agent
 from hvdlite.runner.agent.settings import JobSettings
-from hvdlite.runner.hosts import slurm as slurm_hosts
+from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.runner.launch_config import LaunchConfig
-from hvdlite.runner.rank_output import OutputSink
-from hvdlite.runner.ssh import SSHOptions
-from hvdlite.runner.starters.srun import task_opener
+from hvdlite.runner.cli.launch_config import LaunchConfig
+from hvdlite.runner.processes.rank_output import OutputSink
+from hvdlite.runner.tasks.ssh import SSHOptions
+from hvdlite.runner.slurm.srun_tasks import task_opener
 from hvdlite.runner.starters.ssh_tasks import TaskWorkers
 
 

@@ -10,8 +10,9 @@ import sys
 
 import torch
 
-from hvdlite.common import basics, observers
-from hvdlite.common.recorder import Recorder
+from hvdlite.common import basics
+from hvdlite.common.diagnostics import observers
+from hvdlite.common.diagnostics.recorder import Recorder
 import hvdlite.torch as hvd
 
 

@@ -1,0 +1,371 @@
+"""``hvdlite-run``: parse the command line (and --config-file), build Settings, dispatch.
+
+Kept to parse -> Settings -> dispatch: the flags (horovodrun's included) are
+defined in ``flags``, the YAML file is read by ``config_file``, and every job --
+static or elastic, local, SSH or MPI -- runs through the one agent
+(``hvdlite.runner.agent.run_job``).
+"""
+
+import argparse
+import dataclasses
+import importlib.util
+import logging
+import math
+import os
+import shlex
+import shutil
+import sys
+from typing import Dict, List, Optional
+
+from hvdlite.common import config as cfg
+from hvdlite.common.config import tunables
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
+from hvdlite.runner.cli import flags
+from hvdlite.runner.cli import validation
+from hvdlite.runner.agent.job import run_job
+from hvdlite.runner.agent.settings import JobSettings, validate
+from hvdlite.runner.cli.config_file import config_file_defaults
+from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
+from hvdlite.runner.hosts.cluster_env import hosts_from_environment
+from hvdlite.runner.slurm import allocation as slurm_hosts
+from hvdlite.runner.cli.launch_config import Settings
+from hvdlite.runner.store.stack_collection import signal_launcher
+from hvdlite.runner.starters.mpiexec import find_mpiexec
+from hvdlite.version import __version__
+
+log = logging.getLogger("hvdlite.runner")
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parse the flags; --config-file's values become defaults that the flags override."""
+    parser = flags.build_parser()
+    args = parser.parse_args(argv)
+    if args.config_file:
+        given = args.gloo or args.mpi or args.jsrun
+        keys: Dict[str, str] = {}
+        parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
+        cli = args
+        args = parser.parse_args(argv)
+        # the file's key for each value the command line did not give (for messages)
+        args.config_file_keys = {d: k for d, k in keys.items()
+                                 if getattr(cli, d, None) in (None, False)}
+    return args
+
+
+def _resolve_command(command: List[str]) -> List[str]:
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise HvdliteConfigError(
+            "no training command given (e.g. hvdlite-run -np 2 python train.py)")
+    if command[0].endswith(".py"):
+        command = [sys.executable] + command
+    exe = command[0]
+    if shutil.which(exe) is None and not os.path.exists(exe):
+        raise HvdliteConfigError(f"command {exe!r} not found")
+    if exe == sys.executable or os.path.basename(exe).startswith("python"):
+        script = next((a for a in command[1:] if not a.startswith("-")), None)
+        if script and script.endswith(".py") and not os.path.exists(script):
+            raise HvdliteConfigError(f"training script {script!r} not found")
+    return command
+
+
+def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
+    env = {}
+    for item in items or []:
+        name, sep, value = str(item).partition("=")
+        if not name or not name.replace("_", "a").isalnum():
+            raise HvdliteConfigError(f"-x {item!r}: not a variable name")
+        if not sep:
+            if name not in os.environ:
+                log.warning("-x %s: not set in this environment; not passed", name)
+                continue
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
+#: the frameworks hvdlite has an adapter for: the name --check-build shows -> its module
+FRAMEWORKS = {"TensorFlow": "tensorflow", "PyTorch": "torch"}
+
+
+def frameworks_available() -> Dict[str, bool]:
+    """Each framework hvdlite adapts -> whether it is installed (found, not imported:
+    importing TensorFlow takes seconds)."""
+    return {name: importlib.util.find_spec(module) is not None
+            for name, module in FRAMEWORKS.items()}
+
+
+def controllers_available() -> Dict[str, bool]:
+    has_torch = importlib.util.find_spec("torch") is not None
+    return {"gloo": has_torch,
+            "mpi": find_mpiexec() is not None and importlib.util.find_spec("mpi4py") is not None}
+
+
+def check_build() -> str:
+    """What ``--check-build`` prints: each framework hvdlite adapts and each controller,
+    marked [X] where it is available here."""
+    ctl = controllers_available()
+
+    def box(x):
+        return "[X]" if x else "[ ]"
+
+    lines = [f"hvdlite v{__version__}:", "", "Available Frameworks:"]
+    lines += [f"    {box(ok)} {name}" for name, ok in frameworks_available().items()]
+    lines += ["", "Available Controllers:", f"    {box(ctl['gloo'])} Gloo",
+              f"    {box(ctl['mpi'])} MPI", ""]
+    return "\n".join(lines)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Validate the flags into Settings.
+
+    Raises:
+        HvdliteConfigError: any bad flag value, host list or command, or a flag for a
+            feature hvdlite does not offer (names the flag and why).
+    """
+    refused = flags.refusal(args)
+    if refused:
+        raise HvdliteConfigError(refused)
+    elastic = _is_elastic(args)
+    _slurm_defaults(args)
+    if args.np is None and elastic and args.min_np is not None:
+        args.np = args.min_np
+    if args.np is None:
+        raise HvdliteConfigError("-np is required (the number of processes)"
+                                 + (" or --min-np" if elastic else ""))
+    if args.np < 1:
+        raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
+    if args.binding_args and not args.mpi:
+        raise HvdliteConfigError(
+            "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
+            "hvdlite-run starts the ranks itself and does not bind them)")
+    if args.launcher_agent and args.mpi:
+        raise HvdliteConfigError(
+            "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
+            "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
+    parser = flags.build_parser()
+    validation.check_finite_numbers(args, parser)
+    controller = _controller(args, elastic)
+    tunable_env = _tunable_env(args)
+    tunable_env[cfg.CPU_OPERATIONS] = controller
+    start_timeout = args.start_timeout if args.start_timeout is not None \
+        else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
+    if not start_timeout > 0:
+        raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
+    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
+    # before any host list is built or slot placed: -np 10**20 must not be looped over
+    _check_ceiling(args, config.max_workers, parser)
+    elastic_settings = _elastic_settings(args, elastic)
+    if elastic_settings is not None and elastic_settings.max_np is None:
+        elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
+    command = _resolve_command(list(args.command))
+    hosts = _hosts(args)
+    _check_ssh(args)
+    nics = None
+    if args.network_interfaces:
+        nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
+    return Settings(
+        np=args.np, hosts=hosts, command=command, controller=controller, verbose=args.verbose,
+        output_dir=args.output_filename, timestamp_output=args.prefix_output_with_timestamp,
+        start_timeout_s=start_timeout, ssh_port=args.ssh_port or 22,
+        ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
+        ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
+        launcher_agent=args.launcher_agent,
+        network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
+        binding_args=shlex.split(args.binding_args) if args.binding_args else None,
+        tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
+        discovery_script=args.host_discovery_script,
+        slots_per_host=args.slots_per_host or 1, max_workers=config.max_workers)
+
+
+def _check_ceiling(args: argparse.Namespace, ceiling: int,
+                   parser: argparse.ArgumentParser) -> None:
+    """-np, --min-np and --max-np are at most --max-workers (HVDLITE_MAX_WORKERS).
+
+    Checked before the hosts are parsed or slots placed: without -H the host list is
+    ``localhost:NP``, and placing 10**20 slots fills the memory before any check on
+    the hosts could run.
+
+    Raises:
+        HvdliteConfigError: names the flag, its value and the ceiling (and how to raise it).
+    """
+    for dest, flag in (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np")):
+        value = getattr(args, dest, None)
+        keys = getattr(args, "config_file_keys", None) or {}
+        if dest in keys:
+            flag = validation.setting_name(args, parser, dest)
+        if value is not None and value > ceiling:
+            raise HvdliteConfigError(
+                f"{flag} {value}: more than the {ceiling} worker processes one job may run "
+                f"(--max-workers / {cfg.MAX_WORKERS}); lower {flag}, or raise "
+                f"--max-workers if the hosts can hold {value} processes")
+
+
+def _slurm_defaults(args: argparse.Namespace) -> None:
+    """Inside a Slurm allocation, with neither -H nor --hostfile (nor a discovery script):
+    the allocation's nodes and tasks are the hosts, and -np defaults to their total.
+
+    Raises:
+        HvdliteConfigError: a Slurm variable does not parse (names it).
+    """
+    if args.hosts or args.hostfile or args.host_discovery_script:
+        return
+    hosts = slurm_hosts.allocation_hosts()
+    if not hosts:
+        return
+    args.hosts = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
+    total = sum(h.slots for h in hosts)
+    if args.np is None and args.min_np is None:
+        args.np = total
+    if args.np is not None and args.np > total:
+        raise HvdliteConfigError(
+            f"-np {args.np} asks for more processes than the {total} tasks of the Slurm "
+            f"allocation ({slurm_hosts.describe()}: {args.hosts}); lower -np, ask Slurm for "
+            f"more tasks, or give the hosts yourself with -H/--hostfile")
+    log.info("hosts from the Slurm allocation (%s): %s; -np %s%s", slurm_hosts.describe(),
+             args.hosts, args.np, " (the allocation's total)" if args.np == total else "")
+
+
+def _hosts(args: argparse.Namespace) -> List[HostSlots]:
+    """-H or --hostfile (none with a discovery script), checked to hold -np slots."""
+    if args.host_discovery_script:
+        return []
+    found = None if (args.hostfile or args.hosts) else hosts_from_environment()
+    if args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    elif found is not None:
+        hosts, where = found
+        log.info("hosts from %s: %s", where, ", ".join(f"{h.hostname}:{h.slots}" for h in hosts))
+    else:
+        hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
+    if hosts:
+        assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+    return hosts
+
+
+def _tunable_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The HVDLITE_* variables the tunable flags given (or --config-file keys) set."""
+    env = {}
+    for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
+        value = getattr(args, dest, None)
+        try:
+            text = conv(value) if value is not None else None
+        except OverflowError:              # 1e308 MiB in bytes is infinite
+            raise HvdliteConfigError(
+                f"{validation.setting_name(args, flags.build_parser(), dest)} {value:g}: the "
+                f"value must be {_range_words(var)}") from None
+        if text is not None:
+            env[var] = text
+    return env
+
+
+def _range_words(variable: str) -> str:
+    """The allowed range of the tunable set through ``variable``, in words."""
+    row = next(t for t in tunables.TUNABLES if t.env == variable)
+    return row.range.words if row.range is not None else "a finite number"
+
+
+def _controller(args: argparse.Namespace, elastic: bool) -> str:
+    """"gloo" or "mpi": the flag's, else Gloo unless only MPI is available."""
+    if args.mpi:
+        return "mpi"
+    if args.gloo or elastic:
+        return "gloo"
+    avail = controllers_available()
+    return "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
+
+
+def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[JobSettings]:
+    """The elastic flags checked (None for a static job, which must not use them).
+
+    Raises:
+        HvdliteConfigError: an elastic-only flag in a static job, or a bad elastic value.
+    """
+    if not elastic:
+        for dest, flag in _ELASTIC_ONLY.items():
+            if getattr(args, dest, None) is not None:
+                raise HvdliteConfigError(
+                    f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
+                    f"--host-discovery-script, or drop it")
+        return None
+    timeout = args.elastic_timeout
+    if timeout is None and cfg.env_value(cfg.ELASTIC_TIMEOUT) is not None:
+        timeout = _env_seconds(cfg.ELASTIC_TIMEOUT, 0.0)    # horovodrun reads it too
+    return validate(
+        np=args.np, min_np=args.min_np, max_np=args.max_np,
+        elastic_timeout_s=timeout, reset_limit=args.reset_limit,
+        cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
+        discovery_script=args.host_discovery_script,
+        fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """Seconds from our variable ``name`` or its Horovod twin, else ``default``.
+
+    Raises:
+        HvdliteConfigError: the variable is not a number (names it).
+    """
+    raw = cfg.env_value(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise HvdliteConfigError(
+            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds > 0")
+    return value
+
+
+def _check_ssh(args: argparse.Namespace) -> None:
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise HvdliteConfigError(f"-p/--ssh-port {args.ssh_port}: not a port number")
+    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
+        raise HvdliteConfigError(
+            f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
+
+
+def _is_elastic(args: argparse.Namespace) -> bool:
+    return any(getattr(args, f, None) is not None
+               for f in ("min_np", "max_np", "host_discovery_script"))
+
+
+#: flags that mean something only in an elastic job
+_ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--elastic-timeout",
+                 "reset_limit": "--reset-limit",
+                 "blacklist_cooldown_range": "--blacklist-cooldown-range"}
+
+
+def run(settings: Settings) -> int:
+    """Run the job through the agent; returns the job's exit code."""
+    return run_job(settings)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """hvdlite-run's entry point; returns the exit code (2 for a refused command line)."""
+    logging.basicConfig(level=logging.WARNING, format="hvdlite-run: %(message)s")
+    try:
+        args = parse_args(argv)
+        if args.version:
+            print(f"hvdlite-run {__version__}")
+            return 0
+        if args.check_build:
+            print(check_build())
+            return 0
+        if args.dump_stacks is not None:
+            print(signal_launcher(args.dump_stacks))
+            return 0
+        if args.log_level:
+            logging.getLogger("hvdlite").setLevel(cfg.log_level_name(args.log_level))
+        elif args.verbose:
+            logging.getLogger("hvdlite").setLevel(logging.INFO)
+        settings = settings_from_args(args)
+        return run(settings)
+    except HvdliteError as exc:
+        sys.stderr.write(f"hvdlite-run: error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Rank output: whole lines tagged ``[rank]<stdout>:`` / ``[rank]<stderr>:``.
+
+Both launch modes use the pieces here:
+
+* :class:`OutputSink` and :func:`pump_lines` -- the Gloo launcher and its tasks
+  (``procs.WorkerGroup``) read every rank's pipes and write tagged lines.
+* :func:`main` -- under ``--mpi``, mpiexec starts the ranks itself, so each rank
+  runs as ``python -m hvdlite.runner.processes.rank_output [--output-dir DIR] -- CMD...``
+  (see :func:`wrapper_command`).  The wrapper reads its rank from the MPI
+  environment, starts ``CMD`` with piped stdout/stderr and
+  ``PYTHONUNBUFFERED=1``, and writes each whole line to its own stdout/stderr
+  with the tag, once per ``write``.  ``print()`` without ``flush=True`` then shows
+  up at once, and mpiexec forwards whole lines.
+
+The child stays the MPI process: it inherits the environment and every file
+descriptor the wrapper inherited (Hydra's ``PMI_FD`` among them), so
+``MPI_Init`` in the child connects to the process manager exactly as it would
+without the wrapper.  The wrapper never initialises MPI.  SIGINT/SIGTERM/SIGHUP
+are forwarded to the child's process group; on Linux the child also gets
+SIGKILL should the wrapper die without forwarding (mpiexec's SIGKILL).  The
+wrapper exits with the child's code, 128+N for signal N.
+
+This module imports no framework (only the standard library, psutil and
+:mod:`hvdlite.runner.processes.workers`), so it starts fast on every rank and never imports torch.
+"""
+
+import argparse
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteLaunchError
+from hvdlite.runner.processes import lifeline
+from hvdlite.runner.processes.workers import describe_exit, exit_status
+
+#: where MPI implementations put the world rank, tried in order:
+#: Open MPI, PMIx (Open MPI 5 / PRRTE), MPICH Hydra and Intel MPI.
+#: (Intel's MPI_LOCALRANKID is the rank on the host, not in the world.)
+RANK_ENV_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+#: bounded wait for the last output once the child has exited
+#: (a grandchild that keeps the pipes open must not keep the rank alive)
+OUTPUT_DRAIN_S = 5.0
+MODULE = "hvdlite.runner.processes.rank_output"
+
+
+class OutputSink:
+    """Where rank output lines go: prefixed to our stdout/stderr, optionally to files.
+
+    ``write`` takes one whole line; a lock keeps lines from interleaving.
+    With ``output_dir``, each line (without the tag) also goes to
+    ``output_dir/rank.N/stdout`` or ``.../stderr``.
+    """
+
+    def __init__(self, out=None, err=None, output_dir: Optional[str] = None,
+                 timestamp: bool = False):
+        self._out = out if out is not None else sys.stdout.buffer
+        self._err = err if err is not None else sys.stderr.buffer
+        self._output_dir = output_dir
+        self._timestamp = timestamp
+        self._files: Dict[Tuple[int, str], object] = {}
+        self._lock = threading.Lock()
+        self.broken = threading.Event()
+
+    def write(self, rank: int, stream: str, line: bytes) -> None:
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        prefix = f"[{rank}]<{stream}>:".encode()
+        if self._timestamp:
+            prefix = datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y").encode() + prefix
+        sink = self._out if stream == "stdout" else self._err
+        with self._lock:
+            try:
+                sink.write(prefix + line)
+                sink.flush()
+            except (OSError, ValueError):
+                self.broken.set()
+            if self._output_dir:
+                f = self._files.get((rank, stream))
+                if f is None:
+                    rank_dir = os.path.join(self._output_dir, f"rank.{rank}")
+                    os.makedirs(rank_dir, exist_ok=True)
+                    f = self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
+                f.write(line)
+                f.flush()
+
+    def attach(self, rank: int, stream: str, pipe: IO[bytes]) -> threading.Thread:
+        """Start a thread that writes each line of ``pipe`` as ``rank``'s ``stream``."""
+        return pump_lines(pipe, lambda line: self.write(rank, stream, line),
+                          name=f"output-rank{rank}-{stream}")
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
+
+
+def pump_lines(stream, on_line: Callable[[bytes], None], name: str) -> threading.Thread:
+    """Start a thread that hands each line of ``stream`` to ``on_line`` until EOF."""
+
+    def run():
+        try:
+            for line in iter(stream.readline, b""):
+                on_line(line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    return t
+
+
+# ----------------------------------------------------------------------------------------
+# the per-rank wrapper of MPI mode
+
+
+def wrapper_command(command: Sequence[str], output_dir: Optional[str] = None,
+                    timestamp: bool = False, python: str = sys.executable) -> List[str]:
+    """The command mpiexec runs on every rank to run ``command`` under the wrapper."""
+    cmd = [python, "-m", MODULE]
+    if output_dir:
+        cmd += ["--output-dir", output_dir]
+    if timestamp:
+        cmd += ["--timestamp"]
+    return cmd + ["--"] + list(command)
+
+
+def mpi_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank in MPI_COMM_WORLD, from the variables mpiexec sets.
+
+    Raises:
+        HvdliteConfigError: none of :data:`RANK_ENV_VARS` holds a rank.
+    """
+    for name in RANK_ENV_VARS:
+        value = environ.get(name)
+        if value is None:
+            continue
+        try:
+            return int(value)
+        except ValueError:
+            raise HvdliteConfigError(f"{name}={value!r}: not a rank number") from None
+    raise HvdliteConfigError(
+        f"{MODULE}: no MPI rank in the environment (expected one of "
+        f"{', '.join(RANK_ENV_VARS)}); it is meant to be started by mpiexec through "
+        f"hvdlite-run --mpi")
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
+                                description="Run one MPI rank's command with its output "
+                                            "tagged [rank]<stdout>: / [rank]<stderr>:.")
+    p.add_argument("--output-dir", metavar="DIR",
+                   help="also write the rank's lines to DIR/rank.N/stdout and stderr")
+    p.add_argument("--timestamp", action="store_true", help="prefix each line with the time")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
+    args = p.parse_args(list(argv))
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no command given (usage: ... -- COMMAND ARGS...)")
+    return args
+
+
+def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
+             environ: Optional[Mapping[str, str]] = None) -> int:
+    """Run ``command`` as rank ``rank``, its output through ``sink``; returns our exit status.
+
+    Raises:
+        HvdliteLaunchError: the command cannot be started.
+    """
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        # close_fds=False: the child gets every descriptor mpiexec gave us (PMI_FD)
+        proc = lifeline.popen(list(command), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, close_fds=False,
+                              start_new_session=True)
+    except OSError as exc:
+        raise HvdliteLaunchError(f"rank {rank} on host {socket.gethostname()}: cannot start "
+                                 f"{command[0]!r}: {exc.strerror}") from None
+    # Our copy of the PMI connection (Hydra's PMI_FD) stays open until we exit: Hydra
+    # takes an EOF on it without a finalize as an abort and SIGKILLs the job, so the EOF
+    # must come with our exit code, as it does without the wrapper, not before it.
+    signalled = threading.Event()
+
+    def forward(signum, frame):
+        signalled.set()
+        try:
+            os.killpg(proc.pid, signum)
+        except OSError:          # the group is already gone
+            pass
+
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        pumps = [sink.attach(rank, "stdout", proc.stdout), sink.attach(rank, "stderr", proc.stderr)]
+        code = proc.wait()
+        deadline = time.monotonic() + OUTPUT_DRAIN_S
+        for t in pumps:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        sink.close()
+    if code != 0 and not signalled.is_set():
+        _report(f"hvdlite-run: rank {rank} on host {socket.gethostname()} "
+                f"{describe_exit(code)}.\n")
+    return 0 if code == 0 else exit_status(code)
+
+
+def _report(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    # Hydra's proxy is our parent: if it dies (mpiexec or the launcher was killed), we get
+    # SIGTERM, which ends the child's group below, and the child is tied to us in turn
+    lifeline.set_own_death_signal(signal.SIGTERM)
+    try:
+        rank = mpi_rank(os.environ)
+        sink = OutputSink(output_dir=args.output_dir, timestamp=args.timestamp)
+        return run_rank(args.command, rank, sink)
+    except HvdliteError as exc:
+        _report(f"hvdlite-run: error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The launcher's side of stack reports: gather the ranks' stacks, print one report.
+
+Ranks send their stacks with ``hvdlite.common.diagnostics.stack_capture`` (op ``stack_report`` on
+the launcher's store).  One request -- a stall rank 0 found, or a user's
+``--dump-stacks`` / SIGUSR1 -- has one id; rank 0's part names the ranks expected,
+and the report is printed, once, when they have all answered or
+:data:`ANSWER_WAIT_S` after rank 0's part, naming the ranks that did not answer.
+
+Under ``--mpi`` there is no rendezvous store; :class:`ReportStore` is a store that
+takes only these ops, with the job's key, so the same path works there.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import psutil
+
+from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.common.net.service import Service, ServiceError, is_int
+from hvdlite.common.diagnostics.stack_capture import ALL, STALL
+
+#: how long the answers of the ranks expected are awaited after rank 0's part
+ANSWER_WAIT_S = 5.0
+#: after this long without a rank's answer, its stack poller is asked instead (the
+#: background thread that should have answered may be blocked)
+POLLER_AFTER_S = 1.0
+#: a request whose rank 0 part never came is printed (or dropped) after this long
+ORPHAN_S = 15.0
+#: bounds on what the launcher keeps
+MAX_PENDING = 64
+MAX_USER_FRAMES = 8
+
+Handler = Callable[[dict, bytes], Tuple[dict, bytes]]
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.first = time.monotonic()
+        self.summary: Optional[dict] = None
+        self.summary_at = 0.0
+        #: rank -> (host, pid, threads, whether its stack poller sent them)
+        self.stacks: Dict[int, Tuple[str, int, list, bool]] = {}
+
+
+class StackReports:
+    """Collects the parts of each request and writes each report once (to stderr by
+    default: the launcher's own output, beside the ranks')."""
+
+    def __init__(self, write: Optional[Callable[[str], None]] = None):
+        self._write = write or _to_stderr
+        self._cond = threading.Condition()
+        self._pending: Dict[Tuple[str, int], _Pending] = {}
+        self._serial = 0
+        #: the newest on-demand request no rank 0 has answered yet (0: none)
+        self._wanted = 0
+        self._announced = 0
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        #: how many reports were written (for tests)
+        self.written = 0
+
+    def ops(self) -> Dict[str, Handler]:
+        """The store ops this serves: ``stack_report`` (a part) and ``stacks_wanted``
+        (rank 0's poll for an on-demand request)."""
+        return {"stack_report": self._take, "stacks_wanted": self._wanted_op}
+
+    def request_all(self) -> int:
+        """Ask for every rank's stacks (SIGUSR1).  No lock and no output here: this runs
+        in a signal handler, which must not wait for a lock another thread holds nor
+        write to a stream the interrupted code may be writing to (the writer thread
+        announces the request)."""
+        self._serial += 1
+        self._wanted = self._serial
+        return self._serial
+
+    def start(self) -> None:
+        """Start the writer thread now (before a signal handler may need it)."""
+        with self._cond:
+            self._start_locked()
+
+    def _wanted_op(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
+        """A rank's poll: the newest on-demand request (for rank 0), and a request that
+        rank has not answered :data:`POLLER_AFTER_S` after it was made (``ask``)."""
+        reply = {"wanted": self._wanted}
+        rank = header.get("rank")
+        if is_int(rank):
+            with self._cond:
+                ask = self._unanswered_locked(rank, time.monotonic())
+            if ask is not None:
+                reply["ask"] = list(ask)
+        return reply, b""
+
+    def _unanswered_locked(self, rank: int, now: float) -> Optional[Tuple[str, int]]:
+        for key, entry in self._pending.items():
+            if entry.summary is not None and rank in entry.summary["expected"] \
+                    and rank not in entry.stacks and now - entry.summary_at > POLLER_AFTER_S:
+                return key
+        return None
+
+    def _take(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
+        kind, req, rank = header.get("kind"), header.get("id"), header.get("rank")
+        host, pid = header.get("host"), header.get("pid")
+        if not (kind in (STALL, ALL) and is_int(req) and is_int(rank) and rank >= 0
+                and isinstance(host, str) and len(host) <= 255 and is_int(pid)):
+            raise ServiceError("stack_report: kind, id, rank, host and pid are required")
+        expected = header.get("expected")
+        if expected is not None and not (isinstance(expected, list) and len(expected) <= 1 << 20
+                                         and all(is_int(r) for r in expected)):
+            raise ServiceError("stack_report: expected must be a list of ranks")
+        try:
+            threads = json.loads(blob) if blob else None
+        except ValueError as exc:
+            raise ServiceError(f"stack_report from rank {rank}: stacks are not JSON: "
+                               f"{exc}") from None
+        if threads is not None and not isinstance(threads, list):
+            raise ServiceError(f"stack_report from rank {rank}: stacks must be a list")
+        with self._cond:
+            entry = self._pending.get((kind, req))
+            if entry is None:
+                if len(self._pending) >= MAX_PENDING:
+                    raise ServiceError("stack_report: too many reports in progress")
+                entry = self._pending[(kind, req)] = _Pending()
+            if expected is not None:
+                entry.summary, entry.summary_at = header, time.monotonic()
+                if kind == ALL and req == self._wanted:
+                    self._wanted = 0
+            if threads is not None and rank not in entry.stacks:     # the first answer
+                entry.stacks[rank] = (host, pid, threads, header.get("via") == "poller")
+            self._cond.notify_all()
+            self._start_locked()
+        return {}, b""
+
+    def _start_locked(self) -> None:
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="hvdlite-stack-reports",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                self._cond.wait(0.25)
+                done = self._take_ready_locked(time.monotonic())
+            if self._serial > self._announced:
+                self._announced = self._serial
+                self._write(f"hvdlite-run: stacks of every rank requested (request "
+                            f"{self._serial}); rank 0 checks for it once a second and the "
+                            f"report follows here\n")
+            for (kind, _), entry in done:
+                if entry.summary is not None:
+                    self._write(format_report(kind, entry.summary, entry.stacks))
+                    self.written += 1
+
+    def _take_ready_locked(self, now: float) -> List[Tuple[Tuple[str, int], _Pending]]:
+        done = []
+        for key, entry in list(self._pending.items()):
+            if entry.summary is not None:
+                expected = set(entry.summary["expected"])
+                if not expected - set(entry.stacks) or now - entry.summary_at > ANSWER_WAIT_S:
+                    done.append((key, self._pending.pop(key)))
+            elif now - entry.first > ORPHAN_S:
+                self._pending.pop(key)          # rank 0's part never came: nothing to say
+        return done
+
+    def close(self) -> None:
+        """Write what is complete enough, then stop the writer thread."""
+        with self._cond:
+            self._closed = True
+            done = self._take_ready_locked(float("inf"))
+            self._cond.notify_all()
+        for (kind, _), entry in done:
+            if entry.summary is not None:
+                self._write(format_report(kind, entry.summary, entry.stacks))
+                self.written += 1
+
+
+@contextlib.contextmanager
+def on_sigusr1(reports: StackReports):
+    """While the job runs, SIGUSR1 to the launcher asks for every rank's stacks (only
+    where a handler can be installed: the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    reports.start()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: reports.request_all())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+#: the modules ``python -m`` runs a launcher from (else the console script hvdlite-run)
+_LAUNCHER_MODULES = ("hvdlite.runner", "hvdlite.runner.cli.launch")
+
+
+def signal_launcher(pid: int) -> str:
+    """``--dump-stacks PID``: SIGUSR1 to that launcher, after checking it is one of this
+    user's hvdlite launchers; returns what to tell the user.
+
+    Raises:
+        HvdliteConfigError: no such process, not this user's, or not an hvdlite launcher.
+    """
+    try:
+        proc = psutil.Process(pid)
+        uid, cmdline = proc.uids().real, proc.cmdline()
+    except psutil.NoSuchProcess:
+        raise HvdliteConfigError(f"--dump-stacks {pid}: no such process") from None
+    except psutil.AccessDenied:
+        raise HvdliteConfigError(f"--dump-stacks {pid}: not your process") from None
+    if uid != os.getuid():
+        raise HvdliteConfigError(f"--dump-stacks {pid}: not your process")
+    if not any(os.path.basename(part) == "hvdlite-run" or part in _LAUNCHER_MODULES
+               for part in cmdline[:3]):
+        raise HvdliteConfigError(f"--dump-stacks {pid}: not an hvdlite launcher "
+                                 f"({' '.join(cmdline)[:120]!r}); give hvdlite-run's pid")
+    os.kill(pid, signal.SIGUSR1)
+    return (f"hvdlite-run: asked launcher {pid} for every rank's stacks; the report appears "
+            f"in that launcher's output (its stderr) within a few seconds")
+
+
+class ReportStore(Service):
+    """A store that takes only reports (``--mpi``, where no rendezvous store runs)."""
+
+    def __init__(self, key: bytes, ops: Dict[str, Handler], bind_addr: str = "127.0.0.1",
+                 expected_peers: int = 0):
+        self._ops = dict(ops)
+        super().__init__("report store", key, bind_addr, 0, expected_peers=expected_peers)
+
+    def handle(self, header, blob, client):
+        handler = self._ops.get(header.get("op"))
+        if handler is None:
+            raise ServiceError(f"the report store takes only {sorted(self._ops)}, not "
+                               f"{header.get('op')!r}")
+        return handler(header, blob)
+
+
+def format_report(kind: str, summary: dict,
+                  stacks: Dict[int, Tuple[str, int, list, bool]]) -> str:
+    """The report's text: what stalled (for a stall), then per rank its host, pid and
+    threads, innermost frames first, user code first and runtime frames folded."""
+    expected = [r for r in summary.get("expected", []) if is_int(r)]
+    if kind == STALL:
+        lines = _stall_lines(summary, expected)
+    else:
+        lines = ["hvdlite-run: stacks of every rank, on request (innermost frame first; "
+                 "runtime frames folded):"]
+    for rank in sorted(set(expected) | set(stacks)):
+        if rank not in stacks:
+            lines.append(f"  rank {rank}: no stacks within {ANSWER_WAIT_S:.0f}s: neither its "
+                         f"background thread nor its stack poller answered (the process may "
+                         f"have ended, or a C call holds its interpreter lock)")
+            continue
+        host, pid, threads, by_poller = stacks[rank]
+        how = "; its background thread did not answer, its stack poller thread took these" \
+            if by_poller else ""
+        lines.append(f"  rank {rank} (host {host}, pid {pid}{how}):")
+        lines += _threads_lines(threads, "    ")
+    if kind == STALL:
+        lines.append(_stall_outcome(summary))
+    return "\n".join(lines) + "\n"
+
+
+def _stall_outcome(summary: dict) -> str:
+    """The report's last line: whether the job goes on or will fail (a shutdown time
+    is set), as rank 0 reported it."""
+    limit = summary.get("shutdown_s")
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0:
+        return (f"  the job fails if the stall lasts {limit:g}s "
+                f"(--stall-check-shutdown-time-seconds {limit:g})")
+    return (f"  the job goes on (this is a warning); "
+            f"{summary.get('hint', '--stall-check-shutdown-time-seconds')} turns a "
+            f"stall into an error")
+
+
+def _stall_lines(summary: dict, expected: List[int]) -> List[str]:
+    tensors = [t for t in summary.get("tensors", []) if isinstance(t, list) and len(t) == 4]
+    waiting = sorted({r for t in tensors if isinstance(t[1], list) for r in t[1]
+                      if is_int(r)})
+    lines = [f"hvdlite-run: stall: ranks {waiting} wait for ranks {expected}, which have not "
+             f"submitted these tensors:"]
+    for name, have, missing, waited in tensors:
+        lines.append(f"  tensor {str(name)!r}: submitted by ranks {have}, not by ranks "
+                     f"{missing} (waiting {waited}s)")
+    more = summary.get("stalled", len(tensors))
+    if is_int(more) and more > len(tensors):
+        lines.append(f"  ... and {more - len(tensors)} more tensors")
+    lines.append("stacks of the missing ranks (innermost frame first; runtime frames folded):")
+    return lines
+
+
+def _threads_lines(threads: list, indent: str) -> List[str]:
+    """User threads with their frames; threads running only runtime code on one line."""
+    lines, runtime_only = [], []
+    for thread in threads:
+        if not isinstance(thread, dict):
+            continue
+        frames = [f for f in thread.get("frames", []) if isinstance(f, list) and len(f) == 4]
+        name = str(thread.get("name", "?"))
+        if all(f[3] for f in frames):
+            runtime_only.append(f"{name} in {frames[-1][2]}" if frames else name)
+            continue
+        lines.append(f"{indent}thread {name}{' (main)' if thread.get('main') else ''}:")
+        lines += _frame_lines(list(reversed(frames)), indent + "  ")
+    if runtime_only:
+        lines.append(f"{indent}+ {len(runtime_only)} runtime threads: "
+                     f"{', '.join(runtime_only)}")
+    return lines
+
+
+def _frame_lines(inner_first: list, indent: str) -> List[str]:
+    lines, folded, shown = [], [], 0
+    for path, line, func, runtime in inner_first:
+        if runtime:
+            folded.append((path, line, func))
+            continue
+        if folded:
+            lines.append(f"{indent}[runtime: {_fold(folded)}]")
+            folded = []
+        if shown == MAX_USER_FRAMES:
+            lines.append(f"{indent}...")
+            return lines
+        lines.append(f"{indent}{func} ({path}:{line})")
+        shown += 1
+    if folded:
+        lines.append(f"{indent}[runtime: {_fold(folded)}]")
+    return lines
+
+
+def _fold(frames: list) -> str:
+    named = [f"{func} ({_short(path)}:{line})" for path, line, func in frames[:2]]
+    if len(frames) > 2:
+        named.append(f"{len(frames) - 2} more")
+    return " < ".join(named)
+
+
+def _short(path: str) -> str:
+    parts = str(path).split(os.sep)
+    return os.sep.join(parts[-2:]) if "hvdlite" in parts or "torch" in parts else parts[-1]
+
+
+def _to_stderr(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
