@@ -11,6 +11,7 @@ environment, a task's stdin over SSH, or by name through mpiexec), never on a
 command line.
 """
 
+import argparse
 import logging
 import socket
 import sys
@@ -23,7 +24,9 @@ from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Header, Service, ServiceError
-from hvdlite.runner.cli import launch
+from hvdlite.runner.agent.job import run_job
+from hvdlite.runner.agent.spec import JobSpec
+from hvdlite.runner.cli import flags, launch
 from hvdlite.runner.hosts import is_local
 from hvdlite.runner.tasks.function_rank import MODULE as TASK_MODULE
 from hvdlite.runner.tasks.function_rank import dumps, loads
@@ -114,32 +117,34 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     nics = network_interfaces if network_interfaces is not None else network_interface
     if nics is not None and not isinstance(nics, str):
         nics = ",".join(nics)
-    argv = _argv(np=np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
-                 ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
-                 disable_cache=disable_cache, output_filename=output_filename,
-                 verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi, use_jsrun=use_jsrun,
-                 mpi_args=mpi_args, nics=nics, env=env)
-    argv += [executable or sys.executable, "-m", TASK_MODULE]
-    return _run_job(launch.settings_from_args(_parse(argv)), payload)
+    options = _options(np=np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
+                       ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
+                       disable_cache=disable_cache, output_filename=output_filename,
+                       verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi,
+                       use_jsrun=use_jsrun, mpi_args=mpi_args, nics=nics, env=env,
+                       command=[executable or sys.executable, "-m", TASK_MODULE])
+    spec = launch.spec_from_args(options)
+    spec.name = "hvdlite.run"
+    return _run_job(spec, payload)
 
 
-def _run_job(settings, payload: bytes) -> List[Any]:
-    """Serve ``payload`` to the job's ranks, run the job through the launcher's agent, and
-    collect the results (see :func:`run` for what it raises)."""
-    local = all(is_local(h.hostname) for h in settings.hosts)
+def _run_job(spec: JobSpec, payload: bytes) -> List[Any]:
+    """Serve ``payload`` to the job's ranks, run the job, and collect the results (see
+    :func:`run` for what it raises)."""
+    local = all(is_local(h.hostname) for h in spec.hosts)
     key = new_key()
-    service = _FunctionService(key, payload, settings.np,
+    service = _FunctionService(key, payload, spec.np,
                                bind_addr="127.0.0.1" if local else "0.0.0.0")
     try:
-        settings.secret_env.update({
+        spec.secret_env.update({
             cfg.RUN_FUNC_KEY: key.hex(),
             cfg.RUN_FUNC_PORT: str(service.address[1]),
-            cfg.RUN_FUNC_ADDRS: ",".join(_addresses(local, settings.network_interfaces)),
+            cfg.RUN_FUNC_ADDRS: ",".join(_addresses(local, spec.network_interfaces)),
         })
-        code = launch.run(settings)
+        code = run_job(spec).exit_code
     finally:
         service.shutdown()
-    return _collect(service, settings.np, code)
+    return _collect(service, spec.np, code)
 
 
 def _refuse(min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
@@ -164,41 +169,25 @@ def _refuse(min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
                                  "each other")
 
 
-def _argv(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,
-          disable_cache, output_filename, verbose, use_gloo, use_mpi, use_jsrun, mpi_args,
-          nics, env) -> List[str]:
-    """hvdlite-run's flags for ``run``'s arguments (every value goes through the same
-    checks as on the command line)."""
+def _options(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,
+             disable_cache, output_filename, verbose, use_gloo, use_mpi, use_jsrun, mpi_args,
+             nics, env, command: List[str]) -> argparse.Namespace:
+    """``run``'s arguments as hvdlite-run's options (every flag at its default but these),
+    so that every value goes through the checks a command line gets -- without making
+    or parsing a command line."""
     if isinstance(np, bool) or not isinstance(np, int):
         raise HvdliteConfigError(f"hvdlite.run: np={np!r} is not a number of processes")
-    argv = ["-np", str(np)]
-    valued = [("-H", hosts), ("--hostfile", hostfile), ("--start-timeout", start_timeout),
-              ("--ssh-port", ssh_port), ("--ssh-identity-file", ssh_identity_file),
-              ("--output-filename", output_filename), ("--network-interfaces", nics)]
-    for flag, value in valued:
-        if value is not None:
-            argv += [flag, str(value)]
-    if mpi_args is not None:
-        argv.append(f"--mpi-args={mpi_args}")          # '=': the value may start with '-'
-    switches = [("--disable-cache", disable_cache), ("--verbose", verbose),
-                ("--gloo", use_gloo), ("--mpi", use_mpi), ("--jsrun", use_jsrun)]
-    argv += [flag for flag, on in switches if on]
-    for name, value in (env or {}).items():
-        argv += ["-x", f"{name}={value}"]
-    return argv
-
-
-def _parse(argv: List[str]):
-    """hvdlite-run's parser on ``argv``; argparse's exit becomes an exception.
-
-    Raises:
-        HvdliteConfigError: an argument argparse rejects (its message is on stderr).
-    """
-    try:
-        return launch.parse_args(argv)
-    except SystemExit:
-        raise HvdliteConfigError(
-            f"hvdlite.run: invalid arguments (see the message above): {argv[:-3]}") from None
+    options = flags.defaults()
+    options.np = np
+    options.hosts, options.hostfile = hosts, hostfile
+    options.start_timeout, options.ssh_port = start_timeout, ssh_port
+    options.ssh_identity_file, options.output_filename = ssh_identity_file, output_filename
+    options.network_interfaces, options.mpi_args = nics, mpi_args
+    options.disable_cache, options.verbose = bool(disable_cache), bool(verbose)
+    options.gloo, options.mpi, options.jsrun = bool(use_gloo), bool(use_mpi), bool(use_jsrun)
+    options.env = [f"{name}={value}" for name, value in (env or {}).items()]
+    options.command = command
+    return options
 
 
 def _addresses(local: bool, nics: Optional[List[str]]) -> List[str]:

@@ -91,7 +91,7 @@ def test_elastic_job_without_max_np_is_capped_at_the_ceiling(tmp_path):
     script.chmod(0o755)
     args = launch.parse_args(["-np", "1", "--host-discovery-script", str(script),
                               "--max-workers", "64", "true"])
-    settings = launch.settings_from_args(args)
+    settings = launch.spec_from_args(args)
     assert settings.elastic.max_np == 64 and settings.max_workers == 64
 
 

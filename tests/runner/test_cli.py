@@ -9,6 +9,7 @@ import pytest
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
+from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.cli import launch
 
 from conftest import free_port, run_launcher, worker
@@ -19,7 +20,7 @@ KV = worker("kv_worker.py")
 
 
 def settings(argv):
-    return launch.settings_from_args(launch.parse_args(argv))
+    return launch.spec_from_args(launch.parse_args(argv))
 
 
 def test_tunable_flags_map_to_env():
@@ -86,7 +87,7 @@ def test_command_that_cannot_start_is_a_launch_error(tmp_path, capsys):
     script.write_text("#!/bin/sh\n")
     script.chmod(0o644)
     with pytest.raises(HvdliteLaunchError, match="rank 0 on host .*cannot start"):
-        launch.run(settings(["-np", "1", str(script)]))
+        run_job(settings(["-np", "1", str(script)]))
     assert launch.main(["-np", "1", str(script)]) == 2
     assert "hvdlite-run: error: rank 0 on host" in capsys.readouterr().err
 

@@ -21,7 +21,7 @@ from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Client, ServiceError
 from hvdlite.runner.tasks.driver_service import DriverService
 from hvdlite.runner.agent.hostset import HostSet
-from hvdlite.runner.agent.job import JobContext, rank_env, run_agent
+from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent import state_machine
 from hvdlite.runner.agent.state_machine import TRANSITIONS, Agent, State
@@ -29,7 +29,7 @@ from hvdlite.runner.hosts import HostSlots, place_slots
 from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.hosts.script import ScriptDiscovery, parse_discovery_output
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
-from hvdlite.runner.cli.launch_config import LaunchConfig
+from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.processes.rank_output import OutputSink
 from hvdlite.runner.tasks.task_service import TaskService
 from hvdlite.runner.tasks.ssh import SSHOptions
@@ -778,16 +778,19 @@ def test_task_workers_through_local_tasks(capfd, caplog):
                           "elastic_worker.py")
     env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
     hosts = H("localhost:2,127.0.0.1:1")
-    config = LaunchConfig(np=3, hosts=hosts, command=[sys.executable, worker, "--fail",
-                                                      "localhost:1", "--done-after", "1"],
-                          elastic=JobSettings(np=3, min_np=1, elastic_timeout_s=20))
-    job = JobContext(config, config.elastic)
     sink = OutputSink()
-    starter = TaskWorkers(job.key, job.job_id, config.command,
-                          lambda: rank_env(job, local=False), env, SSHOptions(),
-                          start_timeout_s=20, sink=sink, on_exit=job.wake)
+
+    def starter(job):
+        return TaskWorkers(job.key, job.job_id, job.spec.command,
+                           lambda: job.job_env(local=False), env, SSHOptions(),
+                           start_timeout_s=20, sink=sink, on_exit=job.wake)
+
+    spec = JobSpec(np=3, hosts=hosts, command=[sys.executable, worker, "--fail",
+                                               "localhost:1", "--done-after", "1"],
+                   elastic=JobSettings(np=3, min_np=1, elastic_timeout_s=20),
+                   host_source=FixedHosts(hosts), starter=starter)
     try:
-        code = run_agent(job, FixedHosts(hosts), starter)
+        code = run_job(spec).exit_code
     finally:
         sink.close()
     out, err = capfd.readouterr()

@@ -92,7 +92,7 @@ def files(tmp_path):
 
 
 def settings(argv):
-    return launch.settings_from_args(launch.parse_args(argv))
+    return launch.spec_from_args(launch.parse_args(argv))
 
 
 @pytest.mark.parametrize("tokens, outcome", HOROVODRUN_FLAGS,

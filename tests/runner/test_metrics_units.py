@@ -11,6 +11,7 @@ from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.engine.message import OpType, Response
 from hvdlite.common.diagnostics.metrics_counters import Counters
 from hvdlite.common.net.service import ServiceError
+from hvdlite.runner.cli import launch
 from hvdlite.runner.store import metrics_server
 from hvdlite.runner.store.metrics_inbox import MAX_SNAPSHOT_BYTES, MetricsInbox
 
@@ -90,14 +91,25 @@ def test_collector_sums_ranks_and_takes_lateness_from_rank_0():
     assert fill["hvdlite_fusion_buffer_fill_ratio_sum"] == pytest.approx(4 * 0.3)
 
 
-def test_endpoint_reads_the_flag_then_the_environment():
-    assert metrics_server.endpoint({}, {}) is None
-    assert metrics_server.endpoint({"HVDLITE_METRICS_PORT": "9000"}, {}) == ("127.0.0.1", 9000)
-    assert metrics_server.endpoint({}, {"HVDLITE_METRICS_PORT": "9001",
-                                        "HVDLITE_METRICS_ADDRESS": "0.0.0.0"}) == \
-        ("0.0.0.0", 9001)
-    with pytest.raises(HvdliteConfigError, match="--metrics-port"):
-        metrics_server.endpoint({"HVDLITE_METRICS_PORT": "http"}, {})
+def _spec(argv, monkeypatch, **environ):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    return launch.spec_from_args(launch.parse_args([*argv, sys.executable, "-c", "pass"]))
+
+
+def test_endpoint_reads_the_flag_then_the_environment(monkeypatch):
+    """The endpoint comes from the job's one validated Config: the flag over the
+    launcher's environment, a malformed value refused naming where it was set."""
+    assert metrics_server.endpoint(_spec(["-np", "1"], monkeypatch).tunables) is None
+    spec = _spec(["-np", "1", "--metrics-port", "9000"], monkeypatch)
+    assert metrics_server.endpoint(spec.tunables) == ("127.0.0.1", 9000)
+    spec = _spec(["-np", "1"], monkeypatch, HVDLITE_METRICS_PORT="9001",
+                 HVDLITE_METRICS_ADDRESS="0.0.0.0")
+    assert metrics_server.endpoint(spec.tunables) == ("0.0.0.0", 9001)
+    spec = _spec(["-np", "1", "--metrics-port", "9002"], monkeypatch)
+    assert metrics_server.endpoint(spec.tunables) == ("0.0.0.0", 9002)
+    with pytest.raises(HvdliteConfigError, match="HVDLITE_METRICS_PORT"):
+        _spec(["-np", "1"], monkeypatch, HVDLITE_METRICS_PORT="http")
 
 
 @pytest.mark.timeout(60)

@@ -156,15 +156,15 @@ def _launch_env(monkeypatch):
 def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
     from hvdlite.runner.cli import launch
     _launch_env(monkeypatch)
-    s = launch.settings_from_args(launch.parse_args([*CMD]))
+    s = launch.spec_from_args(launch.parse_args([*CMD]))
     assert s.np == 3 and s.hosts == [HostSlots("localhost", 3)]
-    s = launch.settings_from_args(launch.parse_args(["-np", "2", *CMD]))
+    s = launch.spec_from_args(launch.parse_args(["-np", "2", *CMD]))
     assert s.np == 2 and s.hosts == [HostSlots("localhost", 3)]
     # -H wins over the allocation: its hosts, and -np is then needed as always
-    s = launch.settings_from_args(launch.parse_args(["-np", "5", "-H", "localhost:5", *CMD]))
+    s = launch.spec_from_args(launch.parse_args(["-np", "5", "-H", "localhost:5", *CMD]))
     assert s.hosts == [HostSlots("localhost", 5)]
     with pytest.raises(HvdliteConfigError, match="-np is required"):
-        launch.settings_from_args(launch.parse_args(["-H", "localhost:5", *CMD]))
+        launch.spec_from_args(launch.parse_args(["-H", "localhost:5", *CMD]))
 
 
 def test_more_ranks_than_the_allocation_names_it(monkeypatch):
@@ -172,7 +172,7 @@ def test_more_ranks_than_the_allocation_names_it(monkeypatch):
     _launch_env(monkeypatch)
     with pytest.raises(HvdliteConfigError, match="-np 4 .* 3 tasks of the Slurm allocation "
                                                  r"\(SLURM_JOB_NODELIST=localhost"):
-        launch.settings_from_args(launch.parse_args(["-np", "4", *CMD]))
+        launch.spec_from_args(launch.parse_args(["-np", "4", *CMD]))
 
 
 def test_the_srun_command_of_a_task():

@@ -1,10 +1,14 @@
-"""Run one job: a host source x a starter x the agent's loop.
+"""Run one job: ``run_job(JobSpec) -> JobResult``, the only place the agent is made.
 
-:func:`run_job` is the one way a job runs -- ``hvdlite-run`` (static and elastic,
-local, SSH and MPI) and ``hvdlite.run`` call it with their :class:`LaunchConfig`;
-the engines (``hvdlite.ray``) build an :class:`Agent` from the same parts with their
-own host source and starter.  Every rank's job environment is built here, in
-:func:`rank_env`, and nowhere else (``procs.slot_env`` adds each rank's place).
+Whatever starts a job -- ``hvdlite-run``, ``hvdlite.run``, ``hvdlite.ray``,
+``hvdlite.spark`` -- builds a :class:`~hvdlite.runner.agent.spec.JobSpec` and calls
+:func:`run_job`.  It owns what every job needs: the job's key and id, its rendezvous
+store, the environment every rank shares (:meth:`JobContext.job_env`; each rank's place
+is added where it starts, ``processes.workers.slot_env``), SIGINT/SIGTERM as a stop
+request, ``--dump-stacks`` / SIGUSR1, the ``/metrics`` endpoint and the failure summary
+that names the rank that failed first.  A platform brings a host source and a starter;
+without them the spec's hosts (or discovery script) and local processes, SSH tasks or
+mpiexec are used.
 """
 
 import dataclasses
@@ -16,40 +20,39 @@ from typing import Dict, List, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.common.diagnostics import flight_recorder
-from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.rounds import Rounds
-from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.spec import JobResult, JobSpec, forwarded
 from hvdlite.runner.agent.state_machine import Agent
-from hvdlite.runner.hosts import HostSlots, assign_slots, is_local, resolve
+from hvdlite.runner.hosts import HostSlots, SlotId, assign_slots, is_local, resolve
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.hosts.script import ScriptDiscovery
 from hvdlite.runner.hosts.source import HostSource
-from hvdlite.runner.cli.launch_config import LaunchConfig, forwarded
-from hvdlite.runner.store import metrics_server
-from hvdlite.runner.store.metrics_inbox import MetricsInbox
-from hvdlite.runner.tasks.nics import loopback_interface
-from hvdlite.runner.processes.workers import StopSignals
 from hvdlite.runner.processes.rank_output import OutputSink
-from hvdlite.runner.tasks.ssh import SSHOptions
-from hvdlite.runner.store.stack_collection import StackReports, on_sigusr1
+from hvdlite.runner.processes.workers import StopSignals
+from hvdlite.runner.slurm import allocation as slurm_hosts
+from hvdlite.runner.slurm.srun_tasks import task_opener
 from hvdlite.runner.starters.auto import AutoWorkers
 from hvdlite.runner.starters.base import Starter
 from hvdlite.runner.starters.local import LocalWorkers
 from hvdlite.runner.starters.mpiexec import MpiexecStarter
-from hvdlite.runner.slurm.srun_tasks import task_opener
 from hvdlite.runner.starters.ssh_tasks import TaskWorkers
+from hvdlite.runner.store import metrics_server
+from hvdlite.runner.store.exit_reports import report_from_failure
+from hvdlite.runner.store.metrics_inbox import MetricsInbox
+from hvdlite.runner.store.stack_collection import StackReports, on_sigusr1
+from hvdlite.runner.tasks.nics import loopback_interface
+from hvdlite.runner.tasks.ssh import SSHOptions
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class JobContext:
-    """What every part of one job shares: its identity, output and store."""
+    """What every part of one job shares: its spec, identity, store and reports.  A
+    platform's starter factory gets it (``JobSpec.starter``)."""
 
-    config: LaunchConfig
-    settings: JobSettings
+    spec: JobSpec
     key: bytes = dataclasses.field(default_factory=new_key)
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
     rounds: Optional[Rounds] = None
@@ -70,38 +73,67 @@ class JobContext:
         if self.agent is not None:
             self.agent.wake()
 
+    def job_env(self, local: bool, with_key: bool = False) -> Dict[str, str]:
+        """The one place that builds the environment every rank of a Gloo job shares.
 
-def run_job(config: LaunchConfig) -> int:
-    """Run the job ``config`` describes; returns its exit code (0, the failure's, or 130).
+        ``local``: the workers are children of this process, so they get the job key here
+        (a task adds it itself: the key never crosses the wire) and Gloo's own
+        unauthenticated listeners stay on loopback, like the store.  ``with_key``: a
+        platform hands the environment over an authenticated channel of its own (Ray's
+        object transfer), so the key goes with it.
+        """
+        spec = self.spec
+        env = dict(spec.tunable_env)
+        env.update(spec.user_env)
+        env.update(spec.secret_env)
+        env.update({
+            cfg.RENDEZVOUS_ADDR: self.rounds.address[0],
+            cfg.RENDEZVOUS_PORT: str(self.rounds.address[1]),
+            cfg.JOB_ID: self.job_id,
+            cfg.CPU_OPERATIONS: spec.controller,
+        })
+        if not spec.settings.static:
+            env[cfg.ELASTIC] = "1"
+            # a survivor waits this long for the round after a failure (as the agent does)
+            env[cfg.ELASTIC_TIMEOUT] = repr(float(spec.settings.elastic_timeout_s))
+        if local or with_key:
+            env[cfg.SECRET_KEY] = self.key.hex()
+        if local:
+            env[cfg.GLOO_IFACE] = loopback_interface()
+        return env
+
+
+def run_job(spec: JobSpec) -> JobResult:
+    """Run the job ``spec`` describes to its end; prints why it failed, if it did.
 
     Raises:
         HvdliteConfigError: a host name that does not resolve, or no mpiexec for --mpi.
-        HvdliteLaunchError: a static job's hosts or workers could not be started.
+        HvdliteLaunchError: a static job's hosts or workers could not be started (after
+            everything that did start was ended).
     """
-    settings = config.elastic or JobSettings.static_job(config.np)
-    source = host_source(config, settings)
-    job = JobContext(config, settings)
-    sink = OutputSink(output_dir=config.output_dir, timestamp=config.timestamp_output)
+    source = spec.host_source or host_source(spec)
+    job = JobContext(spec)
+    sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
     try:
-        starter = make_starter(job, source, sink)
-        return run_agent(job, source, starter)
+        starter = spec.starter(job) if spec.starter is not None \
+            else make_starter(job, source, sink)
+        return _run_agent(job, source, starter)
     finally:
         sink.close()
 
 
-def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
+def _run_agent(job: JobContext, source: HostSource, starter: Starter) -> JobResult:
     """The agent's loop over ``source`` and ``starter``, with SIGINT/SIGTERM as a stop
-    request; prints why the job failed, if it did.
-
-    Raises:
-        HvdliteLaunchError: a static job's hosts or workers could not be started (after
-            everything that did start was ended).
-    """
-    job.rounds = Rounds(job.key, lambda: starter.rendezvous_addr,
-                        repeat_last=job.settings.static, needed=starter.needs_rendezvous,
-                        job_id=job.job_id, extra_ops=job.stacks.ops())
-    job.agent = Agent(job.settings, source, starter, job.rounds,
-                      op_timeout_s=op_timeout(job.config.tunable_env))
+    request, SIGUSR1 as a stack request and the metrics endpoint, then the result."""
+    spec = job.spec
+    address = (lambda: spec.store_address) if spec.store_address else \
+        (lambda: starter.rendezvous_addr)
+    job.rounds = Rounds(job.key, address, repeat_last=spec.settings.static,
+                        needed=starter.needs_rendezvous, job_id=job.job_id,
+                        extra_ops=job.stacks.ops(),
+                        extra_reports=lambda: _starter_reports(starter))
+    job.agent = Agent(spec.settings, source, starter, job.rounds,
+                      op_timeout_s=spec.tunables.op_timeout_s)
     metrics = None
     try:
         metrics = _serve_metrics(job)
@@ -116,23 +148,45 @@ def run_agent(job: JobContext, source: HostSource, starter: Starter) -> int:
         job.stacks.close()
     if job.agent.launch_error is not None:
         raise job.agent.launch_error
-    if code not in (0, 130):          # before the verdict, which stays the last line
+    result = _result(job, starter, code)
+    _say_why(job, result)
+    return result
+
+
+def _starter_reports(starter: Starter) -> Dict[SlotId, dict]:
+    """The failures a platform's starter saw (a call's traceback), as exit reports."""
+    return {sid: report_from_failure(sid, why, order)
+            for order, (sid, why) in enumerate(starter.failures().items())}
+
+
+def _result(job: JobContext, starter: Starter, code: int) -> JobResult:
+    agent = job.agent
+    ranks = list(agent.round_ids)
+    returned = starter.results()
+    return JobResult(state=agent.state.name.lower(), exit_code=code, ranks=ranks,
+                     results=[returned.get(sid) for sid in ranks],
+                     failures=dict(starter.failures()), summary=agent.summary or "",
+                     error=agent.error)
+
+
+def _say_why(job: JobContext, result: JobResult) -> None:
+    """A failed job's flight-recorder note and summary (or the agent's error) on stderr."""
+    if result.exit_code not in (0, 130):      # before the verdict, which stays the last line
         sys.stderr.write(flight_note(job))
-    if job.agent.summary:
-        sys.stderr.write(job.agent.summary)
-    elif job.agent.error:
-        sys.stderr.write(f"hvdlite-run: error: {job.agent.error}\n")
+    if result.summary:
+        sys.stderr.write(result.summary)
+    elif result.error:
+        sys.stderr.write(f"{job.spec.name}: error: {result.error}\n")
     sys.stderr.flush()
-    return code
 
 
 def _serve_metrics(job: JobContext):
     """The ``--metrics-port`` endpoint (``hvdlite.runner.store.metrics_server``), or None."""
-    address = metrics_server.endpoint(job.config.tunable_env)
+    address = metrics_server.endpoint(job.spec.tunables)
     return None if address is None else metrics_server.serve(address, job)
 
 
-def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
+def host_source(config: JobSpec) -> HostSource:
     """The discovery script, or the fixed host list (a static job's: only the slots its
     ``-np`` ranks use, filled host by host).
 
@@ -143,7 +197,7 @@ def host_source(config: LaunchConfig, settings: JobSettings) -> HostSource:
         return ScriptDiscovery(config.discovery_script, config.slots_per_host,
                                max_slots=config.max_workers)
     hosts = config.hosts
-    if settings.static:
+    if config.settings.static:
         used: Dict[str, int] = {}
         for slot in assign_slots(config.hosts, config.np):
             used[slot.hostname] = used.get(slot.hostname, 0) + 1
@@ -159,7 +213,7 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
     """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoWorkers`),
     the tasks started through ``srun`` when every remote host is a node of the Slurm
     allocation we run in, else over SSH."""
-    config = job.config
+    config = job.spec
     if config.controller == "mpi":
         return _mpiexec_starter(job, source.find())
     remote = [h.hostname for h in source.find() if not is_local(h.hostname)]
@@ -173,10 +227,10 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
                      strict_host_key_checking=config.ssh_strict_host_key_checking,
                      launcher_agent=config.launcher_agent)
     return AutoWorkers(
-        make_local=lambda: LocalWorkers(config.command, lambda: rank_env(job, local=True),
+        make_local=lambda: LocalWorkers(config.command, lambda: job.job_env(local=True),
                                         sink, base_env=dict(os.environ), on_exit=job.wake),
         make_tasks=lambda: TaskWorkers(job.key, job.job_id, config.command,
-                                       lambda: rank_env(job, local=False),
+                                       lambda: job.job_env(local=False),
                                        config.forward_env(), ssh, config.start_timeout_s, sink,
                                        network_interfaces=config.network_interfaces,
                                        on_exit=job.wake, verbose=config.verbose,
@@ -184,39 +238,12 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
         tasks_from_start=bool(remote))
 
 
-def rank_env(job: JobContext, local: bool) -> Dict[str, str]:
-    """The one place that builds the environment every rank of a Gloo job shares.
-
-    ``local``: the workers are children of this process, so they get the job key here
-    (a task adds it itself: the key never crosses the wire) and Gloo's own
-    unauthenticated listeners stay on loopback, like the store.
-    """
-    config = job.config
-    env = dict(config.tunable_env)
-    env.update(config.user_env)
-    env.update(config.secret_env)
-    env.update({
-        cfg.RENDEZVOUS_ADDR: job.rounds.address[0],
-        cfg.RENDEZVOUS_PORT: str(job.rounds.address[1]),
-        cfg.JOB_ID: job.job_id,
-        cfg.CPU_OPERATIONS: config.controller,
-    })
-    if not job.settings.static:
-        env[cfg.ELASTIC] = "1"
-        # a survivor waits this long for the round after a failure (as the agent does)
-        env[cfg.ELASTIC_TIMEOUT] = repr(float(job.settings.elastic_timeout_s))
-    if local:
-        env[cfg.SECRET_KEY] = job.key.hex()
-        env[cfg.GLOO_IFACE] = loopback_interface()
-    return env
-
-
 def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
     """mpiexec gets the tunables on its command line; everything else is passed by name
     from its own environment, never on a command line (which ``ps`` shows to every user):
     PATH & co, the user's HVDLITE_* and HOROVOD_* variables, -x values, the job key (it
     signs ``broadcast_object`` & co) and the other secret variables."""
-    config = job.config
+    config = job.spec
     hidden = dict(config.user_env)
     hidden.update(config.secret_env)
     hidden[cfg.SECRET_KEY] = job.key.hex()
@@ -234,21 +261,10 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
 
 def flight_note(job: JobContext) -> str:
     """Where the ranks' flight-recorder dumps are ("" when the recorder is off)."""
-    env = {**os.environ, **job.config.user_env, **job.config.tunable_env}
-    if env.get(cfg.FLIGHT_RECORDER_SIZE, "").strip() in ("0", "0.0"):
+    spec = job.spec
+    if spec.tunables.flight_recorder_size == 0:
         return ""
-    hosts = job.config.hosts or ([] if job.config.discovery_script else [None])
+    hosts = spec.hosts or ([] if spec.discovery_script else [None])
     local_only = all(h is None or is_local(h.hostname) for h in hosts)
-    return flight_recorder.launcher_note(job.job_id, env.get(cfg.FLIGHT_RECORDER_DIR, ""),
+    return flight_recorder.launcher_note(job.job_id, spec.tunables.flight_recorder_dir,
                                          local_only=local_only and bool(hosts))
-
-
-def op_timeout(tunable_env: Dict[str, str]) -> Optional[float]:
-    """The ranks' --op-timeout-seconds, for the message about a silent rank."""
-    try:
-        return cfg.Config.from_env(
-            {k: v for k, v in tunable_env.items() if k == cfg.OP_TIMEOUT}, warn=False
-        ).op_timeout_s
-    except HvdliteError:
-        return None
-

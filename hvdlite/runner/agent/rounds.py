@@ -20,8 +20,12 @@ class Rounds:
 
     def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
                  needed: bool = True, job_id: str = "",
-                 extra_ops: Optional[Dict[str, Callable]] = None):
-        """``extra_ops``: more store ops (see ``RendezvousService``)."""
+                 extra_ops: Optional[Dict[str, Callable]] = None,
+                 extra_reports: Callable[[], Dict[SlotId, dict]] = dict):
+        """``extra_ops``: more store ops (see ``RendezvousService``); ``extra_reports()``:
+        exit reports that did not come through the store (a platform's starter saw the
+        failure itself), overridden by the ranks' own."""
+        self._extra_reports = extra_reports
         self._key = key
         self._job_id = job_id
         self._extra_ops = extra_ops
@@ -75,7 +79,10 @@ class Rounds:
         return set() if self.service is None else self.service.ready()
 
     def exit_reports(self) -> Dict[SlotId, dict]:
-        return {} if self.service is None else self.service.exit_reports()
+        reports = dict(self._extra_reports())
+        if self.service is not None:
+            reports.update(self.service.exit_reports())
+        return reports
 
     @property
     def address(self) -> Tuple[str, int]:

@@ -297,3 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the training command: 'python train.py ...' or 'train.py ...'")
     return p
+
+
+def defaults() -> argparse.Namespace:
+    """Every flag at its default, as ``parse_args`` would leave a command line that gives
+    none: what ``hvdlite.run`` starts from before it sets its arguments (argparse has no
+    public list of its actions, hence ``_actions``)."""
+    parser = build_parser()
+    return argparse.Namespace(**{a.dest: parser.get_default(a.dest) for a in parser._actions
+                                 if a.dest != argparse.SUPPRESS})

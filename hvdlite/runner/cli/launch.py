@@ -1,9 +1,9 @@
-"""``hvdlite-run``: parse the command line (and --config-file), build Settings, dispatch.
+"""``hvdlite-run``: parse the command line (and --config-file) into one JobSpec, run it.
 
-Kept to parse -> Settings -> dispatch: the flags (horovodrun's included) are
+Kept to parse -> JobSpec -> ``run_job``: the flags (horovodrun's included) are
 defined in ``flags``, the YAML file is read by ``config_file``, and every job --
-static or elastic, local, SSH or MPI -- runs through the one agent
-(``hvdlite.runner.agent.run_job``).
+static or elastic, local, SSH or MPI -- runs through
+``hvdlite.runner.agent.job.run_job``.
 """
 
 import argparse
@@ -24,11 +24,11 @@ from hvdlite.runner.cli import flags
 from hvdlite.runner.cli import validation
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
+from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli.config_file import config_file_defaults
 from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.slurm import allocation as slurm_hosts
-from hvdlite.runner.cli.launch_config import Settings
 from hvdlite.runner.store.stack_collection import signal_launcher
 from hvdlite.runner.starters.mpiexec import find_mpiexec
 from hvdlite.version import __version__
@@ -116,8 +116,8 @@ def check_build() -> str:
     return "\n".join(lines)
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Validate the flags into Settings.
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    """Validate the flags into the job's spec.
 
     Raises:
         HvdliteConfigError: any bad flag value, host list or command, or a flag for a
@@ -152,7 +152,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
     if not start_timeout > 0:
         raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
-    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env)
+    user_env = _user_env(args.env)
+    # -x HVDLITE_...=... reaches the ranks too: the one Config sees what they will see
+    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env,
+                                       environ={**os.environ, **user_env})
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
     elastic_settings = _elastic_settings(args, elastic)
@@ -164,8 +167,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     nics = None
     if args.network_interfaces:
         nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
-    return Settings(
-        np=args.np, hosts=hosts, command=command, controller=controller, verbose=args.verbose,
+    return JobSpec(
+        np=args.np, hosts=hosts, command=command, tunables=config, controller=controller,
+        verbose=args.verbose,
         output_dir=args.output_filename, timestamp_output=args.prefix_output_with_timestamp,
         start_timeout_s=start_timeout, ssh_port=args.ssh_port or 22,
         ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
@@ -173,7 +177,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         launcher_agent=args.launcher_agent,
         network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
         binding_args=shlex.split(args.binding_args) if args.binding_args else None,
-        tunable_env=tunable_env, user_env=_user_env(args.env), elastic=elastic_settings,
+        tunable_env=tunable_env, user_env=user_env, elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host or 1, max_workers=config.max_workers)
 
@@ -337,9 +341,6 @@ _ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--ela
                  "blacklist_cooldown_range": "--blacklist-cooldown-range"}
 
 
-def run(settings: Settings) -> int:
-    """Run the job through the agent; returns the job's exit code."""
-    return run_job(settings)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -360,8 +361,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             logging.getLogger("hvdlite").setLevel(cfg.log_level_name(args.log_level))
         elif args.verbose:
             logging.getLogger("hvdlite").setLevel(logging.INFO)
-        settings = settings_from_args(args)
-        return run(settings)
+        return run_job(spec_from_args(args)).exit_code
     except HvdliteError as exc:
         sys.stderr.write(f"hvdlite-run: error: {exc}\n")
         return 2

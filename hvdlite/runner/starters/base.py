@@ -15,7 +15,7 @@ Ray's actors are in ``hvdlite.ray.elastic_workers``.
 
 import abc
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.runner.hosts import HostSlots, SlotId, SlotInfo
 
@@ -77,11 +77,19 @@ class Starter(abc.ABC):
         none known."""
         return []
 
+    def results(self) -> Dict[SlotId, Any]:
+        """What each worker returned, by slot, for starters whose workers are function
+        calls (Ray actors, Spark tasks).  Default: nothing (a process returns no value)."""
+        return {}
+
+    def failures(self) -> Dict[SlotId, str]:
+        """Why workers failed as the starter saw it (a call's traceback, an actor's death),
+        by slot, in the order they failed.  Default: nothing (a process's exit report
+        reaches the store instead)."""
+        return {}
+
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
         """A whole summary line for a failure, for starters that cannot tell ranks apart
         (mpiexec); None (the default): the agent names the rank itself."""
         return None
 
-
-#: the name the elastic code used; the same interface
-WorkerLauncher = Starter

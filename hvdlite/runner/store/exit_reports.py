@@ -7,10 +7,12 @@ an agent's job; :class:`ExitReports` keeps them for an ``--mpi`` job, which has 
 store.  ``hvdlite.runner.agent.blame`` reads them to name the rank that failed first.
 """
 
+import re
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from hvdlite.common import exceptions
 from hvdlite.common.net.service import ServiceError, is_int
 from hvdlite.runner.hosts import SlotId
 
@@ -79,3 +81,27 @@ def first_own_report(reports: Callable[[], List[Tuple[SlotId, dict]]],
         if own or time.monotonic() >= deadline:
             return min(own, key=lambda item: item[1]["at"]) if own else None
         time.sleep(0.05)
+
+
+#: the line of a traceback that names the exception (``RuntimeError: boom``)
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed))\b")
+
+
+def report_from_failure(slot: SlotId, text: str, order: float) -> dict:
+    """The exit report of a worker whose failure its starter saw itself (a Ray call's or a
+    Spark task's traceback), as a rank would have sent it: its exception's line, and
+    whether that exception is hvdlite's way of saying a peer failed.  ``order`` sorts
+    such reports among themselves (the order the starter saw the failures)."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    named = [x for x in lines if _EXCEPTION_LINE.match(x)]
+    line = (named[-1] if named else (lines[0] if lines else "failed"))
+    kind = _EXCEPTION_LINE.match(line)
+    peer = bool(kind) and _is_peer_error(kind.group(1).rsplit(".", 1)[-1])
+    return {"peer": peer, "error": line[:ERROR_CHARS], "rank": None, "slot": slot,
+            "at": float(order)}
+
+
+def _is_peer_error(name: str) -> bool:
+    """Is ``name`` hvdlite's exception for a collective that failed because of a peer?"""
+    found = getattr(exceptions, name, None)
+    return isinstance(found, type) and issubclass(found, exceptions.HvdliteInternalError)

@@ -25,29 +25,10 @@ log = logging.getLogger("hvdlite.runner")
 FRESH_S = 5.0
 
 
-def endpoint(tunable_env: Dict[str, str], environ=None) -> Optional[Tuple[str, int]]:
-    """(address, port) the launcher should serve metrics on, from the flags' variables or
-    else its own environment; None when metrics are off.
-
-    Raises:
-        HvdliteConfigError: the port or address variable is malformed.
-    """
-    def value(name: str, default: str) -> str:
-        if name in tunable_env:
-            return tunable_env[name]
-        raw = cfg.env_value(name, environ)
-        return default if raw is None else raw
-
-    port_var = cfg.tunables.BY_FIELD["metrics_port"].env
-    addr_var = cfg.tunables.BY_FIELD["metrics_address"].env
-    raw = value(port_var, "0")
-    try:
-        port = int(raw)
-    except ValueError:
-        raise HvdliteConfigError(f"--metrics-port / {port_var} {raw!r}: not a port") from None
-    if not 0 <= port <= 65535:
-        raise HvdliteConfigError(f"--metrics-port / {port_var} {port}: not 0..65535")
-    return (value(addr_var, "127.0.0.1"), port) if port else None
+def endpoint(config: cfg.Config) -> Optional[Tuple[str, int]]:
+    """(address, port) the launcher serves metrics on (``--metrics-port`` /
+    ``--metrics-address``, already validated in the job's ``Config``); None when off."""
+    return (config.metrics_address, config.metrics_port) if config.metrics_port else None
 
 
 class JobCollector:

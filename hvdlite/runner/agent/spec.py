@@ -1,18 +1,23 @@
-"""One launch's configuration, whole: :class:`LaunchConfig`.
+"""What goes into a job and what comes out: :class:`JobSpec` and :class:`JobResult`.
 
-``hvdlite-run`` builds it from the flags (``launch.settings_from_args``),
-``hvdlite.run`` from its arguments; it travels whole into the agent
-(``hvdlite.runner.agent.run_job``), which picks the host source and the starter
-from it and builds every rank's environment from it in one place.
+Every place a job starts builds one :class:`JobSpec` -- ``hvdlite-run`` from its flags
+(``hvdlite.runner.cli.launch``), ``hvdlite.run`` from its Python arguments, Ray and
+Spark from their executors' arguments -- and hands it to
+:func:`hvdlite.runner.agent.job.run_job`, which returns one :class:`JobResult`.  A
+platform that places its workers itself (Ray actors, Spark tasks) gives its own host
+source and a starter factory; the job's key, id, store, environment, stop signals and
+failure summary are ``run_job``'s alone.
 """
 
 import dataclasses
 import os
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.runner.agent.settings import JobSettings
-from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.hosts import HostSlots, SlotId
+from hvdlite.runner.hosts.source import HostSource
+from hvdlite.runner.starters.base import Starter
 
 #: variables every host's workers get from the launcher's environment (besides -x ones)
 FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
@@ -25,12 +30,16 @@ _HOROVOD_IDENTITY = set(cfg.HOROVOD_ALIASES.values())
 
 
 @dataclasses.dataclass
-class LaunchConfig:
-    """Everything one launch needs, derived from flags (and --config-file)."""
+class JobSpec:
+    """Everything one job needs: its size, hosts, command (or a platform's starter), the
+    validated tunables and the variables its ranks get."""
 
     np: int
     hosts: List[HostSlots]
     command: List[str]
+    #: the tunables, validated once (flags, --config-file, the launcher's environment);
+    #: the ranks get them as ``tunable_env``, the launcher reads them from here
+    tunables: cfg.Config = dataclasses.field(default_factory=cfg.Config)
     controller: str = "gloo"                      # "gloo" or "mpi"
     verbose: bool = False
     output_dir: Optional[str] = None
@@ -61,6 +70,23 @@ class LaunchConfig:
     #: service key): in the workers' environment, in the tasks' stdin payload, or passed
     #: by name to mpiexec
     secret_env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: a platform's own host source (Ray's nodes, Spark's tasks); None: ``hosts`` or
+    #: ``discovery_script``
+    host_source: Optional[HostSource] = None
+    #: a platform's starter, made by ``run_job`` once the job's key, id and store exist
+    #: (``starter(job)``, ``job`` the ``hvdlite.runner.agent.job.JobContext``); None:
+    #: local processes, SSH tasks or mpiexec, as the other fields say
+    starter: Optional[Callable[[Any], Starter]] = None
+    #: where the rendezvous store listens when a platform's starter decides (its driver's
+    #: address); None: the starter's ``rendezvous_addr``
+    store_address: Optional[str] = None
+    #: who runs the job, for the lines it prints ("hvdlite-run", "RayExecutor.run", ...)
+    name: str = "hvdlite-run"
+
+    @property
+    def settings(self) -> JobSettings:
+        """The agent's view: the elastic flags, or a static job of ``np`` ranks."""
+        return self.elastic or JobSettings.static_job(self.np)
 
     def forward_env(self) -> Dict[str, str]:
         """The allow-list remote hosts get: the user's HVDLITE_* and HOROVOD_* variables,
@@ -82,5 +108,29 @@ def forwarded(name: str) -> bool:
     return name.startswith(cfg.HOROVOD_PREFIX) and name not in _HOROVOD_IDENTITY
 
 
-#: the name launch.py and hvdlite.run have always used; the same class
-Settings = LaunchConfig
+
+@dataclasses.dataclass
+class JobResult:
+    """How a job ended, whatever ran it."""
+
+    #: the agent's final state: "succeeded", "failed" or "stopped"
+    state: str
+    #: 0, the failure's exit status, or 130 after SIGINT/SIGTERM
+    exit_code: int
+    #: the last round's workers in rank order
+    ranks: List[SlotId] = dataclasses.field(default_factory=list)
+    #: what each of those ranks returned, in rank order (platforms whose workers return
+    #: a value: Ray, Spark; None for a process)
+    results: List[Any] = dataclasses.field(default_factory=list)
+    #: why workers failed, by slot, in the order they failed (as the starter saw it: a
+    #: traceback, an actor's death); empty for processes, whose exits the summary names
+    failures: Dict[SlotId, str] = dataclasses.field(default_factory=dict)
+    #: the failure summary printed for the user ("" on success): the rank that failed
+    #: first, its host and its exception
+    summary: str = ""
+    #: why the agent failed the job (None on success)
+    error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
