@@ -397,3 +397,43 @@ def test_every_package_says_what_it_owns():
             if "import" not in doc.lower():
                 bare.append(os.path.relpath(init, ROOT))
     assert not bare, "say what the package owns and may import in: " + ", ".join(bare)
+
+
+def _agent_constructions(path: str) -> List[str]:
+    """``file:line (function)`` of each call of ``Agent(...)`` in the module at ``path``."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = []
+    for fn in [tree] + [n for n in ast.walk(tree)
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call):
+                callee = node.func
+                name = callee.id if isinstance(callee, ast.Name) else \
+                    callee.attr if isinstance(callee, ast.Attribute) else None
+                if name == "Agent":
+                    found.append((node.lineno, getattr(fn, "name", "<module>")))
+    # a call inside a function is also inside the module: keep the innermost owner
+    owners = {}
+    for line, owner in found:
+        if owners.get(line) in (None, "<module>"):
+            owners[line] = owner
+    return [f"{os.path.relpath(path, ROOT)}:{line} ({owner})" for line, owner in
+            sorted(owners.items())]
+
+
+def test_only_run_job_makes_the_agent():
+    """Every job, wherever it starts (CLI, hvdlite.run, Ray, Spark, Slurm), goes through
+    ``run_job``: nothing else in the package constructs the agent's loop."""
+    made = [where for path in _sources().values() for where in _agent_constructions(path)]
+    assert len(made) == 1 and made[0].startswith("hvdlite/runner/agent/job.py:") \
+        and made[0].endswith("(_run_agent)"), \
+        "only run_job (agent/job.py) may construct the Agent:\n" + "\n".join(made)
+
+
+def test_the_agent_check_sees_a_construction(tmp_path):
+    """Not vacuous: a platform that builds its own agent is caught, with its function."""
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text("from x import state_machine\n\ndef go(a):\n"
+                     "    return state_machine.Agent(a, a, a, a).run()\n")
+    assert _agent_constructions(str(rogue))[0].endswith(":4 (go)")

@@ -41,8 +41,9 @@ class _State:
         self.lock = threading.RLock()
         self.runtime = None
         self.config: Optional[Config] = None
-        #: the rendezvous round this process last joined (-1: none yet)
+        #: the rendezvous round this process last joined (-1: none yet), and its job's id
         self.last_round = -1
+        self.last_job: Optional[str] = None
         self.atexit_registered = False
         #: callables returning a hook, or None once its owner is gone
         self.reset_hooks: List[Callable[[], Optional[Callable[[], None]]]] = []
@@ -154,7 +155,12 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
         # the slot this process joins rounds with, before the round renumbers it
         exit_report.install(config.rendezvous_addr, config.rendezvous_port, config.secret_key,
                             config.hostname, config.local_rank)
+        if config.job_id != _STATE.last_job:
+            # a process reused by a new job (a Ray actor, a Spark Python worker) joins the
+            # new job's store from its first round
+            _STATE.last_round = -1
         backend = _make_backend(config, comm)
+        _STATE.last_job = config.job_id
         config = config.replace(rank=backend.rank, size=backend.size,
                                 local_rank=backend.local_rank, local_size=backend.local_size,
                                 cross_rank=backend.cross_rank, cross_size=backend.cross_size)

@@ -102,10 +102,12 @@ def _broadcast_(buf, root_rank: int, name: str, process_set) -> None:
     ops.synchronize(ops.broadcast_async(buf, buf, root_rank, name, process_set))
 
 
-def _broadcast_bytes(data: Optional[bytes], failed: bool, root_rank: int, name: str,
-                     process_set) -> Tuple[bytes, bool]:
-    """Send ``data`` (given on the root only) to every rank; a negative length tells the
-    others that ``data`` is the root's error text instead of a payload."""
+def broadcast_bytes(data: Optional[bytes], root_rank: int, name: str, process_set,
+                    failed: bool = False) -> Tuple[bytes, bool]:
+    """Send ``data`` (given on the root only) to every rank, as ``(data, failed)``; with
+    ``failed`` the root's ``data`` is its error text instead of a payload (a negative length
+    tells the others).  It signs nothing: ``broadcast_object`` signs its pickle first, and
+    the torch optimizer state's JSON description, never unpickled, travels as it is."""
     k = arrays.kind()
     is_root = basics.rank() == root_rank
     n = len(data) if is_root else 0
@@ -144,7 +146,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     data, error = None, None
     if basics.rank() == root_rank:
         data, error = _dumps(obj)
-    blob, failed = _broadcast_bytes(data, error is not None, root_rank, name, process_set)
+    blob, failed = broadcast_bytes(data, root_rank, name, process_set, error is not None)
     if failed:
         raise _failed("broadcast_object", [root_rank], [blob.decode(errors="replace")], error)
     if basics.rank() == root_rank:

@@ -21,7 +21,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from hvdlite.common import arrays, basics
 from hvdlite.common import process_sets as _sets
-from hvdlite.common.basics import _STATE       # read on the hot path without a call
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteInternalError
@@ -217,7 +216,7 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
     The common case, issued thousands of times per step by an optimizer, so it does the
     least work that is still every check :func:`allreduce_async` makes.
     """
-    runtime = _STATE.runtime
+    runtime = basics.current_runtime()
     if runtime is None:
         basics.runtime()                    # raises the not-initialized error
     dt = _NAME_OF.get(buffer.dtype)

@@ -14,8 +14,8 @@ import threading
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from hvdlite.ray.worker import RankFailed
-from hvdlite.runner.hosts import SlotInfo
-from hvdlite.runner.hosts import SlotId, slot_id
+from hvdlite.runner.hosts import SlotId, SlotInfo, slot_id
+from hvdlite.runner.processes.workers import slot_env
 from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
@@ -38,23 +38,34 @@ def outcome(ref) -> Tuple[int, Any, str]:
         return ACTOR_DIED, None, f"{type(exc).__name__}: {exc}"
 
 
-class ActorCalls(Starter):
-    """Runs ``submit(actor)`` on the actor of each slot; results and failures by slot."""
+class ActorCallStarter(Starter):
+    """Runs ``submit(actor, env)`` on the actor of each slot, ``env`` the slot's rank
+    environment (``job_env()`` and its place); results and failures by slot."""
 
-    def __init__(self, actors: Dict[SlotId, Any], submit: Callable[[Any], Any],
-                 rendezvous_addr: str, on_exit: Callable[[], None] = lambda: None):
+    def __init__(self, actors: Dict[SlotId, Any], submit: Callable[[Any, Dict[str, str]], Any],
+                 rendezvous_addr: str, job_env: Callable[[], Dict[str, str]],
+                 on_exit: Callable[[], None] = lambda: None):
         self._actors = dict(actors)
         self._submit = submit
         self._addr = rendezvous_addr
+        self._job_env = job_env
         self.on_exit = on_exit
         self._lock = threading.Lock()
         self._running: Dict[SlotId, Any] = {}
         self._exits: List[Tuple[SlotId, int]] = []
         #: slot id -> the call's result, for the workers that returned
-        self.results: Dict[SlotId, Any] = {}
+        self._results: Dict[SlotId, Any] = {}
         #: slot id -> why the worker failed (its traceback, or the actor's death), in the
         #: order they failed
-        self.failures: Dict[SlotId, str] = {}
+        self._failures: Dict[SlotId, str] = {}
+
+    def results(self) -> Dict[SlotId, Any]:
+        with self._lock:
+            return dict(self._results)
+
+    def failures(self) -> Dict[SlotId, str]:
+        with self._lock:
+            return dict(self._failures)
 
     @property
     def rendezvous_addr(self) -> str:
@@ -62,18 +73,19 @@ class ActorCalls(Starter):
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
         refused = {}
+        env = self._job_env()
         for slot in slots:
             sid = slot_id(slot)
             actor = self._actors.get(sid)
             if actor is None:
                 refused[sid] = f"no actor runs slot {sid[0]}:{sid[1]}"
                 continue
-            self._track(sid, actor)
+            self._track(sid, actor, slot_env(slot, {}, env))
         return refused
 
-    def _track(self, sid: SlotId, actor) -> None:
-        """Call ``submit(actor)`` for slot ``sid`` and watch the call on a thread."""
-        ref = self._submit(actor)
+    def _track(self, sid: SlotId, actor, env: Dict[str, str]) -> None:
+        """Call ``submit(actor, env)`` for slot ``sid`` and watch the call on a thread."""
+        ref = self._submit(actor, env)
         with self._lock:
             self._running[sid] = actor
         threading.Thread(target=self._watch, args=(sid, ref), daemon=True,
@@ -81,13 +93,13 @@ class ActorCalls(Starter):
 
     def _watch(self, sid: SlotId, ref) -> None:
         code, result, why = outcome(ref)
-        if code == 0:
-            self.results[sid] = result
         with self._lock:
+            if code == 0:
+                self._results[sid] = result
             self._running.pop(sid, None)
             self._exits.append((sid, code))
             if code != 0:
-                self.failures[sid] = why
+                self._failures[sid] = why
         self.on_exit()
 
     def stop(self, ids: Sequence[SlotId]) -> None:

@@ -1,10 +1,9 @@
-"""Elastic jobs on Ray: the launcher's elastic driver with Ray nodes as its hosts and Ray
-actors as its workers.
+"""Elastic jobs on Ray: Ray's nodes as the job's hosts and Ray actors as its workers.
 
-The agent (:class:`hvdlite.runner.agent.state_machine.Agent`) is the one
-``hvdlite-run --min-np`` uses; only its two ports change.  :class:`RayNodeDiscovery`
+The job runs through ``hvdlite.runner.agent.job.run_job`` like ``hvdlite-run
+--min-np``'s; only its two ports change.  :class:`RayNodeHosts`
 answers which hosts exist: every live Ray node, with as many slots as it has CPUs for
-workers.  :class:`RayWorkers` starts a worker as an actor pinned to its slot's node,
+workers.  :class:`RayActorStarter` starts a worker as an actor pinned to its slot's node,
 runs the user's function in it, and reports the function's end as an exit (0 when it
 returned, 1 when it raised, 137 when the actor or its node died).
 """
@@ -12,18 +11,16 @@ returned, 1 when it raised, 137 when the actor or its node died).
 import logging
 from typing import Callable, Dict, List, Sequence
 
-from hvdlite.common import config as cfg
-from hvdlite.ray.calls import ActorCalls
+from hvdlite.ray.calls import ActorCallStarter
 from hvdlite.ray.worker import RankWorker
+from hvdlite.runner.hosts import HostSlots, SlotId, SlotInfo, slot_id
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
-from hvdlite.runner.hosts import SlotId, slot_id
-from hvdlite.runner.hosts import HostSlots, SlotInfo
 from hvdlite.runner.processes.workers import slot_env
 
 log = logging.getLogger(__name__)
 
 
-class RayNodeDiscovery(HostSource):
+class RayNodeHosts(HostSource):
     """The live Ray nodes, each with ``CPU // cpus_per_worker`` slots; the driver's node
     first, the others in a stable order."""
 
@@ -62,18 +59,17 @@ class RayNodeDiscovery(HostSource):
         return hosts
 
 
-class RayWorkers(ActorCalls):
+class RayActorStarter(ActorCallStarter):
     """Workers as actors pinned to their slot's node, each running the user's function; the
-    watching, stopping and exits are :class:`~hvdlite.ray.calls.ActorCalls`'."""
+    watching, stopping and exits are :class:`~hvdlite.ray.calls.ActorCallStarter`'."""
 
-    def __init__(self, discovery: RayNodeDiscovery, fn: Callable, args, kwargs,
+    def __init__(self, discovery: RayNodeHosts, fn: Callable, args, kwargs,
                  job_env: Callable[[], Dict[str, str]], cpus_per_worker: float,
                  rendezvous_addr: str, on_exit: Callable[[], None]):
         args, kwargs = list(args or ()), dict(kwargs or {})
-        super().__init__({}, lambda actor: actor.run.remote(fn, args, kwargs),
-                         rendezvous_addr, on_exit)
+        super().__init__({}, lambda actor, env: actor.run.remote(fn, args, kwargs, env),
+                         rendezvous_addr, job_env, on_exit)
         self._discovery = discovery
-        self._job_env = job_env
         self._cpus = cpus_per_worker
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
@@ -91,15 +87,7 @@ class RayWorkers(ActorCalls):
                 continue
             strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
             worker = actor.options(num_cpus=self._cpus, scheduling_strategy=strategy).remote()
-            worker.setup.remote(slot_env(slot, {}, env),
-                                self._discovery.address_of.get(slot.hostname, ""))
-            self._track(sid, worker)
+            worker.setup.remote(self._discovery.address_of.get(slot.hostname, ""))
+            self._track(sid, worker, slot_env(slot, {}, env))
         return failed
 
-
-def elastic_env(job_env: Dict[str, str], elastic_timeout_s: float) -> Dict[str, str]:
-    """The job's variables plus what an elastic worker needs."""
-    env = dict(job_env)
-    env[cfg.ELASTIC] = "1"
-    env[cfg.ELASTIC_TIMEOUT] = repr(float(elastic_timeout_s))
-    return env

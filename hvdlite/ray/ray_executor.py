@@ -1,35 +1,34 @@
-"""RayExecutor: the ranks of a job as Ray actors, rendezvousing through the driver.
+"""RayExecutor: the ranks of a job as Ray actors, each job run by the launcher's ``run_job``.
 
 The driver (the process that calls :meth:`RayExecutor.start`) reserves one Ray
-placement group for the job, starts one actor per rank in it, learns which node
-each actor landed on, numbers the ranks node by node (so local and cross ranks
-mean what they mean under ``hvdlite-run``), and serves the job's authenticated
-rendezvous store on its own node address.  Each actor receives its place, the
-store's address and the job's key as method arguments -- never on a command line
-or in a log -- and the user's function then calls ``hvd.init()`` as under the
-launcher: same runtime, same transport.
+placement group, starts one actor per rank in it, learns which node each actor
+landed on and numbers the ranks node by node (so local and cross ranks mean what
+they mean under ``hvdlite-run``).  Each :meth:`~RayExecutor.run` /
+:meth:`~RayExecutor.execute` is then one job of ``hvdlite.runner.agent.job.run_job``:
+the executor's nodes are its fixed hosts and :class:`~hvdlite.ray.calls.ActorCallStarter`
+its starter, so the job gets its own key, store, environment and failure summary
+like any other.  Each call hands its actor its place, the store's address and the
+job's key as method arguments -- never on a command line or in a log -- and the
+user's function calls ``hvd.init()`` as under the launcher.  An elastic executor
+runs one elastic job per :meth:`~RayExecutor.run` with Ray's live nodes as hosts
+(``hvdlite.ray.elastic_workers``).
 """
 
 import dataclasses
 import logging
-import uuid
+import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError
-from hvdlite.common.net.framing import new_key
 from hvdlite.ray import placement
-from hvdlite.ray.elastic_workers import RayNodeDiscovery, RayWorkers, elastic_env
-from hvdlite.ray.calls import ActorCalls
+from hvdlite.ray.calls import ActorCallStarter
+from hvdlite.ray.elastic_workers import RayNodeHosts, RayActorStarter
 from hvdlite.ray.worker import RankWorker
 from hvdlite.runner.agent import settings as elastic_settings
-from hvdlite.runner.agent.settings import JobSettings
-from hvdlite.runner.agent.state_machine import Agent
-from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.agent.job import run_job
+from hvdlite.runner.agent.spec import JobResult, JobSpec
+from hvdlite.runner.hosts import HostSlots, SlotInfo, slot_id, slots_by_node
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.runner.processes.workers import slot_env
-from hvdlite.runner.hosts import slot_id
-from hvdlite.runner.store.rendezvous import RendezvousService
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +148,9 @@ class RayExecutor:
         self._per_host = num_workers_per_host
         self._cpus = cpus_per_worker
         self._pg = None
-        self._store: Optional[RendezvousService] = None
+        self._extra_env: Dict[str, str] = {}
+        self._slots: List[SlotInfo] = []
+        self._driver_ip = ""
         self.workers: List[Any] = []
         self._where: List[Dict[str, Any]] = []
 
@@ -187,9 +188,10 @@ class RayExecutor:
             self._extra_env = dict(extra_env_vars or {})
             self._started = True
             return
+        self._extra_env = dict(extra_env_vars or {})
         self._place()
         self._start_actors()
-        self._rendezvous(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+        self._set_up(executable_cls, executable_args, executable_kwargs)
 
     def _place(self) -> None:
         """Reserve the job's placement group.
@@ -245,31 +247,21 @@ class RayExecutor:
                     f"CPUs")
         return f"{self._cpus:g} CPUs each"
 
-    def _rendezvous(self, executable_cls, executable_args, executable_kwargs,
-                    extra_env_vars) -> None:
+    def _set_up(self, executable_cls, executable_args, executable_kwargs) -> None:
+        """Number the ranks node by node and give each actor its node's address and the
+        user's executable class (built in the actor at its first job, inside that job's
+        environment, so that its constructor may call ``hvd.init()``)."""
         import ray
         names = _node_names(self._where)
-        slots = slots_by_node([names[w["node_id"]] for w in self._where])
-        key = new_key()
-        driver_ip = _node_address(ray.get_runtime_context().get_node_id(),
-                                  ray.util.get_node_ip_address())
-        self._store = RendezvousService(key, slots, bind_addr=driver_ip)
-        job_env = {
-            cfg.RENDEZVOUS_ADDR: driver_ip,
-            cfg.RENDEZVOUS_PORT: str(self._store.address[1]),
-            cfg.SECRET_KEY: key.hex(),
-            cfg.JOB_ID: uuid.uuid4().hex[:12],
-            cfg.CPU_OPERATIONS: "gloo",
-            cfg.START_TIMEOUT: str(self.settings.timeout_s),
-        }
-        job_env.update(extra_env_vars or {})
-        self._slots = slots
-        calls = [w.setup.remote(slot_env(slot, {}, job_env), where["node_ip"], executable_cls,
-                                executable_args or (), executable_kwargs or {})
-                 for w, slot, where in zip(self.workers, slots, self._where)]
+        self._slots = slots_by_node([names[w["node_id"]] for w in self._where])
+        self._driver_ip = _node_address(ray.get_runtime_context().get_node_id(),
+                                        ray.util.get_node_ip_address())
+        calls = [w.setup.remote(where["node_ip"], executable_cls, executable_args or (),
+                                executable_kwargs or {})
+                 for w, where in zip(self.workers, self._where)]
         self._gather(calls, "start")
-        log.info("RayExecutor: %d ranks on %d node(s), rendezvous at %s:%d", len(slots),
-                 len(set(names.values())), driver_ip, self._store.address[1])
+        log.info("RayExecutor: %d ranks on %d node(s); the driver is %s", len(self._slots),
+                 len(set(names.values())), self._driver_ip)
 
     def shutdown(self) -> None:
         """End every actor, the placement group and the rendezvous store (idempotent)."""
@@ -287,9 +279,6 @@ class RayExecutor:
             except Exception as exc:
                 log.debug("RayExecutor: removing the placement group: %s", exc)
             self._pg = None
-        if self._store is not None:
-            self._store.shutdown()
-            self._store = None
 
     # -- running code -------------------------------------------------------------------------
     def execute(self, fn: Callable[[Any], Any], callbacks=None) -> List[Any]:
@@ -306,7 +295,7 @@ class RayExecutor:
             HvdliteRayError: not started, or a rank raised (its rank and node are named).
         """
         self._check_started("execute")
-        return self._run_job(lambda actor: actor.execute.remote(fn), "execute")
+        return self._run_job(lambda actor, env: actor.execute.remote(fn, env), "execute")
 
     def run(self, fn: Callable, args=None, kwargs: Optional[dict] = None,
             callbacks=None) -> List[Any]:
@@ -332,78 +321,81 @@ class RayExecutor:
             return self._run_elastic(fn, args, kwargs)
         self._check_started("run")
         args, kwargs = list(args or ()), dict(kwargs or {})
-        return self._run_job(lambda actor: actor.run.remote(fn, args, kwargs), "run")
+        return self._run_job(lambda actor, env: actor.run.remote(fn, args, kwargs, env), "run")
 
-    def _run_job(self, submit: Callable[[Any], Any], what: str) -> List[Any]:
-        """One job through the launcher's agent: the executor's nodes as a fixed host
-        source, ``submit(actor)`` on every slot's actor as the starter; the results in
-        worker order.
+    def _spec(self, submit: Callable[[Any, Dict[str, str]], Any], what: str) -> JobSpec:
+        """One job on the executor's actors: its nodes as fixed hosts, ``submit(actor,
+        env)`` on every slot's actor as the starter."""
+        count: Dict[str, int] = {}
+        for slot in self._slots:
+            count[slot.hostname] = count.get(slot.hostname, 0) + 1
+        hosts = [HostSlots(hostname=h, slots=n) for h, n in count.items()]
+        actors = {slot_id(s): w for s, w in zip(self._slots, self.workers)}
+        return JobSpec(
+            np=len(self._slots), hosts=hosts, command=[], user_env=dict(self._extra_env),
+            host_source=FixedHosts(hosts),
+            starter=lambda job: ActorCallStarter(actors, submit, self._driver_ip,
+                                           job_env=lambda: job.job_env(False, with_key=True),
+                                           on_exit=job.wake),
+            store_address=self._driver_ip, name=f"RayExecutor.{what}",
+        ).with_start_timeout(self.settings.timeout_s)
+
+    def _run_job(self, submit: Callable[[Any, Dict[str, str]], Any], what: str) -> List[Any]:
+        """Run one job through ``run_job``; the results in rank order.
 
         Raises:
-            HvdliteRayError: a rank failed (names the first, its node and its error); every
-                actor is then ended.
+            HvdliteRayError: a rank failed (names the first, its node and its error, with
+                the job's failure summary); every actor is then ended.
         """
-        order: Dict[str, int] = {}
-        for slot in self._slots:
-            order[slot.hostname] = order.get(slot.hostname, 0) + 1
-        source = FixedHosts([HostSlots(hostname=h, slots=n) for h, n in order.items()])
-        actors = {slot_id(s): w for s, w in zip(self._slots, self.workers)}
-        starter = ActorCalls(actors, submit, self._store.address[0])
-        agent = Agent(JobSettings.static_job(len(self._slots)), source, starter, self._store)
-        starter.on_exit = agent.wake
-        if agent.run() == 0:
-            return [starter.results[slot_id(s)] for s in self._slots]
-        sid, why = next(iter(starter.failures.items()), (None, agent.error or "?"))
-        index = next((i for i, s in enumerate(self._slots) if slot_id(s) == sid), -1)
+        result = run_job(self._spec(submit, what))
+        if result.ok:
+            return result.results
+        self._fail(result, what)
+
+    def _fail(self, result: JobResult, what: str) -> None:
+        """Raise the error naming the rank that failed first, after ending every actor.
+
+        Raises:
+            HvdliteRayError: always.
+        """
+        sid, why = next(iter(result.failures.items()), (None, result.error or "?"))
+        index = result.ranks.index(sid) if sid in result.ranks else -1
         where = self._where[index] if 0 <= index < len(self._where) else {}
         self.shutdown()
         raise HvdliteRayError(
             f"RayExecutor.{what}: rank {index} on node {where.get('node_ip', '?')} "
             f"(host {where.get('hostname', '?')}, pid {where.get('pid', '?')}) failed; "
-            f"the other ranks were ended:\n{why.strip()}")
+            f"the other ranks were ended:\n{why.strip()}\n{result.summary.strip()}".rstrip())
 
     def _run_elastic(self, fn, args, kwargs) -> List[Any]:
-        """Run ``fn`` under the elastic driver until the job succeeds; the results of the
-        last round's workers, in its rank order.
+        """Run ``fn`` as one elastic job on Ray's live nodes until it succeeds; the results
+        of the last round's workers, in its rank order.
 
         Raises:
             HvdliteRayError: the job failed (too few workers within the elastic timeout, the
                 reset limit, ...); names the failed workers and why.
         """
         import ray
-        key = new_key()
         driver_node = ray.get_runtime_context().get_node_id()
         driver_ip = _node_address(driver_node, ray.util.get_node_ip_address())
-        job_id = uuid.uuid4().hex[:12]
-        rounds = RendezvousService(key, repeat_last=False, bind_addr=driver_ip, job_id=job_id)
-        job_env = {cfg.RENDEZVOUS_ADDR: driver_ip, cfg.RENDEZVOUS_PORT: str(rounds.address[1]),
-                   cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: job_id,
-                   cfg.CPU_OPERATIONS: "gloo", cfg.START_TIMEOUT: str(self.settings.timeout_s)}
-        job_env.update(self._extra_env)
-        job_env = elastic_env(job_env, self._elastic.elastic_timeout_s)
-        discovery = RayNodeDiscovery(self._cpus, driver_node)
-        driver = None
-
-        def wake():
-            if driver is not None:
-                driver.wake()
-
-        workers = RayWorkers(discovery, fn, args, kwargs, lambda: job_env, self._cpus,
-                             driver_ip, wake)
-        driver = Agent(self._elastic, discovery, workers, rounds)
-        try:
-            code = driver.run()
-        finally:
-            workers.stop_all()
-            rounds.shutdown()
-        if code != 0:
+        discovery = RayNodeHosts(self._cpus, driver_node)
+        spec = JobSpec(
+            np=self._elastic.np, hosts=[], command=[], user_env=dict(self._extra_env),
+            elastic=self._elastic, host_source=discovery,
+            starter=lambda job: RayActorStarter(discovery, fn, args, kwargs,
+                                           lambda: job.job_env(False, with_key=True),
+                                           self._cpus, driver_ip, job.wake),
+            store_address=driver_ip, name="RayExecutor.run",
+        ).with_start_timeout(self.settings.timeout_s)
+        result = run_job(spec)
+        if not result.ok:
             why = "; ".join(f"{h}:{lr}: {w.splitlines()[0] if w else '?'}"
-                            for (h, lr), w in workers.failures.items())
-            raise HvdliteRayError(f"RayExecutor.run (elastic): the job failed with code {code}: "
-                                  f"{driver.error or 'a worker failed'}"
-                                  + (f" (worker failures: {why})" if why else ""))
-        by_rank = sorted(driver.round_slots, key=lambda s: s.rank)
-        return [workers.results.get((s.hostname, s.local_rank)) for s in by_rank]
+                            for (h, lr), w in result.failures.items())
+            raise HvdliteRayError(
+                f"RayExecutor.run (elastic): the job failed with code {result.exit_code}: "
+                f"{result.error or 'a worker failed'}"
+                + (f" (worker failures: {why})" if why else ""))
+        return result.results
 
     def run_remote(self, fn: Callable, args=None, kwargs: Optional[dict] = None) -> list:
         """Start ``fn(*args, **kwargs)`` on every rank without waiting.
@@ -413,14 +405,35 @@ class RayExecutor:
             args: positional arguments for ``fn``.
             kwargs: keyword arguments for ``fn``.
 
+        The calls are one job like :meth:`run`'s, watched on a thread of its own: a rank
+        that fails ends the others (their references then raise) and the job's failure
+        summary is printed.
+
         Returns:
             Ray object references, in rank order, for ``ray.get``.
 
         Raises:
-            HvdliteRayError: not started.
+            HvdliteRayError: not started, or the calls were not all made within the start
+                timeout.
         """
         self._check_started("run_remote")
-        return [w.run.remote(fn, list(args or ()), dict(kwargs or {})) for w in self.workers]
+        args, kwargs = list(args or ()), dict(kwargs or {})
+        refs: Dict[Any, Any] = {}
+        made = threading.Event()
+
+        def submit(actor, env):
+            refs[actor] = ref = actor.run.remote(fn, args, kwargs, env)
+            if len(refs) == len(self.workers):
+                made.set()
+            return ref
+
+        spec = self._spec(submit, "run_remote")
+        threading.Thread(target=run_job, args=(spec,), daemon=True,
+                         name="hvdlite-ray-run-remote").start()
+        if not made.wait(self.settings.timeout_s):
+            raise HvdliteRayError(f"RayExecutor.run_remote: the calls were not made within "
+                                  f"{self.settings.timeout_s:g}s")
+        return [refs[w] for w in self.workers]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Call ``fn(executable)`` on rank 0 only and wait for its result.
@@ -435,7 +448,7 @@ class RayExecutor:
             HvdliteRayError: not started, or ``fn`` raised.
         """
         self._check_started("execute_single")
-        return self._gather([self.workers[0].execute.remote(fn)], "execute_single")[0]
+        return self._gather([self.workers[0].execute.remote(fn, None)], "execute_single")[0]
 
     def _check_started(self, what: str) -> None:
         if not self.workers:
@@ -486,3 +499,4 @@ def _cause(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)
     text = str(cause) if cause is not None else str(exc)
     return text.strip()
+

@@ -1,6 +1,6 @@
 """``hvdlite.spark.run`` / ``run_elastic``: the ranks of a job as the tasks of a Spark job.
 
-Horovod's ``horovod.spark.run``, on the launcher's one agent.  The driver (where the
+Horovod's ``horovod.spark.run``, each job run by the launcher's ``run_job``.  The driver (where the
 user's Spark session lives) serves the job's task pool and rendezvous store; Spark
 runs the tasks; each task registers, is given its rank's environment and calls the
 user's function in its Python worker.  A static job is one barrier stage of
@@ -20,17 +20,15 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
-from hvdlite.common import config as cfg
 from hvdlite.common.net.framing import new_key
-from hvdlite.runner.agent import settings as job_settings
-from hvdlite.runner.agent.rounds import Rounds
+from hvdlite.runner.agent.job import JobContext, run_job
 from hvdlite.runner.agent.settings import JobSettings
-from hvdlite.runner.agent.state_machine import FINAL, Agent, State
-from hvdlite.runner.tasks.function_rank import loads
+from hvdlite.runner.agent.spec import JobResult, JobSpec
 from hvdlite.runner.hosts import HostSlots, slots_by_node
 from hvdlite.runner.hosts.fixed import FixedHosts
+from hvdlite.runner.tasks.function_rank import loads
 from hvdlite.spark.pool import HvdliteSparkError, TaskPool
-from hvdlite.spark.starter import PoolHosts, SparkTasks
+from hvdlite.spark.starter import SparkTaskHosts, SparkTaskStarter
 from hvdlite.spark.task import partition_runner
 
 log = logging.getLogger(__name__)
@@ -69,7 +67,10 @@ def driver_address(sc) -> str:
 
 
 class SparkJob:
-    """The driver's side of one hvdlite job on Spark: key, pool, store, Spark jobs."""
+    """The driver's side of one hvdlite job on Spark: the task pool and the Spark jobs.
+
+    The pool's key is the job's key too (``JobSpec.key``): the tasks get it in their
+    closure, Spark's own channel, so it never crosses the pool's connection."""
 
     def __init__(self, sc, fn: Callable, args, kwargs, env: Optional[Dict[str, str]],
                  start_timeout_s: float, expected: int):
@@ -84,7 +85,6 @@ class SparkJob:
         self._work = (fn, args, kwargs)
         self._threads: List[threading.Thread] = []
         self._tags = 0
-        self.rounds: Optional[Rounds] = None
 
     def submit(self, count: int, barrier: bool, wait_s: float) -> int:
         """Start a Spark job of ``count`` tasks on a thread of its own; returns its tag."""
@@ -109,17 +109,19 @@ class SparkJob:
         self._threads.append(thread)
         return tag
 
-    def job_env(self, elastic_timeout_s: Optional[float] = None) -> Dict[str, str]:
-        """What every rank shares (each task adds the key itself, and its rank's place)."""
-        env = dict(self.user_env)
-        env.update({cfg.RENDEZVOUS_ADDR: self.rounds.address[0],
-                    cfg.RENDEZVOUS_PORT: str(self.rounds.address[1]),
-                    cfg.JOB_ID: self.job_id, cfg.CPU_OPERATIONS: "gloo",
-                    cfg.START_TIMEOUT: repr(float(self.start_timeout_s))})
-        if elastic_timeout_s is not None:
-            env[cfg.ELASTIC] = "1"
-            env[cfg.ELASTIC_TIMEOUT] = repr(float(elastic_timeout_s))
-        return env
+    def spec(self, np: int, name: str, **fields) -> JobSpec:
+        """The job's spec: the pool's tasks as the starter (``fields`` add the hosts and
+        the elastic settings), the driver's address for the store, the pool's key."""
+        missing_is_exit = fields.get("elastic") is not None
+
+        def starter(job: JobContext) -> SparkTaskStarter:
+            self.pool.on_change = job.wake
+            return SparkTaskStarter(self.pool, lambda: job.job_env(local=False), self.addr,
+                              missing_is_exit=missing_is_exit)
+
+        return JobSpec(np=np, command=[], user_env=dict(self.user_env), starter=starter,
+                       store_address=self.addr, key=self.key, name=name,
+                       **fields).with_start_timeout(self.start_timeout_s)
 
     def close(self) -> None:
         """Tell idle tasks to leave, cancel the job group, wait (bounded) for the Spark
@@ -137,27 +139,21 @@ class SparkJob:
         if any(t.is_alive() for t in self._threads):
             log.warning("hvdlite.spark: Spark jobs of group %s still running %gs after their "
                         "cancellation", self.group, JOB_END_WAIT_S)
-        if self.rounds is not None:
-            self.rounds.shutdown()
         self.pool.shutdown()
 
-    def results(self, agent: Agent) -> List[Any]:
-        """The round's results in rank order."""
-        return [loads(self.pool.results[sid]) for sid in agent.round_ids]
-
-    def failure(self, agent: Agent, what: str) -> HvdliteSparkError:
+    def failure(self, result: JobResult, what: str) -> HvdliteSparkError:
         """The error naming why the agent failed the job and the rank that failed first (a
         raised exception before a lost task), its host and its traceback."""
         failures = self.pool.failures
         raised = [sid for sid in failures if not failures[sid].startswith("its ")]
         sid = (raised or list(failures) or [None])[0]
-        why = (agent.error or "a rank failed").strip()
+        why = (result.error or "a rank failed").strip()
         if why.startswith("hvdlite-run: "):         # the static summary's launcher prefix
             why = why[len("hvdlite-run: "):]
         head = f"{what}: the job failed: {why}"
         if sid is None:
             return HvdliteSparkError(head)
-        rank = agent.round_ids.index(sid) if sid in agent.round_ids else -1
+        rank = result.ranks.index(sid) if sid in result.ranks else -1
         task = next((t for t in self.pool.tasks() if t.sid == sid), None)
         where = f"host {sid[0]}, slot {sid[1]}" + (
             f", Spark partition {task.partition}, pid {task.pid}" if task else "")
@@ -198,14 +194,12 @@ def run_static(sc, fn, args, kwargs, num_proc: int, start_timeout_s: float,
         count: Dict[str, int] = {}
         for slot in slots:
             count[slot.hostname] = count.get(slot.hostname, 0) + 1
-        source = FixedHosts([HostSlots(hostname=h, slots=n) for h, n in count.items()])
-        job.rounds = Rounds(job.key, lambda: job.addr, repeat_last=True)
-        starter = SparkTasks(job.pool, job.job_env, job.addr, missing_is_exit=False)
-        agent = Agent(JobSettings.static_job(num_proc), source, starter, job.rounds)
-        job.pool.on_change = agent.wake
-        if agent.run() == 0:
-            return job.results(agent)
-        raise job.failure(agent, "hvdlite.spark.run")
+        hosts = [HostSlots(hostname=h, slots=n) for h, n in count.items()]
+        result = run_job(job.spec(num_proc, "hvdlite.spark.run", hosts=hosts,
+                                  host_source=FixedHosts(hosts)))
+        if result.ok:
+            return [loads(r) for r in result.results]
+        raise job.failure(result, "hvdlite.spark.run")
     finally:
         job.close()
 
@@ -217,21 +211,28 @@ def run_elastic_job(sc, fn, args, kwargs, settings: JobSettings, start_timeout_s
     target = settings.max_np or settings.np
     job = SparkJob(sc, fn, args, kwargs, env, start_timeout_s, target)
     job.pool.number_slots = True
-    job.rounds = Rounds(job.key, lambda: job.addr, repeat_last=False)
-    starter = SparkTasks(job.pool, lambda: job.job_env(settings.elastic_timeout_s), job.addr,
-                         missing_is_exit=True)
-    agent = Agent(settings, PoolHosts(job.pool), starter, job.rounds)
-    job.pool.on_change = agent.wake
-    keeper = _Keeper(job, target, agent)
-    try:
+    spec = job.spec(settings.np, "hvdlite.spark.run_elastic", hosts=[], elastic=settings,
+                    host_source=SparkTaskHosts(job.pool))
+    make_tasks = spec.starter
+    keeper: Optional[_Keeper] = None
+
+    def starter(context: JobContext) -> SparkTaskStarter:
+        nonlocal keeper
+        keeper = _Keeper(job, target, context)
         keeper.start()
-        code = agent.run()
-        keeper.stop()
-        if code == 0:
-            return job.results(agent)
-        raise job.failure(agent, "hvdlite.spark.run_elastic")
+        return make_tasks(context)
+
+    spec.starter = starter
+    try:
+        result = run_job(spec)
+        if keeper is not None:
+            keeper.stop()
+        if result.ok:
+            return [loads(r) for r in result.results]
+        raise job.failure(result, "hvdlite.spark.run_elastic")
     finally:
-        keeper.stop()
+        if keeper is not None:
+            keeper.stop()
         job.close()
 
 
@@ -239,10 +240,10 @@ class _Keeper:
     """Keeps ``target`` tasks alive or starting: a task that ended unfinished is replaced
     by a new single-task Spark job (at most ``4 * target`` replacements)."""
 
-    def __init__(self, job: SparkJob, target: int, agent: Agent):
+    def __init__(self, job: SparkJob, target: int, context: JobContext):
         self._job = job
         self._target = target
-        self._agent = agent
+        self._context = context
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="hvdlite-spark-keeper")
@@ -270,7 +271,7 @@ class _Keeper:
     def _loop(self) -> None:
         tags: List[int] = []
         while not self._done.is_set():
-            if self._agent.state is State.FINISHING or self._agent.state in FINAL:
+            if self._context.finishing():
                 return
             missing = self._target - self._alive(tags)
             while missing > 0 and self._budget > 0 and not self._done.is_set():

@@ -1,8 +1,8 @@
 """The agent's two ports for a Spark job: its tasks as the starter and as the host source.
 
 Spark decides where a task runs, so a worker cannot be started on a chosen host:
-the tasks come first and register with the driver's pool; :class:`PoolHosts` offers
-the live ones, grouped by executor host, as the job's hosts; :class:`SparkTasks`
+the tasks come first and register with the driver's pool; :class:`SparkTaskHosts` offers
+the live ones, grouped by executor host, as the job's hosts; :class:`SparkTaskStarter`
 "starts" the worker of a slot by ordering the task holding that slot to run the
 function with the rank's environment, and "stops" it by ordering it to end its
 Python worker.  Exits come from the pool: 0 after a result, 1 after a traceback,
@@ -23,11 +23,11 @@ from hvdlite.spark.pool import LOST_EXIT, TaskPool
 
 log = logging.getLogger(__name__)
 
-#: bound on :meth:`SparkTasks.stop_all` waiting for stopped tasks to end
+#: bound on :meth:`SparkTaskStarter.stop_all` waiting for stopped tasks to end
 STOP_WAIT_S = 20.0
 
 
-class PoolHosts(HostSource):
+class SparkTaskHosts(HostSource):
     """The executors' hosts with live tasks (an elastic job's host source)."""
 
     def __init__(self, pool: TaskPool):
@@ -37,7 +37,7 @@ class PoolHosts(HostSource):
         return self._pool.live_hosts()
 
 
-class SparkTasks(Starter):
+class SparkTaskStarter(Starter):
     """Orders the pool's tasks to run as the agent's workers.
 
     ``job_env()`` is the environment every rank shares (the store's address is known only
@@ -58,6 +58,13 @@ class SparkTasks(Starter):
     @property
     def rendezvous_addr(self) -> str:
         return self._addr
+
+    def results(self) -> Dict[SlotId, bytes]:
+        """Each rank's pickled result (the caller unpickles it)."""
+        return dict(self._pool.results)
+
+    def failures(self) -> Dict[SlotId, str]:
+        return dict(self._pool.failures)
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
         refused: Dict[SlotId, str] = {}

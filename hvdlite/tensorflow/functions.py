@@ -51,11 +51,11 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
     me = basics.rank()
     pending = []
     for i, v in enumerate(variables):
-        value = mpi_ops._check(v.read_value() if hasattr(v, "read_value") else v,
-                               f"broadcast_variables.{i}", "broadcast_variables")
-        [value], back = mpi_ops._carry([value], False)
+        value = mpi_ops.supported_tensor(v.read_value() if hasattr(v, "read_value") else v,
+                                         f"broadcast_variables.{i}", "broadcast_variables")
+        [value], back = mpi_ops.carried([value], False)
         buf = mpi_ops.to_buffer(value)
-        out = arrays.kind().clone(buf) if me == root_rank else mpi_ops._empty_like(buf)
+        out = arrays.kind().clone(buf) if me == root_rank else mpi_ops.empty_buffer_like(buf)
         # ``value`` stays in ``pending``: the runtime reads its memory until the handle is done
         pending.append((v, value, back, ops.broadcast_async(
             buf, out, root_rank, f"broadcast_variables.{i}", process_set)))

@@ -97,9 +97,9 @@ def _local_gradient(grad, process_set, scale: bool):
     if grad is None or not scale:
         return grad
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(mpi_ops._scaled_by_size(grad.values, process_set, -1),
+        return tf.IndexedSlices(mpi_ops.scaled_by_size(grad.values, process_set, -1),
                                 grad.indices, grad.dense_shape)
-    return mpi_ops._scaled_by_size(grad, process_set, -1)
+    return mpi_ops.scaled_by_size(grad, process_set, -1)
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,

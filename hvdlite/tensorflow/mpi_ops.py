@@ -120,8 +120,10 @@ def _label(name) -> str:
     return f"tensor {name!r}" if name is not None else "an unnamed tensor"
 
 
-def _check(t, name, what: str):
-    """``t`` as a tensor the runtime can carry (dense, a supported dtype).
+def supported_tensor(t, name, what: str):
+    """``t`` as a tensor the runtime can carry (dense, a supported dtype); every op checks
+    its inputs with it, and so does ``broadcast_variables``, which starts its broadcasts
+    itself.
 
     Raises:
         TypeError: an unsupported dtype or not a tensor.
@@ -136,9 +138,10 @@ def _check(t, name, what: str):
     return t
 
 
-def _carry(tensors, arithmetic: bool):
+def carried(tensors, arithmetic: bool):
     """``tensors`` in dtypes the runtime carries (see :data:`_CARRIED`), and the function
-    that turns a list of results back into the original dtypes."""
+    that turns a list of results back into the original dtypes: the last step before a
+    tensor crosses to the runtime, here and in ``broadcast_variables``."""
     dtypes = [t.dtype for t in tensors]
     if not any(d in _CARRIED for d in dtypes):
         return list(tensors), list
@@ -179,7 +182,9 @@ def from_buffer(b) -> tf.Tensor:
     return tf.convert_to_tensor(k.to_numpy(b))
 
 
-def _empty_like(b):
+def empty_buffer_like(b):
+    """A new uninitialised buffer of ``b``'s shape and dtype, for a result the runtime
+    writes (an allreduce's output, a broadcast's on the ranks that receive)."""
     k = arrays.kind()
     return k.empty(tuple(b.shape), k.dtype_name(b))
 
@@ -254,10 +259,11 @@ def _size_now(process_set) -> tf.Tensor:
     return out
 
 
-def _scaled_by_size(t, process_set, power: int):
+def scaled_by_size(t, process_set, power: int):
     """``t * size**power`` with the set's size read when the op runs (:func:`_size_now`).
     Integers are scaled in float64 and truncated toward zero, as the runtime scales them,
-    keeping the dtype."""
+    keeping the dtype.  ``DistributedGradientTape`` divides a local source's gradient with
+    it too (``power=-1``), so that division also follows an elastic job's size."""
     factor = tf.cast(_size_now(process_set), tf.float64) ** power
     if t.dtype.is_floating:
         return t * tf.cast(factor, t.dtype)
@@ -307,7 +313,7 @@ def _rows_shape(x):
 @as_tf_errors
 def _allreduce_eager(tensors, name, grouped, rop, pre, post, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
-    outs = [_empty_like(b) for b in bufs]
+    outs = [empty_buffer_like(b) for b in bufs]
     h = ops.allreduce_async(bufs, outs, name, grouped, rop, pre, post, process_set,
                             list if grouped else None)
     res = ops.synchronize(h)
@@ -404,7 +410,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if not tf.executing_eagerly() and name is None:
             name = _graph_name("allreduce", tensor.values)
         return _allreduce_sparse(tensor, name, rop, process_set)
-    [tensor], back = _carry([_check(tensor, name, "allreduce")], True)
+    [tensor], back = carried([supported_tensor(tensor, name, "allreduce")], True)
     name = _name("allreduce", name, tensor)
     out = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
         ts, name, False, rop, prescale_factor, postscale_factor, process_set))
@@ -434,8 +440,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if len(dense_at) < len(tensors):
         _check_sparse(rop, prescale_factor, postscale_factor, name)
-    dense, back = _carry([_check(tensors[i], name, "grouped_allreduce") for i in dense_at],
-                         True)
+    dense, back = carried([supported_tensor(tensors[i], name, "grouped_allreduce")
+                           for i in dense_at], True)
     out: list = [None] * len(tensors)
     if not tf.executing_eagerly() and name is None:
         first = dense[0] if dense else tensors[0].values
@@ -513,7 +519,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
             allgather(tensor.values, _sub(name, "values"), process_set=process_set),
             allgather(tensor.indices, _sub(name, "indices"), process_set=process_set),
             dense_shape=tensor.dense_shape)
-    [tensor], back = _carry([_check(tensor, name, "allgather")], False)
+    [tensor], back = carried([supported_tensor(tensor, name, "allgather")], False)
     return back(_allgather([tensor], _name("allgather", name, tensor), False,
                            process_set))[0]
 
@@ -529,7 +535,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     Raises:
         ValueError: an input is a scalar, or ``name`` is too long.
     """
-    tensors, back = _carry([_check(t, name, "grouped_allgather") for t in tensors], False)
+    tensors, back = carried([supported_tensor(t, name, "grouped_allgather") for t in tensors],
+                            False)
     if not tensors:
         return []
     return back(_allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
@@ -540,7 +547,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 @as_tf_errors
 def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
     buf = to_buffer(t)
-    out = arrays.kind().clone(buf) if rank() == root_rank else _empty_like(buf)
+    out = arrays.kind().clone(buf) if rank() == root_rank else empty_buffer_like(buf)
     return from_buffer(ops.synchronize(ops.broadcast_async(buf, out, root_rank, name,
                                                            process_set)))
 
@@ -559,7 +566,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     Raises:
         ValueError: ``root_rank`` is not a member of ``process_set``, or ``name`` is too long.
     """
-    [tensor], back = _carry([_check(tensor, name, "broadcast")], False)
+    [tensor], back = carried([supported_tensor(tensor, name, "broadcast")], False)
     name = _name("broadcast", name, tensor)
 
     def compute(x):
@@ -616,7 +623,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         ValueError: ``tensor`` is a scalar, ``splits`` does not fit the first dimension
             (``None``: the set's size must divide it), or ``name`` is too long.
     """
-    [tensor], back = _carry([_check(tensor, name, "alltoall")], False)
+    [tensor], back = carried([supported_tensor(tensor, name, "alltoall")], False)
     name = _name("alltoall", name, tensor)
     split_in = [] if splits is None else [tf.cast(tf.convert_to_tensor(splits), tf.int32)]
 
@@ -667,7 +674,7 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
         if factor != 1.0:
             gathered = [g * tf.cast(factor, g.dtype) for g in gathered]
         if rop == Sum:
-            gathered = [_scaled_by_size(g, process_set, 1) for g in gathered]
+            gathered = [scaled_by_size(g, process_set, 1) for g in gathered]
         return gathered
 
     return _collective(tensors, name, forward, _rows_shape, backward)
@@ -690,7 +697,7 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
     """
     rop = ops.reduce_op(None, op, name or "reducescatter")
-    [tensor], back = _carry([_check(tensor, name, "reducescatter")], True)
+    [tensor], back = carried([supported_tensor(tensor, name, "reducescatter")], True)
     name = _name("reducescatter", name, tensor)
     return back(_compressed(compression, [tensor], lambda ts: _reducescatter(
         ts, name, False, rop, prescale_factor, postscale_factor, process_set)))[0]
@@ -709,7 +716,8 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
     """
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
-    tensors, back = _carry([_check(t, name, "grouped_reducescatter") for t in tensors], True)
+    tensors, back = carried([supported_tensor(t, name, "grouped_reducescatter")
+                             for t in tensors], True)
     if not tensors:
         return []
     name = _name("grouped_reducescatter", name, tensors[0])

@@ -25,10 +25,10 @@ from typing import Dict, List
 import torch
 
 from hvdlite.torch import mpi_ops
-from hvdlite.torch.optimizer_hooks import _HookedOptimizer
+from hvdlite.torch.optimizer_hooks import HookedOptimizer, rebind
 
 
-class _DistributedAdasumOptimizer(_HookedOptimizer):
+class _DistributedAdasumOptimizer(HookedOptimizer):
     """Mixin placed in front of the user's optimizer class; never instantiated directly."""
 
     def _hvd_adasum_setup(self, names: Dict[torch.Tensor, str], compression,
@@ -130,3 +130,13 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         self._hvd_handles.clear()
         for p in self._hvd_params:
             self._hvd_delay[p] = self._hvd_bpps
+
+
+def wrap(optimizer: torch.optim.Optimizer, names: Dict[torch.Tensor, str], compression,
+         backward_passes_per_step: int, process_set) -> _DistributedAdasumOptimizer:
+    """``optimizer`` as an Adasum DistributedOptimizer (still an instance of the user's
+    class), ``names`` naming every parameter; ``DistributedOptimizer(op=Adasum)`` checks
+    the arguments, this module sets up what it alone knows."""
+    obj = rebind(optimizer, _DistributedAdasumOptimizer)
+    obj._hvd_adasum_setup(names, compression, backward_passes_per_step, process_set)
+    return obj

@@ -21,10 +21,11 @@ from typing import List
 import torch
 
 from hvdlite.common import api_docs
-from hvdlite.common.objects import (_broadcast_bytes, allgather_object,  # noqa: F401
+from hvdlite.common.objects import (allgather_object, broadcast_bytes,  # noqa: F401
                                     broadcast_object, check_root)
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
+from hvdlite.torch.optimizer import broadcast_compression_state
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
 
     enc = _Encoder()
     desc = _describe_state(optimizer, params, enc) if is_root else None
-    desc = json.loads(_broadcast_bytes(desc, False, root_rank, "broadcast_optimizer_state.desc",
-                                       process_set)[0])
+    desc = json.loads(broadcast_bytes(desc, root_rank, "broadcast_optimizer_state.desc",
+                                      process_set)[0])
     if desc["n_params"] != len(params) or desc["n_groups"] != len(optimizer.param_groups):
         raise ValueError(
             f"broadcast_optimizer_state: rank {mpi_ops.rank()} has {len(optimizer.param_groups)} "
@@ -184,9 +185,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     targets = enc.tensors if is_root else _adopt_description(optimizer, params, desc)
     _broadcast_in_place(targets, root_rank, "broadcast_optimizer_state", process_set)
     # a DistributedOptimizer with PowerSGD/top-k: its step count and shared state (Q) too
-    compression_sync = getattr(optimizer, "_hvd_broadcast_compression_state", None)
-    if compression_sync is not None:
-        compression_sync(root_rank, process_set)
+    broadcast_compression_state(optimizer, root_rank, process_set)
 
 
 def _create_empty_state(optimizer) -> None:

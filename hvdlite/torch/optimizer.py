@@ -40,9 +40,8 @@ import torch
 
 from hvdlite.common import ops
 from hvdlite.common.process_sets import global_process_set
-from hvdlite.torch import mpi_ops
-from hvdlite.torch.optimizer_hooks import _HookedOptimizer
-from hvdlite.torch.adasum_optimizer import _DistributedAdasumOptimizer
+from hvdlite.torch import adasum_optimizer, mpi_ops
+from hvdlite.torch.optimizer_hooks import HookedOptimizer, rebind
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.grad_compression import StatefulCompression
 
@@ -154,7 +153,7 @@ def _param_names(optimizer, named_parameters) -> Dict[torch.Tensor, str]:
     return {p: by_id[id(p)][0] for p in opt_params}
 
 
-class _DistributedOptimizer(_HookedOptimizer):
+class _DistributedOptimizer(HookedOptimizer):
     """Mixin placed in front of the user's optimizer class; never instantiated directly."""
 
     # -- construction -----------------------------------------------------------------
@@ -555,12 +554,6 @@ class _DistributedOptimizer(_HookedOptimizer):
         if extra is not None and self._hvd_exchange is not None:
             self._hvd_exchange.load_state_dict(extra)
 
-    def _hvd_broadcast_compression_state(self, root_rank, process_set):
-        """Called by ``broadcast_optimizer_state``: every rank takes ``root_rank``'s
-        compression step count and shared state (residuals stay each rank's own)."""
-        if self._hvd_exchange is not None:
-            self._hvd_exchange.broadcast_state(root_rank, process_set)
-
     def _hvd_in_flight(self) -> bool:
         return (bool(self._hvd_handles) or bool(self._hvd_group_handles)
                 or any(b.handle is not None for b in self._hvd_buckets))
@@ -679,34 +672,29 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if op == mpi_ops.Adasum and ops.process_set_size(process_set) > 1:
         return _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
                             process_set)
-    obj = _rebind(optimizer, _DistributedOptimizer)
+    obj = rebind(optimizer, _DistributedOptimizer)
     obj._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
                    bucket_cap_mb)
     return obj
 
 
+def broadcast_compression_state(optimizer, root_rank: int, process_set) -> None:
+    """Give every rank ``root_rank``'s compression step count and shared state when
+    ``optimizer`` is a DistributedOptimizer with PowerSGD or top-k (residuals stay each
+    rank's own); nothing for any other optimizer.  ``broadcast_optimizer_state`` calls it, so
+    a rank restored from the root's state also compresses as the root does."""
+    if isinstance(optimizer, _DistributedOptimizer) and optimizer._hvd_exchange is not None:
+        optimizer._hvd_exchange.broadcast_state(root_rank, process_set)
+
+
 def _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
                  process_set):
     """The Adasum wrapper (see :mod:`hvdlite.torch.adasum_optimizer`), its arguments checked."""
-    obj = _rebind(optimizer, _DistributedAdasumOptimizer)
     _check_passes(backward_passes_per_step)
     _check_compression(compression, stateful_ok=False)
-    obj._hvd_adasum_setup(_param_names(obj, named_parameters), compression,
-                          backward_passes_per_step, process_set)
-    return obj
-
-
-def _rebind(optimizer, mixin):
-    """A new object of class ``(mixin, type(optimizer))`` sharing ``optimizer``'s attributes
-    (state, parameter groups, hooks), so it stays an instance of the user's class."""
-    base = optimizer.__class__
-    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
-    obj = cls.__new__(cls)
-    state = dict(optimizer.__dict__)
-    state.pop("step", None)  # an instance-level step wrapper (LR scheduler) would bypass ours
-    obj.__dict__.update(state)
-    return obj
+    return adasum_optimizer.wrap(optimizer, _param_names(optimizer, named_parameters),
+                                 compression, backward_passes_per_step, process_set)
 
 
 def _check_wrappable(optimizer, op, gradient_predivide_factor) -> None:
@@ -721,7 +709,7 @@ def _check_wrappable(optimizer, op, gradient_predivide_factor) -> None:
         raise TypeError(
             "DistributedOptimizer: expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}")
-    if isinstance(optimizer, (_DistributedOptimizer, _DistributedAdasumOptimizer)):
+    if isinstance(optimizer, HookedOptimizer):
         raise ValueError("DistributedOptimizer: this optimizer is already a DistributedOptimizer")
     if op == mpi_ops.Adasum and gradient_predivide_factor != 1.0:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor is not supported "

@@ -1,4 +1,5 @@
-"""What both DistributedOptimizer flavours share: the accumulation count and the grad hooks.
+"""What both DistributedOptimizer flavours share: the accumulation count, the grad hooks and
+the rebinding of the user's optimizer to a wrapper class.
 
 ``optimizer.py`` (averaging) imports ``adasum_optimizer.py`` (Adasum), so their common
 methods live here, below both, rather than in either.
@@ -30,7 +31,7 @@ def _make_hook(opt_ref, token):
     return hook
 
 
-class _HookedOptimizer(torch.optim.Optimizer):
+class HookedOptimizer(torch.optim.Optimizer):
     """Mixin for optimizers whose per-parameter hooks act every ``backward_passes_per_step``
     backward passes; expects ``_hvd_bpps``, ``_hvd_params``, ``_hvd_delay`` and
     ``_hvd_names`` to be set up by the subclass, which also defines ``_hvd_grad_ready(p)``
@@ -81,3 +82,16 @@ class _HookedOptimizer(torch.optim.Optimizer):
         for h in self._hvd_hook_handles:
             h.remove()
         self._hvd_hook_handles = []
+
+
+def rebind(optimizer: torch.optim.Optimizer, mixin: type) -> HookedOptimizer:
+    """A new object of class ``(mixin, type(optimizer))`` sharing ``optimizer``'s attributes
+    (state, parameter groups, hooks), so it stays an instance of the user's class; both
+    wrappers are made so, ``mixin`` being their :class:`HookedOptimizer` subclass."""
+    base = optimizer.__class__
+    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+    obj = cls.__new__(cls)
+    state = dict(optimizer.__dict__)
+    state.pop("step", None)  # an instance-level step wrapper (LR scheduler) would bypass ours
+    obj.__dict__.update(state)
+    return obj

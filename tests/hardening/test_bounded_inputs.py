@@ -15,7 +15,7 @@ import pytest
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.runner.cli import launch
 from hvdlite.runner.hosts import parse_hostfile, parse_hosts
-from hvdlite.runner.hosts.script import (MAX_OUTPUT_BYTES, ScriptDiscovery,
+from hvdlite.runner.hosts.script import (MAX_OUTPUT_BYTES, ScriptHosts,
                                          parse_discovery_output)
 from hvdlite.runner.hosts.slots import HostSlots
 from hvdlite.runner.hosts.source import HostDiscoveryError
@@ -119,7 +119,7 @@ def test_discovery_output_over_the_limit_is_a_failure_and_is_not_read_whole(tmp_
     started = time.monotonic()
     with pytest.raises(HostDiscoveryError, match=rf"printed more than {MAX_OUTPUT_BYTES} "
                                                  r"bytes .*it was ended") as info:
-        ScriptDiscovery(script, timeout_s=10).find()
+        ScriptHosts(script, timeout_s=10).find()
     assert time.monotonic() - started < 5
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
     assert grown_kib < 64 * 1024, f"RSS grew {grown_kib} KiB"
@@ -131,7 +131,7 @@ def test_discovery_output_over_the_limit_is_a_failure_and_is_not_read_whole(tmp_
 def test_binary_discovery_output_is_logged_printable(tmp_path):
     script = _script(tmp_path, r"printf 'host\033[31m\007:1\n'; printf '\033]0;x\007' >&2")
     with pytest.raises(HostDiscoveryError) as info:
-        ScriptDiscovery(script).find()
+        ScriptHosts(script).find()
     text = str(info.value) + info.value.output
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b[31m\\x07" in info.value.output
@@ -144,7 +144,7 @@ def test_failing_discovery_keeps_the_previous_hosts_and_logs_printable(tmp_path,
         if [ -e {flag} ]; then printf 'x\\033[2J'; head -c 2000000 /dev/zero; fi
         echo localhost:2
         """)
-    poller = DiscoveryPoller(ScriptDiscovery(script), on_change=lambda: None)
+    poller = DiscoveryPoller(ScriptHosts(script), on_change=lambda: None)
     poller.poll_once()
     assert poller.hosts == [HostSlots("localhost", 2)]
     flag.write_text("")

@@ -152,7 +152,7 @@ def _rank_worker_pids():
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_rank_is_named_and_the_others_end(local_cluster):
+def test_a_failing_rank_is_named_and_the_others_end(local_cluster, capfd):
     ex = RayExecutor(_settings(), num_workers=2)
     ex.start()
     actors = list(ex.workers)
@@ -162,6 +162,10 @@ def test_a_failing_rank_is_named_and_the_others_end(local_cluster):
     node = ray.nodes()[0]["NodeManagerAddress"]
     assert f"rank 1 on node {node}" in msg and "rank one gives up on purpose" in msg, msg
     assert "ValueError" in msg
+    # the job ran through run_job: the same failure summary as hvdlite-run's, on stderr
+    err = capfd.readouterr().err
+    assert f"hvdlite-run: rank 1 on host {node} exited with code 1: ValueError: rank one " \
+           f"gives up on purpose" in err, err
     for actor in actors:                   # torn down, not left waiting
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.ping.remote(), timeout=30)

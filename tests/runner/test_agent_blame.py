@@ -8,7 +8,7 @@ RANKS = {A0: (0, "a"), A1: (1, "a"), B0: (2, "b")}
 
 
 def summary(exits, reports=None, stopped=()):
-    return blame.Summary(ranks=RANKS, exits=exits, reports=lambda: dict(reports or {}),
+    return blame.FailureSummary(ranks=RANKS, exits=exits, reports=lambda: dict(reports or {}),
                          stopped=lambda: list(stopped), op_timeout_s=3.0)
 
 

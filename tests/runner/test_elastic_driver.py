@@ -24,10 +24,10 @@ from hvdlite.runner.agent.hostset import HostSet
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent import state_machine
-from hvdlite.runner.agent.state_machine import TRANSITIONS, Agent, State
+from hvdlite.runner.agent.state_machine import TRANSITIONS, Agent, JobState
 from hvdlite.runner.hosts import HostSlots, place_slots
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.runner.hosts.script import ScriptDiscovery, parse_discovery_output
+from hvdlite.runner.hosts.script import ScriptHosts, parse_discovery_output
 from hvdlite.runner.hosts.source import HostDiscoveryError, HostSource
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.processes.rank_output import OutputSink
@@ -35,7 +35,7 @@ from hvdlite.runner.tasks.task_service import TaskService
 from hvdlite.runner.tasks.ssh import SSHOptions
 from hvdlite.runner.hosts import slot_id
 from hvdlite.runner.starters.base import Starter
-from hvdlite.runner.starters.ssh_tasks import TaskWorkers
+from hvdlite.runner.starters.ssh_tasks import TaskStarter
 
 from conftest import wait_gone
 
@@ -191,8 +191,8 @@ class Job:
         return self.rounds.ids[round_no]
 
     def wait_round(self, n, timeout=3.0):
-        wait_for(lambda: len(self.rounds.rounds) > n and self.driver.state is State.RUNNING
-                 or self.driver.state in (State.FAILED, State.STOPPED), timeout)
+        wait_for(lambda: len(self.rounds.rounds) > n and self.driver.state is JobState.RUNNING
+                 or self.driver.state in (JobState.FAILED, JobState.STOPPED), timeout)
         assert len(self.rounds.rounds) > n, (self.driver.state, self.driver.error)
         return self.ids(n)
 
@@ -231,9 +231,9 @@ def test_first_round_order_sizes_and_success():
     assert job.workers.started == [("a", 0), ("a", 1), ("b", 0)]
     assert job.workers.prepared == ["a", "b"]
     job.workers.exit(("a", 1), 0)
-    wait_for(lambda: job.driver.state is State.FINISHING)
+    wait_for(lambda: job.driver.state is JobState.FINISHING)
     job.all_exit(0)
-    assert job.finish() == 0 and job.driver.state is State.SUCCEEDED
+    assert job.finish() == 0 and job.driver.state is JobState.SUCCEEDED
     assert len(job.rounds.rounds) == 1 and job.driver.resets == 0
 
 
@@ -241,12 +241,12 @@ def test_first_round_uses_at_most_max_np_and_waits_for_np():
     job = Job(FakeDiscovery("a:2,b:2"), np=2, max_np=3)
     assert job.wait_round(0) == [("a", 0), ("a", 1), ("b", 0)]
     job.driver.request_stop()
-    assert job.finish() == 130 and job.driver.state is State.STOPPED
+    assert job.finish() == 130 and job.driver.state is JobState.STOPPED
 
     disc = FakeDiscovery("a:1")
     job = Job(disc, np=2, min_np=1)
     time.sleep(0.1)
-    assert job.rounds.rounds == [] and job.driver.state is State.WAITING_FOR_SLOTS
+    assert job.rounds.rounds == [] and job.driver.state is JobState.WAITING_FOR_SLOTS
     disc.set("a:1,b:1")
     assert job.wait_round(0) == [("a", 0), ("b", 0)]
     job.all_exit(0)
@@ -332,10 +332,10 @@ def test_static_job_failure_ends_it_and_names_the_rank():
     workers.on_exit = agent.wake
     thread = threading.Thread(target=lambda: setattr(agent, "code", agent.run()), daemon=True)
     thread.start()
-    wait_for(lambda: agent.state is State.RUNNING)
+    wait_for(lambda: agent.state is JobState.RUNNING)
     workers.exit(("a", 1), 3)
     thread.join(5)
-    assert agent.code == 3 and agent.state is State.FAILED and agent.resets == 0
+    assert agent.code == 3 and agent.state is JobState.FAILED and agent.resets == 0
     assert agent.summary == ("hvdlite-run: rank 1 on host a exited with code 3; the other "
                              "ranks were terminated.\n")
     assert workers.stop_all_called and len(rounds.rounds) == 1
@@ -384,7 +384,7 @@ def test_new_workers_start_ahead_and_join_once_they_wait(caplog):
     wait_for(lambda: ("d", 0) in job.workers.started)
     assert job.rounds.standing == {("c", 0), ("d", 0)}
     time.sleep(0.3)
-    assert len(job.rounds.rounds) == 1 and job.driver.state is State.RUNNING
+    assert len(job.rounds.rounds) == 1 and job.driver.state is JobState.RUNNING
     assert "starting 2 new workers ahead of the next round (c:0, d:0)" in caplog.text
     job.workers.exit(("d", 0), 1)                 # fails before it ever waited to join
     wait_for(lambda: job.driver.hostset.is_blacklisted("d"))
@@ -457,7 +457,7 @@ def test_reset_limit_fails_the_job():
     assert job.wait_round(1) == [("a", 0), ("b", 0)]
     job.workers.exit(("b", 0), 1)
     assert job.finish() == 1
-    assert job.driver.state is State.FAILED
+    assert job.driver.state is JobState.FAILED
     assert "needs reset 2, but --reset-limit is 1" in job.driver.error
     assert "worker b:0 exited with code 1" in job.driver.error
 
@@ -474,7 +474,7 @@ def test_elastic_timeout_with_too_few_slots():
     assert "--elastic-timeout 0.3s" in err and "--min-np is 2" in err, err
     assert "hosts: a:1, b:1; blacklisted: b (worker b:0 exited with code 4)" in err
     assert "only 1 slot usable, but" in err
-    assert job.driver.history[-1][:2] == (State.WAITING_FOR_SLOTS, State.FAILED)
+    assert job.driver.history[-1][:2] == (JobState.WAITING_FOR_SLOTS, JobState.FAILED)
 
 
 def test_first_round_timeout_starts_with_min_np_or_fails():
@@ -516,7 +516,7 @@ def test_finishing_ignores_host_changes_and_fails_on_late_failure():
     job = Job(disc, np=3)
     assert job.wait_round(0) == [("a", 0), ("b", 0), ("c", 0)]
     job.workers.exit(("a", 0), 0)
-    wait_for(lambda: job.driver.state is State.FINISHING)
+    wait_for(lambda: job.driver.state is JobState.FINISHING)
     disc.set("a:1,b:1,c:1,d:1")
     time.sleep(0.1)
     assert len(job.rounds.rounds) == 1
@@ -541,7 +541,7 @@ def test_discovery_error_keeps_hosts(caplog):
     job.wait_round(0)
     disc.error = "boom"
     wait_for(lambda: job.driver._poller.failures >= 3)
-    assert len(job.rounds.rounds) == 1 and job.driver.state is State.RUNNING
+    assert len(job.rounds.rounds) == 1 and job.driver.state is JobState.RUNNING
     assert "host discovery failed; keeping the previous hosts (a:1, b:1): boom" in caplog.text
     assert "bad output" in caplog.text
     job.all_exit(0)
@@ -652,7 +652,7 @@ def test_bad_discovery_script_keeps_previous_hosts(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
     tag = uuid.uuid4().hex
     script = _script(tmp_path, tag)
-    disc = ScriptDiscovery(str(script), timeout_s=0.5)
+    disc = ScriptHosts(str(script), timeout_s=0.5)
     assert disc.find() == H("a:1,b:1")
     job = Job(disc, np=2, min_np=1)
     assert job.wait_round(0) == [("a", 0), ("b", 0)]
@@ -662,7 +662,7 @@ def test_bad_discovery_script_keeps_previous_hosts(tmp_path, caplog):
         before = job.driver._poller.failures
         (tmp_path / "mode").write_text(mode)
         wait_for(lambda: job.driver._poller.failures > before, timeout=4)
-        assert job.driver.state is State.RUNNING and len(job.rounds.rounds) == 1
+        assert job.driver.state is JobState.RUNNING and len(job.rounds.rounds) == 1
         assert job.workers.stopped == []
         text = caplog.text
         assert "host discovery failed; keeping the previous hosts (a:1, b:1)" in text, text
@@ -687,12 +687,12 @@ def test_script_discovery_slots_per_host_and_close(tmp_path):
     script = tmp_path / "d.sh"
     script.write_text("#!/bin/sh\necho h1\necho h2:3\n")
     script.chmod(0o755)
-    assert ScriptDiscovery(str(script), default_slots=2).find() == [
+    assert ScriptHosts(str(script), default_slots=2).find() == [
         HostSlots("h1", 2), HostSlots("h2", 3)]
-    missing = ScriptDiscovery(str(tmp_path / "nope.sh"))
+    missing = ScriptHosts(str(tmp_path / "nope.sh"))
     with pytest.raises(HostDiscoveryError, match="cannot run it"):
         missing.find()
-    closed = ScriptDiscovery(str(script))
+    closed = ScriptHosts(str(script))
     closed.close()
     with pytest.raises(HostDiscoveryError, match="closed"):
         closed.find()
@@ -781,7 +781,7 @@ def test_task_workers_through_local_tasks(capfd, caplog):
     sink = OutputSink()
 
     def starter(job):
-        return TaskWorkers(job.key, job.job_id, job.spec.command,
+        return TaskStarter(job.key, job.job_id, job.spec.command,
                            lambda: job.job_env(local=False), env, SSHOptions(),
                            start_timeout_s=20, sink=sink, on_exit=job.wake)
 
@@ -817,6 +817,6 @@ def test_a_round_whose_members_all_ask_for_a_new_one_is_reopened_as_a_reset():
     assert job.workers.started == [("a", 0), ("b", 0)]        # nobody started again
     job.rounds.asking_round = 1
     job.rounds.waker()
-    wait_for(lambda: job.driver.state is State.FAILED)
+    wait_for(lambda: job.driver.state is JobState.FAILED)
     assert "--reset-limit is 1" in job.driver.error and "asks for a new one" in job.driver.error
     assert job.finish() == 1

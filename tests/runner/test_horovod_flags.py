@@ -212,6 +212,21 @@ def test_workers_use_horovod_variables_and_warn_once_each():
     assert f"HOROVOD_CYCLE_TIME=9 ({cfg.CYCLE_TIME}=3.0 is set and wins)" in line
 
 
+@pytest.mark.timeout(120)
+def test_the_fusion_threshold_flag_reaches_the_runtime_through_one_config():
+    """--fusion-threshold-mb is validated once into the job's Config (what the launcher
+    reads), reaches every rank's Config and the runtime's live parameters, which is what
+    its fusion planning uses."""
+    argv = ["-np", "2", "--fusion-threshold-mb", "3", worker("config_worker.py")]
+    assert settings(argv).tunables.fusion_threshold_bytes == 3 * 1024 * 1024
+    r = run_launcher(argv, timeout=100)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        line = re.search(rf"^\[{rank}\]<stdout>:CONFIG (.*)$", r.stdout, re.M).group(1)
+        assert f"fusion={3 * 1024 * 1024} " in line and \
+            line.endswith(f"live_fusion={3 * 1024 * 1024}"), line
+
+
 # ---------------------------------------------------------------- Horovod's YAML config file
 
 #: horovodrun's own test file format (test/single/data/config.test.yaml), features hvdlite

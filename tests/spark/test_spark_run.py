@@ -80,12 +80,16 @@ def test_a_second_job_runs_in_the_reused_python_workers(sc):
 
 
 @pytest.mark.timeout(120)
-def test_raising_rank_is_named_and_job_cancelled(sc):
+def test_raising_rank_is_named_and_job_cancelled(sc, capfd):
     with pytest.raises(hvdlite.spark.HvdliteSparkError) as info:
         hvdlite.spark.run(fails_on_rank_1, num_proc=2, start_timeout=60)
     text = str(info.value)
     assert "rank 1" in text and "rank one refuses" in text and "ValueError" in text
     assert "Traceback" in text
+    # the job ran through run_job: the same failure summary as hvdlite-run's, on stderr
+    err = capfd.readouterr().err
+    assert "hvdlite-run: rank 1 on host " in err and " exited with code 1: ValueError: " \
+        "rank one refuses" in err, err
     assert _no_active_jobs(sc), "the failed job's Spark job is still running"
 
 

@@ -9,13 +9,11 @@ import pytest
 
 from hvdlite.common import config as cfg
 from hvdlite.common.net.service import Client
-from hvdlite.runner.agent.rounds import Rounds
-from hvdlite.runner.agent.settings import JobSettings
-from hvdlite.runner.agent.state_machine import Agent
+from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.hosts.fixed import FixedHosts
+from hvdlite.runner.tasks.function_rank import loads
 from hvdlite.spark.runner import SparkJob
-from hvdlite.spark.starter import SparkTasks
 from hvdlite.spark.task import serve_task
 
 
@@ -40,7 +38,8 @@ def _raise_on_rank_1():
 
 
 def _static_job(fn, count=2):
-    """Run ``fn`` as a static job of ``count`` thread tasks; returns (job, agent, code)."""
+    """Run ``fn`` as a static job of ``count`` thread tasks through ``run_job``, as
+    ``hvdlite.spark.run`` does; returns (the Spark job, the JobResult)."""
     job = SparkJob(FakeContext(), fn, (), {}, {"EXTRA_FOR_TEST": "1"}, 10.0, count)
     threads = [threading.Thread(target=serve_task, daemon=True,
                                 args=(job.pool.address, job.key, fn, (), {}, i, 0, 10.0))
@@ -50,24 +49,19 @@ def _static_job(fn, count=2):
     tasks = job.pool.wait_registered(count, 10.0, lambda: None)
     for i, task in enumerate(sorted(tasks, key=lambda t: t.partition)):
         job.pool.assign(task, (task.host, i))
-    job.rounds = Rounds(job.key, lambda: job.addr, repeat_last=True)
-    starter = SparkTasks(job.pool, job.job_env, job.addr, missing_is_exit=False)
-    agent = Agent(JobSettings.static_job(count),
-                  FixedHosts([HostSlots(hostname=tasks[0].host, slots=count)]), starter,
-                  job.rounds)
-    job.pool.on_change = agent.wake
-    code = agent.run()
+    hosts = [HostSlots(hostname=tasks[0].host, slots=count)]
+    result = run_job(job.spec(count, "test", hosts=hosts, host_source=FixedHosts(hosts)))
     for t in threads:
         t.join(10)
-    return job, agent, code
+    return job, result
 
 
 @pytest.mark.timeout(60)
 def test_static_job_results_in_rank_order_with_the_rank_env():
-    job, agent, code = _static_job(_rank_and_key, count=3)
+    job, result = _static_job(_rank_and_key, count=3)
     try:
-        assert code == 0
-        assert job.results(agent) == [(0, True), (1, True), (2, True)]
+        assert result.exit_code == 0 and result.state == "succeeded"
+        assert [loads(r) for r in result.results] == [(0, True), (1, True), (2, True)]
         assert cfg.SECRET_KEY not in os.environ and "EXTRA_FOR_TEST" not in os.environ
     finally:
         job.close()
@@ -76,12 +70,15 @@ def test_static_job_results_in_rank_order_with_the_rank_env():
 
 @pytest.mark.timeout(60)
 def test_static_job_failure_names_the_rank_and_its_traceback():
-    job, agent, code = _static_job(_raise_on_rank_1)
+    job, result = _static_job(_raise_on_rank_1)
     try:
-        assert code != 0
-        text = str(job.failure(agent, "hvdlite.spark.run"))
+        assert result.exit_code != 0 and result.state == "failed"
+        text = str(job.failure(result, "hvdlite.spark.run"))
         assert "rank 1 (host" in text and "KeyError: 'no such column'" in text
         assert "Traceback" in text
+        # the launcher's summary names the rank and its exception, as hvdlite-run's does
+        assert "rank 1 on host " in result.summary and \
+            "exited with code 1: KeyError: 'no such column'" in result.summary, result.summary
     finally:
         job.close()
 

@@ -27,7 +27,9 @@ class Waitable:
         """Block until done; raise HvdliteInternalError on failure."""
 
 
-_DONE = Waitable()
+#: what an async collective that finished before returning gives back (every backend's
+#: synchronous fallbacks)
+DONE = Waitable()
 
 
 class _ScaledWhenDone(Waitable):
@@ -92,7 +94,7 @@ class Backend(abc.ABC):
         Several may be in flight; they complete in the order started.  The
         default runs synchronously."""
         self.allreduce_(tensor, op)
-        return _DONE
+        return DONE
 
     def allreduce_scaled_(self, tensor, op: ReduceOp, prescale: float,
                           postscale: float) -> None:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from hvdlite.common import config as cfg
 from hvdlite.common.backend import gloo_waits, shm
-from hvdlite.common.backend.base import _DONE, Backend, Waitable
+from hvdlite.common.backend.base import DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteRoundSupersededError, HvdliteTimeoutError)
 from hvdlite.common.engine.message import ReduceOp
@@ -402,13 +402,13 @@ class GlooBackend(Backend):
         if self._shm is None:
             return super().allreduce_scaled_async_(tensor, op, prescale, postscale)
         self.allreduce_scaled_(tensor, op, prescale, postscale)
-        return _DONE
+        return DONE
 
     def allreduce_scaled_many_async_(self, tensors, op, prescale, postscale):
         if self._shm is None or not self._shm.pipelines(self._cross_pg is not None):
             return super().allreduce_scaled_many_async_(tensors, op, prescale, postscale)
         self._shm.allreduce_many_(tensors, op, prescale, postscale)
-        return [_DONE] * len(tensors)
+        return [DONE] * len(tensors)
 
     def pipeline_chunk_bytes(self, requested):
         if self._shm is None:
@@ -425,7 +425,7 @@ class GlooBackend(Backend):
     def allreduce_async_(self, tensor, op):
         if self._shm is not None:
             self.allreduce_(tensor, op)
-            return _DONE
+            return DONE
         if tensor.dtype in _WIDEN:
             return super().allreduce_async_(tensor, op)
         opts = dist.AllreduceOptions()

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from hvdlite.common import arrays
-from hvdlite.common.backend.base import _DONE, Backend
+from hvdlite.common.backend.base import DONE, Backend
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.engine.message import ReduceOp
 
@@ -174,7 +174,7 @@ class MPIBackend(Backend):
 
     def allreduce_scaled_async_(self, tensor, op, prescale, postscale):
         self.allreduce_scaled_(tensor, op, prescale, postscale)
-        return _DONE
+        return DONE
 
     def allgather_bytes(self, send, counts):
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()

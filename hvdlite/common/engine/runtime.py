@@ -18,6 +18,18 @@ handles; only the background thread touches the backend.  Each cycle:
 4. responses are fused (:func:`plan_fusion`) and executed in the same order
    everywhere; handles complete with values or errors.
 
+When the ranks ask for different requests (one is still submitting), a
+negotiation first waits up to :data:`_CONVERGE_US` for the lists to become the
+same, so nothing needs to be allgathered.  Every rank decides alike from the
+vector's longest-wait field; a joined rank never waits, and cache hits run
+meanwhile.
+
+:meth:`Runtime.stop` (``shutdown()``) puts this rank into the vector's "lowest
+rank shutting down" field, so every rank leaves the loop in the same cycle;
+the others fail their pending work with "rank R shut down".  Completion wakes
+each handle through a lock of its own, and the names are forgotten before
+their owners are woken, so a step can reuse them at once.
+
 Phase boundaries go to a :class:`Recorder` (a no-op unless one is given).
 
 Any exception in the loop is delivered to every pending handle, and later
@@ -283,7 +295,7 @@ class Runtime:
         self._error = err
         left = self.queue.close(err)
         for entry in left:
-            entry.handle._fail(err)
+            entry.handle.fail_one(err)
         self._unsent.clear()
         self._sent.clear()
         if self._flight is not None and (dump or left):
@@ -561,9 +573,9 @@ class Runtime:
             self.queue.finish([e.request.name for e, _, _ in done])
             for entry, result, err in done:
                 if err is None:
-                    entry.handle._complete_one(entry.index, result)
+                    entry.handle.complete_one(entry.index, result)
                 else:
-                    entry.handle._fail(err)
+                    entry.handle.fail_one(err)
             if rec is not None:
                 t_done = time.monotonic()
                 for entry, _, err in done:

@@ -3,6 +3,14 @@
 User threads call :meth:`TensorQueue.push`; only the background thread calls
 :meth:`TensorQueue.drain` and :meth:`TensorQueue.finish`.  A name may be in
 flight once: pushing it again before it completes is refused at once.
+
+The requests a rank has in flight may take at most
+:data:`MAX_IN_FLIGHT_WIRE_BYTES` (256 MiB) by their wire bound, so a
+negotiation's payload length always fits the int32 control vector; a push past
+it raises ``ValueError`` at once (names are bounded too, at
+:data:`hvdlite.common.ops.MAX_NAME_CHARS` characters, checked by the op layer).
+One entry, the common case, takes the fast path
+:meth:`TensorQueue.push_one` (``Runtime.enqueue_one``), which builds no lists.
 """
 
 import threading
@@ -32,14 +40,18 @@ class Handle:
         self.results: List[Any] = [None] * count
         self.names: List[str] = []
 
-    def _complete_one(self, index: int, result: Any) -> None:
-        # background thread only: no lock needed for _remaining
+    def complete_one(self, index: int, result: Any) -> None:
+        """Record the result of the operation's ``index``-th tensor; the last one wakes the
+        waiters.  The runtime's background thread only (so ``_remaining`` needs no lock)."""
         self.results[index] = result
         self._remaining -= 1
         if self._remaining == 0:
             self._done.release()
 
-    def _fail(self, error: BaseException) -> None:
+    def fail_one(self, error: BaseException) -> None:
+        """Record that one tensor of the operation failed with ``error`` (the first error
+        is the one :meth:`value` raises); the background thread only, as
+        :meth:`complete_one`."""
         if self._error is None:
             self._error = error
         self._remaining -= 1

@@ -105,6 +105,12 @@ class Service(abc.ABC):
     def address(self) -> Tuple[str, int]:
         return self._address
 
+    @property
+    def key(self) -> bytes:
+        """The secret key this service verifies frames with: the launcher's side of the
+        task services signs its own requests to them with the same key."""
+        return self._key
+
     @abc.abstractmethod
     def handle(self, header: Header, blob: bytes, client: Tuple[str, int]) -> Tuple[Header, bytes]:
         """Answer one verified request.

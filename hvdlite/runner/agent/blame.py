@@ -19,7 +19,7 @@ from hvdlite.runner.processes.workers import describe_exit, failure_message
 from hvdlite.runner.store.exit_reports import first_own_report
 
 @dataclasses.dataclass
-class Summary:
+class FailureSummary:
     """The facts one failure summary is made of (see the module docstring)."""
 
     #: every member of the round: slot id -> (rank, host)

@@ -26,17 +26,17 @@ from hvdlite.runner.agent.spec import JobResult, JobSpec, forwarded
 from hvdlite.runner.agent.state_machine import Agent
 from hvdlite.runner.hosts import HostSlots, SlotId, assign_slots, is_local, resolve
 from hvdlite.runner.hosts.fixed import FixedHosts
-from hvdlite.runner.hosts.script import ScriptDiscovery
+from hvdlite.runner.hosts.script import ScriptHosts
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.processes.rank_output import OutputSink
 from hvdlite.runner.processes.workers import StopSignals
 from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.slurm.srun_tasks import task_opener
-from hvdlite.runner.starters.auto import AutoWorkers
+from hvdlite.runner.starters.auto import AutoStarter
 from hvdlite.runner.starters.base import Starter
-from hvdlite.runner.starters.local import LocalWorkers
+from hvdlite.runner.starters.local import LocalStarter
 from hvdlite.runner.starters.mpiexec import MpiexecStarter
-from hvdlite.runner.starters.ssh_tasks import TaskWorkers
+from hvdlite.runner.starters.ssh_tasks import TaskStarter
 from hvdlite.runner.store import metrics_server
 from hvdlite.runner.store.exit_reports import report_from_failure
 from hvdlite.runner.store.metrics_inbox import MetricsInbox
@@ -72,6 +72,11 @@ class JobContext:
     def wake(self) -> None:
         if self.agent is not None:
             self.agent.wake()
+
+    def finishing(self) -> bool:
+        """Has training finished (a worker of the newest round exited 0), or the job ended?
+        A platform that keeps workers coming (Spark's elastic tasks) stops then."""
+        return self.agent is not None and self.agent.finishing()
 
     def job_env(self, local: bool, with_key: bool = False) -> Dict[str, str]:
         """The one place that builds the environment every rank of a Gloo job shares.
@@ -112,7 +117,7 @@ def run_job(spec: JobSpec) -> JobResult:
             everything that did start was ended).
     """
     source = spec.host_source or host_source(spec)
-    job = JobContext(spec)
+    job = JobContext(spec) if spec.key is None else JobContext(spec, key=spec.key)
     sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
     try:
         starter = spec.starter(job) if spec.starter is not None \
@@ -194,7 +199,7 @@ def host_source(config: JobSpec) -> HostSource:
         HvdliteConfigError: a listed host name does not resolve.
     """
     if config.discovery_script:
-        return ScriptDiscovery(config.discovery_script, config.slots_per_host,
+        return ScriptHosts(config.discovery_script, config.slots_per_host,
                                max_slots=config.max_workers)
     hosts = config.hosts
     if config.settings.static:
@@ -210,7 +215,7 @@ def host_source(config: JobSpec) -> HostSource:
 
 
 def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Starter:
-    """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoWorkers`),
+    """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoStarter`),
     the tasks started through ``srun`` when every remote host is a node of the Slurm
     allocation we run in, else over SSH."""
     config = job.spec
@@ -226,10 +231,10 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
                      known_hosts_file=config.ssh_known_hosts_file,
                      strict_host_key_checking=config.ssh_strict_host_key_checking,
                      launcher_agent=config.launcher_agent)
-    return AutoWorkers(
-        make_local=lambda: LocalWorkers(config.command, lambda: job.job_env(local=True),
+    return AutoStarter(
+        make_local=lambda: LocalStarter(config.command, lambda: job.job_env(local=True),
                                         sink, base_env=dict(os.environ), on_exit=job.wake),
-        make_tasks=lambda: TaskWorkers(job.key, job.job_id, config.command,
+        make_tasks=lambda: TaskStarter(job.key, job.job_id, config.command,
                                        lambda: job.job_env(local=False),
                                        config.forward_env(), ssh, config.start_timeout_s, sink,
                                        network_interfaces=config.network_interfaces,

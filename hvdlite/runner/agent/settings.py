@@ -36,10 +36,6 @@ class JobSettings:
         return cls(np=np, min_np=np, max_np=np, reset_limit=0, static=True)
 
 
-#: the name the elastic flags' object had; the same class
-ElasticSettings = JobSettings
-
-
 def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
              elastic_timeout_s: Optional[float], reset_limit: Optional[int],
              cooldown_range: Optional[Sequence[float]], slots_per_host: Optional[int],

@@ -82,11 +82,22 @@ class JobSpec:
     store_address: Optional[str] = None
     #: who runs the job, for the lines it prints ("hvdlite-run", "RayExecutor.run", ...)
     name: str = "hvdlite-run"
+    #: the job's key when a platform handed it to its workers before the job (Spark's
+    #: tasks get it in their closure, Spark's own channel); None: ``run_job`` makes one
+    key: Optional[bytes] = None
 
     @property
     def settings(self) -> JobSettings:
         """The agent's view: the elastic flags, or a static job of ``np`` ranks."""
         return self.elastic or JobSettings.static_job(self.np)
+
+    def with_start_timeout(self, seconds: float) -> "JobSpec":
+        """This spec with ``seconds`` (> 0, checked by the caller) as the bound on the
+        workers starting and on each rank's ``init()``, in the Config and for the ranks."""
+        self.start_timeout_s = float(seconds)
+        self.tunables = dataclasses.replace(self.tunables, start_timeout_s=float(seconds))
+        self.tunable_env[cfg.START_TIMEOUT] = repr(float(seconds))
+        return self
 
     def forward_env(self) -> Dict[str, str]:
         """The allow-list remote hosts get: the user's HVDLITE_* and HOROVOD_* variables,

@@ -105,7 +105,7 @@ WAIT_LOG_INTERVAL_S = 5.0
 UNFORMED_ROUNDS_LIMIT = 5
 
 
-class State(enum.Enum):
+class JobState(enum.Enum):
     """The driver's states (see the module docstring for the transitions)."""
 
     WAITING_FOR_SLOTS = "waiting for slots"
@@ -117,17 +117,17 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
-FINAL = frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED})
-#: the allowed transitions; :meth:`ElasticDriver._set_state` refuses any other
+FINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
+#: the allowed transitions; :meth:`Agent._set_state` refuses any other
 #: (every live state may also go to STOPPED)
-TRANSITIONS: Dict[State, frozenset] = {
-    State.WAITING_FOR_SLOTS: frozenset({State.STARTING_ROUND, State.FINISHING, State.FAILED,
-                                        State.STOPPED}),
-    State.STARTING_ROUND: frozenset({State.RUNNING, State.WAITING_FOR_SLOTS,
-                                     State.STARTING_ROUND, State.FAILED, State.STOPPED}),
-    State.RUNNING: frozenset({State.STARTING_ROUND, State.FINISHING, State.FAILED,
-                              State.STOPPED}),
-    State.FINISHING: frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED}),
+TRANSITIONS: Dict[JobState, frozenset] = {
+    JobState.WAITING_FOR_SLOTS: frozenset({JobState.STARTING_ROUND, JobState.FINISHING, JobState.FAILED,
+                                        JobState.STOPPED}),
+    JobState.STARTING_ROUND: frozenset({JobState.RUNNING, JobState.WAITING_FOR_SLOTS,
+                                     JobState.STARTING_ROUND, JobState.FAILED, JobState.STOPPED}),
+    JobState.RUNNING: frozenset({JobState.STARTING_ROUND, JobState.FINISHING, JobState.FAILED,
+                              JobState.STOPPED}),
+    JobState.FINISHING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}),
 }
 
 
@@ -204,7 +204,7 @@ class Agent:
         self._poller = DiscoveryPoller(discovery, self.wake, discovery_interval_s)
         self._can_change = discovery.can_change
         self.hostset = HostSet(settings.cooldown_range)
-        self.state = State.WAITING_FOR_SLOTS
+        self.state = JobState.WAITING_FOR_SLOTS
         self.round = -1                       # the newest published round
         self.round_slots: List[SlotInfo] = []
         #: the worker (slot id) holding each place of the newest round, in rank order
@@ -213,7 +213,7 @@ class Agent:
         self._exit_order: List[Tuple[SlotId, int]] = []     # members' exits, for summaries
         self._last_wait_log = time.monotonic()     # a wait is reported once it lasts
         self.resets = 0                       # rounds published after the first
-        self.history: List[Tuple[State, State, str]] = []      # (from, to, why), for tests
+        self.history: List[Tuple[JobState, JobState, str]] = []      # (from, to, why), for tests
         self.error: Optional[str] = None      # why the job failed
         #: a static job's failure: the whole line naming the rank that failed first
         self.summary: Optional[str] = None
@@ -247,6 +247,10 @@ class Agent:
         """Have the loop take a step now (a worker exited, the hosts changed)."""
         self._wake.set()
 
+    def finishing(self) -> bool:
+        """Is training over: FINISHING or a final state?"""
+        return self.state is JobState.FINISHING or self.state in FINAL
+
     def request_stop(self) -> None:
         """End the job: every worker is ended; :meth:`run` returns 130 (signal-safe)."""
         self._stop_requested.set()
@@ -274,31 +278,31 @@ class Agent:
     def _step(self) -> None:
         """One decision: read exits and hosts, then act according to the state."""
         if self._stop_requested.is_set():
-            self._set_state(State.STOPPED, "stop requested")
+            self._set_state(JobState.STOPPED, "stop requested")
             self.exit_code = STOPPED_EXIT
             return
         for what in self.hostset.expire():
             log.warning("%s: blacklist cooldown over; it may rejoin (round %d)",
                         ("slot " if ":" in what else "host ") + what, self.round)
         failures = self._collect_exits()
-        if self._finished and self.state in (State.RUNNING, State.WAITING_FOR_SLOTS):
-            self._set_state(State.FINISHING,
+        if self._finished and self.state in (JobState.RUNNING, JobState.WAITING_FOR_SLOTS):
+            self._set_state(JobState.FINISHING,
                             f"worker {_name(next(iter(self._finished)))} of round {self.round} "
                             f"exited 0: training is over")
             self._excuse_newcomers()
             self._stop(list(self._standby))
-        if self.state is State.FINISHING or (failures and self.settings.static):
+        if self.state is JobState.FINISHING or (failures and self.settings.static):
             self._step_finishing(failures)
             return
         for sid, code in failures:
             self._blacklist_for(sid, code)
-        if self.state is State.RUNNING:
+        if self.state is JobState.RUNNING:
             self._end_frozen()
             self._check_standby()
             self._step_running(failures)
-        elif self.state is State.WAITING_FOR_SLOTS:
+        elif self.state is JobState.WAITING_FOR_SLOTS:
             self._step_waiting()
-        elif self.state is State.STARTING_ROUND:
+        elif self.state is JobState.STARTING_ROUND:
             self._step_starting()
         self._peer_failed.clear()
 
@@ -307,17 +311,17 @@ class Agent:
         back = self.hostset.seconds_to_next_return()
         if back is not None:
             waits.append(back)
-        if self.state is State.WAITING_FOR_SLOTS and self._wait_since is not None:
+        if self.state is JobState.WAITING_FOR_SLOTS and self._wait_since is not None:
             waits.append(self._wait_since + self.settings.elastic_timeout_s - time.monotonic())
         return max(0.0, min(waits))
 
-    def _set_state(self, new: State, why: str) -> None:
+    def _set_state(self, new: JobState, why: str) -> None:
         old = self.state
         if new not in TRANSITIONS.get(old, frozenset()):
             raise AssertionError(f"agent: no transition {old.name} -> {new.name}")
         self.history.append((old, new, why))
         self.state = new
-        if new is State.WAITING_FOR_SLOTS:
+        if new is JobState.WAITING_FOR_SLOTS:
             self._last_wait_log = time.monotonic()
         log.info("%s: %s -> %s: %s", f"round {self.round}" if self.round >= 0
                  else "before the first round", old.name, new.name, why)
@@ -503,7 +507,7 @@ class Agent:
             return
         members = [m for m in self.round_ids if m not in self._excused]
         if all(m in self._finished for m in members):
-            self._set_state(State.SUCCEEDED, f"all {_count(len(members), 'worker')} of round "
+            self._set_state(JobState.SUCCEEDED, f"all {_count(len(members), 'worker')} of round "
                                              f"{self.round} exited 0")
             self.exit_code = 0
             return
@@ -524,7 +528,7 @@ class Agent:
                        f"{', '.join(map(_name, sorted(self._finished)))}", exit_status(code))
             return
         if line is None:
-            line = blame.Summary(
+            line = blame.FailureSummary(
                 ranks={i: (self._rank_in_round(i), i[0]) for i in self.round_ids},
                 exits=list(self._exit_order), reports=self._rendezvous.exit_reports,
                 stopped=self._workers.suspended, op_timeout_s=self._op_timeout_s).line(failure)
@@ -550,7 +554,7 @@ class Agent:
         plan, later = self._defer(plan)
         self._start_ahead(later)
         current = list(self.round_ids)
-        if self.state is State.RUNNING and plan != current:
+        if self.state is JobState.RUNNING and plan != current:
             added = [p for p in plan if p not in current]
             removed = [c for c in current if c not in plan]
             why = "hosts changed:" + (f" adds {', '.join(map(_name, added))}" if added else "") \
@@ -569,7 +573,7 @@ class Agent:
         if self._cascading(why, peers_only):
             return
         self._wait_since = time.monotonic()
-        self._set_state(State.STARTING_ROUND, why)
+        self._set_state(JobState.STARTING_ROUND, why)
         self._step_starting()
 
     def _cascading(self, why: str, peers_only: bool) -> bool:
@@ -607,7 +611,7 @@ class Agent:
     def _step_waiting(self) -> None:
         plan = self._plan()
         if plan is not None and len(plan) >= self._needed():
-            self._set_state(State.STARTING_ROUND, f"{_count(len(plan), 'slot')} available")
+            self._set_state(JobState.STARTING_ROUND, f"{_count(len(plan), 'slot')} available")
             self._step_starting()
             return
         have = 0 if plan is None else len(plan)
@@ -656,7 +660,7 @@ class Agent:
             plan = self._plan()
             if plan is None or len(plan) < self._needed():
                 have = 0 if plan is None else len(plan)
-                self._set_state(State.WAITING_FOR_SLOTS,
+                self._set_state(JobState.WAITING_FOR_SLOTS,
                                 f"{_count(have, 'usable slot')}, {self._needed()} needed")
                 self._step_waiting()
                 return
@@ -671,7 +675,7 @@ class Agent:
         if self.round >= 0:
             self.resets += 1
         self._publish(plan)
-        if self.state is State.RUNNING:
+        if self.state is JobState.RUNNING:
             self._start_ahead(later)
 
     def _defer(self, plan: List[SlotId]) -> Tuple[List[SlotId], List[SlotId]]:
@@ -778,7 +782,7 @@ class Agent:
         if refused:
             self._refused_at_start(refused)
             return
-        self._set_state(State.RUNNING, f"round {self.round} published with "
+        self._set_state(JobState.RUNNING, f"round {self.round} published with "
                                        f"{_count(len(slots), 'worker')}")
 
     def _cannot_start(self, refused: Dict[str, str]) -> None:
@@ -840,8 +844,4 @@ class Agent:
     def _fail(self, why: str, code: int) -> None:
         self.error = why
         self.exit_code = code
-        self._set_state(State.FAILED, why)
-
-
-#: the name the elastic-only loop had; the same class
-ElasticDriver = Agent
+        self._set_state(JobState.FAILED, why)

@@ -1,6 +1,6 @@
 """The discovery-script host source: ``--host-discovery-script``, asked about once a second.
 
-:class:`ScriptDiscovery` runs ``--host-discovery-script`` and parses what it prints,
+:class:`ScriptHosts` runs ``--host-discovery-script`` and parses what it prints,
 one host per line::
 
     node1:4          # a host and its slots
@@ -91,7 +91,7 @@ def parse_discovery_output(text: str, default_slots: int = 1,
     return [found[h] for h in order]
 
 
-class ScriptDiscovery(HostSource):
+class ScriptHosts(HostSource):
     """Runs ``--host-discovery-script`` (an executable file) and parses its stdout.
 
     The script runs in its own session with a timeout; when it runs too long its

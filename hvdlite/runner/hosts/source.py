@@ -44,6 +44,3 @@ class HostSource(abc.ABC):
     def close(self) -> None:
         """End whatever a running :meth:`find` is waiting on (default: nothing)."""
 
-
-#: the same interface under the name Ray's node source and older code use
-HostDiscovery = HostSource

@@ -189,10 +189,6 @@ class WorkerGroup:
                 out.append(slot)
         return out
 
-    def all_exited(self) -> bool:
-        return len(self._reported) == len(self.slots) or (
-            self._terminated and all(p.poll() is not None for p in self.procs))
-
     def join_output(self, timeout_s: float = 5.0) -> None:
         deadline = time.monotonic() + timeout_s
         for pump in self._pumps:

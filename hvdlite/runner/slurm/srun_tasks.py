@@ -58,7 +58,7 @@ class SrunTask(LocalTask):
 
 def task_opener(local_too: bool = False
                 ) -> Callable[[HostSlots, bool, Dict, float], TaskProcess]:
-    """What :class:`~hvdlite.runner.starters.ssh_tasks.TaskWorkers` starts a host's task
+    """What :class:`~hvdlite.runner.starters.ssh_tasks.TaskStarter` starts a host's task
     with: ``srun`` for the allocation's other nodes, a plain child for this machine
     (``local_too``: srun for this machine as well, as the tests do on one node)."""
 

@@ -19,7 +19,7 @@ from hvdlite.runner.starters.base import Starter
 log = logging.getLogger(__name__)
 
 
-class AutoWorkers(Starter):
+class AutoStarter(Starter):
     """This machine's workers directly, or every host's through tasks (decided once)."""
 
     def __init__(self, make_local: Callable[[], Starter],

@@ -15,7 +15,7 @@ from hvdlite.runner.starters.base import Starter
 log = logging.getLogger(__name__)
 
 
-class LocalWorkers(Starter):
+class LocalStarter(Starter):
     """Workers as child processes of the launcher, one :class:`WorkerGroup` each.
 
     ``job_env`` is called at each start: the rendezvous store's address is known only

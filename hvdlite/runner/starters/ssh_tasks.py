@@ -55,7 +55,7 @@ class _HostTask:
     task: TaskProcess
 
 
-class TaskWorkers(Starter):
+class TaskStarter(Starter):
     """Starts and stops workers through one task per host.
 
     ``job_env`` is called at each start (the rendezvous store exists only once

@@ -112,7 +112,7 @@ class Driver:
     """The launcher's side of the task services: connections to them, interface choice."""
 
     def __init__(self, service: DriverService):
-        self.key = service._key
+        self.key = service.key
         self.service = service
         self.nics = discover_nics()
         self._clients: Dict[int, Client] = {}

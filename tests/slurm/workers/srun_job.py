@@ -9,7 +9,7 @@ from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.processes.rank_output import OutputSink
 from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.slurm.srun_tasks import task_opener
-from hvdlite.runner.starters.ssh_tasks import TaskWorkers
+from hvdlite.runner.starters.ssh_tasks import TaskStarter
 from hvdlite.runner.tasks.ssh import SSHOptions
 
 
@@ -19,7 +19,7 @@ def main() -> int:
     sink = OutputSink()
 
     def starter(job):
-        return TaskWorkers(job.key, job.job_id, job.spec.command,
+        return TaskStarter(job.key, job.job_id, job.spec.command,
                            lambda: job.job_env(local=False), job.spec.forward_env(),
                            SSHOptions(), job.spec.start_timeout_s, sink, on_exit=job.wake,
                            open_task=task_opener(local_too=True))
