@@ -44,13 +44,15 @@ def test_tunable_flags_map_to_env():
 def test_config_file_and_flags_win(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("fusion-threshold-mb: 16\ncycle_time_ms: 3\nverbose: true\n"
-                 "stall:\n  stall-check-warning-time-seconds: 7\nhosts: localhost:4\n"
-                 "x: [A_VAR=1]\n")
-    s = settings(["--config-file", str(f), "-np", "2", "--cycle-time-ms", "5", KV])
+                 "stall:\n  stall-check-warning-time-seconds: 7\n"
+                 "hosts: localhost:2,127.0.0.1:2\nx: [A_VAR=1]\n")
+    s = settings(["--config-file", str(f), "-np", "3", "--cycle-time-ms", "5", KV])
     assert s.tunable_env[cfg.FUSION_THRESHOLD] == str(16 * 1024 * 1024)
     assert s.tunable_env[cfg.CYCLE_TIME] == "5.0"          # the flag wins
     assert s.tunable_env[cfg.STALL_CHECK_WARNING_TIME] == "7"
-    assert s.verbose and s.hosts[0].slots == 4
+    # the file's hosts, holding the -np 3 ranks host by host (placed once, in the spec)
+    assert s.verbose and [(h.hostname, h.slots) for h in s.hosts] == [("localhost", 2),
+                                                                     ("127.0.0.1", 1)]
     assert s.user_env == {"A_VAR": "1"}
 
 

@@ -158,8 +158,9 @@ def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
     _launch_env(monkeypatch)
     s = launch.spec_from_args(launch.parse_args([*CMD]))
     assert s.np == 3 and s.hosts == [HostSlots("localhost", 3)]
+    # a static job's spec holds the slots its ranks use, placed once
     s = launch.spec_from_args(launch.parse_args(["-np", "2", *CMD]))
-    assert s.np == 2 and s.hosts == [HostSlots("localhost", 3)]
+    assert s.np == 2 and s.hosts == [HostSlots("localhost", 2)]
     # -H wins over the allocation: its hosts, and -np is then needed as always
     s = launch.spec_from_args(launch.parse_args(["-np", "5", "-H", "localhost:5", *CMD]))
     assert s.hosts == [HostSlots("localhost", 5)]

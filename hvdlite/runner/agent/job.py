@@ -24,7 +24,7 @@ from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.rounds import Rounds
 from hvdlite.runner.agent.spec import JobResult, JobSpec, forwarded
 from hvdlite.runner.agent.state_machine import Agent
-from hvdlite.runner.hosts import HostSlots, SlotId, assign_slots, is_local, resolve
+from hvdlite.runner.hosts import HostSlots, SlotId, is_local, resolve
 from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.hosts.script import ScriptHosts
 from hvdlite.runner.hosts.source import HostSource
@@ -192,26 +192,19 @@ def _serve_metrics(job: JobContext):
 
 
 def host_source(config: JobSpec) -> HostSource:
-    """The discovery script, or the fixed host list (a static job's: only the slots its
-    ``-np`` ranks use, filled host by host).
+    """The discovery script, or the fixed host list (a static job's: the slots its ranks
+    use, as the spec placed them).
 
     Raises:
         HvdliteConfigError: a listed host name does not resolve.
     """
     if config.discovery_script:
         return ScriptHosts(config.discovery_script, config.slots_per_host,
-                               max_slots=config.max_workers)
-    hosts = config.hosts
-    if config.settings.static:
-        used: Dict[str, int] = {}
-        for slot in assign_slots(config.hosts, config.np):
-            used[slot.hostname] = used.get(slot.hostname, 0) + 1
-        hosts = [HostSlots(h.hostname, used[h.hostname], h.user)
-                 for h in config.hosts if h.hostname in used]
-    for h in hosts:
+                           max_slots=config.max_workers)
+    for h in config.hosts:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
-    return FixedHosts(hosts)
+    return FixedHosts(config.hosts)
 
 
 def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Starter:

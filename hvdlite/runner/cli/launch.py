@@ -26,7 +26,8 @@ from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli.config_file import config_file_defaults
-from hvdlite.runner.hosts import HostSlots, assign_slots, parse_hostfile, parse_hosts
+from hvdlite.runner.hosts import (HostSlots, assign_slots, hosts_used, parse_hostfile,
+                                  parse_hosts)
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.store.stack_collection import signal_launcher
@@ -127,7 +128,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if refused:
         raise HvdliteConfigError(refused)
     elastic = _is_elastic(args)
-    _slurm_defaults(args)
+    allocation = _slurm_defaults(args)
     if args.np is None and elastic and args.min_np is not None:
         args.np = args.min_np
     if args.np is None:
@@ -162,7 +163,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if elastic_settings is not None and elastic_settings.max_np is None:
         elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
     command = _resolve_command(list(args.command))
-    hosts = _hosts(args)
+    hosts = _hosts(args, allocation, static=not elastic)
     _check_ssh(args)
     nics = None
     if args.network_interfaces:
@@ -205,7 +206,7 @@ def _check_ceiling(args: argparse.Namespace, ceiling: int,
                 f"--max-workers if the hosts can hold {value} processes")
 
 
-def _slurm_defaults(args: argparse.Namespace) -> None:
+def _slurm_defaults(args: argparse.Namespace) -> Optional[List[HostSlots]]:
     """Inside a Slurm allocation, with neither -H nor --hostfile (nor a discovery script):
     the allocation's nodes and tasks are the hosts, and -np defaults to their total.
 
@@ -213,37 +214,45 @@ def _slurm_defaults(args: argparse.Namespace) -> None:
         HvdliteConfigError: a Slurm variable does not parse (names it).
     """
     if args.hosts or args.hostfile or args.host_discovery_script:
-        return
+        return None
     hosts = slurm_hosts.allocation_hosts()
     if not hosts:
-        return
-    args.hosts = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
+        return None
+    listing = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
     total = sum(h.slots for h in hosts)
     if args.np is None and args.min_np is None:
         args.np = total
     if args.np is not None and args.np > total:
         raise HvdliteConfigError(
             f"-np {args.np} asks for more processes than the {total} tasks of the Slurm "
-            f"allocation ({slurm_hosts.describe()}: {args.hosts}); lower -np, ask Slurm for "
+            f"allocation ({slurm_hosts.describe()}: {listing}); lower -np, ask Slurm for "
             f"more tasks, or give the hosts yourself with -H/--hostfile")
     log.info("hosts from the Slurm allocation (%s): %s; -np %s%s", slurm_hosts.describe(),
-             args.hosts, args.np, " (the allocation's total)" if args.np == total else "")
+             listing, args.np, " (the allocation's total)" if args.np == total else "")
+    return hosts
 
 
-def _hosts(args: argparse.Namespace) -> List[HostSlots]:
-    """-H or --hostfile (none with a discovery script), checked to hold -np slots."""
+def _hosts(args: argparse.Namespace, allocation: Optional[List[HostSlots]],
+           static: bool) -> List[HostSlots]:
+    """-H or --hostfile, else the Slurm ``allocation``, else a cluster's host list from the
+    environment, else this host (none with a discovery script); checked to hold -np
+    slots, and for a ``static`` job cut to the slots its ranks use (placed once, here)."""
     if args.host_discovery_script:
         return []
-    found = None if (args.hostfile or args.hosts) else hosts_from_environment()
+    found = None if (args.hostfile or args.hosts or allocation) else hosts_from_environment()
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
+    elif allocation:
+        hosts = allocation
     elif found is not None:
         hosts, where = found
         log.info("hosts from %s: %s", where, ", ".join(f"{h.hostname}:{h.slots}" for h in hosts))
     else:
         hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
+    if hosts and static:
+        return hosts_used(hosts, args.np)  # -np > slots is an error before anything starts
     if hosts:
-        assign_slots(hosts, args.np)       # -np > slots is an error before anything starts
+        assign_slots(hosts, args.np)
     return hosts
 
 

@@ -232,6 +232,20 @@ def assign_slots(hosts: List[HostSlots], np: int) -> List[SlotInfo]:
     return place_slots(placed)
 
 
+def hosts_used(hosts: List[HostSlots], np: int) -> List[HostSlots]:
+    """The hosts a static job of ``np`` ranks uses, each with the slots its ranks take,
+    filled host by host (what :func:`assign_slots` places).
+
+    Raises:
+        HvdliteConfigError: as :func:`assign_slots`.
+    """
+    used: Dict[str, int] = {}
+    for slot in assign_slots(hosts, np):
+        used[slot.hostname] = used.get(slot.hostname, 0) + 1
+    return [HostSlots(h.hostname, used[h.hostname], h.user) for h in hosts
+            if h.hostname in used]
+
+
 def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
     """Rank ``i`` runs on ``placed[i]`` = (host, slot); add the size, local and cross ranks.
 
