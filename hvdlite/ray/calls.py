@@ -43,13 +43,10 @@ class ActorCallStarter(Starter):
     environment (``job_env()`` and its place); results and failures by slot."""
 
     def __init__(self, actors: Dict[SlotId, Any], submit: Callable[[Any, Dict[str, str]], Any],
-                 rendezvous_addr: str, job_env: Callable[[], Dict[str, str]],
+                 job_env: Callable[[], Dict[str, str]],
                  on_exit: Callable[[], None] = lambda: None):
-        self._actors = dict(actors)
-        self._submit = submit
-        self._addr = rendezvous_addr
-        self._job_env = job_env
-        self.on_exit = on_exit
+        self._actors, self._submit = dict(actors), submit
+        self._job_env, self.on_exit = job_env, on_exit
         self._lock = threading.Lock()
         self._running: Dict[SlotId, Any] = {}
         self._exits: List[Tuple[SlotId, int]] = []
@@ -66,10 +63,6 @@ class ActorCallStarter(Starter):
     def failures(self) -> Dict[SlotId, str]:
         with self._lock:
             return dict(self._failures)
-
-    @property
-    def rendezvous_addr(self) -> str:
-        return self._addr
 
     def start(self, slots: Sequence[SlotInfo]) -> Dict[SlotId, str]:
         refused = {}

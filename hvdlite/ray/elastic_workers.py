@@ -65,10 +65,10 @@ class RayActorStarter(ActorCallStarter):
 
     def __init__(self, discovery: RayNodeHosts, fn: Callable, args, kwargs,
                  job_env: Callable[[], Dict[str, str]], cpus_per_worker: float,
-                 rendezvous_addr: str, on_exit: Callable[[], None]):
+                 on_exit: Callable[[], None]):
         args, kwargs = list(args or ()), dict(kwargs or {})
         super().__init__({}, lambda actor, env: actor.run.remote(fn, args, kwargs, env),
-                         rendezvous_addr, job_env, on_exit)
+                         job_env, on_exit)
         self._discovery = discovery
         self._cpus = cpus_per_worker
 

@@ -334,9 +334,9 @@ class RayExecutor:
         return JobSpec(
             np=len(self._slots), hosts=hosts, command=[], user_env=dict(self._extra_env),
             host_source=FixedHosts(hosts),
-            starter=lambda job: ActorCallStarter(actors, submit, self._driver_ip,
-                                           job_env=lambda: job.job_env(False, with_key=True),
-                                           on_exit=job.wake),
+            starter=lambda job: ActorCallStarter(
+                actors, submit, job_env=lambda: job.job_env(False, with_key=True),
+                on_exit=job.wake),
             store_address=self._driver_ip, name=f"RayExecutor.{what}",
         ).with_start_timeout(self.settings.timeout_s)
 
@@ -383,8 +383,8 @@ class RayExecutor:
             np=self._elastic.np, hosts=[], command=[], user_env=dict(self._extra_env),
             elastic=self._elastic, host_source=discovery,
             starter=lambda job: RayActorStarter(discovery, fn, args, kwargs,
-                                           lambda: job.job_env(False, with_key=True),
-                                           self._cpus, driver_ip, job.wake),
+                                                lambda: job.job_env(False, with_key=True),
+                                                self._cpus, job.wake),
             store_address=driver_ip, name="RayExecutor.run",
         ).with_start_timeout(self.settings.timeout_s)
         result = run_job(spec)

@@ -75,6 +75,18 @@ def test_plain_srun_with_an_exported_key(slurm_cluster, reference, tmp_path):
     assert [p[1] for p in result["places"]] == [0, 1]
 
 
+def test_plain_srun_names_a_rank_that_raises(slurm_cluster):
+    """A plain srun step runs through run_job (rank 0's child): the failure summary names
+    the rank that raised, its host and its exception, as hvdlite-run's does."""
+    env = _env(slurm_cluster, HVDLITE_SECRET_KEY=new_key().hex())
+    proc = subprocess.run(["srun", "-n", "2", sys.executable, TRAIN, "--fail-rank", "1"],
+                          env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert f"rank 1 on host {slurm_cluster.node} exited with code 1: ValueError: rank 1 " \
+           f"gives up on purpose" in proc.stderr, proc.stdout + proc.stderr
+
+
 def _sbatch_script() -> str:
     """The batch script of docs/clusters.md (the first bash block of its Slurm section)."""
     with open(os.path.join(ROOT, "docs", "clusters.md")) as f:

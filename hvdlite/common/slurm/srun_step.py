@@ -19,7 +19,7 @@ from typing import List, Optional
 from hvdlite.common.slurm import environment as slurm
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import CPU_OPERATIONS, START_TIMEOUT
-from hvdlite.common.config.env_names import RENDEZVOUS_PORT, SECRET_KEY
+from hvdlite.common.config.env_names import JOB_ID, RENDEZVOUS_PORT, SECRET_KEY
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.config.secret_env import environ_with_taken_secrets
 
@@ -28,9 +28,9 @@ log = logging.getLogger("hvdlite")
 #: the store rank 0 serves (a child process), once started: kept for the process's life
 _STORE: List[Optional[subprocess.Popen]] = [None]
 
-#: the module rank 0 of a plain ``srun`` step runs as its store (a process, not an import:
-#: the store is the launcher's, a layer above this one)
-STEP_STORE_MODULE = "hvdlite.runner.slurm.store"
+#: the module rank 0 of a plain ``srun`` step runs as the step's job -- its store and its
+#: failure summary (a process, not an import: that is the launcher's, a layer above this one)
+STEP_STORE_MODULE = "hvdlite.runner.slurm.step_job"
 #: how long rank 0 waits for its store to listen, and the other ranks for rank 0's store,
 #: unless the start timeout (``--start-timeout``'s variable) is longer
 STEP_STORE_START_S = 60.0
@@ -61,7 +61,8 @@ def adopt() -> None:
     port = int(derived.get(RENDEZVOUS_PORT, env.get(RENDEZVOUS_PORT, "0")))
     wait_s = _step_store_wait_s(env)
     if step.rank == 0 and _STORE[0] is None:
-        _STORE[0] = _start_step_store(env[SECRET_KEY], port, step.nodes, wait_s)
+        _STORE[0] = _start_step_store(env[SECRET_KEY], port, derived.get(JOB_ID, ""),
+                                      step.nodes, wait_s)
     elif step.rank != 0:
         _await_step_store(step.nodes[0][0], port, step.rank, wait_s)
     os.environ.update(derived)
@@ -89,7 +90,8 @@ def _await_step_store(host: str, port: int, rank: int, wait_s: float) -> None:
             time.sleep(0.1)
 
 
-def _start_step_store(key_hex: str, port: int, nodes, wait_s: float) -> subprocess.Popen:
+def _start_step_store(key_hex: str, port: int, job_id: str, nodes,
+                      wait_s: float) -> subprocess.Popen:
     """Start the store child and wait until it listens; its stdin is its lifeline (it
     ends when this process does).  The key goes on stdin, never on a command line.
 
@@ -98,8 +100,8 @@ def _start_step_store(key_hex: str, port: int, nodes, wait_s: float) -> subproce
     """
     proc = subprocess.Popen([sys.executable, "-m", STEP_STORE_MODULE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, start_new_session=True)
-    proc.stdin.write((json.dumps({"key": key_hex, "port": port, "nodes": nodes}) + "\n")
-                     .encode())
+    proc.stdin.write((json.dumps({"key": key_hex, "port": port, "job_id": job_id,
+                                  "nodes": nodes}) + "\n").encode())
     proc.stdin.flush()
     timer = threading.Timer(wait_s, proc.kill)
     timer.start()

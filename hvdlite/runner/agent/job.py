@@ -117,7 +117,9 @@ def run_job(spec: JobSpec) -> JobResult:
             everything that did start was ended).
     """
     source = spec.host_source or host_source(spec)
-    job = JobContext(spec) if spec.key is None else JobContext(spec, key=spec.key)
+    given = {name: value for name, value in (("key", spec.key), ("job_id", spec.job_id))
+             if value is not None}
+    job = JobContext(spec, **given)
     sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
     try:
         starter = spec.starter(job) if spec.starter is not None \
@@ -136,7 +138,8 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter) -> JobResu
     job.rounds = Rounds(job.key, address, repeat_last=spec.settings.static,
                         needed=starter.needs_rendezvous, job_id=job.job_id,
                         extra_ops=job.stacks.ops(),
-                        extra_reports=lambda: _starter_reports(starter))
+                        extra_reports=lambda: _starter_reports(starter),
+                        port=spec.store_port)
     job.agent = Agent(spec.settings, source, starter, job.rounds,
                       op_timeout_s=spec.tunables.op_timeout_s)
     metrics = None

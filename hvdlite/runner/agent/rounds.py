@@ -21,10 +21,11 @@ class Rounds:
     def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
                  needed: bool = True, job_id: str = "",
                  extra_ops: Optional[Dict[str, Callable]] = None,
-                 extra_reports: Callable[[], Dict[SlotId, dict]] = dict):
+                 extra_reports: Callable[[], Dict[SlotId, dict]] = dict, port: int = 0):
         """``extra_ops``: more store ops (see ``RendezvousService``); ``extra_reports()``:
         exit reports that did not come through the store (a platform's starter saw the
-        failure itself), overridden by the ranks' own."""
+        failure itself), overridden by the ranks' own; ``port``: the store's (0: any)."""
+        self._port = port
         self._extra_reports = extra_reports
         self._key = key
         self._job_id = job_id
@@ -43,8 +44,8 @@ class Rounds:
             return self._count
         if self.service is None:
             self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
-                                             bind_addr=self._bind_addr(), job_id=self._job_id,
-                                             extra_ops=self._extra_ops)
+                                             bind_addr=self._bind_addr(), port=self._port,
+                                             job_id=self._job_id, extra_ops=self._extra_ops)
             if self._waker is not None:
                 self.service.set_waker(self._waker)
         return self.service.publish(slots, ids)

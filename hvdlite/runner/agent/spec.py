@@ -85,6 +85,11 @@ class JobSpec:
     #: the job's key when a platform handed it to its workers before the job (Spark's
     #: tasks get it in their closure, Spark's own channel); None: ``run_job`` makes one
     key: Optional[bytes] = None
+    #: the job's id when the workers already know it (a plain ``srun`` step's); None:
+    #: ``run_job`` makes one
+    job_id: Optional[str] = None
+    #: the port the store listens on when the workers already know it (0: any free one)
+    store_port: int = 0
 
     @property
     def settings(self) -> JobSettings:

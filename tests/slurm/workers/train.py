@@ -46,11 +46,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reference", action="store_true", help="one process, no hvdlite")
     parser.add_argument("--out", help="rank 0 writes the result here (JSON)")
+    parser.add_argument("--fail-rank", type=int, help="this rank raises after init()")
     args = parser.parse_args()
     if args.reference:
         result = {"size": 1, "weights": train(0, 1)}
     else:
         hvd.init()
+        if hvd.rank() == args.fail_rank:
+            raise ValueError(f"rank {hvd.rank()} gives up on purpose")
         places = hvd.allgather_object((hvd.rank(), hvd.local_rank(), hvd.cross_rank(),
                                        os.environ.get("SLURM_PROCID")))
         result = {"size": hvd.size(), "weights": train(hvd.rank(), hvd.size()),
