@@ -328,18 +328,24 @@ def test_the_pattern_catches_a_horovod_name_in_code():
 
 
 #: the launcher's packages, lowest first: a module imports only its own package or a
-#: lower one (``hvdlite.runner.api`` and ``__main__`` sit on top of them all)
+#: lower one.  The entry points sit on top of them all: ``hvdlite.run`` (``api``),
+#: ``python -m hvdlite.runner`` and a plain srun step's job (``slurm.step_job``, which
+#: runs a job like the command line does)
 _RUNNER_LAYERS = ("hvdlite.runner.processes", "hvdlite.runner.hosts", "hvdlite.runner.store",
                   "hvdlite.runner.tasks", "hvdlite.runner.slurm", "hvdlite.runner.starters",
                   "hvdlite.runner.agent", "hvdlite.runner.cli",
-                  ("hvdlite.runner.api", "hvdlite.runner.__main__"))
+                  ("hvdlite.runner.api", "hvdlite.runner.__main__",
+                   "hvdlite.runner.slurm.step_job"))
 
 
 def _runner_layer(module: str):
-    for index, prefixes in enumerate(_RUNNER_LAYERS):
-        if _within(module, prefixes if isinstance(prefixes, tuple) else (prefixes,)):
-            return index
-    return None
+    """The layer of the longest entry of :data:`_RUNNER_LAYERS` that holds ``module``."""
+    best = None
+    for index, entry in enumerate(_RUNNER_LAYERS):
+        for prefix in entry if isinstance(entry, tuple) else (entry,):
+            if _within(module, [prefix]) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
 
 
 def test_every_runner_module_has_a_layer(graph):

@@ -7,8 +7,18 @@ builds a fresh runtime and transport each time, in the next rendezvous round
 (elastic training relies on that).  Under Gloo a rank learns its place (rank,
 size, local and cross ranks) from the round's plan, keyed by its host and
 local slot, so a fresh process can join survivors that are at their N-th
-init.  Layers above register reset hooks (names, counters, caches) that run
-at every ``init()`` and ``shutdown()``.
+init.  A process whose slot has no place in the newest round (a stale one, or
+its host left the job) is refused at once.  Under MPI the place comes from MPI
+itself and there are no rounds: :func:`rendezvous_round` stays -1.  Layers
+above register reset hooks (names, counters, caches) that run at every
+``init()`` and ``shutdown()``.
+
+``init()`` also calls ``gc.freeze()`` (``HVDLITE_GC_FREEZE``, on by default;
+``--no-gc-freeze``).  Every op makes a few small objects that live until its
+group completes, so a step of many small ops promotes thousands of them and
+Python then runs a full collection every few steps, which would walk every
+object torch brings.  Frozen, the objects alive at init (modules, classes)
+are left out of those passes, which then stay short.
 """
 
 import atexit
@@ -97,6 +107,9 @@ def _run_reset_hooks() -> None:
 
 
 def _make_backend(config: Config, comm=None):
+    """The backend ``Config.cpu_operations`` names (``mpi``, ``gloo`` or ``local``); when
+    it names none, MPI if MPI started this process and mpi4py is there, else Gloo for
+    more than one rank, else the 1-rank local backend."""
     choice = config.cpu_operations
     if not choice:
         if launched_by_mpi() and mpi_available():

@@ -30,7 +30,7 @@ from typing import Optional
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteInternalError
 
 ACTIONS = ("exit", "kill", "hang", "raise")
-#: the setting's name in messages (config.py adds its variable's name to refusals)
+#: the setting's name in messages (hvdlite.common.config adds its variable's name to refusals)
 WHERE = "the fault plan (--fault-at)"
 FORMAT = "rank=R,commit=N[,action=exit|kill|hang|raise][,exit_code=C][,round=K]"
 

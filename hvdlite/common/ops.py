@@ -9,9 +9,11 @@ into the output buffers the adapter allocated (allreduce, broadcast) or returns
 new buffers (allgather, alltoall, reducescatter).  Each ``*_async`` function is
 the one place its requests are built and checked; fast paths live inside them.
 
-Unnamed operations are numbered per kind (``allreduce.noname.3``), so every
-rank must issue them in the same order; the numbering restarts at every
-``init()``.
+Unnamed operations are numbered per kind and per process set
+(``allreduce.noname.3``), so every rank must issue them in the same order; the
+numbering restarts at every ``init()``.  ``process_set=`` selects that set's
+own runtime, and a broadcast's ``root_rank`` (a job rank) becomes a set rank
+(:func:`check_root`).
 """
 
 import itertools
@@ -214,7 +216,9 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
     """Reduce one buffer over all ranks into ``output`` (which may be the buffer itself).
 
     The common case, issued thousands of times per step by an optimizer, so it does the
-    least work that is still every check :func:`allreduce_async` makes.
+    least work that is still every check :func:`allreduce_async` makes.  A named tensor's
+    :class:`Request` is built once and reused on later steps (keyed by name, dtype, shape,
+    op and scale factors; the table is cleared at every ``init()``).
     """
     runtime = basics.current_runtime()
     if runtime is None:

@@ -3,13 +3,22 @@
 A registered set other than the global one has a runtime of its own on each of
 its members: its own background thread, queue, negotiation, response cache and
 fusion buffers, over its own transport (a ProcessGroupGloo under the round's
-store prefix ``set<id>/``, or an MPI communicator made from the job's).  So a
+store prefix ``set<id>/``, or an MPI communicator made with
+``MPI_Comm_create_group`` from a spare duplicate of the job's communicator, so
+the background thread's communicator is never used from a user thread).  So a
 set negotiates only among its members and runs concurrently with every other
-set.  Ranks that are not members keep only the set's description.
+set.  Ranks that are not members keep only the set's description; an op on
+the set raises ``ValueError`` there.  A set's runtime and backend name job
+ranks in their messages (``Runtime.ranks``).
 
-The registry here is the state; adding and removing sets are collectives over
-every rank of the job and live in :mod:`hvdlite.common.ops`, which agrees on
-the change first.  Every set ends at ``shutdown()``.
+The registry here is the state, identical on every rank; adding and removing
+sets are collectives over every rank of the job and live in
+:mod:`hvdlite.common.ops`, which first agrees on the change with two
+allgathers, so ids match everywhere and a rank that asks for something else
+makes every rank raise the same ``ValueError``.  Ids are never reused within
+one ``init()``, so a re-added set never meets the store keys of a removed one.
+Every set's runtime stops at ``shutdown()`` (a reset hook), before the global
+one.
 """
 
 import logging

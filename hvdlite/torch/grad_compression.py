@@ -9,7 +9,10 @@ allgathers of values and indices).  So they work only inside ``DistributedOptimi
 * ``hvd.Compression.powersgd(...)`` / ``hvd.Compression.topk(...)`` return a
   :class:`StatefulCompression`, a *spec* (just the settings);
 * the optimizer wrapper asks it for a :class:`GradientExchange` over its own parameters,
-  which holds the state, so it lives (and is checkpointed) with the wrapper;
+  which holds the state, so it lives (and is checkpointed) with the wrapper: its
+  ``state_dict()`` adds the state under ``"hvdlite_compression"``.  Nothing goes into
+  ``optimizer.state``, because Adam and friends initialise a parameter's state there
+  when it is empty;
 * the wrapper calls :meth:`GradientExchange.start` where it would start an allreduce (one
   bucket, group or parameter) and :meth:`GradientExchange.finish` in ``synchronize()``.
 

@@ -6,6 +6,13 @@ cutting the result back into a thousand views costs as much again as the reducti
 itself, so an in-place group that repeats under the same name and shapes keeps its
 buffer and views between calls (:class:`Packing`); every other group gets a new buffer,
 cut with ``split_with_sizes`` (about a third of ``_unflatten_dense_tensors``' cost).
+
+The one request carries a ``parts`` field: the number of tensors and a digest of their
+shapes.  The ranks must agree on it as on a shape; when they do not, every rank's
+handle fails with "mismatched grouped tensors".  Groups that do not qualify (mixed
+dtypes, op=Adasum, dtypes the runtime carries in another type, tensors that are not
+plain CPU tensors) take the per-tensor path instead, one request per tensor named
+``<name>.<i>``.
 """
 
 from typing import Dict, List, Optional, Tuple

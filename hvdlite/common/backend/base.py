@@ -51,6 +51,12 @@ class Backend(abc.ABC):
     :class:`hvdlite.common.exceptions.HvdliteInternalError` (or a subclass)
     when a peer failed or the backend's timeout (``Config.op_timeout_s``)
     passed; after such an error the backend is unusable.
+
+    A new backend sets ``rank``, ``size``, ``local_rank``, ``local_size``,
+    ``cross_rank`` and ``cross_size`` when it is built, and ``round`` (the
+    rendezvous round it joined) if it joins rounds: ``init()`` remembers that
+    round for the next one.  ``basics._make_backend`` chooses it from
+    ``Config.cpu_operations``.
     """
 
     name = "abstract"

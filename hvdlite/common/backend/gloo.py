@@ -2,6 +2,22 @@
 
 The runtime builds its own process group and never touches torch.distributed's
 default group, so user code may still call ``init_process_group`` (or use DDP).
+
+Without shared memory, the per-cycle control MIN of a job of three or more
+ranks runs by dissemination over Gloo's point-to-point exchange
+(:func:`dissemination_min_`: ceil(log2 n) rounds instead of the ring's
+2(n - 1) steps); elastic jobs keep Gloo's allreduce, because only a
+collective's wait can be given up when the round changes.  The exchanges run
+on an :class:`ExchangeGroup`; a cross-host group's indices are cross ranks, so
+its members post "job rank, host" when it connects, and a failed or timed-out
+exchange names the peer's job rank (and host) and ``--op-timeout-seconds``.
+
+With shared memory (:mod:`.shm`), the control MIN and every allreduce go
+through the host's segment, and across hosts over a Gloo group per local rank
+(the control MIN by dissemination there too).  On one host the request
+allgather, allgather, broadcast and alltoall also go through the segment;
+across hosts they use the job's global Gloo group.  Process sets keep plain
+Gloo: only the job's backend sets up a segment.
 """
 
 import datetime

@@ -1,14 +1,24 @@
 """Shared memory between the ranks of one host: collectives without a network round trip.
 
-One segment per host and rendezvous round holds a small header (per-rank arrival
-counters, pids and job ranks) and two sets of one slot per local rank.  Every
+Gloo mode uses it when every rank can (``GlooBackend._setup_shared_memory``, two
+MIN-allreduces at init, so all ranks use it or none does): shared memory is on
+(``--no-shared-memory`` / ``HVDLITE_SHARED_MEMORY=0`` turn it off), a host runs more
+than one rank (at most 64), every host runs the same number, and every host's
+segment was made and mapped.
+
+One segment per host and rendezvous round holds a 4 KiB header (an arrival counter
+and a pid per local rank, up to 64; three rows of per-rank progress counters for the
+pipelined allreduce; the magic and random tag at its end) and two sets of one slot
+per local rank.  A slot holds a fusion chunk plus the in-place threshold, within
+4 KiB..64 MiB (:func:`slot_bytes_for`).  Every
 collective alternates between the two sets: a rank only writes a set again after
 every rank passed the barrier of the collective that used the other set, which
 it reaches only after it finished reading this one, so one barrier per phase is
 enough.  A barrier is an increment of this rank's counter and a spin (then a
-yield, then short sleeps) until every counter caught up: microseconds when the
-peers are there.  A waiting rank checks that its peers' processes still exist
-and gives up after the op timeout, naming the rank.
+yield, then short sleeps: :data:`_SPIN_S` 50 µs, :data:`_YIELD_S` 2 ms,
+:data:`_NAP_S` 50 µs naps) until every counter caught up: microseconds when the
+peers are there.  A waiting rank checks every 0.1 s that its peers' processes
+still exist and gives up after the op timeout, naming the rank.
 
 Nothing is ever left behind, whoever is killed when.  The segment never has a
 name: local rank 0 makes it with ``memfd_create`` and the others open it through
@@ -41,7 +51,12 @@ the result out, multiplied by the op's postscale (the input by its prescale on t
 in), so scaling costs no pass of its own.  On one host a tensor of several pieces is
 pipelined on per-piece progress counters instead of two barriers a piece
 (:meth:`SharedMemoryGroup._pipelined_allreduce`); there a rank copies in only its peers'
-slices of each piece and reduces its own slice straight from its tensor.  Ordering between
+slices of each piece and reduces its own slice straight from its tensor.  A piece is
+:data:`PIECE_BYTES` (1 MiB) or a quarter of a slot, whichever is smaller, and pieces
+cycle through four places of each rank's slot; across hosts, or when a host's ranks
+outnumber its cores, pieces stay slot-sized.  Each slice is reduced by one rank
+only, so every rank gets the same bits; without a prescale the terms are combined in
+rank order (with one, this rank's own term comes first).  Ordering between
 the counter store and the data relies on the stores of one process becoming visible in
 order (x86's memory model).
 """

@@ -3,10 +3,10 @@
 One row per setting: its ``Config`` field, type, default, range, ``HVDLITE_*``
 variable, Horovod twins, launcher flags, horovodrun YAML keys and help text.
 ``config.Config`` (fields, defaults, environment reading, range checks), the
-launcher's tunable flags, its ``--config-file`` reader and the README's table
+launcher's tunable flags, its ``--config-file`` reader and docs/reference.md's table
 are all built from :data:`TUNABLES`, so none of them can drift from the others.
 
-``python -m hvdlite.common.config.tunables --markdown`` prints the README's table.
+``python -m hvdlite.common.config.tunables --markdown`` prints docs/reference.md's table.
 """
 
 import dataclasses
@@ -104,8 +104,8 @@ class Tunable:
     ``env_means_off``: the variable's true value turns the field off (``*_DISABLE``).
     ``choices`` / ``choices_words``: the allowed texts of a string setting.
     ``launcher_reads_env``: the launcher itself honours the variables (its default).
-    ``readme_flags`` / ``shown_default``: the README's cells when the flags or the
-    default do not say it by themselves.
+    ``readme_flags`` / ``shown_default``: the cells of docs/reference.md's table when the
+    flags or the default do not say it by themselves.
     """
 
     field: str
@@ -141,7 +141,7 @@ def _hierarchical(kind: str) -> Switch:
                   _NO_OP_HIERARCHICAL, off_is_default_only=True)
 
 
-#: every tunable, in the README's order
+#: every tunable, in the order of docs/reference.md's table
 TUNABLES: Tuple[Tunable, ...] = (
     Tunable(
         "fusion_threshold_bytes", int, 128 * MIB, "HVDLITE_FUSION_THRESHOLD",
@@ -474,7 +474,7 @@ def _variable_cell(t: Tunable) -> str:
 
 
 def markdown() -> str:
-    """The README's table of tunables (flag, variable with its Horovod twin, default)."""
+    """docs/reference.md's table of tunables (flag, variable with its Horovod twin, default)."""
     lines = ["| flag | variable (Horovod's twin) | default |", "|---|---|---|"]
     lines += [f"| {_flags_cell(t)} | {_variable_cell(t)} | {shown_default(t)} |"
               for t in TUNABLES]

@@ -12,11 +12,16 @@ user waiting for them): one clock read, three list comprehensions over the group
 and one ``deque.append`` per executed group.  Nothing is recorded when an op is
 submitted or negotiated: a dump asks the live runtimes for what is still pending.
 No strings are formatted until a dump.  The ring is one per process, shared by
-the runtimes of all process sets (``deque.append`` is atomic).
+the runtimes of all process sets (``deque.append`` is atomic): ``init()`` makes
+it (:func:`configure`), and each runtime takes it (:func:`current`) when it is
+built and registers itself (:meth:`FlightRecorder.watch`).
 
 Dumps go to ``<dir>/flight-rank<R>.json`` (written whole, then renamed, so a
-reader never sees half a file) when the background thread fails, when a stall
-passes the shutdown time, when the process dies of an uncaught exception, and
+reader never sees half a file; times in wall-clock seconds) when the background
+thread fails or a peer leaves while operations were pending
+(``Runtime._fail_all``), when a stall passes the shutdown time
+(``Runtime._stall_failures``), when the process dies of an uncaught exception
+(a ``sys.excepthook`` chained to the one before it, the exit report's too), and
 whenever :func:`dump` is called (the on-demand stack report calls it).
 """
 

@@ -3,8 +3,15 @@
 Only when metrics are on (``HVDLITE_METRICS_PORT`` set, which the flag does) does the
 runtime own a :class:`Counters`; its background thread adds to plain ints and lists at a
 few points (one call per executed group, one per cycle with work), never per event of a
-recorder, so a timeline or flight recorder composes with it untouched.  A daemon thread
-(:class:`Reporter`) sends a snapshot -- totals, not events -- to the launcher's store
+recorder, so a timeline or flight recorder composes with it untouched.  It counts per
+executed group the op, its tensors and bytes, the collective's time and the fusion
+buffer's fill; per ``_execute`` call whether the cache answered or a negotiation did; per
+cycle with work the time to agreement; and on rank 0, about once a second, the tensors
+stalled past the warning time.  Without metrics the runtime pays one ``is None`` test
+per group.
+
+A daemon thread (:class:`Reporter`, started by ``init()`` through
+:func:`start_reporting`) sends a snapshot -- totals, not events -- to the launcher's store
 every second (op ``metrics``); the launcher turns the snapshots of all ranks into
 Prometheus metrics (``hvdlite.runner.store.metrics_server``).
 """

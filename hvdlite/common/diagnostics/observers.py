@@ -4,6 +4,10 @@ Kept apart from ``basics.py`` so that init/shutdown only call :func:`attach` and
 :func:`detach`; the timeline can also be started and stopped while the job runs
 (``hvd.start_timeline`` / ``hvd.stop_timeline``).  Only rank 0 writes a timeline
 and only rank 0 tunes (its decisions travel to the others in the control vector).
+
+The recorders wanted are joined by :func:`recorder.combine` (a :class:`Tee` when
+several are active) and handed over with ``Runtime.set_recorder``, which the
+background thread takes at its next cycle start, so no group is reported half.
 """
 
 import os

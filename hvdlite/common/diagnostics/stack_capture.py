@@ -3,14 +3,18 @@
 The stall check names the ranks that have not submitted a tensor; this says what
 those ranks are doing instead.  How a request travels, and why:
 
-* **A stall.**  Rank 0 (the coordinator) asks through the per-cycle control vector
-  that every rank already agrees on (two int32 slots: a request id and a cycle age),
-  so every rank's background thread sees it in the same cycle at no extra message,
-  and no network round trip is ever added to a cycle.  The missing rank's main thread
-  may be stuck in user code, but its background thread still cycles.  The ranks asked
-  capture ``sys._current_frames()`` on a short-lived daemon thread and send the
-  stacks to the launcher's store (op ``stack_report``) over the job's authenticated
-  channel; the launcher prints one report.
+* **A stall.**  Rank 0 checks once a second for tensors some ranks submitted and
+  others have not (``Controller.stalled``).  It asks once per stall -- again only if a
+  rank not asked yet goes missing; a stall ends when no tensor is stalled -- and first
+  sends the launcher the request's summary (a random id, the stalled tensors, the
+  waiting and the missing ranks) on a short-lived daemon thread.  Then it asks through
+  the per-cycle control vector that every rank already agrees on (two int32 slots: a
+  request id and a cycle age), so every rank's background thread sees it in the same
+  cycle at no extra message, and no network round trip is ever added to a cycle.  The
+  missing rank's main thread may be stuck in user code, but its background thread
+  still cycles.  The ranks asked capture ``sys._current_frames()`` on a short-lived
+  daemon thread and send the stacks to the launcher's store (op ``stack_report``) over
+  the job's authenticated channel; the launcher prints one report.
 * **On demand** (``hvdlite-run --dump-stacks PID``, or SIGUSR1 to the launcher).  The
   launcher marks a request in its store.  Rank 0 finds it when it polls
   (:class:`Poller`: one small request a second on a daemon thread), sends its own
@@ -29,7 +33,9 @@ those ranks are doing instead.  How a request travels, and why:
 
 Frames are marked ``runtime`` when their file belongs to hvdlite, the standard
 library or an installed package (torch's internals), so the launcher can show user
-code first and fold the rest.
+code first and fold the rest: the report shows each thread innermost frame first,
+runtime frames folded onto one line, and the threads that run only runtime code on one
+line per rank (:mod:`hvdlite.runner.store.stack_collection`).
 """
 
 import json

@@ -11,6 +11,16 @@ that was last in more than half of the completing cycles and cost more than a te
 the window.  The control vector carries three numbers for it whatever the job's size (the
 smallest age, the largest, and the rank with the smallest; control_vector.py), and a
 completing cycle costs rank 0 a few operations, so it is always on.
+
+Ages are taken at the *end* of an agreement, not when each rank builds its vector: an
+idle rank sleeps up to 50 ms between cycles while the others block in the control
+allreduce, so ages taken earlier would be off by that much.  They travel in microseconds
+(the rank-naming field in units of ``control_vector.AGE_UNIT_US``).  A wait is counted at
+most for the time since the previous completing cycle, so several completions inside one
+wait do not count it twice; spreads under :data:`MIN_SPREAD_S` count for nobody, and a
+rank is named at most once per :data:`REPEAT_AFTER_WINDOWS` windows.  The warning goes to
+the launcher's store as op ``straggler`` from a short-lived thread (never the loop), and
+the launcher prints it with the rank's host; without a store rank 0 logs it.
 """
 
 import logging

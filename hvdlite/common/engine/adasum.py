@@ -26,6 +26,14 @@ Horovod keeps per-tensor counts), so the result is the rule applied tensor by te
 travels in the buffer's dtype; float16/bfloat16 are combined in float32 and rounded back at
 every level (as Horovod does), float32 in float32 and float64 in float64; the dot products and
 norms are always summed in float64.
+
+The executor sends every ``op=Adasum`` allreduce group here; its prescale and postscale
+apply as for other reductions (before and after this rule), and a rank that has joined
+contributes a zero vector, which the rule leaves out.  The exchanges run on Gloo
+(``ProcessGroupGloo`` send/recv on a private tag, each bounded by
+``--op-timeout-seconds``) and on MPI (``MPI_Sendrecv``).  Only power-of-two world sizes and
+floating dtypes work: anything else fails the group's handles on every rank alike, naming
+the tensor and the size or dtype (:func:`refusal`), and the runtime goes on.
 """
 
 import bisect

@@ -3,7 +3,12 @@
 Every field is combined by MIN, so each one is chosen so that the MIN answers a question
 about all ranks at once.  Layout (int32)::
 
-    NEED  LEN  STALL  PVER  DUMP  DUMP_AGE  PARAMS[W]       (as before; see runtime.py)
+    NEED                     0 if this rank needs a full negotiation (else 1)
+    LEN                      minus the length of this rank's request payload
+    STALL                    rank 0's stall verdict, an age in cycles (others: INT_MAX)
+    PVER  PARAMS[W]          rank 0's live-parameters version and values (others: INT_MAX)
+    DUMP  DUMP_AGE           rank 0's request for stacks: its id, and an age in cycles
+                             (-1: every rank)
     LEAVING                  lowest rank shutting down (INT_MAX: none)
     AGE_MIN  AGE_MAX_NEG  AGE_WHO      the straggler summary (stragglers.py)
     DIG1  DIG1_NEG  DIG2  DIG2_NEG     digest of the request payload, and its negation

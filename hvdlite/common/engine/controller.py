@@ -4,7 +4,7 @@ Rank 0 is not special here: every rank receives the same gathered requests
 (one allgather on the control plane) and runs this same deterministic code on
 them, so every rank holds the same message table and computes the same
 ordered response list without a second round trip to broadcast it.  The
-invariant DESIGN.md asks for (every rank executes the same responses in the
+invariant docs/architecture.md relies on (every rank executes the same responses in the
 same order) follows from determinism: no wall clock, randomness or local state
 enters :meth:`Controller.ingest`.
 """

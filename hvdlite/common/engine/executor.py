@@ -2,7 +2,20 @@
 
 Called by the background thread only.  ``entries`` maps a name to this rank's
 entry; a name without an entry is one this rank contributes a neutral value to
-(it has joined).
+(it has joined): :func:`fusion.neutral` for allreduce, zeros for reducescatter
+and Adasum, no rows for alltoall.  An Average still divides by the full size.
+
+Scaling costs no pass of its own where the transport allows it.  Average (a
+postscale of 1/size) and the prescale / postscale factors go to the backend with
+the tensor (``Backend.allreduce_scaled_`` and its async forms), which applies them
+where it touches the data anyway (shared memory while it copies in and out, MPI
+piece by piece; the interface's default, which Gloo over TCP keeps, scales in
+passes of its own).  Packed chunks are scaled run by run of about
+:data:`SCALE_RUN_BYTES` right after packing and right before unpacking, while
+the run is still in the cache.  When the backend offers a staging area
+(``Backend.stage``: a shared-memory slot), a chunk is packed straight into it
+and unpacked straight from where ``Backend.allreduce_staged_`` leaves the
+result, so a fused allreduce costs two copies and one reduction pass.
 """
 
 import time

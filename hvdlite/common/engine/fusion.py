@@ -31,7 +31,10 @@ class FusionBuffers:
 
 
 def neutral(dtype: str, reduce_op: int):
-    """The value a joined rank contributes so it does not change the reduction."""
+    """The value a joined rank contributes so it does not change the reduction: 0 for
+    sum and average (an average still divides by the full size, as in Horovod), +inf (the
+    dtype's max for integers, True for bool) for min, -inf (the dtype's min, False) for
+    max, 1 for product."""
     if reduce_op == ReduceOp.PRODUCT:
         return 1
     if reduce_op in (ReduceOp.MIN, ReduceOp.MAX):

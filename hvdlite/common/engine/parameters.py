@@ -1,8 +1,11 @@
 """The tunables that may change while a job runs, applied by every rank in the same cycle.
 
-Rank 0 alone proposes a change (by hand or, later, an autotuner); the proposal
+Rank 0 alone proposes a change (by hand, or through the autotuner); the proposal
 travels in the per-cycle control vector, so every rank switches at the same
-cycle boundary and keeps executing the same fused groups as its peers.
+cycle boundary and keeps executing the same fused groups as its peers.  Rank 0
+writes its values and a version number there and every other rank writes
+INT32_MAX, so the MIN is rank 0's proposal.  The runtime's memoised fusion
+plans are keyed by that version, so a change never reuses a stale plan.
 """
 
 import dataclasses

@@ -5,8 +5,13 @@ Every control-plane listener (driver, task service, rendezvous store, the
 task services listen on all addresses.  The limits here keep what a stranger
 can make us spend small and bounded:
 
-* time: the hello must arrive within :data:`PREAUTH_TIMEOUT_S`;
-* memory: the hello is at most ``framing.HELLO_MAX_BYTES``;
+* time: the hello must arrive within :data:`PREAUTH_TIMEOUT_S` (5 s);
+* memory: the hello is at most ``framing.HELLO_MAX_BYTES`` (1 KiB);
+* the kernel's queue: a listen backlog of at least :data:`MIN_BACKLOG` (2,048, capped by
+  ``somaxconn``), so a flood of strangers does not make our clients' SYNs drop;
+* the accept loop: when accept fails for want of descriptors or memory (EMFILE and
+  kin), it sleeps :data:`ACCEPT_BACKOFF_S` (50 ms, doubling up to 1 s) instead of
+  spinning;
 * threads and descriptors: connections waiting for their hello cost no thread (the
   accept thread reads their hellos); at most :data:`MAX_UNAUTHENTICATED` of them per
   listener (fewer when descriptors are scarce), half of those per source address, and at
@@ -15,8 +20,11 @@ can make us spend small and bounded:
   source that has waited :data:`EVICT_MIN_AGE_S` is closed to make room for the newcomer
   (see :mod:`hvdlite.common.net.preauth`), so that idle strangers cannot keep a job's own
   clients out; authenticated connections are never closed for a newcomer;
-* log volume: rejections are logged a few at a time, then summarised
+* log volume: rejections are logged five per 10 s, then summarised
   (:class:`RejectLog`), so 40,000 forged frames make a handful of lines.
+
+A :class:`hvdlite.common.net.service.Client` that a full listener drops before its
+nonce connects again with a growing pause (``Client.RETRY_PAUSE_S``) until its timeout.
 """
 
 import logging

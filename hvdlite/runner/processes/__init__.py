@@ -2,5 +2,6 @@
 their life to ours (``lifeline``), prefixing or capturing their output
 (``rank_output``), ending process trees and describing exits (``workers``).
 
-May import ``hvdlite.runner.hosts`` and ``hvdlite.common``.
+The lowest layer of the launcher: besides its own modules it may import only
+``hvdlite.common``, never ``hvdlite.runner.hosts`` or the other launcher packages above it.
 """

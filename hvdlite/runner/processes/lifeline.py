@@ -14,7 +14,8 @@ each connection on its own thread), so every child is forked from one spawner
 thread that lives as long as the process (:class:`_Spawner`).
 
 Elsewhere (not Linux) :func:`popen` is plain ``subprocess.Popen``; the SSH path's
-stdin lifeline (``task.py``) still ends a host's workers when the launcher goes.
+stdin lifeline (``runner/tasks/task_service.py``) still ends a host's workers when the
+launcher goes.
 """
 
 import os

@@ -3,7 +3,7 @@
 Both launch modes use the pieces here:
 
 * :class:`OutputSink` and :func:`pump_lines` -- the Gloo launcher and its tasks
-  (``procs.WorkerGroup``) read every rank's pipes and write tagged lines.
+  (``processes.workers.WorkerGroup``) read every rank's pipes and write tagged lines.
 * :func:`main` -- under ``--mpi``, mpiexec starts the ranks itself, so each rank
   runs as ``python -m hvdlite.runner.processes.rank_output [--output-dir DIR] -- CMD...``
   (see :func:`wrapper_command`).  The wrapper reads its rank from the MPI

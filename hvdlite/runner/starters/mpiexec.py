@@ -9,6 +9,18 @@ Output is tagged as in Gloo mode, ``[rank]<stdout>:`` / ``[rank]<stderr>:`` with
 whole lines, not by mpiexec: every rank runs under the small wrapper of
 :mod:`hvdlite.runner.processes.rank_output`, which also writes ``--output-filename``'s
 ``DIR/rank.N/stdout|stderr`` files (on the rank's host).
+
+There is no rendezvous store under ``--mpi``, so this starter serves a
+:class:`ReportStore` for what the ranks report: stacks (``stack_report``,
+``stacks_wanted``), ``metrics`` and ``straggler`` lines, and exit reports
+(``exit_report``).  It
+listens on 127.0.0.1 for a local job, else on this host's address towards the first
+remote host, and its address reaches the ranks as the rendezvous variables; the job
+key reaches them by name through mpiexec's environment, never on a command line.
+Every rank starts as local slot 0 here, so its exit report carries its MPI rank; a
+failure summary names the first rank whose own exception came first ("rank R on host
+H failed first: ...; mpiexec (flavour) then exited ... and ended the other ranks"),
+else gives mpiexec's exit and points at the rank-tagged output.
 """
 
 import logging
@@ -173,8 +185,9 @@ class MpiexecStarter(Starter):
                  hidden_env: Optional[Dict[str, str]] = None,
                  on_exit: Callable[[], None] = lambda: None,
                  reports: Optional[Tuple[bytes, Dict[str, Handler]]] = None):
-        """``reports``: (job key, store ops): a :class:`ReportStore` serves them to the
-        ranks (stack reports), its address passed as the rendezvous variables.
+        """``reports``: (job key, store ops): a :class:`ReportStore` serves them, and the
+        ranks' exit reports, to the ranks; its address is passed as the rendezvous
+        variables.
 
         Raises:
             HvdliteConfigError: no mpiexec on PATH, or an unknown flavour.

@@ -1,16 +1,18 @@
 """The task-service starter: workers through a task service on every host.
 
-The launcher runs the driver service (``runner/services/driver_service.py``); each
-host runs a task service (``runner/services/task_service.py``), started over SSH
-(``runner/ssh.py``), or as a local subprocess for this machine.  A host gets its
+The launcher runs the driver service (``runner/tasks/driver_service.py``); each
+host runs a task service (``runner/tasks/task_service.py``), started over SSH
+(``runner/tasks/ssh.py``), or as a local subprocess for this machine.  A host gets its
 task the first time a round needs it; the task registers with the driver service,
 and its ``run`` request is sent again whenever a round adds slots on that host;
 ``stop`` ends given slots.  Tasks report each worker's exit by its slot (host, local
 slot).
 
-Every registered task is pinged once a second (``task_heartbeats``): a host silent for
-``UNREACHABLE_S`` has its workers reported lost, is never waited for at the end, and the
-failure summary names it rather than the ranks that merely noticed it was gone.
+Every registered task is pinged once a second (``runner/tasks/heartbeats.py``): a host
+silent for ``UNREACHABLE_S`` has its workers reported lost (exit :data:`TASK_LOST_CODE`,
+255), is never waited for at the end, and the failure summary names it rather than the
+ranks that merely noticed it was gone.  Its task is cut off and forgotten: a host that
+comes back (an elastic job's cooldown) gets a new task.
 
 The interface Gloo and the rendezvous store use is chosen once, by probing between
 the hosts of the first round; a host that joins later must have an interface of that
@@ -70,7 +72,7 @@ class TaskStarter(Starter):
                  on_exit: Callable[[], None] = lambda: None, verbose: bool = False,
                  open_task: Optional[Callable[[HostSlots, bool, dict, float],
                                               TaskProcess]] = None):
-        self._open_task = open_task     # None: SSH (e.g. srun: starters/srun.py)
+        self._open_task = open_task     # None: SSH (else e.g. srun: runner/slurm/srun_tasks.py)
         self._key = key
         self._job_id = job_id
         self._command = list(command)

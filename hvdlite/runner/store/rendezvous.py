@@ -7,8 +7,9 @@ read nor write.  Workers reach it through :class:`hvdlite.common.net.kv.KVClient
 :class:`RendezvousService` adds *rounds* on top: the job agent publishes each
 round's slots (once for a static job, once per reset for an elastic one), and a
 worker's ``init()`` joins the first round after the one it last joined, learning its
-rank, size and local / cross ranks from its host and local slot.  Each round's Gloo
-keys live under their own prefix, so rounds never mix.
+rank, size and local / cross ranks from its host and local slot.  Every key of a
+round (the arrivals, Gloo's own) lives under ``<job>/round<N>/``
+(:func:`hvdlite.common.net.kv.round_prefix`), so rounds never mix.
 """
 
 import base64
@@ -197,6 +198,8 @@ class RendezvousService(KVStoreService):
 
         ``ids[i]`` is the (host, local slot) of the worker that takes ``slots[i]``
         (default: each slot's own host and local rank); it is what that worker joins with.
+        So an elastic round keeps its local ranks dense (a host's slots are local ranks
+        0..k-1, as shared memory needs) while each worker joins under its own slot id.
 
         Raises:
             ValueError: two slots share an id, or ``ids`` does not match ``slots``.

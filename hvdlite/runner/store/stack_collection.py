@@ -227,7 +227,11 @@ def signal_launcher(pid: int) -> str:
 
 
 class ReportStore(Service):
-    """A store that takes only reports (``--mpi``, where no rendezvous store runs)."""
+    """A store that takes only reports (``--mpi``, where no rendezvous store runs): the
+    ``ops`` it is given, which the mpiexec starter makes ``stack_report``,
+    ``stacks_wanted``, ``metrics``, ``straggler`` and ``exit_report``.  It listens on
+    ``bind_addr``: 127.0.0.1 for a local job, else this host's address towards the first
+    remote host."""
 
     def __init__(self, key: bytes, ops: Dict[str, Handler], bind_addr: str = "127.0.0.1",
                  expected_peers: int = 0):

@@ -4,8 +4,11 @@ Runs inside ``hvdlite-run`` when a job's workers start through task services
 (``hvdlite.runner.starters.ssh_tasks``).  Each host's task connects,
 registers its interfaces and its service port; the driver then has task *i*
 probe task *i+1* (a ring) on every interface of the latter, keeps the
-interfaces that worked everywhere, and picks one for Gloo and for the
-rendezvous store.  During the run tasks report each worker's exit here.
+interfaces that worked everywhere (among those ``--network-interfaces`` names, when
+given), and picks one for Gloo and for the rendezvous store.  During the run tasks report each
+worker's exit here.  The driver and task services listen on all addresses (they
+must be reachable before an interface is chosen) and authenticate every request;
+the rendezvous store listens only on the chosen address.
 
 Requests (all authenticated with the job key; each is idempotent):
 
