@@ -29,6 +29,27 @@ def test_results_come_back_in_rank_order():
     assert [g["rank"] for g in got] == [0, 1] and {g["size"] for g in got} == {"2"}
 
 
+def test_no_command_line_is_made_or_parsed(monkeypatch):
+    """hvdlite.run sets hvdlite-run's options from its arguments: neither argparse nor the
+    launcher's parser runs, and the job goes through run_job like the command line's."""
+    import argparse
+
+    from hvdlite.runner.agent import job as agent_job
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("hvdlite.run parsed a command line")
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", refuse)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", refuse)
+    specs = []
+    real = agent_job.run_job
+    monkeypatch.setattr(api, "run_job", lambda spec: specs.append(spec) or real(spec))
+    assert hvdlite.run(lambda: 7, np=2, start_timeout=30, env={"HVDLITE_CYCLE_TIME": "2"}) \
+        == [7, 7]
+    assert [(s.name, s.np, s.start_timeout_s) for s in specs] == [("hvdlite.run", 2, 30.0)]
+    assert specs[0].tunables.cycle_time_ms == 2.0       # env= counts in the one Config
+
+
 def test_lambdas_args_and_kwargs_travel_by_value():
     assert hvdlite.run(lambda x, y=1: x + y, args=(40,), kwargs={"y": 2}, np=2) == [42, 42]
 
