@@ -179,7 +179,9 @@ def _result(job: JobContext, starter: Starter, code: int) -> JobResult:
 
 def _say_why(job: JobContext, result: JobResult) -> None:
     """A failed job's flight-recorder note and summary (or the agent's error) on stderr."""
-    if result.exit_code not in (0, 130):      # before the verdict, which stays the last line
+    # before the verdict, which stays the last line; a platform's workers (Ray's actors,
+    # Spark's tasks, an srun step's ranks) are not processes whose dumps the note can find
+    if result.exit_code not in (0, 130) and job.spec.starter is None:
         sys.stderr.write(flight_note(job))
     if result.summary:
         sys.stderr.write(result.summary)
