@@ -124,26 +124,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         HvdliteConfigError: any bad flag value, host list or command, or a flag for a
             feature hvdlite does not offer (names the flag and why).
     """
-    refused = flags.refusal(args)
-    if refused:
-        raise HvdliteConfigError(refused)
     elastic = _is_elastic(args)
-    allocation = _slurm_defaults(args)
-    if args.np is None and elastic and args.min_np is not None:
-        args.np = args.min_np
-    if args.np is None:
-        raise HvdliteConfigError("-np is required (the number of processes)"
-                                 + (" or --min-np" if elastic else ""))
-    if args.np < 1:
-        raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
-    if args.binding_args and not args.mpi:
-        raise HvdliteConfigError(
-            "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
-            "hvdlite-run starts the ranks itself and does not bind them)")
-    if args.launcher_agent and args.mpi:
-        raise HvdliteConfigError(
-            "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
-            "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
+    allocation = _check_size_and_combinations(args, elastic)
     parser = flags.build_parser()
     validation.check_finite_numbers(args, parser)
     controller = _controller(args, elastic)
@@ -181,6 +163,37 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         tunable_env=tunable_env, user_env=user_env, elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host or 1, max_workers=config.max_workers)
+
+
+def _check_size_and_combinations(args: argparse.Namespace,
+                                 elastic: bool) -> Optional[List[HostSlots]]:
+    """Refuse what hvdlite does not offer and flags that exclude each other; settle -np
+    (from --min-np, or a Slurm allocation's tasks).  Returns the allocation's hosts, if
+    they are the job's.
+
+    Raises:
+        HvdliteConfigError: names the flag and why.
+    """
+    refused = flags.refusal(args)
+    if refused:
+        raise HvdliteConfigError(refused)
+    allocation = _slurm_defaults(args)
+    if args.np is None and elastic and args.min_np is not None:
+        args.np = args.min_np
+    if args.np is None:
+        raise HvdliteConfigError("-np is required (the number of processes)"
+                                 + (" or --min-np" if elastic else ""))
+    if args.np < 1:
+        raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
+    if args.binding_args and not args.mpi:
+        raise HvdliteConfigError(
+            "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
+            "hvdlite-run starts the ranks itself and does not bind them)")
+    if args.launcher_agent and args.mpi:
+        raise HvdliteConfigError(
+            "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
+            "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
+    return allocation
 
 
 def _check_ceiling(args: argparse.Namespace, ceiling: int,
