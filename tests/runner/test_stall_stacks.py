@@ -36,7 +36,7 @@ def _frame(path, line, func):
 
 
 def test_report_puts_user_frames_first_and_folds_runtime_frames():
-    ops = os.path.join(os.path.dirname(stack_report.__file__), "ops.py")
+    ops = os.path.join(os.path.dirname(os.path.dirname(stack_report.__file__)), "ops.py")
     threads = [
         {"name": "hvdlite-background-r1", "main": False,
          "frames": [_frame(threading.__file__, 10, "run"), _frame(ops, 5, "loop")]},

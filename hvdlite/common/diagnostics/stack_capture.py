@@ -62,7 +62,8 @@ SEND_TIMEOUT_S = 5.0
 #: how often rank 0 asks the launcher whether a user wants stacks
 POLL_PERIOD_S = 1.0
 
-_HVDLITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the hvdlite package (this file is hvdlite/common/diagnostics/stack_capture.py)
+_HVDLITE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _RUNTIME_DIRS = tuple(sorted({os.path.join(p, "") for p in (
     _HVDLITE_DIR, sysconfig.get_paths().get("stdlib", ""),
     sysconfig.get_paths().get("platstdlib", ""), sysconfig.get_paths().get("purelib", ""),
