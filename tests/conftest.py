@@ -3,6 +3,7 @@ removal of the flight-recorder dumps the suite's failed jobs leave."""
 
 import glob
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +26,16 @@ def remove_flight_dumps():
     yield
     for path in set(glob.glob(FLIGHT_DUMPS)) - before:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def summary_names(text: str, rank: int, error: str, host=None) -> bool:
+    """Does a failure-summary line of ``text`` name ``rank`` (on ``host``; any when None)
+    with ``error`` as what it died of?  The summary says "exited with code C: ERROR", or
+    "failed first: ERROR" when a peer's exit reached the launcher before it."""
+    where = re.escape(host) if host is not None else r"\S+"
+    pattern = re.compile(rf"rank {rank} on host {where} (?:exited with code \d+|failed first): "
+                         + re.escape(error))
+    return any(pattern.search(line) for line in text.splitlines())
 
 
 def free_port() -> int:

@@ -15,6 +15,7 @@ from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.tasks.function_rank import loads
 from hvdlite.spark.runner import SparkJob
 from hvdlite.spark.task import serve_task
+from tests.conftest import summary_names
 
 
 class FakeContext:
@@ -77,8 +78,7 @@ def test_static_job_failure_names_the_rank_and_its_traceback():
         assert "rank 1 (host" in text and "KeyError: 'no such column'" in text
         assert "Traceback" in text
         # the launcher's summary names the rank and its exception, as hvdlite-run's does
-        assert "rank 1 on host " in result.summary and \
-            "exited with code 1: KeyError: 'no such column'" in result.summary, result.summary
+        assert summary_names(result.summary, 1, "KeyError: 'no such column'"), result.summary
     finally:
         job.close()
 
