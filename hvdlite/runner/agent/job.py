@@ -41,6 +41,7 @@ from hvdlite.runner.store import metrics_server
 from hvdlite.runner.store.exit_reports import report_from_failure
 from hvdlite.runner.store.metrics_inbox import MetricsInbox
 from hvdlite.runner.store.stack_collection import StackReports, on_sigusr1
+from hvdlite.runner.store.torch_store import TorchStore, torch_importable
 from hvdlite.runner.tasks.nics import loopback_interface
 from hvdlite.runner.tasks.ssh import SSHOptions
 
@@ -62,6 +63,8 @@ class JobContext:
     #: --mpi: the ranks' metrics and straggler lines (elsewhere the rendezvous store's)
     reports_inbox: MetricsInbox = dataclasses.field(
         default_factory=lambda: MetricsInbox(lambda rank: None))
+    #: torch's store for the ranks' init_process_group() (None: no torchrun variables)
+    torch_store: Optional[TorchStore] = None
 
     def inbox(self) -> Optional[MetricsInbox]:
         """Where the ranks' metrics snapshots arrive: the rendezvous store's inbox, or (no
@@ -105,7 +108,23 @@ class JobContext:
             env[cfg.SECRET_KEY] = self.key.hex()
         if local:
             env[cfg.GLOO_IFACE] = loopback_interface()
+        if self.torch_store is not None:
+            env.update(self._torch_env())
         return env
+
+    def _torch_env(self) -> Dict[str, str]:
+        """torchrun's variables every rank shares (each rank's place is added where it
+        starts): torch's store, beside ours, and the job's id.
+
+        Raises:
+            HvdliteLaunchError: the store could not listen.
+        """
+        self.torch_store.wait()
+        return {cfg.TORCH_MASTER_ADDR: self.rounds.address[0],
+                cfg.TORCH_MASTER_PORT: str(self.torch_store.port),
+                cfg.TORCH_USE_AGENT_STORE: "True", cfg.TORCH_RUN_ID: self.job_id,
+                cfg.TORCH_RESTART_COUNT: "0", cfg.TORCH_MAX_RESTARTS: "0",
+                cfg.TORCH_ROLE_NAME: "default"}
 
 
 def run_job(spec: JobSpec) -> JobResult:
@@ -122,14 +141,33 @@ def run_job(spec: JobSpec) -> JobResult:
     job = JobContext(spec, **given)
     sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
     try:
+        if _wants_torch_env(spec):
+            job.torch_store = TorchStore()
         starter = spec.starter(job) if spec.starter is not None \
             else make_starter(job, source, sink)
-        return _run_agent(job, source, starter)
+        return _run_agent(job, source, starter, sink)
     finally:
+        if job.torch_store is not None:
+            job.torch_store.stop()
         sink.close()
 
 
-def _run_agent(job: JobContext, source: HostSource, starter: Starter) -> JobResult:
+def _wants_torch_env(spec: JobSpec) -> bool:
+    """Do the ranks get torchrun's variables (and torch's store)?  For a static Gloo job of
+    processes the launcher starts, unless ``--no-torch-env``, when torch is here to serve
+    the store.  (An elastic job renumbers its ranks; MPI's ranks are mpiexec's.)"""
+    if not (spec.tunables.torch_env and spec.controller == "gloo" and spec.settings.static
+            and spec.starter is None):
+        return False
+    if not torch_importable():
+        log.info("torch is not installed for this Python (%s): the ranks get no torchrun "
+                 "variables (RANK, MASTER_ADDR, ...)", sys.executable)
+        return False
+    return True
+
+
+def _run_agent(job: JobContext, source: HostSource, starter: Starter,
+               sink: OutputSink) -> JobResult:
     """The agent's loop over ``source`` and ``starter``, with SIGINT/SIGTERM as a stop
     request, SIGUSR1 as a stack request and the metrics endpoint, then the result."""
     spec = job.spec
@@ -138,7 +176,8 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter) -> JobResu
     job.rounds = Rounds(job.key, address, repeat_last=spec.settings.static,
                         needed=starter.needs_rendezvous, job_id=job.job_id,
                         extra_ops=job.stacks.ops(),
-                        extra_reports=lambda: _starter_reports(starter),
+                        extra_reports=lambda: {**_output_reports(job, sink),
+                                               **_starter_reports(starter)},
                         port=spec.store_port)
     job.agent = Agent(spec.settings, source, starter, job.rounds,
                       op_timeout_s=spec.tunables.op_timeout_s)
@@ -165,6 +204,17 @@ def _starter_reports(starter: Starter) -> Dict[SlotId, dict]:
     """The failures a platform's starter saw (a call's traceback), as exit reports."""
     return {sid: report_from_failure(sid, why, order)
             for order, (sid, why) in enumerate(starter.failures().items())}
+
+
+def _output_reports(job: JobContext, sink: OutputSink) -> Dict[SlotId, dict]:
+    """The exceptions ranks printed (a rank that died before ``init()``, or of a program
+    that does not use hvdlite) as exit reports; a rank's own report overrides them.  Only
+    in a static job, whose output prefix is each worker's rank for good."""
+    if not job.spec.settings.static or job.agent is None:
+        return {}
+    ids = job.agent.round_ids
+    return {ids[rank]: report_from_failure(ids[rank], line, at)
+            for rank, (line, at) in sink.raised().items() if 0 <= rank < len(ids)}
 
 
 def _result(job: JobContext, starter: Starter, code: int) -> JobResult:
