@@ -404,14 +404,14 @@ TUNABLES: Tuple[Tunable, ...] = (
         "LOCAL_RANK, MASTER_ADDR, ...), so a torch.distributed program runs unchanged",
         flags=(Switch(("--torch-env",), ("--no-torch-env",),
                       "give the ranks torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, "
-                      "MASTER_ADDR, MASTER_PORT, ...) and serve torch's store for them",
+                      "MASTER_ADDR, MASTER_PORT, ...)",
                       "leave RANK, WORLD_SIZE, MASTER_ADDR & co as they are (you set them "
                       "yourself)"),),
         group="environment", launcher_reads_env=True,
         readme_flags="`--no-torch-env` / `--torch-env`",
         note="a DDP, FSDP, Lightning or Hugging Face program's `init_process_group()` "
-             "(env://) joins the launcher's torch store; static Gloo jobs started by "
-             "hvdlite-run or hvdlite.run"),
+             "(env://) works unchanged, rank 0 serving torch's store on `MASTER_PORT`; static "
+             "Gloo jobs started by hvdlite-run or hvdlite.run"),
     Tunable(
         "dynamic_process_sets", bool, False, "HVDLITE_DYNAMIC_PROCESS_SETS",
         "process sets may be added and removed after init (hvd.add_process_set)",
