@@ -13,8 +13,11 @@ task still running is told to end its Python worker.
 """
 
 import logging
+import os
 import re
+import shutil
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -56,7 +59,36 @@ def spark_context():
     if sc is None:
         raise HvdliteSparkError("hvdlite.spark: no active Spark session; create one first "
                                 "(SparkSession.builder.getOrCreate())")
+    use_driver_python(sc)
     return sc
+
+
+def use_driver_python(sc) -> None:
+    """Make Spark's Python workers run this driver's interpreter when nothing chose one.
+
+    With neither ``PYSPARK_PYTHON`` nor ``spark.pyspark.python`` set, Spark runs
+    ``python3`` from ``PATH``, often not the environment hvdlite is installed in: every
+    task then dies with "No module named 'psutil'" under 70 lines of Java.  In local mode
+    the workers run on this machine, so they get this driver's interpreter (Spark reads
+    ``SparkContext.pythonExec`` for each job); on a cluster that path may not exist on the
+    executors, so the driver only says what to set.
+    """
+    if os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python"):
+        return
+    found = shutil.which(sc.pythonExec)
+    if found is not None and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return
+    if sc.master.startswith("local"):
+        log.warning("hvdlite.spark: PYSPARK_PYTHON is not set, so Spark would run %s (%s) in "
+                    "its Python workers; running this driver's %s there instead", sc.pythonExec,
+                    found or "not found", sys.executable)
+        sc.pythonExec = sys.executable
+        return
+    log.warning("hvdlite.spark: PYSPARK_PYTHON is not set: the executors run %r from their "
+                "PATH, which must import hvdlite, psutil and torch (else every task fails with "
+                "\"No module named ...\"); set PYSPARK_PYTHON (or spark.pyspark.python) to the "
+                "executors' interpreter of that environment before the session starts",
+                sc.pythonExec)
 
 
 def driver_address(sc) -> str:

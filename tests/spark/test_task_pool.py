@@ -3,6 +3,7 @@ of this process calling ``serve_task`` (what each Spark task runs), driven by th
 These run where pyspark is not installed too."""
 
 import os
+import sys
 import threading
 
 import pytest
@@ -143,3 +144,46 @@ def test_a_running_task_whose_heartbeat_stops_is_lost(monkeypatch):
     finally:
         client.close()
         job.close()
+
+
+class _Conf(dict):
+    def get(self, key, default=None):           # SparkConf.get's shape
+        return dict.get(self, key, default)
+
+
+class _PythonContext:
+    def __init__(self, master, conf=None):
+        self.master = master
+        self.pythonExec = "python3"              # pyspark's default without PYSPARK_PYTHON
+        self._conf = _Conf(conf or {})
+
+    def getConf(self):                           # noqa: N802 -- Spark's name
+        return self._conf
+
+
+def test_local_spark_workers_get_the_drivers_python(monkeypatch, caplog):
+    """Without PYSPARK_PYTHON, local Spark would run the python3 on PATH (here not this
+    venv's): the driver's interpreter is used instead, and said so."""
+    from hvdlite.spark.runner import use_driver_python
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    sc = _PythonContext("local[2]")
+    use_driver_python(sc)
+    if sc.pythonExec == "python3":
+        pytest.skip("python3 on PATH is this venv's Python")
+    assert sc.pythonExec == sys.executable
+    assert "PYSPARK_PYTHON is not set, so Spark would run python3" in caplog.text
+
+
+def test_on_a_cluster_the_spark_python_is_left_with_a_hint(monkeypatch, caplog):
+    from hvdlite.spark.runner import use_driver_python
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    sc = _PythonContext("spark://head:7077")
+    use_driver_python(sc)
+    assert sc.pythonExec == "python3"
+    assert "set PYSPARK_PYTHON (or spark.pyspark.python)" in caplog.text
+    caplog.clear()
+    chosen = _PythonContext("local[2]", {"spark.pyspark.python": "/opt/py/bin/python"})
+    use_driver_python(chosen)                    # the user's choice is left alone
+    assert chosen.pythonExec == "python3" and not caplog.text

@@ -23,7 +23,11 @@ from hvdlite.common.config import tunables
 from hvdlite.common.config.env_names import (  # noqa: F401
     CROSS_RANK, CROSS_SIZE, ELASTIC, GLOO_IFACE, HOROVOD_ALIASES, HOROVOD_PREFIX, HOSTNAME,
     JOB_ID, LAUNCHER_SET, LOCAL_RANK, LOCAL_SIZE, PREFIX, RANK, RENDEZVOUS_ADDR,
-    RENDEZVOUS_PORT, RUN_FUNC_ADDRS, RUN_FUNC_KEY, RUN_FUNC_PORT, SECRET_KEY, SIZE)
+    RENDEZVOUS_PORT, RUN_FUNC_ADDRS, RUN_FUNC_KEY, RUN_FUNC_PORT, SECRET_KEY, SIZE,
+    TORCH_GROUP_RANK, TORCH_GROUP_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
+    TORCH_MASTER_ADDR, TORCH_MASTER_PORT, TORCH_MAX_RESTARTS, TORCH_NAMES, TORCH_RANK,
+    TORCH_RESTART_COUNT, TORCH_ROLE_NAME, TORCH_ROLE_RANK, TORCH_ROLE_WORLD_SIZE,
+    TORCH_RUN_ID, TORCH_WORLD_SIZE)
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.config.launcher_detection import check_gloo_under_mpi, check_launcher
 from hvdlite.common.config.log_levels import LOG_LEVEL_NAMES, log_level_name  # noqa: F401

@@ -31,6 +31,29 @@ RUN_FUNC_PORT = "HVDLITE_RUN_FUNC_PORT"
 #: comma-separated addresses of the caller's host, tried in order
 RUN_FUNC_ADDRS = "HVDLITE_RUN_FUNC_ADDRS"
 
+# --- torchrun's worker environment (set for the ranks of a static Gloo job, so that a
+# torch.distributed program's init_process_group(env://) works unchanged; --no-torch-env
+# turns it off).  Not HVDLITE_* names: these are torch's.
+TORCH_RANK = "RANK"
+TORCH_WORLD_SIZE = "WORLD_SIZE"
+TORCH_LOCAL_RANK = "LOCAL_RANK"
+TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+TORCH_GROUP_RANK = "GROUP_RANK"                  # the host's index in the job
+TORCH_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"      # the number of hosts
+TORCH_ROLE_RANK = "ROLE_RANK"
+TORCH_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+TORCH_ROLE_NAME = "ROLE_NAME"
+TORCH_MASTER_ADDR = "MASTER_ADDR"
+TORCH_MASTER_PORT = "MASTER_PORT"
+TORCH_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCH_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+#: every torchrun name the launcher sets, for the ranks and for the launcher's own checks
+TORCH_NAMES = (TORCH_RANK, TORCH_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
+               TORCH_GROUP_RANK, TORCH_GROUP_WORLD_SIZE, TORCH_ROLE_RANK,
+               TORCH_ROLE_WORLD_SIZE, TORCH_ROLE_NAME, TORCH_MASTER_ADDR, TORCH_MASTER_PORT,
+               TORCH_RUN_ID, TORCH_RESTART_COUNT, TORCH_MAX_RESTARTS)
+
 # The variables horovodrun exports, which user scripts read; the launcher sets
 # them to the same values as their HVDLITE_* twins.
 HOROVOD_ALIASES: Dict[str, str] = {

@@ -399,6 +399,20 @@ TUNABLES: Tuple[Tunable, ...] = (
              "triggers every few steps; 1000 allreduces of 1 KiB at np=2: mean step "
              "20–27 ms → 8–11 ms"),
     Tunable(
+        "torch_env", bool, True, "HVDLITE_TORCH_ENV",
+        "the ranks of a static Gloo job also get torchrun's variables (RANK, WORLD_SIZE, "
+        "LOCAL_RANK, MASTER_ADDR, ...), so a torch.distributed program runs unchanged",
+        flags=(Switch(("--torch-env",), ("--no-torch-env",),
+                      "give the ranks torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, "
+                      "MASTER_ADDR, MASTER_PORT, ...)",
+                      "leave RANK, WORLD_SIZE, MASTER_ADDR & co as they are (you set them "
+                      "yourself)"),),
+        group="environment", launcher_reads_env=True,
+        readme_flags="`--no-torch-env` / `--torch-env`",
+        note="a DDP, FSDP, Lightning or Hugging Face program's `init_process_group()` "
+             "(env://) works unchanged, rank 0 serving torch's store on `MASTER_PORT`; static "
+             "Gloo jobs started by hvdlite-run or hvdlite.run"),
+    Tunable(
         "dynamic_process_sets", bool, False, "HVDLITE_DYNAMIC_PROCESS_SETS",
         "process sets may be added and removed after init (hvd.add_process_set)",
         horovod=("HOROVOD_DYNAMIC_PROCESS_SETS",), readme_flags="(no flag)",

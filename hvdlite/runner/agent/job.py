@@ -3,8 +3,9 @@
 Whatever starts a job -- ``hvdlite-run``, ``hvdlite.run``, ``hvdlite.ray``,
 ``hvdlite.spark`` -- builds a :class:`~hvdlite.runner.agent.spec.JobSpec` and calls
 :func:`run_job`.  It owns what every job needs: the job's key and id, its rendezvous
-store, the environment every rank shares (:meth:`JobContext.job_env`; each rank's place
-is added where it starts, ``processes.workers.slot_env``), SIGINT/SIGTERM as a stop
+store, the environment every rank shares (:meth:`JobContext.job_env`, Horovod's
+variables and -- in a static Gloo job -- torchrun's; each rank's place is added where it
+starts, ``processes.workers.slot_env``), SIGINT/SIGTERM as a stop
 request, ``--dump-stacks`` / SIGUSR1, the ``/metrics`` endpoint and the failure summary
 that names the rank that failed first.  A platform brings a host source and a starter;
 without them the spec's hosts (or discovery script) and local processes, SSH tasks or
@@ -14,6 +15,7 @@ mpiexec are used.
 import dataclasses
 import logging
 import os
+import socket
 import sys
 import uuid
 from typing import Dict, List, Optional
@@ -62,6 +64,9 @@ class JobContext:
     #: --mpi: the ranks' metrics and straggler lines (elsewhere the rendezvous store's)
     reports_inbox: MetricsInbox = dataclasses.field(
         default_factory=lambda: MetricsInbox(lambda rank: None))
+    #: the port rank 0 serves torch's store on for init_process_group() (None: the ranks
+    #: get no torchrun variables)
+    torch_port: Optional[int] = None
 
     def inbox(self) -> Optional[MetricsInbox]:
         """Where the ranks' metrics snapshots arrive: the rendezvous store's inbox, or (no
@@ -105,7 +110,20 @@ class JobContext:
             env[cfg.SECRET_KEY] = self.key.hex()
         if local:
             env[cfg.GLOO_IFACE] = loopback_interface()
+        if self.torch_port is not None:
+            env.update(self._torch_env())
         return env
+
+    def _torch_env(self) -> Dict[str, str]:
+        """torchrun's variables every rank shares (each rank's place is added where it
+        starts): where rank 0 serves torch's store, and the job's id.  Rank 0's host is the
+        spec's first (a static job places ranks host by host); when it is this one, the
+        ranks reach it at the address they reach our store at."""
+        host = self.spec.hosts[0].hostname if self.spec.hosts else "localhost"
+        address = self.rounds.address[0] if is_local(host) else resolve(host)
+        return {cfg.TORCH_MASTER_ADDR: address, cfg.TORCH_MASTER_PORT: str(self.torch_port),
+                cfg.TORCH_RUN_ID: self.job_id, cfg.TORCH_RESTART_COUNT: "0",
+                cfg.TORCH_MAX_RESTARTS: "0", cfg.TORCH_ROLE_NAME: "default"}
 
 
 def run_job(spec: JobSpec) -> JobResult:
@@ -121,15 +139,35 @@ def run_job(spec: JobSpec) -> JobResult:
              if value is not None}
     job = JobContext(spec, **given)
     sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
+    if _wants_torch_env(spec):
+        job.torch_port = free_port()
     try:
         starter = spec.starter(job) if spec.starter is not None \
             else make_starter(job, source, sink)
-        return _run_agent(job, source, starter)
+        return _run_agent(job, source, starter, sink)
     finally:
         sink.close()
 
 
-def _run_agent(job: JobContext, source: HostSource, starter: Starter) -> JobResult:
+def _wants_torch_env(spec: JobSpec) -> bool:
+    """Do the ranks get torchrun's variables?  In a static Gloo job of processes the
+    launcher starts, unless ``--no-torch-env``.  (An elastic job renumbers its ranks;
+    MPI's ranks are mpiexec's; Ray's and Spark's workers are function calls.)"""
+    return bool(spec.tunables.torch_env and spec.controller == "gloo"
+                and spec.settings.static and spec.starter is None)
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this host now: torch's store port for rank 0
+    (a rank 0 on another host binds it there; if it is taken, its init_process_group()
+    says so and the summary names it)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _run_agent(job: JobContext, source: HostSource, starter: Starter,
+               sink: OutputSink) -> JobResult:
     """The agent's loop over ``source`` and ``starter``, with SIGINT/SIGTERM as a stop
     request, SIGUSR1 as a stack request and the metrics endpoint, then the result."""
     spec = job.spec
@@ -138,7 +176,8 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter) -> JobResu
     job.rounds = Rounds(job.key, address, repeat_last=spec.settings.static,
                         needed=starter.needs_rendezvous, job_id=job.job_id,
                         extra_ops=job.stacks.ops(),
-                        extra_reports=lambda: _starter_reports(starter),
+                        extra_reports=lambda: {**_output_reports(job, sink),
+                                               **_starter_reports(starter)},
                         port=spec.store_port)
     job.agent = Agent(spec.settings, source, starter, job.rounds,
                       op_timeout_s=spec.tunables.op_timeout_s)
@@ -165,6 +204,17 @@ def _starter_reports(starter: Starter) -> Dict[SlotId, dict]:
     """The failures a platform's starter saw (a call's traceback), as exit reports."""
     return {sid: report_from_failure(sid, why, order)
             for order, (sid, why) in enumerate(starter.failures().items())}
+
+
+def _output_reports(job: JobContext, sink: OutputSink) -> Dict[SlotId, dict]:
+    """The exceptions ranks printed (a rank that died before ``init()``, or of a program
+    that does not use hvdlite) as exit reports; a rank's own report overrides them.  Only
+    in a static job, whose output prefix is each worker's rank for good."""
+    if not job.spec.settings.static or job.agent is None:
+        return {}
+    ids = job.agent.round_ids
+    return {ids[rank]: report_from_failure(ids[rank], line, at)
+            for rank, (line, at) in sink.raised().items() if 0 <= rank < len(ids)}
 
 
 def _result(job: JobContext, starter: Starter, code: int) -> JobResult:

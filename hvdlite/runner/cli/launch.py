@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 from hvdlite.common import config as cfg
 from hvdlite.common.config import tunables
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
-from hvdlite.runner.cli import flags
+from hvdlite.runner.cli import flags, interpreter
 from hvdlite.runner.cli import validation
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
@@ -67,6 +67,9 @@ def _resolve_command(command: List[str]) -> List[str]:
         script = next((a for a in command[1:] if not a.startswith("-")), None)
         if script and script.endswith(".py") and not os.path.exists(script):
             raise HvdliteConfigError(f"training script {script!r} not found")
+    warning = interpreter.mismatch(command)
+    if warning:
+        log.warning("%s", warning)
     return command
 
 

@@ -39,6 +39,10 @@ class SlotInfo:
     size: int
     local_size: int
     cross_size: int
+    #: the host's place among the job's hosts (in order of first appearance), and their
+    #: number: torchrun's GROUP_RANK and GROUP_WORLD_SIZE
+    host_index: int = 0
+    host_count: int = 1
 
 
 #: (host name, local rank): how the agent, the starters and the store name one worker
@@ -253,7 +257,8 @@ def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
     order and appends new slots, so a host's ranks need not be contiguous, and after
     a slot was blacklisted a host's slots need not be 0..k-1 either.  Local ranks are
     dense all the same: a host's slots, in slot order, get local ranks 0..k-1.  Cross
-    ranks count, in order of first appearance, the hosts that have that local rank.
+    ranks count, in order of first appearance, the hosts that have that local rank; host
+    indices count every host in that order.
     """
     by_host: Dict[str, List[int]] = {}
     for name, slot in placed:
@@ -263,13 +268,16 @@ def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
     hosts_with_local: Dict[int, List[str]] = {}
     for name, slot in placed:
         hosts_with_local.setdefault(dense[(name, slot)], []).append(name)
+    host_order = list(by_host)               # dicts keep the order of first appearance
     result = []
     for rank, (name, slot) in enumerate(placed):
         local = dense[(name, slot)]
         peers = hosts_with_local[local]
         result.append(SlotInfo(hostname=name, rank=rank, local_rank=local,
                                cross_rank=peers.index(name), size=len(placed),
-                               local_size=len(by_host[name]), cross_size=len(peers)))
+                               local_size=len(by_host[name]), cross_size=len(peers),
+                               host_index=host_order.index(name),
+                               host_count=len(host_order)))
     return result
 
 

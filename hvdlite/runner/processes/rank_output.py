@@ -27,6 +27,7 @@ This module imports no framework (only the standard library, psutil and
 import argparse
 import datetime
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,6 +48,13 @@ RANK_ENV_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 #: (a grandchild that keeps the pipes open must not keep the rank alive)
 OUTPUT_DRAIN_S = 5.0
 MODULE = "hvdlite.runner.processes.rank_output"
+#: the first line of a Python traceback
+_TRACEBACK = "Traceback (most recent call last):"
+#: what torch.distributed's exception hook writes before each line of a traceback
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+#: the line of a traceback that names the exception (``RuntimeError: boom``); group 1 is
+#: the exception's (possibly dotted) name
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed))\b")
 
 
 class OutputSink:
@@ -54,7 +62,10 @@ class OutputSink:
 
     ``write`` takes one whole line; a lock keeps lines from interleaving.
     With ``output_dir``, each line (without the tag) also goes to
-    ``output_dir/rank.N/stdout`` or ``.../stderr``.
+    ``output_dir/rank.N/stdout`` or ``.../stderr``.  The sink also remembers the last
+    exception each rank printed after a traceback (:meth:`raised`): what a rank that
+    never reached ``hvd.init()`` -- or never imports hvdlite, as a plain DDP program --
+    died of, for the failure summary.
     """
 
     def __init__(self, out=None, err=None, output_dir: Optional[str] = None,
@@ -66,6 +77,9 @@ class OutputSink:
         self._files: Dict[Tuple[int, str], object] = {}
         self._lock = threading.Lock()
         self.broken = threading.Event()
+        #: rank -> (its last exception line after a traceback, when it came)
+        self._raised: Dict[int, Tuple[str, float]] = {}
+        self._in_traceback: Dict[int, bool] = {}
 
     def write(self, rank: int, stream: str, line: bytes) -> None:
         if not line.endswith(b"\n"):
@@ -75,6 +89,8 @@ class OutputSink:
             prefix = datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y").encode() + prefix
         sink = self._out if stream == "stdout" else self._err
         with self._lock:
+            if stream == "stderr":
+                self._note_exception(rank, line)
             try:
                 sink.write(prefix + line)
                 sink.flush()
@@ -88,6 +104,21 @@ class OutputSink:
                     f = self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
                 f.write(line)
                 f.flush()
+
+    def _note_exception(self, rank: int, line: bytes) -> None:
+        # torch.distributed's exception hook prefixes each line with "[rankN]: "
+        text = _TORCH_PREFIX.sub("", line.decode("utf-8", "replace").rstrip(), count=1)
+        if text.startswith(_TRACEBACK):
+            self._in_traceback[rank] = True
+        elif self._in_traceback.get(rank) and EXCEPTION_LINE.match(text):
+            self._raised[rank] = (text, time.monotonic())
+            self._in_traceback[rank] = False
+
+    def raised(self) -> Dict[int, Tuple[str, float]]:
+        """Each rank's last exception line printed after a traceback, with when it came
+        (``time.monotonic()``), by the rank the worker started with."""
+        with self._lock:
+            return dict(self._raised)
 
     def attach(self, rank: int, stream: str, pipe: IO[bytes]) -> threading.Thread:
         """Start a thread that writes each line of ``pipe`` as ``rank``'s ``stream``."""

@@ -84,9 +84,20 @@ def slot_env(slot, base_env: Dict[str, str], job_env: Dict[str, str]) -> Dict[st
              cfg.CROSS_SIZE: slot.cross_size, cfg.HOSTNAME: slot.hostname}
     env.update({name: str(value) for name, value in place.items()})
     env.update({cfg.HOROVOD_ALIASES[name]: str(value) for name, value in place.items()})
+    if cfg.TORCH_MASTER_PORT in job_env:      # the job serves torch's store: torchrun's place
+        env.update(torch_place(slot))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slot.local_size)))
     return env
+
+
+def torch_place(slot) -> Dict[str, str]:
+    """The place of ``slot`` under torchrun's names (one role, no restarts)."""
+    place = {cfg.TORCH_RANK: slot.rank, cfg.TORCH_WORLD_SIZE: slot.size,
+             cfg.TORCH_LOCAL_RANK: slot.local_rank, cfg.TORCH_LOCAL_WORLD_SIZE: slot.local_size,
+             cfg.TORCH_GROUP_RANK: slot.host_index, cfg.TORCH_GROUP_WORLD_SIZE: slot.host_count,
+             cfg.TORCH_ROLE_RANK: slot.rank, cfg.TORCH_ROLE_WORLD_SIZE: slot.size}
+    return {name: str(value) for name, value in place.items()}
 
 
 def kill_tree(proc: psutil.Process, grace_s: float = TERMINATE_GRACE_S) -> None:

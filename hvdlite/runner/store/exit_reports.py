@@ -7,7 +7,6 @@ an agent's job; :class:`ExitReports` keeps them for an ``--mpi`` job, which has 
 store.  ``hvdlite.runner.agent.blame`` reads them to name the rank that failed first.
 """
 
-import re
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -15,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from hvdlite.common import exceptions
 from hvdlite.common.net.service import ServiceError, is_int
 from hvdlite.runner.hosts import SlotId
+from hvdlite.runner.processes.rank_output import EXCEPTION_LINE
 
 #: how long to wait for the cause's report when the failing rank only reacted to a peer
 REPORT_GRACE_S = 1.0
@@ -83,9 +83,6 @@ def first_own_report(reports: Callable[[], List[Tuple[SlotId, dict]]],
         time.sleep(0.05)
 
 
-#: the line of a traceback that names the exception (``RuntimeError: boom``)
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed))\b")
-
 
 def report_from_failure(slot: SlotId, text: str, order: float) -> dict:
     """The exit report of a worker whose failure its starter saw itself (a Ray call's or a
@@ -93,9 +90,9 @@ def report_from_failure(slot: SlotId, text: str, order: float) -> dict:
     whether that exception is hvdlite's way of saying a peer failed.  ``order`` sorts
     such reports among themselves (the order the starter saw the failures)."""
     lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
-    named = [x for x in lines if _EXCEPTION_LINE.match(x)]
+    named = [x for x in lines if EXCEPTION_LINE.match(x)]
     line = (named[-1] if named else (lines[0] if lines else "failed"))
-    kind = _EXCEPTION_LINE.match(line)
+    kind = EXCEPTION_LINE.match(line)
     peer = bool(kind) and _is_peer_error(kind.group(1).rsplit(".", 1)[-1])
     return {"peer": peer, "error": line[:ERROR_CHARS], "rank": None, "slot": slot,
             "at": float(order)}

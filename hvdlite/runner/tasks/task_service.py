@@ -50,7 +50,7 @@ log = logging.getLogger("hvdlite.runner.tasks.task_service")
 STDIN_FD = 0
 
 _SLOT_FIELDS = {f: int for f in ("rank", "local_rank", "cross_rank", "size", "local_size",
-                                 "cross_size")}
+                                 "cross_size", "host_index", "host_count")}
 
 
 def _check(cond: bool, what: str) -> None:
