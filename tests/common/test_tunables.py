@@ -1,6 +1,7 @@
 """The one table of tunables: Config, the launcher's flags, the YAML reader and the
 table in docs/reference.md all follow it."""
 
+import argparse
 import dataclasses
 import os
 import re
@@ -115,12 +116,22 @@ def test_every_flag_and_yaml_key_of_the_table_is_in_the_parser():
 
 
 def test_every_flag_shows_help_and_its_default():
+    """Every flag --help lists shows its default; the horovodrun flags kept only for
+    compatibility are named together in one section instead of one by one."""
     parser = flags.build_parser()
+    compat = next(g for g in parser._action_groups if g.title == flags.COMPAT_TITLE)
+    hidden = []
     for action in parser._actions:
         if not action.option_strings or set(action.option_strings) & ACTIONS:
             continue
+        if action.help == argparse.SUPPRESS:
+            hidden += action.option_strings
+            continue
         assert action.help, action.option_strings
         assert re.search(r"\((default: .+|the default)\)$", action.help), action.help
+    assert "--tcp" in hidden and "--jsrun" in hidden
+    named = set(re.findall(r"-[-\w]+", compat.description))
+    assert set(hidden) <= named, set(hidden) - named
 
 
 @pytest.mark.parametrize("flag, shown", [

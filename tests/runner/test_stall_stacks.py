@@ -324,3 +324,24 @@ def test_stall_messages_say_the_job_fails_when_a_shutdown_time_is_set():
     assert Runtime._stall_outcome(on).startswith("the job fails if this tensor still waits "
                                                  "after 30s")
     assert Runtime._stall_outcome(off).endswith("turns this into an error")
+
+
+def test_a_request_no_rank_polls_for_is_said_to_be_unanswerable(monkeypatch):
+    """Ranks that run no hvdlite runtime (a plain torch.distributed program) never poll:
+    the launcher says so, once, instead of staying silent."""
+    from hvdlite.runner.store import stack_collection
+    monkeypatch.setattr(stack_collection, "UNPOLLED_S", 0.3)
+    written = []
+    reports = StackReports(write=written.append)
+    reports.start()
+    try:
+        reports.request_all()
+        deadline = time.monotonic() + 5
+        while len(written) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)                               # and not a second time
+    finally:
+        reports.close()
+    assert len(written) == 2, written
+    assert "request 1" in written[0]
+    assert "no rank asked for request 1 within 0s" in written[1] and "py-spy" in written[1]

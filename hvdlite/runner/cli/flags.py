@@ -235,13 +235,31 @@ GROUPS: Tuple[Group, ...] = (
 )
 
 
+#: the --help section that names, in two lines, every horovodrun flag hvdlite-run takes only
+#: for compatibility (the flags themselves are not listed one by one)
+COMPAT_TITLE = "horovodrun flags kept for compatibility"
+
+
+def _compat_flag(name: str) -> bool:
+    """A flag accepted only because horovodrun has it: no effect here, or refused."""
+    return name in NO_OP_FLAGS or any(name in flag.split("/")
+                                      for flag, _ in REFUSED_FLAGS.values())
+
+
+def _compat_description() -> str:
+    refused = [name for flag, _ in REFUSED_FLAGS.values() for name in flag.split("/")]
+    return (f"accepted, no effect here: {', '.join(NO_OP_FLAGS)}. Refused with the reason "
+            f"when given: {', '.join(refused)}. docs/reference.md says why for each.")
+
+
 def _with_default(text: str, default: str) -> str:
     return f"{text} (default: {default})" if default else text
 
 
 def _add_flag(target, flag: Flag) -> None:
-    target.add_argument(*flag.names, help=_with_default(flag.help, flag.default),
-                        **flag.options)
+    text = argparse.SUPPRESS if _compat_flag(flag.names[0]) else \
+        _with_default(flag.help, flag.default)
+    target.add_argument(*flag.names, help=text, **flag.options)
 
 
 def _add_option(target, t: tunables.Tunable, option: tunables.Option) -> None:
@@ -260,7 +278,8 @@ def _add_switch(target, t: tunables.Tunable, switch: tunables.Switch) -> None:
                                (switch.off, off_help, False)):
         mark = "(the default)" if default == names[0] else f"(default: {default})"
         pair.add_argument(*names, dest=switch.dest, action="store_const", const=value,
-                          help=f"{text} {mark}")
+                          help=argparse.SUPPRESS if _compat_flag(names[0]) else
+                          f"{text} {mark}")
 
 
 def _add_tunables(target, title: Optional[str]) -> None:
@@ -294,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
             else:
                 _add_flag(target, entry)
         _add_tunables(target, group.title)
+    p.add_argument_group(COMPAT_TITLE, _compat_description())
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the training command: 'python train.py ...' or 'train.py ...'")
     return p

@@ -32,6 +32,9 @@ ANSWER_WAIT_S = 5.0
 POLLER_AFTER_S = 1.0
 #: a request whose rank 0 part never came is printed (or dropped) after this long
 ORPHAN_S = 15.0
+#: an on-demand request no rank polled for this long is said to be unanswerable (the
+#: ranks run no hvdlite runtime: a plain torch.distributed program, or before init())
+UNPOLLED_S = 5.0
 #: bounds on what the launcher keeps
 MAX_PENDING = 64
 MAX_USER_FRAMES = 8
@@ -64,6 +67,10 @@ class StackReports:
         self._closed = False
         #: how many reports were written (for tests)
         self.written = 0
+        #: when a rank last polled for on-demand requests, and when the newest was announced
+        self._polled_at = 0.0
+        self._announced_at = 0.0
+        self._unpolled_said = 0
 
     def ops(self) -> Dict[str, Handler]:
         """The store ops this serves: ``stack_report`` (a part) and ``stacks_wanted``
@@ -88,6 +95,7 @@ class StackReports:
         """A rank's poll: the newest on-demand request (for rank 0), and a request that
         rank has not answered :data:`POLLER_AFTER_S` after it was made (``ask``)."""
         reply = {"wanted": self._wanted}
+        self._polled_at = time.monotonic()
         rank = header.get("rank")
         if is_int(rank):
             with self._cond:
@@ -151,13 +159,26 @@ class StackReports:
                 done = self._take_ready_locked(time.monotonic())
             if self._serial > self._announced:
                 self._announced = self._serial
+                self._announced_at = time.monotonic()
                 self._write(f"hvdlite-run: stacks of every rank requested (request "
                             f"{self._serial}); rank 0 checks for it once a second and the "
                             f"report follows here\n")
+            self._say_if_unpolled(time.monotonic())
             for (kind, _), entry in done:
                 if entry.summary is not None:
                     self._write(format_report(kind, entry.summary, entry.stacks))
                     self.written += 1
+
+    def _say_if_unpolled(self, now: float) -> None:
+        """Once per request: no rank polled since it was announced, so none will answer."""
+        if self._announced > self._unpolled_said and self._polled_at < self._announced_at \
+                and now - self._announced_at > UNPOLLED_S:
+            self._unpolled_said = self._announced
+            self._write(f"hvdlite-run: no rank asked for request {self._announced} within "
+                        f"{UNPOLLED_S:.0f}s: stacks come from hvdlite's runtime in each rank, "
+                        f"which these ranks do not run (hvd.init() was not called: a plain "
+                        f"torch.distributed program, or a rank still starting) or which is "
+                        f"stuck; 'py-spy dump --pid PID' shows such a rank's stack\n")
 
     def _take_ready_locked(self, now: float) -> List[Tuple[Tuple[str, int], _Pending]]:
         done = []
