@@ -278,8 +278,9 @@ def launcher_note(job_id: str, directory: str = "", local_only: bool = False) ->
     if local_only:
         found = dump_files([where]) if os.path.isdir(where) else []
         if not found:
-            return (f"hvdlite-run: no flight recorder dump was written in {where} (see the "
-                    f"ranks' warnings above for why)\n")
+            return (f"hvdlite-run: no flight recorder dump was written in {where} (a rank "
+                    f"writes one when it fails after hvd.init(); a rank that tried and could "
+                    f"not says why above)\n")
         return (f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's "
                 f"host): {where} ({len(found)} here); diagnose with: hvdlite-doctor {where}\n")
     return (f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's host): "
