@@ -21,6 +21,12 @@ import hvdlite.torch as hvd
 NAME = "hvdlite"
 
 
+def _hvd_value(getter, before_init: int) -> property:
+    """A read-only property: hvdlite's value once ``init()`` ran, ``before_init`` until then
+    (Lightning asks for ranks before the strategy sets up its environment)."""
+    return property(lambda self: getter() if hvd.is_initialized() else before_init)
+
+
 class HvdliteStrategy(ParallelStrategy):
     """Data-parallel training with hvdlite's DistributedOptimizer, one process per rank
     (started by ``hvdlite-run``, not by Lightning).
@@ -39,21 +45,10 @@ class HvdliteStrategy(ParallelStrategy):
         self._exit_stack: Optional[contextlib.ExitStack] = None
 
     # -- the ranks: hvdlite's, whatever cluster environment Lightning detected -------------
-    @property
-    def global_rank(self) -> int:
-        return hvd.rank() if hvd.is_initialized() else 0
-
-    @property
-    def local_rank(self) -> int:
-        return hvd.local_rank() if hvd.is_initialized() else 0
-
-    @property
-    def node_rank(self) -> int:
-        return hvd.cross_rank() if hvd.is_initialized() else 0
-
-    @property
-    def world_size(self) -> int:
-        return hvd.size() if hvd.is_initialized() else 1
+    global_rank = _hvd_value(hvd.rank, 0)
+    local_rank = _hvd_value(hvd.local_rank, 0)
+    node_rank = _hvd_value(hvd.cross_rank, 0)
+    world_size = _hvd_value(hvd.size, 1)
 
     @property
     def root_device(self) -> torch.device:
