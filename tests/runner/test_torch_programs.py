@@ -1,5 +1,5 @@
 """Plain torch.distributed programs under hvdlite-run: torchrun's variables on every rank
-(rank 0 serves torch's store, as without torchrun's agent), the failure summary naming the rank that raised
+(torch's store served beside the launcher, as torchrun's agent does), the failure summary naming the rank that raised
 (with no hvdlite in the program), the off switch, and a Python that lacks what the
 launcher's has named before anything starts."""
 
@@ -47,7 +47,8 @@ def test_a_ddp_program_runs_unchanged_with_torchruns_variables():
         assert env[rank]["WORLD_SIZE"] == env[rank]["LOCAL_WORLD_SIZE"] == "2"
         assert (env[rank]["GROUP_RANK"], env[rank]["GROUP_WORLD_SIZE"]) == ("0", "1")
         assert env[rank]["MASTER_ADDR"] == "127.0.0.1"
-        assert env[rank]["MASTER_PORT"].isdigit()      # rank 0 serves torch's store there
+        assert env[rank]["MASTER_PORT"].isdigit()
+        assert env[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "True"   # the launcher serves it
     assert env[0]["TORCHELASTIC_RUN_ID"] == env[1]["TORCHELASTIC_RUN_ID"] != "<unset>"
     weights = _weights(r.stdout)
     assert _close(weights[0], weights[1], 0.0)

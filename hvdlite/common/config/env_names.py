@@ -46,14 +46,10 @@ TORCH_ROLE_NAME = "ROLE_NAME"
 TORCH_MASTER_ADDR = "MASTER_ADDR"
 TORCH_MASTER_PORT = "MASTER_PORT"
 TORCH_RUN_ID = "TORCHELASTIC_RUN_ID"
+#: every rank is a client of the store the launcher serves (as under torchrun's agent)
+TORCH_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TORCH_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
-#: every torchrun name the launcher sets, for the ranks and for the launcher's own checks
-TORCH_NAMES = (TORCH_RANK, TORCH_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
-               TORCH_GROUP_RANK, TORCH_GROUP_WORLD_SIZE, TORCH_ROLE_RANK,
-               TORCH_ROLE_WORLD_SIZE, TORCH_ROLE_NAME, TORCH_MASTER_ADDR, TORCH_MASTER_PORT,
-               TORCH_RUN_ID, TORCH_RESTART_COUNT, TORCH_MAX_RESTARTS)
-
 # The variables horovodrun exports, which user scripts read; the launcher sets
 # them to the same values as their HVDLITE_* twins.
 HOROVOD_ALIASES: Dict[str, str] = {

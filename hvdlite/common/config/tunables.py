@@ -410,8 +410,8 @@ TUNABLES: Tuple[Tunable, ...] = (
         group="environment", launcher_reads_env=True,
         readme_flags="`--no-torch-env` / `--torch-env`",
         note="a DDP, FSDP, Lightning or Hugging Face program's `init_process_group()` "
-             "(env://) works unchanged, rank 0 serving torch's store on `MASTER_PORT`; static "
-             "Gloo jobs started by hvdlite-run or hvdlite.run"),
+             "(env://) works unchanged, the launcher serving torch's store on `MASTER_PORT` "
+             "once a rank connects; static Gloo jobs started by hvdlite-run or hvdlite.run"),
     Tunable(
         "dynamic_process_sets", bool, False, "HVDLITE_DYNAMIC_PROCESS_SETS",
         "process sets may be added and removed after init (hvd.add_process_set)",

@@ -15,7 +15,6 @@ mpiexec are used.
 import dataclasses
 import logging
 import os
-import socket
 import sys
 import uuid
 from typing import Dict, List, Optional
@@ -43,6 +42,7 @@ from hvdlite.runner.store import metrics_server
 from hvdlite.runner.store.exit_reports import report_from_failure
 from hvdlite.runner.store.metrics_inbox import MetricsInbox
 from hvdlite.runner.store.stack_collection import StackReports, on_sigusr1
+from hvdlite.runner.store.torch_store import TorchStore
 from hvdlite.runner.tasks.nics import loopback_interface
 from hvdlite.runner.tasks.ssh import SSHOptions
 
@@ -64,9 +64,8 @@ class JobContext:
     #: --mpi: the ranks' metrics and straggler lines (elsewhere the rendezvous store's)
     reports_inbox: MetricsInbox = dataclasses.field(
         default_factory=lambda: MetricsInbox(lambda rank: None))
-    #: the port rank 0 serves torch's store on for init_process_group() (None: the ranks
-    #: get no torchrun variables)
-    torch_port: Optional[int] = None
+    #: torch's store for the ranks' init_process_group() (None: no torchrun variables)
+    torch_store: Optional[TorchStore] = None
 
     def inbox(self) -> Optional[MetricsInbox]:
         """Where the ranks' metrics snapshots arrive: the rendezvous store's inbox, or (no
@@ -110,20 +109,18 @@ class JobContext:
             env[cfg.SECRET_KEY] = self.key.hex()
         if local:
             env[cfg.GLOO_IFACE] = loopback_interface()
-        if self.torch_port is not None:
+        if self.torch_store is not None:
             env.update(self._torch_env())
         return env
 
     def _torch_env(self) -> Dict[str, str]:
         """torchrun's variables every rank shares (each rank's place is added where it
-        starts): where rank 0 serves torch's store, and the job's id.  Rank 0's host is the
-        spec's first (a static job places ranks host by host); when it is this one, the
-        ranks reach it at the address they reach our store at."""
-        host = self.spec.hosts[0].hostname if self.spec.hosts else "localhost"
-        address = self.rounds.address[0] if is_local(host) else resolve(host)
-        return {cfg.TORCH_MASTER_ADDR: address, cfg.TORCH_MASTER_PORT: str(self.torch_port),
-                cfg.TORCH_RUN_ID: self.job_id, cfg.TORCH_RESTART_COUNT: "0",
-                cfg.TORCH_MAX_RESTARTS: "0", cfg.TORCH_ROLE_NAME: "default"}
+        starts): torch's store beside ours, every rank its client, and the job's id."""
+        return {cfg.TORCH_MASTER_ADDR: self.rounds.address[0],
+                cfg.TORCH_MASTER_PORT: str(self.torch_store.port),
+                cfg.TORCH_USE_AGENT_STORE: "True", cfg.TORCH_RUN_ID: self.job_id,
+                cfg.TORCH_RESTART_COUNT: "0", cfg.TORCH_MAX_RESTARTS: "0",
+                cfg.TORCH_ROLE_NAME: "default"}
 
 
 def run_job(spec: JobSpec) -> JobResult:
@@ -140,12 +137,14 @@ def run_job(spec: JobSpec) -> JobResult:
     job = JobContext(spec, **given)
     sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
     if _wants_torch_env(spec):
-        job.torch_port = free_port()
+        job.torch_store = TorchStore(loopback=all(is_local(h.hostname) for h in spec.hosts))
     try:
         starter = spec.starter(job) if spec.starter is not None \
             else make_starter(job, source, sink)
         return _run_agent(job, source, starter, sink)
     finally:
+        if job.torch_store is not None:
+            job.torch_store.stop()
         sink.close()
 
 
@@ -155,15 +154,6 @@ def _wants_torch_env(spec: JobSpec) -> bool:
     MPI's ranks are mpiexec's; Ray's and Spark's workers are function calls.)"""
     return bool(spec.tunables.torch_env and spec.controller == "gloo"
                 and spec.settings.static and spec.starter is None)
-
-
-def free_port() -> int:
-    """A TCP port free on every interface of this host now: torch's store port for rank 0
-    (a rank 0 on another host binds it there; if it is taken, its init_process_group()
-    says so and the summary names it)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _run_agent(job: JobContext, source: HostSource, starter: Starter,
