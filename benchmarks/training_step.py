@@ -102,10 +102,13 @@ def main():
     hvd.init()
     threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
-    port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
-                                name="ddp_port")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
-                            world_size=hvd.size())
+    if os.environ.get("MASTER_PORT"):
+        dist.init_process_group("gloo")       # hvdlite-run gave torchrun's variables
+    else:
+        port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
+                                    name="ddp_port")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=hvd.rank(), world_size=hvd.size())
     impls = args.impls.split(",")
     results = {}
     for wname in args.models.split(","):

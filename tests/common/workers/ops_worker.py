@@ -504,11 +504,16 @@ def check_sparse_allreduce():
 
 
 def check_torch_distributed_coexists():
-    """The runtime leaves torch.distributed's default group to the user (e.g. for DDP)."""
+    """The runtime leaves torch.distributed's default group to the user (e.g. for DDP), here
+    on a tcp:// port of the job's own, served by rank 0: so every rank must not be a client
+    of hvdlite-run's torch store (torchrun's TORCHELASTIC_USE_AGENT_STORE), as a user with
+    such code would run with --no-torch-env."""
+    import os
     import socket
     import torch.distributed as dist
     if hvd.size() == 1 or hvd.mpi_enabled():
         return
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     port = torch.tensor([0])
     if hvd.rank() == 0:
         with socket.socket() as s:
