@@ -23,6 +23,12 @@ Implementations:
 * ``hvdlite_fusion``   every tensor ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)``, then
   ``hvd.synchronize`` on every handle (what an optimizer does); fusion threshold from the
   environment (default 128 MiB);
+* ``hvdlite_optimizer`` one step's gradient exchange of ``hvd.DistributedOptimizer`` over
+  parameters of the workload's shapes (its default buckets, zero-copy on: the buckets live
+  in the host's shared arena): ``optimizer.step()`` of an optimizer whose own update does
+  nothing, so the step is ``synchronize()`` alone;
+* ``hvdlite_optimizer_copy`` (opt-in) the same with ``HVDLITE_ZERO_COPY=0`` (buckets in
+  private memory, copied through the shared segment);
 * ``hvdlite_nofusion`` the same with ``HVDLITE_FUSION_THRESHOLD=0`` (runtime restarted);
 * ``hvdlite_noshm``    ``hvdlite_fusion`` with ``HVDLITE_SHARED_MEMORY=0``: ranks on one host
   exchange through Gloo's TCP loopback instead of shared memory (runtime restarted);
@@ -144,11 +150,11 @@ WORKLOADS = ("resnet50", "bert", "tiny1000", "big64mb")
 #: default (warmup, iters) per workload, sized so a full default run at np=2 on the 2-core
 #: machine stays around three minutes; --warmup / --iters override them all.
 DEFAULT_ITERS = {"resnet50": (3, 15), "bert": (1, 5), "tiny1000": (3, 60), "big64mb": (2, 10)}
-IMPLS = ("hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
-         "torch_per_tensor_sync", "torch_flat", "memcpy_floor")
+IMPLS = ("hvdlite_fusion", "hvdlite_optimizer", "hvdlite_nofusion", "hvdlite_noshm",
+         "torch_per_tensor", "torch_per_tensor_sync", "torch_flat", "memcpy_floor")
 #: run only when named in --impls (they cost a trace file / a tuning phase)
 OPT_IN_IMPLS = ("hvdlite_timeline", "hvdlite_autotune", "hvdlite_noflight",
-                "hvdlite_metrics")
+                "hvdlite_metrics", "hvdlite_optimizer_copy")
 ALL_IMPLS = IMPLS + OPT_IN_IMPLS
 RAW_IMPLS = ("torch_per_tensor", "torch_per_tensor_sync", "torch_flat", "memcpy_floor")
 #: always run: every row is reported as a ratio to these
@@ -237,6 +243,31 @@ def step_hvdlite(tensors, names):
     return enqueued
 
 
+class _NoUpdate(torch.optim.SGD):
+    """An optimizer whose update does nothing: its DistributedOptimizer's step() is the
+    gradient exchange alone."""
+
+    def step(self, closure=None):
+        return None
+
+
+def make_optimizer(shapes, workload):
+    """A DistributedOptimizer over parameters of ``shapes`` (default buckets) after one
+    untimed step; returns it and the gradients (its bucket views, all ones)."""
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = hvd.DistributedOptimizer(
+        _NoUpdate(params, lr=0.0),
+        named_parameters=[(f"bench.{workload}.{i}", p) for i, p in enumerate(params)])
+    opt.step()
+    return opt, [p.grad for p in params]
+
+
+def step_hvdlite_optimizer(tensors, opt):
+    opt.step()
+
+
 def step_torch_per_tensor(tensors, names):
     works = [dist.all_reduce(t, async_op=True) for t in tensors]
     for w in works:
@@ -263,6 +294,8 @@ STEPS = {"hvdlite_fusion": step_hvdlite, "hvdlite_nofusion": step_hvdlite,
          "hvdlite_timeline": step_hvdlite, "hvdlite_autotune": step_hvdlite,
          "hvdlite_noflight": step_hvdlite,
          "hvdlite_metrics": step_hvdlite,
+         "hvdlite_optimizer": step_hvdlite_optimizer,
+         "hvdlite_optimizer_copy": step_hvdlite_optimizer,
          "torch_per_tensor": step_torch_per_tensor,
          "torch_per_tensor_sync": step_torch_per_tensor_sync, "torch_flat": step_torch_flat,
          "memcpy_floor": step_memcpy_floor}
@@ -284,6 +317,8 @@ def run_cell(impl, workload, shapes, warmup, iters, budget_s, min_steps, rank, s
     floor_dst = [torch.empty_like(t) for t in floor_src] if paired else None
     if impl == "memcpy_floor":
         names = [torch.empty_like(t) for t in tensors]     # the copies' destinations
+    elif impl.startswith("hvdlite_optimizer"):
+        names, tensors = make_optimizer(shapes, workload)   # the optimizer and its gradients
     else:
         names = [f"bench.{workload}.{i}" for i in range(len(tensors))]
     step = STEPS[impl]
@@ -415,7 +450,7 @@ TUNED_VARS = ("HVDLITE_FUSION_THRESHOLD", "HVDLITE_FUSION_CHUNK_BYTES",
               "HVDLITE_AUTOTUNE", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES",
               "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
               "HVDLITE_SHARED_MEMORY", "HVDLITE_FLIGHT_RECORDER_SIZE",
-              "HVDLITE_METRICS_PORT")
+              "HVDLITE_METRICS_PORT", "HVDLITE_ZERO_COPY")
 _LAUNCH_ENV = {k: os.environ.get(k) for k in TUNED_VARS}
 
 
@@ -471,6 +506,7 @@ def tune(args, shapes, rank):
 def main(argv=None):
     args = parse_args(argv)
     _OP[0] = HVD_OP[args.op]
+    load_start = os.getloadavg()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     if size < 2 and rank == 0:
@@ -495,7 +531,9 @@ def main(argv=None):
                 "hvdlite_noflight": (None, {"HVDLITE_FLIGHT_RECORDER_SIZE": "0"}),
                 # the ranks count and send to the store as under --metrics-port (the
                 # launcher serves nothing unless that flag is given)
-                "hvdlite_metrics": (None, {"HVDLITE_METRICS_PORT": "1"})}
+                "hvdlite_metrics": (None, {"HVDLITE_METRICS_PORT": "1"}),
+                "hvdlite_optimizer": (None, {}),
+                "hvdlite_optimizer_copy": (None, {"HVDLITE_ZERO_COPY": "0"})}
     for impl, restart in variants.items():
         if impl in args.impls:
             phases.append((impl, [impl], restart))
@@ -590,6 +628,9 @@ def main(argv=None):
 
     if rank == 0:
         print_table(rows, size, fusion_cfg, cycle_ms, elapsed, args.op)
+        print(f"machine load (1-min average) {load_start[0]:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after, {os.cpu_count()} cores: the physical limit "
+              f"here is memcpy_floor (x floor); compare runs only on a quiet machine")
         if tuned is not None:
             print(f"autotuned on {args.autotune_workload} in {tuned[2]:.1f} s "
                   f"({tuned[3]} samples): {tuned[1]}")
@@ -599,7 +640,8 @@ def main(argv=None):
                     "fusion_threshold_bytes": fusion_cfg, "cycle_time_ms": cycle_ms,
                     "op": args.op,
                     "bert_layers": args.bert_layers, "rounds": args.rounds, "max_seconds": args.max_seconds,
-                    "elapsed_s": elapsed, "argv": sys.argv[1:]}
+                    "elapsed_s": elapsed, "argv": sys.argv[1:],
+                    "load_before": load_start, "load_after": os.getloadavg()}
             if tuned is not None:
                 meta["autotuned"] = {"parameters": tuned[1], "tuning_s": tuned[2],
                                      "samples": tuned[3], "env": tuned[0]}

@@ -10,11 +10,15 @@ Two step kinds, interleaved round by round so they see the same machine load:
 
 * ``separate``  ``hvd.allreduce_async_(t, name=...)`` for every tensor, then
   ``hvd.synchronize`` on every handle (what an optimizer without buckets does);
-* ``grouped``   one ``hvd.grouped_allreduce_(tensors, name=...)`` call.
+* ``grouped``   one ``hvd.grouped_allreduce_(tensors, name=...)`` call;
+* ``torch_flat`` the baseline: one raw ``torch.distributed`` Gloo allreduce of the same bytes
+  pre-flattened into one tensor (the transport's limit: no per-op cost at all).  Every row
+  shows its ratio to it (``x flat``; target: ``separate`` at most 4x).
 
-Both use ``op=hvd.Average``, as ``DistributedOptimizer`` does.  Every step starts after an
+The hvdlite kinds use ``op=hvd.Average``, as ``DistributedOptimizer`` does.  Every step starts after an
 untimed barrier; rank 0 times the step.  Only rank 0 prints: median, min and mean ms per step
-of each kind over all rounds, and the per-round medians.
+of each kind over all rounds, the ratio to ``torch_flat``, the per-round medians, and the
+machine's load average before and after (numbers from a loaded machine are not comparable).
 
 ``--barrier raw`` (the default) meets on a torch.distributed Gloo group of its own, outside
 hvdlite, as ``allreduce.py`` does; ``--barrier hvd`` meets in ``hvd.barrier()`` (what earlier
@@ -26,6 +30,7 @@ columns), which leaves the caches cold and costs the hvdlite step 0.5-0.9 ms mor
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -45,7 +50,16 @@ def step_grouped(tensors, names):
     hvd.grouped_allreduce_(tensors, name="tiny.grouped")
 
 
-STEPS = {"separate": step_separate, "grouped": step_grouped}
+def step_torch_flat(tensors, names):
+    """The baseline: one raw ``torch.distributed`` allreduce of all the bytes, pre-flattened
+    (``names`` is that flat tensor here)."""
+    import torch.distributed as dist
+    dist.all_reduce(names)
+
+
+STEPS = {"separate": step_separate, "grouped": step_grouped, "torch_flat": step_torch_flat}
+#: issue 37's target: separate ops at most this many times one flat torch allreduce
+TARGET_X_FLAT = 4.0
 
 
 def raw_barrier():
@@ -77,7 +91,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=20, help="timed steps per kind per round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per kind first")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    p.add_argument("--kinds", default="separate,grouped", help="comma-separated step kinds")
+    p.add_argument("--kinds", default="separate,grouped,torch_flat",
+                   help="comma-separated step kinds (torch_flat: the baseline every row is "
+                        "divided by, always run)")
     p.add_argument("--barrier", choices=("raw", "hvd"), default="raw",
                    help="what the ranks meet in before each step: a Gloo group outside hvdlite "
                         "(raw, default) or hvd.barrier() (see the module docstring)")
@@ -91,37 +107,61 @@ def main(argv=None):
     for k in kinds:
         if k not in STEPS:
             raise SystemExit(f"tiny_ops.py: unknown --kinds entry {k!r} (known: {list(STEPS)})")
+    if "torch_flat" not in kinds:
+        kinds.append("torch_flat")
+    load_start = os.getloadavg()
     hvd.init()
     tensors = [torch.ones(args.floats) for _ in range(args.tensors)]
     names = [f"tiny.{i}" for i in range(args.tensors)]
-    barrier = raw_barrier() if args.barrier == "raw" else hvd.barrier
+    raw = raw_barrier()               # the raw group also runs the torch_flat baseline
+    barrier = raw if args.barrier == "raw" else hvd.barrier
+    flat = torch.ones(args.tensors * args.floats)
+    step_args = {k: (tensors, flat if k == "torch_flat" else names) for k in kinds}
     for k in kinds:
-        time_steps(k, tensors, names, args.warmup, barrier)
+        time_steps(k, *step_args[k], args.warmup, barrier)
     per_round = {k: [] for k in kinds}
     pooled = {k: [] for k in kinds}
     for _ in range(args.rounds):
         for k in kinds:
-            times = time_steps(k, tensors, names, args.steps, barrier)
+            times = time_steps(k, *step_args[k], args.steps, barrier)
             per_round[k].append(statistics.median(times) * 1e3)
             pooled[k] += times
     rows = {k: {"median_ms": statistics.median(pooled[k]) * 1e3,
                 "min_ms": min(pooled[k]) * 1e3, "mean_ms": statistics.mean(pooled[k]) * 1e3,
                 "round_medians_ms": [round(v, 3) for v in per_round[k]]} for k in kinds}
+    # the ratio to the flat baseline: its median, and the median of per-round ratios
+    base = rows["torch_flat"]
+    for k, r in rows.items():
+        r["x_flat"] = r["median_ms"] / base["median_ms"]
+        r["x_flat_rounds"] = statistics.median(
+            a / b for a, b in zip(r["round_medians_ms"], base["round_medians_ms"]))
+    targets = {}
+    if "separate" in rows:
+        v = rows["separate"]["x_flat"]
+        targets["separate_x_torch_flat"] = {"value": v, "target": f"<= {TARGET_X_FLAT:g}",
+                                            "met": v <= TARGET_X_FLAT}
+    load_end = os.getloadavg()
     # every rank starts from ones and averages: anything else is a wrong result
     values_ok = bool(torch.cat(tensors).eq(1).all().item())
     if hvd.rank() == 0:
         print(f"np={hvd.size()} tensors={args.tensors} floats={args.floats} "
-              f"steps={args.steps}x{args.rounds} barrier={args.barrier} values_ok={values_ok}")
+              f"steps={args.steps}x{args.rounds} barrier={args.barrier} values_ok={values_ok} "
+              f"load {load_start[0]:.2f} -> {load_end[0]:.2f} on {os.cpu_count()} cores")
         for k, r in rows.items():
-            print(f"{k:9s} median {r['median_ms']:7.3f} ms  min {r['min_ms']:7.3f}  "
-                  f"mean {r['mean_ms']:7.3f}  rounds {r['round_medians_ms']}")
+            print(f"{k:10s} median {r['median_ms']:7.3f} ms  min {r['min_ms']:7.3f}  "
+                  f"mean {r['mean_ms']:7.3f}  x flat {r['x_flat']:5.2f} "
+                  f"(per round {r['x_flat_rounds']:5.2f})  rounds {r['round_medians_ms']}")
+        for name, t in targets.items():
+            print(f"target {name}: {t['value']:.2f} (want {t['target']}) -> "
+                  f"{'MET' if t['met'] else 'MISSED'}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"np": hvd.size(), "args": vars(args), "rows": rows,
-                           "values_ok": values_ok}, f, indent=1)
-    if args.barrier == "raw":
-        import torch.distributed as dist
-        dist.destroy_process_group()
+                           "targets": targets, "values_ok": values_ok,
+                           "load": {"start": load_start, "end": load_end,
+                                    "cores": os.cpu_count()}}, f, indent=1)
+    import torch.distributed as dist
+    dist.destroy_process_group()
     hvd.shutdown()
     return 0 if values_ok else 1
 

@@ -1,4 +1,5 @@
-"""benchmarks/tiny_ops.py runs end to end at np=2 (separate and grouped steps), writes its rows,
+"""benchmarks/tiny_ops.py runs end to end at np=2 (separate and grouped steps and the flat
+torch baseline), writes its rows with their ratios to the baseline and the machine's load,
 and every rank's tensors hold the right averages afterwards."""
 
 import json
@@ -26,7 +27,12 @@ def test_tiny_ops_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     data = json.loads(out_json.read_text())
     assert data["np"] == 2 and data["values_ok"] is True
-    assert set(data["rows"]) == {"separate", "grouped"}
+    assert set(data["rows"]) == {"separate", "grouped", "torch_flat"}
     for kind, row in data["rows"].items():
         assert 0 < row["min_ms"] <= row["median_ms"], (kind, row)
         assert len(row["round_medians_ms"]) == 1, (kind, row)
+        assert row["x_flat"] == pytest.approx(row["median_ms"] /
+                                              data["rows"]["torch_flat"]["median_ms"])
+    assert data["rows"]["torch_flat"]["x_flat"] == pytest.approx(1.0)
+    assert set(data["targets"]) == {"separate_x_torch_flat"}
+    assert len(data["load"]["start"]) == 3 and data["load"]["cores"] >= 1

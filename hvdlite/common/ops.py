@@ -25,6 +25,7 @@ from hvdlite.common import arrays, basics
 from hvdlite.common import process_sets as _sets
 from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
+from hvdlite.common.backend import shared_buckets
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.process_sets import ProcessSet, global_process_set  # noqa: F401
 from hvdlite.common.diagnostics.recorder import NULL, Recorder
@@ -209,6 +210,19 @@ def _check_reducible(dt: str, op: ReduceOp, name: str) -> None:
     if dt == "bool" and op not in _BOOL_OPS:
         raise TypeError(f"allreduce of bool tensor {name!r}: only op=hvd.Min or hvd.Max "
                         f"(logical and / or) are defined for bool")
+
+
+def shared_bucket(numel: int, dtype, process_set=None):
+    """A zeroed flat buffer of ``numel`` elements of ``dtype`` that this host's other ranks
+    can read, for a gradient bucket reduced in place with the global set: its shared-memory
+    allreduce then copies nothing in or out (:mod:`hvdlite.common.backend.shared_buckets`).
+    None when that cannot be (``--no-zero-copy``, no shared memory, another set, not
+    initialized): the caller allocates the buffer itself."""
+    runtime = basics.current_runtime()
+    if runtime is None or not runtime.config.zero_copy or \
+            (process_set is not None and process_set.process_set_id != 0):
+        return None
+    return shared_buckets.allocate(numel, dtype)
 
 
 def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: float = 1.0,

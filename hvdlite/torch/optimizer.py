@@ -14,7 +14,11 @@ How gradients travel (three strategies, chosen at construction):
   parameters of a bucket whose gradient is final; when the last one arrives,
   one in-place ``allreduce_async_`` on the flat buffer starts, while backward
   continues.  Nothing is packed or unpacked: autograd accumulates straight
-  into the buffer and the result lands there.
+  into the buffer and the result lands there.  Under Gloo with shared memory the
+  buffers are allocated in this rank's shareable bucket arena
+  (``hvdlite.common.backend.shared_buckets``; not with compression or another
+  process set, nor with ``--no-zero-copy``): the host's ranks then reduce them where
+  they lie, without copying them into the shared segment and back (zero-copy).
 * **groups** (``groups=`` or ``num_groups=``): Horovod's explicit grouping;
   one ``grouped_allreduce_async_`` per group once all its gradients exist.
 * **per parameter** (``bucket_cap_mb=0``): Horovod's classic path, one named
@@ -39,6 +43,7 @@ from typing import Dict, List, Optional
 import torch
 
 from hvdlite.common import ops
+from hvdlite.common.backend.shared_buckets import BUCKET_NAME_PREFIX
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import adasum_optimizer, mpi_ops
 from hvdlite.torch.optimizer_hooks import HookedOptimizer, rebind
@@ -61,14 +66,21 @@ _MAX_AUTO_BUCKET_BYTES = 25 * _MIB
 class _Bucket:
     """A flat buffer whose slices are the ``.grad`` of several parameters."""
 
-    __slots__ = ("index", "name", "params", "views", "buffer", "pending", "handle")
+    __slots__ = ("index", "name", "params", "views", "buffer", "shared", "pending", "handle")
 
-    def __init__(self, index: int, name: str, params: List[torch.Tensor]):
+    def __init__(self, index: int, name: str, params: List[torch.Tensor], shared: bool,
+                 process_set=None):
         self.index = index
         self.name = name
         self.params = params
         total = sum(p.numel() for p in params)
-        self.buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        dtype, device = params[0].dtype, params[0].device
+        buffer = ops.shared_bucket(total, dtype, process_set) \
+            if shared and device.type == "cpu" else None
+        #: whether the buffer lives in the host's shared bucket arena (zero-copy)
+        self.shared = buffer is not None
+        self.buffer = torch.zeros(total, dtype=dtype, device=device) if buffer is None \
+            else buffer
         self.views = []
         offset = 0
         for p in params:
@@ -280,9 +292,12 @@ class _DistributedOptimizer(HookedOptimizer):
                 open_buckets[key] = []
                 open_bytes[key] = 0
         closed.extend(b for b in open_buckets.values() if b)
+        # zero-copy: buckets reduced as they are (compressed ones are reduced as a copy)
+        shared = self._hvd_compression is Compression.none and self._hvd_exchange is None
         for i, params in enumerate(closed):
             first = self._hvd_names[params[0]]
-            b = _Bucket(i, f"DistributedOptimizer.bucket.{i}.{len(params)}.{first}", params)
+            b = _Bucket(i, f"{BUCKET_NAME_PREFIX}{i}.{len(params)}.{first}", params,
+                        shared, self._hvd_process_set)
             self._hvd_buckets.append(b)
             with torch.no_grad():
                 for j, p in enumerate(params):

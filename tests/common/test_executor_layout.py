@@ -26,6 +26,9 @@ class AlternatingStage:
     def pipeline_chunk_bytes(self, _):
         return self.chunk_bytes
 
+    def shares_buckets(self):
+        return False
+
     def stage(self, dtype, count):
         self.turn ^= 1
         return self.places[self.turn][:count]

@@ -128,6 +128,12 @@ class Backend(abc.ABC):
         waitable each.  A transport that streams them as one pipeline overrides it."""
         return [self.allreduce_scaled_async_(t, op, prescale, postscale) for t in tensors]
 
+    def shares_buckets(self) -> bool:
+        """Whether gradient buckets in the shared bucket arena are reduced where they lie
+        (``shared_buckets``): the same answer on every rank, so the executor may route them
+        by it."""
+        return False
+
     def pipeline_chunk_bytes(self, requested: int) -> int:
         """The chunk size a packed allreduce is pipelined in, given the configured one
         (``fusion_chunk_bytes``): a transport whose copies are cheaper in cache-sized

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.common import config as cfg
-from hvdlite.common.backend import gloo_waits, shm
+from hvdlite.common.backend import gloo_waits, shared_buckets, shm
 from hvdlite.common.backend.base import DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteRoundSupersededError, HvdliteTimeoutError)
@@ -239,6 +239,7 @@ class GlooBackend(Backend):
             return
         self._shm = group
         group.watch = self._watch
+        self._map_bucket_arenas(client, config, group)
         if self.cross_size > 1:
             # the hosts' slices meet among the ranks with this local rank
             cross = _store_client(config)
@@ -253,6 +254,28 @@ class GlooBackend(Backend):
                 self._timeout_s)
         log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
                   "hierarchical" if self._cross_pg is not None else "one host")
+
+    def _map_bucket_arenas(self, client, config: cfg.Config, group) -> None:
+        """Zero-copy buckets: every local rank posts where its bucket arena is ("-": none, or
+        ``--no-zero-copy``) and maps its peers'; used only when every rank of the job could
+        (one more MIN-allreduce)."""
+        tag = f"shm/{config.hostname}/{self.cross_rank}/arena/"
+        own = shared_buckets.open_arena() if config.zero_copy else None
+        client.set(tag + str(self.local_rank), own.ticket.encode() if own else b"-")
+        keys = [tag + str(r) for r in range(self.local_size)]
+        client.wait(keys, config.start_timeout_s)
+        tickets = [client.get(k).decode() for k in keys]
+        arenas = None
+        if "-" not in tickets:
+            try:
+                arenas = shared_buckets.PeerArenas(tickets, self.local_rank, own)
+            except OSError as exc:
+                log.warning("%s: the local ranks' gradient buckets cannot be shared (%s); "
+                            "they are copied", self._who, exc)
+        if self._agree(arenas is not None, "zero-copy buckets"):
+            group.use_arenas(arenas, own)
+        elif arenas is not None:
+            arenas.close()
 
     def _agree(self, flag: bool, what: str) -> bool:
         t = torch.tensor([1 if flag else 0], dtype=torch.int32)
@@ -302,6 +325,21 @@ class GlooBackend(Backend):
 
     def _cross_allreduce(self, part, op) -> None:
         _widened_allreduce(self, self._cross_pg, "cross-host allreduce", part, op)
+
+    def _cross_allreduce_start(self, part, op):
+        """Start ``part``'s allreduce among the hosts; returns the call that waits for it
+        (Gloo runs several collectives of a group at once, matched in the order started)."""
+        wide = _WIDEN.get(part.dtype)
+        target = part.to(wide) if wide is not None else part
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE[op]
+        work = self._cross_pg.allreduce([target], opts)
+
+        def wait():
+            self._run("cross-host allreduce", work)
+            if wide is not None:
+                part.copy_(target)
+        return wait
 
     def _cross_min(self, part, op) -> None:
         """The control vector's slice, MIN over the hosts: ceil(log2 hosts) exchanges."""
@@ -412,7 +450,18 @@ class GlooBackend(Backend):
             super().allreduce_scaled_(tensor, op, prescale, postscale)
             return
         cross = self._cross_allreduce if self._cross_pg is not None else None
+        if self._shm.arenas is not None and self._zero_copy([tensor], op, prescale, postscale):
+            return
         self._shm.allreduce_(tensor, op, cross, prescale, postscale)
+
+    def _zero_copy(self, tensors, op, prescale, postscale) -> bool:
+        """Reduce ``tensors`` where they lie when they are zero-copy buckets on every local
+        rank (``shm.SharedMemoryGroup.zero_copy_``); False: nothing done."""
+        across = self._cross_pg is not None
+        return self._shm.zero_copy_(
+            [t.view(-1) for t in tensors], op, prescale, postscale,
+            self._cross_allreduce if across else None,
+            self._cross_allreduce_start if across else None)
 
     def allreduce_scaled_async_(self, tensor, op, prescale, postscale):
         if self._shm is None:
@@ -421,10 +470,16 @@ class GlooBackend(Backend):
         return DONE
 
     def allreduce_scaled_many_async_(self, tensors, op, prescale, postscale):
+        if self._shm is not None and self._shm.arenas is not None and \
+                self._zero_copy(tensors, op, prescale, postscale):
+            return [DONE] * len(tensors)         # all in one pipeline, across hosts too
         if self._shm is None or not self._shm.pipelines(self._cross_pg is not None):
             return super().allreduce_scaled_many_async_(tensors, op, prescale, postscale)
         self._shm.allreduce_many_(tensors, op, prescale, postscale)
         return [DONE] * len(tensors)
+
+    def shares_buckets(self):
+        return self._shm is not None and self._shm.arenas is not None
 
     def pipeline_chunk_bytes(self, requested):
         if self._shm is None:

@@ -59,8 +59,16 @@ only, so every rank gets the same bits; without a prescale the terms are combine
 rank order (with one, this rank's own term comes first).  Ordering between
 the counter store and the data relies on the stores of one process becoming visible in
 order (x86's memory model).
+
+Tensors that lie in the ranks' bucket arenas (``shared_buckets``: ``DistributedOptimizer``'s
+buckets) skip the slots altogether (:meth:`SharedMemoryGroup.zero_copy_`): after one barrier
+on which every rank posts a signature of its tensors' offsets (so all take this path or
+none does), each rank reduces its slice of each piece from every rank's tensor into its own,
+and copies the other slices' results out of their reducers' tensors; the same arithmetic in
+the same order as the copying paths, so the same bits.
 """
 
+import hashlib
 import mmap
 import os
 import stat
@@ -86,6 +94,12 @@ _PIDS_AT = 64
 #: in, reduced, copied out (monotonic over the segment's life, like the barrier's counters)
 _PROGRESS_AT = 128
 _COPIED_IN, _REDUCED, _COPIED_OUT = range(3)
+#: then each rank's signature of the zero-copy allreduce it is about to run (0: it cannot)
+_ZERO_COPY_AT = _PROGRESS_AT + 3 * _MAX_LOCAL
+#: zero-copy across hosts: pieces whose cross-host reduction runs while the next is summed
+_CROSS_IN_FLIGHT = 2
+#: zero-copy plans kept per group (each holds views, so the buckets' memory, alive)
+_MAX_PLANS = 16
 #: pieces of one rank's slot the pipelined allreduce cycles through: a rank copies piece k in
 #: while its peers still reduce piece k - 1 and copy piece k - 2 out
 _RING = 4
@@ -152,6 +166,14 @@ class SharedMemoryGroup:
         self._progress = [header[at + p * _MAX_LOCAL:at + p * _MAX_LOCAL + local_size]
                           for p in range(3)]
         self._pieces = int(self._progress[_COPIED_OUT][local_rank])
+        self._signatures = header[_ZERO_COPY_AT:_ZERO_COPY_AT + local_size]
+        #: the bucket arenas of this host's ranks (``shared_buckets.PeerArenas``), set by the
+        #: backend once every local rank mapped every other's; None: no zero-copy
+        self.arenas = None
+        self._own_arena = None
+        self._scratch = None
+        #: zero-copy plans by signature (see _zero_copy_plan)
+        self._zero_copy_plans = {}
         self._set = 0
         self._last_peer_check = 0.0
         #: elastic jobs: a ``gloo_waits.RoundWatch``; a wait ends once a newer round is open
@@ -237,6 +259,10 @@ class SharedMemoryGroup:
 
     def close(self) -> None:
         self.unlink()
+        self._zero_copy_plans = {}
+        arenas, self.arenas = getattr(self, "arenas", None), None
+        if arenas is not None:
+            arenas.close()
         m, self._map = getattr(self, "_map", None), None
         self._bytes = None
         self._counters = self._pids = self._progress = None
@@ -454,6 +480,182 @@ class SharedMemoryGroup:
     def _wait_for(self, counters, g: int) -> None:
         if min(counters.tolist()) < g:
             self._wait_all(counters, g)
+
+    # -- zero-copy buckets ------------------------------------------------------------------
+    def use_arenas(self, arenas, own) -> None:
+        """Reduce tensors that lie in ``own`` (this rank's ``BucketArena``) where they lie,
+        reading the peers' tensors at the same offsets of their arenas (``arenas``)."""
+        self.arenas, self._own_arena = arenas, own
+
+    def _signature(self, flats, op: ReduceOp, prescale: float, across: bool) -> int:
+        """What every rank must agree on to reduce ``flats`` in their arenas: the offsets,
+        sizes and dtype of the tensors, the op (0: this rank cannot)."""
+        if prescale != 1.0 or not flats:
+            return 0
+        own = self._own_arena
+        places = []
+        for f in flats:
+            at = own.offset_of(f)
+            if at < 0 or not f.is_contiguous():
+                return 0
+            places.append((at, f.numel()))
+        key = repr((places, str(flats[0].dtype), int(op), across)).encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 2 | 1
+
+    def zero_copy_(self, flats, op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
+                   cross=None, cross_start=None) -> bool:
+        """Allreduce ``flats`` (contiguous, one dtype) in place without copying them in or out,
+        when every local rank's tensors lie at the same offsets of its bucket arena; returns
+        False (nothing done, every rank agreeing) otherwise, for the copying path.
+
+        Each rank sums its slice of each piece over every rank's tensor, in rank order, into
+        its own tensor (then, with ``cross``, with the same local rank of the other hosts, then
+        scales it by ``postscale``), and copies the other slices' results from their reducers'
+        tensors: the same operations in the same order as the copying paths, so the same
+        bits.  A rank returns only once every peer copied out of its tensor, so it may write
+        it again (the next backward) at once.
+
+        Across hosts, ``cross_start(slice, op)`` (when given, instead of ``cross``) starts a
+        slice's cross-host reduction and returns the call that waits for it: the next
+        piece's local sum then runs while the previous piece is on the wire
+        (:data:`_CROSS_IN_FLIGHT` pieces at most)."""
+        if self.arenas is None or len({f.dtype for f in flats}) > 1:
+            return False
+        across = cross is not None
+        sig = self._signature(flats, op, prescale, across)
+        self._signatures[self.local_rank] = sig
+        self.barrier()
+        if sig == 0 or min(self._signatures.tolist()) != max(self._signatures.tolist()):
+            return False
+        plan = self._zero_copy_plans.get(sig)
+        if plan is None:
+            plan = self._zero_copy_plan(flats, across)
+            if len(self._zero_copy_plans) >= _MAX_PLANS:
+                self._zero_copy_plans.clear()
+            self._zero_copy_plans[sig] = plan
+        pieces = len(plan)
+        base, self._pieces = self._pieces, self._pieces + pieces
+        copied_in, reduced, copied_out = self._progress
+        me = self.local_rank
+        scale, wait_for = arrays.kind().scale_, self._wait_for
+        sum_terms = self._sum_terms
+        if cross_start is not None:
+            self._zero_copy_across(plan, base, op, postscale, cross_start)
+            return True
+        for step in range(pieces + 1):
+            if step < pieces:                         # reduce my slice of piece `step`
+                terms = plan[step][0]
+                if terms is not None:
+                    sum_terms(terms, op)
+                    if cross is not None:
+                        cross(terms[me], op)
+                    scale(terms[me], postscale)
+                reduced[me] = base + step + 1
+            if step:                                  # the peers' slices of the piece before
+                wait_for(reduced, base + step)
+                for dst, src in plan[step - 1][1]:
+                    dst.copy_(src)
+        copied_in[me] = base + pieces
+        copied_out[me] = base + pieces
+        self._wait_for(copied_out, base + pieces)
+        return True
+
+    def _zero_copy_across(self, plan, base: int, op: ReduceOp, postscale: float,
+                          cross_start) -> None:
+        """:meth:`zero_copy_` between hosts: piece k's slice is on the wire while piece k+1 is
+        summed; a piece is marked reduced once back (and scaled), in order, and the peers'
+        slices of the piece before it are copied out then."""
+        copied_in, reduced, copied_out = self._progress
+        me, pieces = self.local_rank, len(plan)
+        if not pieces:
+            return
+        scale, wait_for = arrays.kind().scale_, self._wait_for
+        in_flight = []
+        finished = 0
+
+        def finish_oldest():
+            nonlocal finished
+            part, wait = in_flight.pop(0)
+            if part is not None:
+                wait()
+                scale(part, postscale)
+            reduced[me] = base + finished + 1
+            if finished:                      # the peers' slices of the piece before
+                wait_for(reduced, base + finished)
+                for dst, src in plan[finished - 1][1]:
+                    dst.copy_(src)
+            finished += 1
+
+        for step in range(pieces):
+            terms = plan[step][0]
+            if terms is None:
+                in_flight.append((None, None))
+            else:
+                self._sum_terms(terms, op)
+                in_flight.append((terms[me], cross_start(terms[me], op)))
+            if len(in_flight) > _CROSS_IN_FLIGHT:
+                finish_oldest()
+        while in_flight:
+            finish_oldest()
+        wait_for(reduced, base + pieces)
+        for dst, src in plan[pieces - 1][1]:
+            dst.copy_(src)
+        copied_in[me] = base + pieces
+        copied_out[me] = base + pieces
+        wait_for(copied_out, base + pieces)
+
+    def _zero_copy_plan(self, flats, across: bool) -> list:
+        """The pieces of a zero-copy allreduce of ``flats`` (which lie in this rank's arena):
+        per piece, the views of every rank's term of this rank's slice (None: it has none)
+        and the (destination, source) views of the peers' slices to copy out.  Made once per
+        set of tensors (a step's buckets repeat), so a piece costs its arithmetic only."""
+        L, me = self.local_size, self.local_rank
+        itemsize = flats[0].element_size()
+        dtype = flats[0].dtype
+        views = self.arenas.views
+        if across or self._oversubscribed:
+            per = self.piece_bytes(across) // itemsize
+        else:
+            per = self._ring_piece(itemsize)
+        plan = []
+        for f in flats:
+            at, n = self._own_arena.offset_of(f), f.numel() * itemsize
+            tensors = [f if r == me else views[r][at:at + n].view(dtype) for r in range(L)]
+            for lo in range(0, f.numel(), per):
+                hi = min(f.numel(), lo + per)
+                a, b = _slice(hi - lo, me, L)
+                terms = [t[lo + a:lo + b] for t in tensors] if b > a else None
+                out = []
+                for r in range(L):
+                    a, b = _slice(hi - lo, r, L)
+                    if r != me and b > a:
+                        out.append((f[lo + a:lo + b], tensors[r][lo + a:lo + b]))
+                plan.append((terms, out))
+        return plan
+
+    def _sum_terms(self, terms, op: ReduceOp) -> None:
+        """``terms[me] := terms[0] (op) terms[1] (op) ...`` in rank order, as the copying
+        paths combine.  Local rank 0 (and 1, but for bool, which copies the first term
+        first) combine into their own term directly (each element is read before it is
+        written); the others through a scratch piece, since their own term comes later."""
+        me = self.local_rank
+        out = terms[me]
+        if len(terms) == 1:
+            return
+        if me == 0 or (me == 1 and out.dtype != lazy_torch().bool):   # bool copies first
+            _combine_into(out, terms[0], terms[1], op)
+            for t in terms[2:]:
+                _combine(out, t, op)
+            return
+        n = out.numel()
+        s = self._scratch
+        if s is None or s.numel() < n or s.dtype != out.dtype:
+            s = self._scratch = lazy_torch().empty(max(n, 1), dtype=out.dtype)
+        acc = s[:n]
+        _combine_into(acc, terms[0], terms[1], op)
+        for t in terms[2:]:
+            _combine(acc, t, op)
+        out.copy_(acc)
 
     def stage(self, dtype, count: int):
         """This rank's slot of the next collective, as ``count`` elements of ``dtype`` (None

@@ -387,6 +387,17 @@ TUNABLES: Tuple[Tunable, ...] = (
         readme_flags="`--no-shared-memory` / `--shared-memory` (horovodrun's "
                      "`--hierarchical-allreduce`, `--hierarchical-allgather` ask for it)"),
     Tunable(
+        "zero_copy", bool, True, "HVDLITE_ZERO_COPY",
+        "DistributedOptimizer's gradient buckets live in memory the host's other ranks "
+        "map, so shared-memory allreduces read and write them where they lie",
+        flags=(Switch(("--zero-copy",), ("--no-zero-copy",),
+                      "allocate gradient buckets where the host's other ranks can read "
+                      "them (shared memory only): no copy in or out",
+                      "keep gradient buckets in each rank's private memory"),),
+        readme_flags="`--no-zero-copy` / `--zero-copy`",
+        note="Gloo mode with shared memory; buckets without compression, in the global "
+             "set; anything else takes the copying path"),
+    Tunable(
         "gc_freeze", bool, True, "HVDLITE_GC_FREEZE",
         "init() moves every object alive then out of the garbage collector's reach",
         flags=(Switch(("--gc-freeze",), ("--no-gc-freeze",),

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 from hvdlite.common.engine import adasum
 from hvdlite.common.engine import fusion
+from hvdlite.common.backend.shared_buckets import BUCKET_NAME_PREFIX
 from hvdlite.common.arrays import itemsize, numel
 from hvdlite.common.exceptions import HvdliteMismatchError, HvdliteStallError
 from hvdlite.common.engine.message import OpType, ReduceOp, Response
@@ -206,9 +207,16 @@ class Executor:
         known = self._splits.get(key) if len(group) >= _REMEMBER_FROM else None
         if known is not None and known[0] is group:
             return known[1], known[2]
-        packed = [r for r in group if r.nbytes < direct_bytes]
-        direct = [r for r in group if r.nbytes >= direct_bytes] \
-            if len(packed) < len(group) else []
+        if self.backend.shares_buckets():       # zero-copy buckets: never packed
+            prefix = BUCKET_NAME_PREFIX
+            packed = [r for r in group if r.nbytes < direct_bytes and
+                      not r.name.startswith(prefix)]
+            direct = [r for r in group if r.nbytes >= direct_bytes or
+                      r.name.startswith(prefix)] if len(packed) < len(group) else []
+        else:
+            packed = [r for r in group if r.nbytes < direct_bytes]
+            direct = [r for r in group if r.nbytes >= direct_bytes] \
+                if len(packed) < len(group) else []
         if len(packed) == len(group):
             packed = group
         if len(group) >= _REMEMBER_FROM:
