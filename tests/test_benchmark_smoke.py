@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-IMPLS = {"hvdlite_fusion", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
+IMPLS = {"hvdlite_fusion", "hvdlite_optimizer", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
          "torch_per_tensor_sync", "torch_flat", "memcpy_floor"}
 WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
 
@@ -45,6 +45,8 @@ def test_allreduce_benchmark_smoke(tmp_path):
     assert abs(rows[("resnet50", "torch_flat")]["ratio_to_flat"] - 1.0) < 1e-9
     assert abs(rows[("bert", "memcpy_floor")]["ratio_to_floor"] - 1.0) < 1e-9
     assert rows[("bert", "hvdlite_fusion")]["paired_ratio_to_floor"] > 0
+    # the optimizer rows reduce the same gradients through DistributedOptimizer's buckets
+    assert rows[("resnet50", "hvdlite_optimizer")]["bytes"] == 4 * 25_557_032
     assert data["meta"]["op"] == "average"
     assert {"resnet50_fusion_ratio_to_flat", "resnet50_fusion_ratio_to_floor",
             "big64mb_fusion_ratio_to_floor"} <= set(data["targets"])

@@ -33,13 +33,15 @@ def test_crosshost_benchmark_smoke(tmp_path):
     rows = {(r["setup"], r["rate"], r["workload"], r["impl"]): r for r in data["rows"]}
     want = {(setup, rate, "tiny1000", impl) for setup, rate in (("1 host", None),
                                                                  ("2 hosts", "1gbit"))
-            for impl in ("hvdlite_fusion", "torch_flat", "memcpy_floor")}
+            for impl in ("hvdlite_fusion", "hvdlite_optimizer", "torch_flat", "memcpy_floor")}
     assert set(rows) == want, sorted(rows, key=str)
     for key, r in rows.items():
         assert r["iters"] >= 1 and r["ms_median"] > 0 and r["ratio_to_flat"] > 0, (key, r)
     cross = rows[("2 hosts", "1gbit", "tiny1000", "hvdlite_fusion")]
     assert cross["link_bytes_each_way"] == 1000 * 256 * 4
     assert cross["link_gbit_per_s"] > 0 and cross["link_ratio"] > 0
+    opt = rows[("2 hosts", "1gbit", "tiny1000", "hvdlite_optimizer")]
+    assert opt["link_bytes_each_way"] == 1000 * 256 * 4 and opt["link_ratio"] > 0
     assert rows[("1 host", None, "tiny1000", "hvdlite_fusion")]["link_bytes_each_way"] == 0
     assert data["round_trips"]["1gbit"]["median_ms"] > 0
     assert 0 < data["tcp_both_ways"]["1gbit"]["ratio"] < 1.2
