@@ -64,7 +64,7 @@ ALLREDUCE = os.path.join(REPO, "benchmarks", "allreduce.py")
 #: name resolves to; the testbed's hosts share the machine's name, which their hosts files do
 #: not list, so Gloo would fall back to 127.0.0.1 and the ranks on the two hosts could not
 #: meet: name the interface (hvdlite's own collectives use the one the launcher picked)
-HOSTS = ["-np", "4", "-H", "tbh0:2,tbh1:2", "-x", "GLOO_SOCKET_IFNAME=eth0"]
+HOSTS = ["-np", "4", "-H", "tbh0:2,tbh1:2"]
 #: workloads whose steps are link-bound (the 90 %-of-the-link target applies to them)
 BANDWIDTH_WORKLOADS = ("resnet50", "bert", "big64mb")
 LINK_TARGET = 0.90

@@ -29,6 +29,26 @@ def test_a_job_across_two_hosts_sums_right_and_leaves_nothing(testbed):
 
 
 @pytest.mark.timeout(150)
+def test_a_plain_torch_distributed_program_meets_across_the_hosts(testbed):
+    """The testbed's hosts, like Debian's, resolve their own name to a loopback address, where
+    torch's Gloo would bind and never meet the other host: each rank gets the launcher's
+    routable interface as GLOO_SOCKET_IFNAME, unless its environment names one."""
+    two = ["-np", "2", "-H", "tbh0:1,tbh1:1"]
+    job = Job(testbed, "tbh0", two, "plain_torch_dist.py")
+    assert job.finish(100) == 0, job.text()
+    assert sorted(re.findall(r"PLAIN rank=(\d) sum=3 ifname=eth0", job.text())) == ["0", "1"], \
+        job.text()
+    # a name the user gives wins; without torchrun's variables none is set
+    job = Job(testbed, "tbh0", two + ["-x", "GLOO_SOCKET_IFNAME=lo"], "plain_torch_dist.py",
+              ["--env-only"])
+    assert job.finish(60) == 0, job.text()
+    assert len(re.findall(r"PLAIN rank=\d sum=- ifname=lo$", job.text(), re.M)) == 2, job.text()
+    job = Job(testbed, "tbh0", two + ["--no-torch-env"], "plain_torch_dist.py", ["--env-only"])
+    assert job.finish(60) == 0, job.text()
+    assert len(re.findall(r"PLAIN rank=- sum=- ifname=-$", job.text(), re.M)) == 2, job.text()
+
+
+@pytest.mark.timeout(150)
 def test_ten_percent_loss_still_gives_the_right_values(testbed):
     testbed.lose("tbh1", 0.10)
     try:

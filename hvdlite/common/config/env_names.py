@@ -48,6 +48,9 @@ TORCH_MASTER_PORT = "MASTER_PORT"
 TORCH_RUN_ID = "TORCHELASTIC_RUN_ID"
 #: every rank is a client of the store the launcher serves (as under torchrun's agent)
 TORCH_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+#: the interface torch's own Gloo groups bind to (set on hosts the launcher reached over
+#: SSH, to the interface it found routable between them, unless a rank's environment names one)
+TORCH_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TORCH_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 # The variables horovodrun exports, which user scripts read; the launcher sets

@@ -154,6 +154,20 @@ class TaskService(Service):
         raise ServiceError(f"unknown task operation {op!r}")
 
 
+def default_gloo_socket_ifname(job_env: Dict[str, str], base: Dict[str, str]) -> None:
+    """Name the job's interface in ``GLOO_SOCKET_IFNAME`` for a torch.distributed program.
+
+    torch's Gloo groups bind to the address the host's name resolves to, which on many
+    machines is a loopback one (Debian lists the host name as 127.0.1.1): ranks on two hosts
+    would then never connect.  Where the launcher set torchrun's variables, a rank gets the
+    interface the launcher found routable between the hosts (``HVDLITE_GLOO_IFACE``), unless
+    its environment already names one (``-x``, the launcher's or this host's own)."""
+    iface = job_env.get(cfg.GLOO_IFACE)
+    name = cfg.TORCH_GLOO_SOCKET_IFNAME
+    if iface and cfg.TORCH_MASTER_ADDR in job_env and name not in job_env and name not in base:
+        job_env[name] = iface
+
+
 class _Task:
     def __init__(self, payload: dict):
         self.key = bytes.fromhex(payload["key"])
@@ -187,6 +201,7 @@ class _Task:
         base.update(self.forward_env)
         job_env = dict(env)
         job_env[cfg.SECRET_KEY] = self.key.hex()   # the key came over SSH, not the wire
+        default_gloo_socket_ifname(job_env, base)
         failed = []
         try:
             for slot in slots:
