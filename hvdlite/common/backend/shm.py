@@ -303,9 +303,9 @@ class SharedMemoryGroup:
             if waited < _YIELD_S:
                 os.sched_yield()
             else:
-                # a nap a tenth of the wait so far: a peer still computing (a backward pass
-                # on the same cores) is not robbed by thousands of wake-ups, and one that
-                # arrives is noticed within a tenth of the time already waited
+                # a nap a quarter of the wait so far: a peer still computing (a backward
+                # pass on the same cores) is not robbed by thousands of wake-ups, and one
+                # that arrives is noticed within a quarter of the time already waited
                 time.sleep(min(max(_NAP_S, waited * _NAP_SHARE), _MAX_NAP_S))
             if now - self._last_peer_check > _CHECK_PEERS_S:
                 self._last_peer_check = now
