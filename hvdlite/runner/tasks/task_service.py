@@ -161,7 +161,7 @@ def default_gloo_socket_ifname(job_env: Dict[str, str], base: Dict[str, str]) ->
     machines is a loopback one (Debian lists the host name as 127.0.1.1): ranks on two hosts
     would then never connect.  Where the launcher set torchrun's variables, a rank gets the
     interface the launcher found routable between the hosts (``HVDLITE_GLOO_IFACE``), unless
-    its environment already names one (``-x``, the launcher's or this host's own)."""
+    its environment already names one (``-x``, or this host's own environment)."""
     iface = job_env.get(cfg.GLOO_IFACE)
     name = cfg.TORCH_GLOO_SOCKET_IFNAME
     if iface and cfg.TORCH_MASTER_ADDR in job_env and name not in job_env and name not in base:
