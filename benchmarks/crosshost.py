@@ -60,10 +60,9 @@ if REPO not in sys.path:
 from tests.testbed import Testbed, TestbedUnavailable  # noqa: E402
 
 ALLREDUCE = os.path.join(REPO, "benchmarks", "allreduce.py")
-#: the raw torch.distributed group of allreduce.py binds Gloo to the address the machine's host
-#: name resolves to; the testbed's hosts share the machine's name, which their hosts files do
-#: not list, so Gloo would fall back to 127.0.0.1 and the ranks on the two hosts could not
-#: meet: name the interface (hvdlite's own collectives use the one the launcher picked)
+#: two ranks on each host; allreduce.py's raw torch.distributed group meets across them because
+#: hvdlite-run names the job's interface in GLOO_SOCKET_IFNAME (the testbed's hosts resolve
+#: their name to loopback, where torch's Gloo would otherwise bind)
 HOSTS = ["-np", "4", "-H", "tbh0:2,tbh1:2"]
 #: workloads whose steps are link-bound (the 90 %-of-the-link target applies to them)
 BANDWIDTH_WORKLOADS = ("resnet50", "bert", "big64mb")
