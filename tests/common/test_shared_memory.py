@@ -19,9 +19,9 @@ from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
 CHECKS = ["allreduce", "scaling", "many_fused", "broadcast_allgather_alltoall"]
 SMALL_SLOTS = {"HVDLITE_FUSION_CHUNK_BYTES": "4096", "HVDLITE_INPLACE_THRESHOLD": "0"}
-#: two hosts: slots still smaller than the 40 KB tensors, but the MiB-sized ones cross
-#: between hosts in 256 pieces instead of 1024 (each a Gloo round trip on 2 cores)
-HOST_SLOTS = dict(SMALL_SLOTS, HVDLITE_FUSION_CHUNK_BYTES="16384")
+#: two hosts: tensors over 16 KB (a quarter of a slot) cross in pipelined pieces of 16 KB,
+#: the MiB-sized ones in 256 pieces (each a Gloo round trip on 2 cores)
+HOST_SLOTS = dict(SMALL_SLOTS, HVDLITE_FUSION_CHUNK_BYTES="65536")
 
 
 def _transports(out):

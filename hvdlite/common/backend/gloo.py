@@ -440,8 +440,8 @@ class GlooBackend(Backend):
 
     def allreduce_(self, tensor, op):
         if self._shm is not None:
-            cross = self._cross_allreduce if self._cross_pg is not None else None
-            self._shm.allreduce_(tensor, op, cross)
+            cross, cross_start = self._crosses()
+            self._shm.allreduce_(tensor, op, cross, cross_start=cross_start)
             return
         _widened_allreduce(self, self.pg, "allreduce", tensor, op)
 
@@ -449,19 +449,23 @@ class GlooBackend(Backend):
         if self._shm is None:
             super().allreduce_scaled_(tensor, op, prescale, postscale)
             return
-        cross = self._cross_allreduce if self._cross_pg is not None else None
         if self._shm.arenas is not None and self._zero_copy([tensor], op, prescale, postscale):
             return
-        self._shm.allreduce_(tensor, op, cross, prescale, postscale)
+        cross, cross_start = self._crosses()
+        self._shm.allreduce_(tensor, op, cross, prescale, postscale, cross_start)
+
+    def _crosses(self) -> tuple:
+        """``(cross, cross_start)`` for the shared-memory group's collectives: the slice's
+        reduction among the hosts, and its start (None, None on one host)."""
+        if self._cross_pg is None:
+            return None, None
+        return self._cross_allreduce, self._cross_allreduce_start
 
     def _zero_copy(self, tensors, op, prescale, postscale) -> bool:
         """Reduce ``tensors`` where they lie when they are zero-copy buckets on every local
         rank (``shm.SharedMemoryGroup.zero_copy_``); False: nothing done."""
-        across = self._cross_pg is not None
-        return self._shm.zero_copy_(
-            [t.view(-1) for t in tensors], op, prescale, postscale,
-            self._cross_allreduce if across else None,
-            self._cross_allreduce_start if across else None)
+        return self._shm.zero_copy_([t.view(-1) for t in tensors], op, prescale, postscale,
+                                    *self._crosses())
 
     def allreduce_scaled_async_(self, tensor, op, prescale, postscale):
         if self._shm is None:
@@ -475,7 +479,7 @@ class GlooBackend(Backend):
             return [DONE] * len(tensors)         # all in one pipeline, across hosts too
         if self._shm is None or not self._shm.pipelines(self._cross_pg is not None):
             return super().allreduce_scaled_many_async_(tensors, op, prescale, postscale)
-        self._shm.allreduce_many_(tensors, op, prescale, postscale)
+        self._shm.allreduce_many_(tensors, op, prescale, postscale, *self._crosses())
         return [DONE] * len(tensors)
 
     def shares_buckets(self):

@@ -55,8 +55,12 @@ pipelined on per-piece progress counters instead of two barriers a piece
 (:meth:`SharedMemoryGroup._pipelined_allreduce`); there a rank copies in only its peers'
 slices of each piece and reduces its own slice straight from its tensor.  A piece is
 :data:`PIECE_BYTES` (1 MiB) or a quarter of a slot, whichever is smaller, and pieces
-cycle through four places of each rank's slot; across hosts, or when a host's ranks
-outnumber its cores, pieces stay slot-sized.  Each slice is reduced by one rank
+cycle through four places of each rank's slot.  Across hosts a piece is a quarter of a
+slot, and while one piece's slice is on the wire between the hosts the rank copies in, sums
+and copies out the pieces around it (:meth:`SharedMemoryGroup._pipelined_across`); a
+fusion chunk packed into the slot still goes through it with two barriers, its slice's
+cross-host reduction between them.  When a host's ranks outnumber its cores, pieces stay
+slot-sized, two barriers each.  Each slice is reduced by one rank
 only, so every rank gets the same bits; without a prescale the terms are combined in
 rank order (with one, this rank's own term comes first).  Ordering between
 the counter store and the data relies on the stores of one process becoming visible in
@@ -121,9 +125,10 @@ _CHECK_PEERS_S = 0.1
 #: on one host, big tensors are reduced a piece of this many bytes at a time: the piece's
 #: copy in, reduction and copy out then stay in the CPU's caches (a slot-sized piece made
 #: every one of the three passes go to memory: BERT-base's 418 MiB took 105 ms, in 1 MiB
-#: pieces 72 ms at np=2).  Between hosts the slot size stays, so each Gloo message is big,
-#: and so it does when the host's ranks outnumber its cores: every piece costs two
-#: barriers, and a barrier then waits for the scheduler to run each rank in turn
+#: pieces 72 ms at np=2).  Between hosts pieces are a slot (zero-copy) or a quarter of
+#: one (the copying pipeline), so each Gloo message is big; when the host's ranks outnumber its cores the slot size stays: every
+#: piece costs two barriers, and a barrier then waits for the scheduler to run each rank
+#: in turn
 PIECE_BYTES = 1 << 20
 
 
@@ -352,16 +357,22 @@ class SharedMemoryGroup:
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce_(self, tensor, op: ReduceOp, cross=None, prescale: float = 1.0,
-                   postscale: float = 1.0) -> None:
+                   postscale: float = 1.0, cross_start=None) -> None:
         """Reduce ``tensor`` (contiguous) in place over the local ranks (then, with
         ``cross``, over the hosts: ``cross(slice)`` reduces a slice in place with the
         same local rank of every other host).  ``prescale`` multiplies each rank's input as
         it is copied in and ``postscale`` the result as it is copied out (integers as
-        :meth:`ArrayKind.scale_` does): scaling costs no pass of its own."""
+        :meth:`ArrayKind.scale_` does): scaling costs no pass of its own.  With
+        ``cross_start`` as well (see :meth:`zero_copy_`), a tensor of several pieces runs
+        as :meth:`_pipelined_across`."""
         flat = tensor.view(-1)
         if cross is None and not self._oversubscribed and \
                 flat.numel() > self._ring_piece(flat.element_size()):
             self._pipelined_allreduce([flat], op, prescale, postscale)
+            return
+        if cross_start is not None and not self._oversubscribed and \
+                flat.numel() > self._cross_piece(flat.element_size()):
+            self._pipelined_across([flat], op, prescale, postscale, cross_start)
             return
         per = self.piece_bytes(cross is not None) // flat.element_size()
         n = flat.numel()
@@ -369,20 +380,24 @@ class SharedMemoryGroup:
             self._allreduce_chunk(flat[lo:lo + per], op, cross, prescale, postscale)
 
     def pipelines(self, across_hosts: bool) -> bool:
-        """Whether :meth:`allreduce_many_` runs its tensors as one pipeline (one host, no more
-        ranks than cores)."""
-        return not across_hosts and not self._oversubscribed
+        """Whether :meth:`allreduce_many_` runs its tensors as one pipeline (no more ranks
+        than cores; across hosts, given a ``cross_start``)."""
+        return not self._oversubscribed
 
     def allreduce_many_(self, tensors, op: ReduceOp, prescale: float = 1.0,
-                        postscale: float = 1.0) -> None:
+                        postscale: float = 1.0, cross=None, cross_start=None) -> None:
         """Reduce contiguous tensors of one dtype in place, in order, as one pipeline through
         all their pieces: its fill and drain are paid once, not per tensor (ResNet-50's 18
         tensors of 2 MiB or more took 12.2 ms one by one, 9.8 ms as one pipeline, np=2).
+        Across hosts both ``cross`` and ``cross_start`` (see :meth:`zero_copy_`) are given.
         Only where :meth:`pipelines` says so."""
         flats = [t.view(-1) for t in tensors]
         if len({f.dtype for f in flats}) > 1:
             for f in flats:
-                self.allreduce_(f, op, None, prescale, postscale)
+                self.allreduce_(f, op, cross, prescale, postscale, cross_start)
+            return
+        if cross_start is not None:
+            self._pipelined_across(flats, op, prescale, postscale, cross_start)
             return
         self._pipelined_allreduce(flats, op, prescale, postscale)
 
@@ -471,6 +486,11 @@ class SharedMemoryGroup:
         """This rank's slice of a piece: ``own`` (where it lies in its tensor) combined with
         the peers' ``slices`` (one per local rank, this rank's being where the result goes,
         for the peers to copy out), then the result (scaled) back into ``own``."""
+        self._sum_own_slice(own, slices, op, prescale)
+        arrays.kind().scaled_copy_(own, slices[self.local_rank], postscale)
+
+    def _sum_own_slice(self, own, slices: list, op: ReduceOp, prescale) -> None:
+        """:meth:`_reduce_own_slice` up to the result in ``slices[local_rank]`` (unscaled)."""
         k, me = arrays.kind(), self.local_rank
         acc = slices[me]
         terms = [own if r == me else slices[r] for r in range(len(slices))]
@@ -482,7 +502,88 @@ class SharedMemoryGroup:
             rest = terms[:me] + terms[me + 1:]
         for other in rest:
             _combine(acc, other, op)
-        k.scaled_copy_(own, acc, postscale)
+
+    def _cross_piece(self, itemsize: int) -> int:
+        """Elements of one piece of :meth:`_pipelined_across`: a quarter of the slot (4.5 MiB
+        by default), big enough that a Gloo message's fixed cost is small beside its bytes."""
+        return max(1, self.slot_bytes // _RING // _ALIGN * _ALIGN // itemsize)
+
+    def _pipelined_across(self, flats, op: ReduceOp, prescale, postscale,
+                          cross_start) -> None:
+        """:meth:`_pipelined_allreduce` between hosts: once this rank summed its slice of a
+        piece over the host, ``cross_start`` puts the slice on the wire, and while it is
+        there the rank copies the next piece in and sums it and copies the piece before
+        out; so the link is kept busy while the host's memory work runs.  One piece's
+        cross-host reduction is waited for only after the next one's started, and a piece is
+        marked reduced (for the peers to copy out) once its slice is back.  The same terms
+        in the same order as :meth:`_allreduce_chunk`, so the same bits (pieces of
+        :meth:`_cross_piece`, through the four places of each rank's slot)."""
+        k = arrays.kind()
+        dtype = flats[0].dtype
+        per = self._cross_piece(flats[0].element_size())
+        work = [(f, lo, min(f.numel(), lo + per))
+                for f in flats for lo in range(0, f.numel(), per)]
+        pieces = len(work)
+        if not pieces:
+            return
+        s = self._next_set()
+        base, self._pieces = self._pieces, self._pieces + pieces
+        L, me = self.local_size, self.local_rank
+        mine = self._ring(s, me, dtype, per)
+        rings = [self._ring(s, r, dtype, per) for r in range(L)]
+        copied_in, reduced, copied_out = self._progress
+        wait_for = self._wait_for
+        in_flight = []                       # (piece, own slice, its sum, the wait) in order
+
+        def copy_out(q):                     # the peers' slices of piece q, scaled
+            flat, lo, hi = work[q]
+            pos = q % _RING
+            wait_for(reduced, base + q + 1)
+            for r in range(L):
+                a, b = _slice(hi - lo, r, L)
+                if r != me and b > a:
+                    k.scaled_copy_(flat[lo + a:lo + b], rings[r][pos][a:b], postscale)
+            copied_out[me] = base + q + 1
+
+        def finish_oldest():                 # its slice back from the hosts: mark it reduced
+            q, own, acc, wait = in_flight.pop(0)
+            if wait is not None:
+                wait()
+                k.scaled_copy_(own, acc, postscale)
+            reduced[me] = base + q + 1
+            if q:
+                copy_out(q - 1)
+
+        for step in range(pieces + 1):
+            if step < pieces:                # copy piece `step` in: the peers' slices only
+                flat, lo, hi = work[step]
+                if step >= _RING:            # its place is free once all copied it out
+                    wait_for(copied_out, base + step - _RING + 1)
+                a, b = _slice(hi - lo, me, L)
+                ring = mine[step % _RING]
+                if a > 0:
+                    k.scaled_copy_(ring[:a], flat[lo:lo + a], prescale)
+                if lo + b < hi:
+                    k.scaled_copy_(ring[b:hi - lo], flat[lo + b:hi], prescale)
+                copied_in[me] = base + step + 1
+            done = step - 1
+            if done >= 0:                    # sum my slice of piece `done`, put it on the wire
+                flat, lo, hi = work[done]
+                a, b = _slice(hi - lo, me, L)
+                wait_for(copied_in, base + done + 1)
+                if b > a:
+                    pos = done % _RING
+                    slices = [ring[pos][a:b] for ring in rings]
+                    self._sum_own_slice(flat[lo + a:lo + b], slices, op, prescale)
+                    in_flight.append((done, flat[lo + a:lo + b], slices[me],
+                                      cross_start(slices[me], op)))
+                else:
+                    in_flight.append((done, None, None, None))
+                if len(in_flight) > 1:       # one on the wire while the next is summed
+                    finish_oldest()
+        while in_flight:
+            finish_oldest()
+        copy_out(pieces - 1)
 
     def _wait_for(self, counters, g: int) -> None:
         if min(counters.tolist()) < g:
