@@ -421,6 +421,47 @@ class SharedMemoryGroup:
         which costs a third of the pipeline's bookkeeping (11 against 32 us at np=2)."""
         return max(1, min(PIECE_BYTES, self.slot_bytes // _RING) // _ALIGN * _ALIGN // itemsize)
 
+    def _pipeline(self, flats, per: int) -> tuple:
+        """``(work, base, rings)`` of a pipelined allreduce of ``flats`` in pieces of ``per``
+        elements: the pieces ``(flat, lo, hi)``, the progress count before them (taken), and
+        every rank's ring in the next slot set."""
+        work = [(f, lo, min(f.numel(), lo + per))
+                for f in flats for lo in range(0, f.numel(), per)]
+        if not work:
+            return work, self._pieces, []
+        s = self._next_set()
+        base, self._pieces = self._pieces, self._pieces + len(work)
+        dtype = flats[0].dtype
+        return work, base, [self._ring(s, r, dtype, per) for r in range(self.local_size)]
+
+    def _copy_piece_in(self, work, step: int, base: int, mine, prescale) -> None:
+        """Piece ``step``'s peers' slices (scaled) into this rank's ring, once every rank
+        copied out the piece that used its place; this rank reduces its own where it lies."""
+        copied_in, _, copied_out = self._progress
+        flat, lo, hi = work[step]
+        if step >= _RING:
+            self._wait_for(copied_out, base + step - _RING + 1)
+        me, k = self.local_rank, arrays.kind()
+        a, b = _slice(hi - lo, me, self.local_size)
+        ring = mine[step % _RING]
+        if a > 0:
+            k.scaled_copy_(ring[:a], flat[lo:lo + a], prescale)
+        if lo + b < hi:
+            k.scaled_copy_(ring[b:hi - lo], flat[lo + b:hi], prescale)
+        copied_in[me] = base + step + 1
+
+    def _copy_piece_out(self, work, q: int, base: int, rings, postscale) -> None:
+        """Piece ``q``'s peers' slices (scaled) from their reducers' rings, once reduced."""
+        _, reduced, copied_out = self._progress
+        flat, lo, hi = work[q]
+        pos, me, L, k = q % _RING, self.local_rank, self.local_size, arrays.kind()
+        self._wait_for(reduced, base + q + 1)
+        for r in range(L):
+            a, b = _slice(hi - lo, r, L)
+            if r != me and b > a:
+                k.scaled_copy_(flat[lo + a:lo + b], rings[r][pos][a:b], postscale)
+        copied_out[me] = base + q + 1
+
     def _pipelined_allreduce(self, flats, op: ReduceOp, prescale, postscale) -> None:
         """One host, cores to spare: the tensors (``flats``, one dtype) go through in pieces
         that stay in the caches, and a rank waits only for the pieces it needs, not in
@@ -434,32 +475,15 @@ class SharedMemoryGroup:
         waits for every peer to have started the op, so the slot set of the op before last
         is free (as after a barrier)."""
         k = arrays.kind()
-        dtype = flats[0].dtype
-        per = self._ring_piece(flats[0].element_size())
-        work = [(f, lo, min(f.numel(), lo + per))
-                for f in flats for lo in range(0, f.numel(), per)]
+        work, base, rings = self._pipeline(flats, self._ring_piece(flats[0].element_size()))
         pieces = len(work)
         if not pieces:
             return
-        s = self._next_set()
-        base, self._pieces = self._pieces, self._pieces + pieces
         L, me = self.local_size, self.local_rank
-        mine = self._ring(s, me, dtype, per)
-        rings = [self._ring(s, r, dtype, per) for r in range(L)]
-        copied_in, reduced, copied_out = self._progress
+        copied_in, reduced, _ = self._progress
         for step in range(pieces + 2):
             if step < pieces:                            # copy piece `step` in
-                flat, lo, hi = work[step]
-                if step >= _RING:
-                    self._wait_for(copied_out, base + step - _RING + 1)
-                # the peers' slices only: this rank reduces its own where it lies
-                a, b = _slice(hi - lo, me, L)
-                ring = mine[step % _RING]
-                if a > 0:
-                    k.scaled_copy_(ring[:a], flat[lo:lo + a], prescale)
-                if lo + b < hi:
-                    k.scaled_copy_(ring[b:hi - lo], flat[lo + b:hi], prescale)
-                copied_in[me] = base + step + 1
+                self._copy_piece_in(work, step, base, rings[me], prescale)
             done = step - 1
             if 0 <= done < pieces:                       # reduce my slice of piece `done`
                 flat, lo, hi = work[done]
@@ -471,16 +495,8 @@ class SharedMemoryGroup:
                                            [ring[pos][a:b] for ring in rings], op, prescale,
                                            postscale)
                 reduced[me] = base + done + 1
-            done = step - 2
-            if done >= 0:                                # copy the peers' slices out
-                flat, lo, hi = work[done]
-                pos = done % _RING
-                self._wait_for(reduced, base + done + 1)
-                for r in range(L):
-                    a, b = _slice(hi - lo, r, L)
-                    if r != me and b > a:
-                        k.scaled_copy_(flat[lo + a:lo + b], rings[r][pos][a:b], postscale)
-                copied_out[me] = base + done + 1
+            if step >= 2:                                # copy the peers' slices out
+                self._copy_piece_out(work, step - 2, base, rings, postscale)
 
     def _reduce_own_slice(self, own, slices: list, op: ReduceOp, prescale, postscale) -> None:
         """This rank's slice of a piece: ``own`` (where it lies in its tensor) combined with
@@ -519,31 +535,14 @@ class SharedMemoryGroup:
         in the same order as :meth:`_allreduce_chunk`, so the same bits (pieces of
         :meth:`_cross_piece`, through the four places of each rank's slot)."""
         k = arrays.kind()
-        dtype = flats[0].dtype
-        per = self._cross_piece(flats[0].element_size())
-        work = [(f, lo, min(f.numel(), lo + per))
-                for f in flats for lo in range(0, f.numel(), per)]
+        work, base, rings = self._pipeline(flats, self._cross_piece(flats[0].element_size()))
         pieces = len(work)
         if not pieces:
             return
-        s = self._next_set()
-        base, self._pieces = self._pieces, self._pieces + pieces
         L, me = self.local_size, self.local_rank
-        mine = self._ring(s, me, dtype, per)
-        rings = [self._ring(s, r, dtype, per) for r in range(L)]
-        copied_in, reduced, copied_out = self._progress
+        copied_in, reduced, _ = self._progress
         wait_for = self._wait_for
         in_flight = []                       # (piece, own slice, its sum, the wait) in order
-
-        def copy_out(q):                     # the peers' slices of piece q, scaled
-            flat, lo, hi = work[q]
-            pos = q % _RING
-            wait_for(reduced, base + q + 1)
-            for r in range(L):
-                a, b = _slice(hi - lo, r, L)
-                if r != me and b > a:
-                    k.scaled_copy_(flat[lo + a:lo + b], rings[r][pos][a:b], postscale)
-            copied_out[me] = base + q + 1
 
         def finish_oldest():                 # its slice back from the hosts: mark it reduced
             q, own, acc, wait = in_flight.pop(0)
@@ -552,20 +551,11 @@ class SharedMemoryGroup:
                 k.scaled_copy_(own, acc, postscale)
             reduced[me] = base + q + 1
             if q:
-                copy_out(q - 1)
+                self._copy_piece_out(work, q - 1, base, rings, postscale)
 
         for step in range(pieces + 1):
-            if step < pieces:                # copy piece `step` in: the peers' slices only
-                flat, lo, hi = work[step]
-                if step >= _RING:            # its place is free once all copied it out
-                    wait_for(copied_out, base + step - _RING + 1)
-                a, b = _slice(hi - lo, me, L)
-                ring = mine[step % _RING]
-                if a > 0:
-                    k.scaled_copy_(ring[:a], flat[lo:lo + a], prescale)
-                if lo + b < hi:
-                    k.scaled_copy_(ring[b:hi - lo], flat[lo + b:hi], prescale)
-                copied_in[me] = base + step + 1
+            if step < pieces:                # copy piece `step` in
+                self._copy_piece_in(work, step, base, rings[me], prescale)
             done = step - 1
             if done >= 0:                    # sum my slice of piece `done`, put it on the wire
                 flat, lo, hi = work[done]
@@ -583,7 +573,7 @@ class SharedMemoryGroup:
                     finish_oldest()
         while in_flight:
             finish_oldest()
-        copy_out(pieces - 1)
+        self._copy_piece_out(work, pieces - 1, base, rings, postscale)
 
     def _wait_for(self, counters, g: int) -> None:
         if min(counters.tolist()) < g:
