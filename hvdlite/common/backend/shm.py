@@ -126,9 +126,9 @@ _CHECK_PEERS_S = 0.1
 #: copy in, reduction and copy out then stay in the CPU's caches (a slot-sized piece made
 #: every one of the three passes go to memory: BERT-base's 418 MiB took 105 ms, in 1 MiB
 #: pieces 72 ms at np=2).  Between hosts pieces are a slot (zero-copy) or a quarter of
-#: one (the copying pipeline), so each Gloo message is big; when the host's ranks outnumber its cores the slot size stays: every
-#: piece costs two barriers, and a barrier then waits for the scheduler to run each rank
-#: in turn
+#: one (the copying pipeline), so each Gloo message is big; when the host's ranks outnumber
+#: its cores the slot size stays: every piece costs two barriers, and a barrier then waits
+#: for the scheduler to run each rank in turn
 PIECE_BYTES = 1 << 20
 
 
@@ -474,7 +474,6 @@ class SharedMemoryGroup:
         place only once every rank copied out the piece that used it.  Every piece of an op
         waits for every peer to have started the op, so the slot set of the op before last
         is free (as after a barrier)."""
-        k = arrays.kind()
         work, base, rings = self._pipeline(flats, self._ring_piece(flats[0].element_size()))
         pieces = len(work)
         if not pieces:
@@ -533,7 +532,12 @@ class SharedMemoryGroup:
         cross-host reduction is waited for only after the next one's started, and a piece is
         marked reduced (for the peers to copy out) once its slice is back.  The same terms
         in the same order as :meth:`_allreduce_chunk`, so the same bits (pieces of
-        :meth:`_cross_piece`, through the four places of each rank's slot)."""
+        :meth:`_cross_piece`, through the four places of each rank's slot).
+
+        No wait can close a cycle: piece q is summed and put on the wire at step q + 1,
+        waited for at step q + 2 and copied out at step q + 3, so the copy-in of step t, which
+        needs piece t - 4 copied out by every rank, waits on step t - 1 at the latest; and a
+        piece's cross-host wait needs only the other hosts' same step q + 1."""
         k = arrays.kind()
         work, base, rings = self._pipeline(flats, self._cross_piece(flats[0].element_size()))
         pieces = len(work)
