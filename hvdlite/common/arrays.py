@@ -12,10 +12,12 @@ and cross to numpy for MPI.  Adapters never mix kinds: the kind is chosen once p
 The hot path binds the kind's functions once (the executor keeps them as attributes), so a
 torch job pays no lookup per element; the torch functions are the calls the runtime made
 before the kinds existed.  numpy has no bfloat16: ``ml_dtypes.bfloat16`` (installed with
-TensorFlow) stands in when present; MPI reduces float16/bfloat16 widened to float32.
+TensorFlow) stands in when present, imported on first use (it costs ~0.65 s of CPU, paid by
+every rank of every torch job otherwise); MPI reduces float16/bfloat16 widened to float32.
 """
 
 import abc
+import functools
 import operator
 import threading
 from typing import List, Optional, Sequence
@@ -52,10 +54,21 @@ def numel(shape: Sequence[int]) -> int:
     return n
 
 
-try:                                   # numpy's bfloat16, shipped with TensorFlow and JAX
-    from ml_dtypes import bfloat16 as _NP_BF16
-except ImportError:                    # pragma: no cover - TensorFlow always brings it
-    _NP_BF16 = None
+@functools.lru_cache(maxsize=None)
+def _np_bf16():
+    """numpy's bfloat16 (``ml_dtypes``, shipped with TensorFlow and JAX), or None without it;
+    imported on the first call, not with this module."""
+    try:
+        from ml_dtypes import bfloat16
+    except ImportError:                # pragma: no cover - TensorFlow always brings it
+        return None
+    return bfloat16
+
+
+def _is_np_bf16(dtype) -> bool:
+    """Whether a numpy dtype is ml_dtypes' bfloat16 (without importing ml_dtypes: an array
+    can only have that dtype once ml_dtypes has been imported by someone)."""
+    return dtype.name == "bfloat16"
 
 
 def numpy_dtype(name: str):
@@ -65,10 +78,11 @@ def numpy_dtype(name: str):
         TypeError: ``bfloat16`` without ml_dtypes installed.
     """
     if name == "bfloat16":
-        if _NP_BF16 is None:
+        bf16 = _np_bf16()
+        if bf16 is None:
             raise TypeError("bfloat16 buffers without torch need the ml_dtypes package "
                             "(pip install ml_dtypes; TensorFlow installs it)")
-        return np.dtype(_NP_BF16)
+        return np.dtype(bf16)
     return np.dtype(name)
 
 
@@ -330,13 +344,14 @@ class TorchArrays(ArrayKind):
 
     def to_numpy(self, buf):
         if buf.dtype == self._bf16:
-            if _NP_BF16 is None:
+            bf16 = _np_bf16()
+            if bf16 is None:
                 raise TypeError("a bfloat16 buffer as numpy needs the ml_dtypes package")
-            return buf.view(self.torch.int16).numpy().view(_NP_BF16)
+            return buf.view(self.torch.int16).numpy().view(bf16)
         return buf.numpy()
 
     def from_numpy(self, arr):
-        if _NP_BF16 is not None and arr.dtype == _NP_BF16:
+        if _is_np_bf16(arr.dtype):
             return self.torch.from_numpy(arr.view(np.int16)).view(self.torch.bfloat16)
         return self.torch.from_numpy(arr)
 
@@ -501,7 +516,7 @@ class NumpyArrays(ArrayKind):
         return buf.__array_interface__["data"][0]
 
     def dlpack(self, buf):
-        if _NP_BF16 is not None and buf.dtype == _NP_BF16:
+        if _is_np_bf16(buf.dtype):
             return None                 # DLPack has bfloat16, numpy's exporter does not
         return buf.__dlpack__()
 

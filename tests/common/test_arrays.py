@@ -249,3 +249,18 @@ class _TorchPair(_Pair):
 
 def test_kind_is_chosen_once_and_is_torch_here():
     assert arrays.kind() is arrays.kind() and arrays.have_torch()
+
+
+def test_ml_dtypes_is_imported_only_for_a_bfloat16_numpy_array():
+    """ml_dtypes costs ~0.65 s of CPU to import; a torch job that never turns a bfloat16
+    buffer into numpy must not pay it (every rank did, with this module)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, hvdlite.torch, hvdlite.common.arrays as a; "
+            "assert 'ml_dtypes' not in sys.modules; k = a.kind(); "
+            "x = torch.ones(3, dtype=torch.float32); k.from_numpy(k.to_numpy(x)); "
+            "assert 'ml_dtypes' not in sys.modules; "
+            "b = k.to_numpy(torch.ones(3, dtype=torch.bfloat16)); "
+            "assert b.dtype.name == 'bfloat16' and 'ml_dtypes' in sys.modules; "
+            "assert torch.equal(k.from_numpy(b), torch.ones(3, dtype=torch.bfloat16))")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
