@@ -97,6 +97,11 @@ class Service(abc.ABC):
             raise
         self._sock: Optional[socket.socket] = sock
         self._address = sock.getsockname()[:2]
+        # shutdown() writes here so the accept thread's select returns at once (a job's end
+        # then waits for no select slice)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._accept_loop,
                                         name=f"{name}-service", daemon=True)
         self._thread.start()
@@ -132,6 +137,8 @@ class Service(abc.ABC):
                 ready = self._selector.select(wait)
                 accept = False
                 for key, _ in ready:
+                    if key.fileobj is self._wake_r:
+                        continue
                     if key.fileobj is listener:
                         accept = True
                         continue
@@ -324,11 +331,16 @@ class Service(abc.ABC):
             return
         sock, self._sock = self._sock, None
         self._stopping.set()
-        self._thread.join(timeout=5)
         try:
-            sock.close()
+            self._wake_w.send(b"x")
         except OSError:
             pass
+        self._thread.join(timeout=5)
+        for end in (sock, self._wake_r, self._wake_w):
+            try:
+                end.close()
+            except OSError:
+                pass
         self.rejections.flush()
 
 

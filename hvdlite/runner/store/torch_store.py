@@ -34,7 +34,7 @@ MODULE = "hvdlite.common.backend.torch_store"
 START_S = 60.0
 #: bound on the child ending once its stdin is closed
 STOP_S = 5.0
-#: how often the waiting thread checks whether the job ended
+#: how often the waiting thread checks whether the job ended (stop() also wakes it at once)
 WAIT_SLICE_S = 0.5
 
 
@@ -49,6 +49,9 @@ class TorchStore:
         self._proc: Optional[subprocess.Popen] = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        # stop() writes here so the waiting thread's select returns at once: a launch's
+        # end then costs no wait slice (closing the listening socket does not wake select)
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._serve_when_asked, daemon=True,
                                         name="hvdlite-torch-store")
         self._thread.start()
@@ -56,10 +59,10 @@ class TorchStore:
     def _serve_when_asked(self) -> None:
         while not self._closed.is_set():
             try:
-                ready, _, _ = select.select([self._sock], [], [], WAIT_SLICE_S)
+                ready, _, _ = select.select([self._sock, self._wake_r], [], [], WAIT_SLICE_S)
             except (OSError, ValueError):         # closed by stop()
                 return
-            if ready:
+            if self._sock in ready and not self._closed.is_set():
                 self._start_server()
                 return
 
@@ -98,7 +101,10 @@ class TorchStore:
         with self._lock:
             self._closed.set()
             proc = self._proc
-        self._sock.close()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         if proc is not None:
             try:
                 proc.stdin.close()
@@ -110,3 +116,5 @@ class TorchStore:
                 proc.kill()
                 proc.wait()
         self._thread.join(STOP_S)
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            sock.close()
