@@ -207,6 +207,15 @@ def test_launcher_imports_no_framework():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
 
 
+def test_launcher_imports_paramiko_only_for_a_remote_host():
+    """paramiko costs ~0.1 s of CPU a launch; a job on this host alone never needs it."""
+    import subprocess
+    code = ("import sys, hvdlite.runner.cli.launch, hvdlite.runner.tasks.ssh as ssh; "
+            "assert 'paramiko' not in sys.modules; p = ssh._paramiko(); "
+            "assert p.SSHClient and 'paramiko' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
 # ---------------------------------------------------------------- elastic flags
 
 

@@ -1,4 +1,5 @@
-"""Starting a task process on a host: paramiko for remote hosts, a subprocess locally.
+"""Starting a task process on a host: paramiko for remote hosts (imported only then), a
+subprocess locally.
 
 With ``--launcher-agent CMD`` remote hosts are reached through ``CMD HOST COMMAND``
 instead of SSH (as Open MPI's ``plm_rsh_agent``): e.g. a wrapper around
@@ -28,7 +29,6 @@ import threading
 import time
 from typing import Callable, Optional
 
-import paramiko
 import psutil
 
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteError, HvdliteLaunchError,
@@ -39,9 +39,16 @@ from hvdlite.runner.hosts.slots import host_name_problem
 from hvdlite.runner.processes.workers import kill_tree
 
 log = logging.getLogger(__name__)
-# paramiko logs every failure it raises to us as a traceback from its transport thread;
-# we report each in one line (host, port, what was expected) instead
-logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+def _paramiko():
+    """paramiko, imported when a task is first started over SSH (later calls find it in
+    ``sys.modules``): it costs ~0.1 s of CPU, which a launch on this host alone need not pay."""
+    import paramiko
+    # paramiko logs every failure it raises to us as a traceback from its transport
+    # thread; we report each in one line (host, port, what was expected) instead
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    return paramiko
 
 TASK_MODULE = "hvdlite.runner.tasks.task_service"
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
@@ -66,6 +73,8 @@ class TaskProcess(abc.ABC):
     """A running task; its stdout carries rank lines ``[rank]<stream>:...``."""
 
     hostname: str
+    #: what a read of the task's output raises when the task or its connection is gone
+    stream_errors: tuple = (OSError, ValueError, EOFError)
 
     def pump_output(self, on_rank_line: Callable[[int, str, bytes], None],
                     on_other_line: Callable[[bytes], None]) -> None:
@@ -78,8 +87,10 @@ class TaskProcess(abc.ABC):
             else:
                 on_other_line(line)
 
-        self._pumps = [_pump(self._stdout(), on_stdout, f"task-{self.hostname}-stdout"),
-                       _pump(self._stderr(), on_other_line, f"task-{self.hostname}-stderr")]
+        self._pumps = [_pump(self._stdout(), on_stdout, f"task-{self.hostname}-stdout",
+                             self.stream_errors),
+                       _pump(self._stderr(), on_other_line, f"task-{self.hostname}-stderr",
+                             self.stream_errors)]
 
     def join_output(self, timeout_s: float) -> None:
         for p in getattr(self, "_pumps", []):
@@ -108,7 +119,7 @@ class TaskProcess(abc.ABC):
         """Cut the task off (local: kill its process tree; remote: drop the connection)."""
 
 
-def _pump(stream, on_line, name) -> threading.Thread:
+def _pump(stream, on_line, name, errors) -> threading.Thread:
     def run():
         try:
             while True:
@@ -118,7 +129,7 @@ def _pump(stream, on_line, name) -> threading.Thread:
                 if isinstance(line, str):
                     line = line.encode()
                 on_line(line)
-        except (OSError, ValueError, EOFError, paramiko.SSHException):
+        except errors:
             pass
 
     t = threading.Thread(target=run, name=name, daemon=True)
@@ -171,6 +182,9 @@ class LocalTask(TaskProcess):
 
 class SSHTask(TaskProcess):
     def __init__(self, host: HostSlots, payload: bytes, opts: SSHOptions, timeout_s: float):
+        paramiko = _paramiko()
+        # a channel's reads fail with paramiko's own error besides the usual ones
+        self.stream_errors = TaskProcess.stream_errors + (paramiko.SSHException,)
         self.hostname = host.hostname
         target = f"{host.ssh_target}:{opts.port}"
         resolve(host.hostname)  # a clear "unknown host" before paramiko's own error
@@ -212,7 +226,7 @@ class SSHTask(TaskProcess):
     def close_stdin(self):
         try:
             self._chan.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
+        except (OSError, EOFError, _paramiko().SSHException):
             pass
 
     def poll(self):
@@ -312,12 +326,6 @@ def _open_ssh_socket(hostname: str, port: int, timeout_s: float) -> socket.socke
     return sock
 
 
-class _QuietWarningPolicy(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client, hostname, key):
-        log.info("SSH: host %s is not in known_hosts; accepting its %s key", hostname,
-                 key.get_name())
-
-
 def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
                timeout_s: float) -> TaskProcess:
     """Start the task service process for ``host``.
@@ -336,13 +344,14 @@ def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
     return SSHTask(host, data, opts, timeout_s)
 
 
-def _ssh_client(opts: SSHOptions) -> paramiko.SSHClient:
+def _ssh_client(opts: SSHOptions):
     """A client that knows the hosts of --ssh-known-hosts (else the user's file) and
     applies --ssh-strict-host-key-checking.
 
     Raises:
         HvdliteConfigError: --ssh-known-hosts cannot be read.
     """
+    paramiko = _paramiko()
     client = paramiko.SSHClient()
     client.load_system_host_keys()
     if opts.known_hosts_file:
@@ -359,13 +368,23 @@ def _ssh_client(opts: SSHOptions) -> paramiko.SSHClient:
             except (OSError, paramiko.SSHException):
                 pass
     client.set_missing_host_key_policy(
-        paramiko.RejectPolicy() if opts.strict_host_key_checking else _QuietWarningPolicy())
+        paramiko.RejectPolicy() if opts.strict_host_key_checking else _LogMissingKey())
     return client
+
+
+class _LogMissingKey:
+    """paramiko's missing-host-key policy (its interface is this one method): accept the
+    key and say so in the log, unlike its WarningPolicy's warning on stderr."""
+
+    def missing_host_key(self, client, hostname, key):
+        log.info("SSH: host %s is not in known_hosts; accepting its %s key", hostname,
+                 key.get_name())
 
 
 def _connect_error(exc: BaseException, target: str, user: str, opts: SSHOptions,
                    timeout_s: float) -> HvdliteError:
     """The one-line error for a failed SSH connection: what failed, and what to check."""
+    paramiko = _paramiko()
     if isinstance(exc, paramiko.AuthenticationException):
         hint = (f"the key {opts.identity_file} (-i/--ssh-identity-file)"
                 if opts.identity_file else "your default keys (give one with -i)")
