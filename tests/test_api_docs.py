@@ -30,6 +30,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_api_reference_builds_without_warnings(tmp_path):
     out = tmp_path / "html"

@@ -13,6 +13,7 @@ from tests.testbed import hosts as testbed_hosts
 from .conftest import REPO
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_crosshost_benchmark_smoke(tmp_path):
     try:

@@ -206,6 +206,7 @@ def test_a_frozen_rank_is_named_with_its_host_and_the_job_goes_on_when_it_resume
     check_result(result, 300, [2])
 
 
+@pytest.mark.slow      # the cut alone: test_a_cut_link_ends_the_job_naming_the_unreachable_host
 @pytest.mark.timeout(180)
 def test_elastic_job_survives_a_cut_and_the_host_rejoins_when_healed(testbed, tmp_path):
     """An elastic job on tbh0 and tbh1 (one slot each); tbh1's link is cut mid-training.

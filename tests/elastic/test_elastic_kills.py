@@ -117,6 +117,7 @@ def _victims(job, timeout_s=60.0):
 
 
 @pytest.mark.skipif(len(HOSTS) < 4, reason="needs four local host names")
+@pytest.mark.slow      # kills in make test: test_two_quick_kills_... and test_chaos.py
 @pytest.mark.timeout(KILL_SPAN_S + 200)
 def test_random_kills_finish_from_the_last_commit(job_factory, tmp_path):  # noqa: F811
     """SIGKILLs of random workers at random moments (never the oldest one, which holds the

@@ -158,6 +158,7 @@ def test_elastic_job_over_ssh(job_factory, sshd):
     check_result(job.result, STEPS, [2, 1])
 
 
+@pytest.mark.slow      # the same growth with the test's own script: test_discovery_adds_a_host_...
 def test_elastic_example_survives_a_new_host(job_factory):
     example = os.path.join(ROOT, "examples", "pytorch_synthetic_benchmark_elastic.py")
     job = job_factory("localhost:1\n", ["-np", "1", "--min-np", "1", "--max-np", "2"],

@@ -109,6 +109,7 @@ def test_a_killed_worker_leaves_and_training_completes(cluster):
     _assert_reference(results, 20)
 
 
+@pytest.mark.slow      # a Ray job that changes size in make test: test_a_killed_worker_leaves_...
 @pytest.mark.timeout(240)
 def test_a_node_that_joins_grows_the_world(cluster):
     trained = os.path.join(cluster.temp, "trained")
