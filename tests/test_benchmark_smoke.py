@@ -1,4 +1,5 @@
-"""benchmarks/allreduce.py runs end to end at np=2 and writes every row (so it cannot rot)."""
+"""The benchmarks run end to end at np=2 and write every row (so they cannot rot): allreduce.py,
+transports.py and launch.py."""
 
 import json
 import os
@@ -14,6 +15,7 @@ IMPLS = {"hvdlite_fusion", "hvdlite_optimizer", "hvdlite_nofusion", "hvdlite_nos
 WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_allreduce_benchmark_smoke(tmp_path):
     out_json = tmp_path / "allreduce.json"
@@ -52,6 +54,7 @@ def test_allreduce_benchmark_smoke(tmp_path):
             "big64mb_fusion_ratio_to_floor"} <= set(data["targets"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_transports_benchmark_smoke(tmp_path):
     out_json = tmp_path / "transports.json"
@@ -67,3 +70,21 @@ def test_transports_benchmark_smoke(tmp_path):
     for t in table:
         assert t["ms"] > 0 and t["x_flat"] > 0 and t["speedup_vs_per_tensor"] > 0, t
         assert t["floor_ms"] > 0 and t["x_floor"] > 0, t
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_launch_benchmark_smoke(tmp_path):
+    out_json = tmp_path / "launch.json"
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "launch.py"), "--repeats",
+                           "1", "--json", str(out_json)], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = {(r["work"], r["launcher"]): r for r in json.loads(out_json.read_text())["rows"]}
+    assert set(rows) == {("noop", "torchrun"), ("noop", "hvdlite-run"), ("noop", "python x np"),
+                         ("init", "torchrun"), ("init", "hvdlite-run")}
+    for key, r in rows.items():
+        assert r["s_median"] > 0 and r["x_torchrun"] > 0, (key, r)
+    assert rows[("init", "torchrun")]["x_torchrun"] == 1.0
