@@ -93,8 +93,9 @@ def test_worker_killed_mid_allreduce_job_finishes_from_last_commit(job_factory):
 
 def test_discovery_adds_a_host_and_the_world_grows(job_factory):
     # the new worker starts (and warms up) while the two train on: 10 s of steps is time
-    # enough for it to join on a loaded machine
-    job = job_factory("localhost:2\n", ["-np", "2", "--min-np", "2", "--max-np", "3"],
+    # enough for it to join on a loaded machine (added at once: no settle time)
+    job = job_factory("localhost:2\n", ["-np", "2", "--min-np", "2", "--max-np", "3",
+                                         "--discovery-settle-seconds", "0"],
                       env={"ELASTIC_STEP_SLEEP": "0.1"}, steps=100)
     job.wait_for("TRAIN", count=2)
     job.hosts_file.write_text("localhost:2\n127.0.0.1:1\n")

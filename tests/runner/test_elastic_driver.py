@@ -158,6 +158,12 @@ class FakeRounds:
     def all_asking(self, round_):
         return self.asking_round == round_
 
+    def asking(self, round_):
+        return set(self.ids[round_]) if self.asking_round == round_ else set()
+
+    def arrived(self, round_):
+        return set() if self.unformed else set(range(len(self.rounds[round_])))
+
     def set_waker(self, waker):
         self.waker = waker
 

@@ -237,7 +237,7 @@ def test_fuzz_task_service():
                        bind_addr="127.0.0.1")
     try:
         errors = _hammer("task service", task.address, key, {"op": "terminate"},
-                         ["run", "probe", "ping"],
+                         ["run", "probe", "ping", "py_spy"],
                          ["slots", "command", "env", "targets", "expect_host_index",
                           "timeout_s"], 3)
         assert errors > N_AUTH * 0.6

@@ -13,7 +13,10 @@ emulation; these are what there is):
 * :meth:`Testbed.shape` -- a rate limit (``tc tbf``) in both directions of a host's link;
 * :meth:`Testbed.lose` -- random loss of a share of the packets arriving at a host
   (``iptables`` statistic match), and :meth:`Testbed.stop_losing`;
-* :meth:`Testbed.cut` / :meth:`Testbed.heal` -- the host's switch port down / up.
+* :meth:`Testbed.cut` / :meth:`Testbed.heal` -- the host's switch port down / up;
+* :meth:`Testbed.drop_between` / :meth:`Testbed.undrop` -- a partial partition: the
+  packets from one host to another dropped (one way, or both), while both still reach
+  every other host (``iptables`` in the receiving host's namespace).
 
 Cleaning up: :meth:`Testbed.close` kills every process left in the namespaces (sshd, its
 sessions, ranks), deletes the namespaces (their links go with them) and their hosts files.
@@ -257,6 +260,20 @@ class Testbed:
 
     def heal(self, host: str) -> None:
         _run(["ip", "-n", self.switch, "link", "set", self.host(host).port_name, "up"])
+
+    def drop_between(self, a: str, b: str, both_ways: bool = True) -> None:
+        """Drop what ``a`` sends to ``b`` (and, ``both_ways``, what ``b`` sends to ``a``);
+        both still reach the other hosts."""
+        pairs = [(a, b), (b, a)] if both_ways else [(a, b)]
+        for src, dst in pairs:
+            _run(["ip", "netns", "exec", self.host(dst).namespace, "iptables", "-I", "INPUT",
+                  "-s", self.host(src).address, "-j", "DROP"])
+
+    def undrop(self, a: str, b: str) -> None:
+        """Undo :meth:`drop_between` of ``a`` and ``b`` (either way)."""
+        for src, dst in ((a, b), (b, a)):
+            _run(["ip", "netns", "exec", self.host(dst).namespace, "iptables", "-D", "INPUT",
+                  "-s", self.host(src).address, "-j", "DROP"], check=False)
 
     def describe(self) -> Dict:
         """What a benchmark or a person needs to use the testbed."""

@@ -226,6 +226,19 @@ TUNABLES: Tuple[Tunable, ...] = (
         readme_flags="`--elastic-timeout` (elastic jobs)",
         note="the launcher reads it too and sets it for the workers"),
     Tunable(
+        "discovery_settle_s", float, 5.0, "HVDLITE_DISCOVERY_SETTLE_SECONDS",
+        "elastic jobs with --host-discovery-script: a host that appears (new, back after it "
+        "was dropped, or with more slots) is used only once discovery has listed it this "
+        "long without a break, so a flapping host does not reset the job each time it "
+        "comes back; a dropped host leaves at once, and the first answer is used as is "
+        "(0: use every answer at once)", unit="s",
+        range=Range(0.0, 1e7, "0..10000000 seconds (0: no damping)"),
+        flags=(Option(("--discovery-settle-seconds",), "SECONDS"),),
+        group="elastic arguments", launcher_reads_env=True,
+        readme_flags="`--discovery-settle-seconds` (elastic jobs)",
+        note="the launcher's: a host that appears or comes back in discovery is used once "
+             "listed this long; 0 = at once"),
+    Tunable(
         "timeline_filename", str, "", "HVDLITE_TIMELINE",
         "write the timeline of every tensor's phases to FILE (on rank 0)",
         horovod=("HOROVOD_TIMELINE",), group="timeline parameters",

@@ -53,6 +53,11 @@ def install(addr: Optional[str], port: Optional[int], key: Optional[bytes], host
         sys.excepthook = _hook
 
 
+def slot() -> Optional[Tuple[str, int]]:
+    """The (host, local slot) this process joins rounds with (None: no launcher's store)."""
+    return None if _TARGET.addr is None else _TARGET.slot
+
+
 def name_rank(rank: int) -> None:
     """The rank the backend gave this process, sent with its report from now on."""
     _TARGET.rank = int(rank)

@@ -22,6 +22,11 @@ those ranks are doing instead.  How a request travels, and why:
   asks every other rank through the control vector.  Signals to the ranks were not
   used: the launcher does not own the processes under SSH tasks or mpiexec, and a
   Python signal handler runs only when the main thread returns to the interpreter.
+* **Liveness.**  Each poll also tells the launcher who polls (slot, pid, round) and how
+  far the background thread got (its cycle count), and a poller that stops says so in
+  one last poll.  So the launcher sees, without the rank's cooperation, a process that
+  runs but whose threads all stopped (a C call holding the interpreter lock): its polls
+  stop while its process stays (``hvdlite.runner.store.liveness``).
 * **When the background thread does not answer.**  A rank whose background thread is
   blocked (in a collective of a process set, in a lock, behind a stuck transport) never
   sees the control vector's request, and that rank is exactly the one a stall report
@@ -47,7 +52,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from hvdlite.common.diagnostics import flight_recorder
+from hvdlite.common.diagnostics import exit_report, flight_recorder
 from hvdlite.common.net.service import Client, ServiceError
 
 log = logging.getLogger(__name__)
@@ -59,8 +64,10 @@ MAX_THREADS = 64
 MAX_FRAMES = 40
 #: how long sending one report may take (it runs on its own daemon thread)
 SEND_TIMEOUT_S = 5.0
-#: how often rank 0 asks the launcher whether a user wants stacks
+#: how often each rank asks the launcher whether a user wants stacks (its liveness beat)
 POLL_PERIOD_S = 1.0
+#: bound on the last poll of a poller that stops
+LEAVING_TIMEOUT_S = 1.0
 
 #: the hvdlite package (this file is hvdlite/common/diagnostics/stack_capture.py)
 _HVDLITE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -158,11 +165,15 @@ class Poller:
 
     def __init__(self, target: Target, rank: int,
                  on_request: Optional[Callable[[int], None]] = None,
-                 period_s: float = POLL_PERIOD_S):
+                 period_s: float = POLL_PERIOD_S,
+                 status: Optional[Callable[[], dict]] = None):
+        """``status()``: this rank's progress for the launcher's liveness view (its
+        ``round`` and ``progress``, the background thread's cycle count)."""
         self._target = target
         self._rank = rank
         self._on_request = on_request
         self._period_s = period_s
+        self._status = status
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hvdlite-stack-poller",
                                         daemon=True)
@@ -178,10 +189,11 @@ class Poller:
         seen: Dict[int, float] = {}
         answered: Dict[Tuple[str, int], float] = {}
         try:
-            while not self._stop.wait(self._period_s):
+            first = True         # the first poll at once: the launcher knows the rank
+            while first or not self._stop.wait(self._period_s):
+                first = False
                 try:
-                    reply, _ = client.request({"op": "stacks_wanted", "rank": self._rank},
-                                              timeout_s=SEND_TIMEOUT_S)
+                    reply, _ = client.request(self._poll(), timeout_s=SEND_TIMEOUT_S)
                 except ServiceError as err:     # a store without the op: nobody will ask
                     log.debug("stack polling off: %s", err)
                     return
@@ -189,8 +201,29 @@ class Poller:
                     log.debug("stack poll failed: %s", err)
                     continue
                 self._handle(reply, seen, answered)
+            self._say_leaving(client)
         finally:
             client.close()
+
+    def _poll(self, leaving: bool = False) -> dict:
+        """A poll: the request, and this rank's liveness (see the module docstring)."""
+        header = {"op": "stacks_wanted", "rank": self._rank, "pid": os.getpid()}
+        where = exit_report.slot()
+        if where is not None:
+            header["slot"] = [where[0], where[1]]
+        if self._status is not None:
+            header.update(self._status())
+        if leaving:
+            header["leaving"] = True
+        return header
+
+    def _say_leaving(self, client: Client) -> None:
+        """This runtime stops polling (shutdown, a failed loop, a reset): the launcher must
+        not take the silence that follows for a stuck rank."""
+        try:
+            client.request(self._poll(leaving=True), timeout_s=LEAVING_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 -- the launcher may be ending
+            log.debug("leaving poll failed: %s", err)
 
     def _handle(self, reply: dict, seen: Dict[int, float],
                 answered: Dict[Tuple[str, int], float]) -> None:

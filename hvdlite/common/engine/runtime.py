@@ -154,7 +154,8 @@ class Runtime:
         if self._stack_target is not None and ranks is None:     # the job's runtime only
             self._poller = stack_report.Poller(
                 self._stack_target, self.rank,
-                self._ask_all_for_stacks if self.rank == 0 else None)
+                self._ask_all_for_stacks if self.rank == 0 else None,
+                status=self._liveness)
         self._stragglers = stragglers.StragglerTracker(
             self.ranks, config.straggler_window_s, stragglers.announcer(config),
             "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
@@ -163,6 +164,11 @@ class Runtime:
             if config.metrics_port and ranks is None and config.rendezvous_addr else None
         if self.metrics is not None:
             self.metrics.stragglers = self._stragglers
+
+    def _liveness(self) -> dict:
+        """What this rank's poller tells the launcher each second: its round and how many
+        cycles the background thread has run (the launcher's progress counter)."""
+        return {"round": int(getattr(self.backend, "round", -1)), "progress": self._cycle}
 
     # -- user-thread side -----------------------------------------------------------------
     def start(self) -> None:

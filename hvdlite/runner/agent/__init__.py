@@ -9,6 +9,7 @@
   hosts / a discovery script with local processes, SSH tasks or mpiexec).
 * :mod:`.settings` (sizes and failure policy), :mod:`.rounds` (the rendezvous store),
   :mod:`.hostset` (the blacklist), :mod:`.poller` (asks the source on a thread),
+  :mod:`.settling` (a host that appears in discovery is used once it stays listed),
   :mod:`.blame` (whom a failure summary names).
 
 Host sources live in ``hvdlite.runner.hosts``, starters in ``hvdlite.runner.starters``.

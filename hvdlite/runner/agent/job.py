@@ -23,8 +23,10 @@ from hvdlite.common import config as cfg
 from hvdlite.common.diagnostics import flight_recorder
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.rounds import Rounds
+from hvdlite.runner.agent.settling import settled
 from hvdlite.runner.agent.spec import JobResult, JobSpec, forwarded
 from hvdlite.runner.agent.state_machine import Agent
+from hvdlite.runner.agent.wedged import WedgeWatch
 from hvdlite.runner.hosts import HostSlots, SlotId, is_local, resolve
 from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.hosts.script import ScriptHosts
@@ -40,8 +42,10 @@ from hvdlite.runner.starters.mpiexec import MpiexecStarter
 from hvdlite.runner.starters.ssh_tasks import TaskStarter
 from hvdlite.runner.store import metrics_server
 from hvdlite.runner.store.exit_reports import report_from_failure
+from hvdlite.runner.store.liveness import Liveness
 from hvdlite.runner.store.metrics_inbox import MetricsInbox
-from hvdlite.runner.store.stack_collection import StackReports, on_sigusr1
+from hvdlite.runner.store.stack_collection import (OUTSIDE_TIMEOUT_S, Outside, StackReports,
+                                                   on_sigusr1, outside_stack_lines)
 from hvdlite.runner.store.torch_store import TorchStore
 from hvdlite.runner.tasks.nics import loopback_interface
 from hvdlite.runner.tasks.ssh import SSHOptions
@@ -66,6 +70,8 @@ class JobContext:
         default_factory=lambda: MetricsInbox(lambda rank: None))
     #: torch's store for the ranks' init_process_group() (None: no torchrun variables)
     torch_store: Optional[TorchStore] = None
+    #: each rank's beats and rank 0's stall verdicts, as the store sees them
+    liveness: Liveness = dataclasses.field(default_factory=Liveness)
 
     def inbox(self) -> Optional[MetricsInbox]:
         """Where the ranks' metrics snapshots arrive: the rendezvous store's inbox, or (no
@@ -165,12 +171,16 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter,
         (lambda: starter.rendezvous_addr)
     job.rounds = Rounds(job.key, address, repeat_last=spec.settings.static,
                         needed=starter.needs_rendezvous, job_id=job.job_id,
-                        extra_ops=job.stacks.ops(),
+                        extra_ops=job.liveness.wrap(job.stacks.ops()),
                         extra_reports=lambda: {**_output_reports(job, sink),
                                                **_starter_reports(starter)},
                         port=spec.store_port)
-    job.agent = Agent(spec.settings, source, starter, job.rounds,
-                      op_timeout_s=spec.tunables.op_timeout_s)
+    wedges = WedgeWatch(job.liveness, outside=starter.outside_stacks,
+                        stack_lines=outside_stack_lines, op_timeout_s=spec.tunables.op_timeout_s,
+                        write=_to_stderr) if starter.needs_rendezvous else None
+    job.agent = Agent(spec.settings, _damped(spec, source), starter, job.rounds,
+                      op_timeout_s=spec.tunables.op_timeout_s, wedges=wedges)
+    _take_outside_stacks(job, starter)
     metrics = None
     try:
         metrics = _serve_metrics(job)
@@ -188,6 +198,44 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter,
     result = _result(job, starter, code)
     _say_why(job, result)
     return result
+
+
+def _take_outside_stacks(job: JobContext, starter: Starter) -> None:
+    """Let the stack reports take stacks from outside the ranks' processes (py-spy, through
+    ``starter``), for ranks that cannot answer; a stack's rank is its slot's place in the
+    newest round (a worker outside it has none)."""
+    def taken(ids: List[SlotId], members: List[SlotId]) -> List[Outside]:
+        got = starter.outside_stacks(ids, OUTSIDE_TIMEOUT_S) if ids else {}
+        return [(sid, members.index(sid) if sid in members else None, stack)
+                for sid, stack in got.items()]
+
+    def members() -> List[SlotId]:
+        return list(job.agent.round_ids) if job.agent is not None else []
+
+    def every() -> List[Outside]:
+        ids = members()
+        return taken(ids, ids)
+
+    def for_ranks(ranks: List[int]) -> List[Outside]:
+        ids = members()
+        return taken([ids[r] for r in ranks if 0 <= r < len(ids)], ids)
+
+    job.stacks.use_outside(every, for_ranks)
+
+
+def _to_stderr(text: str) -> None:
+    sys.stderr.write(text.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def _damped(spec: JobSpec, source: HostSource) -> HostSource:
+    """The agent's view of a ``--host-discovery-script``: a host that appears or comes
+    back is used once listed for ``--discovery-settle-seconds`` (``settling``).  Made
+    here, after the starter's own look at the hosts, so that the agent's first answer is
+    the one taken as is; a platform's source is used as it answers."""
+    if spec.host_source is not None or not spec.discovery_script:
+        return source
+    return settled(source, spec.tunables.discovery_settle_s)
 
 
 def _starter_reports(starter: Starter) -> Dict[SlotId, dict]:
@@ -277,7 +325,8 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
                                        config.forward_env(), ssh, config.start_timeout_s, sink,
                                        network_interfaces=config.network_interfaces,
                                        on_exit=job.wake, verbose=config.verbose,
-                                       open_task=task_opener() if via_srun else None),
+                                       open_task=task_opener() if via_srun else None,
+                                       ranks_heard=job.liveness.heard_from_host),
         tasks_from_start=bool(remote))
 
 

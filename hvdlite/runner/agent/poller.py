@@ -8,6 +8,8 @@ logged with the script's output and changes nothing.  A script that keeps failin
 is logged in full once, then once per ``FAILURE_LOG_INTERVAL_S`` with the number of
 failures since (and in full again when its error changes), and its recovery is
 logged: a broken script does not flood the job's output with a line per poll.
+A discovery script's answers reach it damped (:mod:`.settling`): a host that appears or
+comes back is in them only once it has stayed listed for ``--discovery-settle-seconds``.
 """
 
 import logging

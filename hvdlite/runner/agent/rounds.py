@@ -69,6 +69,14 @@ class Rounds:
         """Does every member of ``round_`` wait for a round after it (none left)?"""
         return self.service is not None and self.service.all_asking(round_)
 
+    def asking(self, round_: int) -> Set[SlotId]:
+        """The members of ``round_`` that wait for a round after it."""
+        return set() if self.service is None else self.service.asking(round_)
+
+    def arrived(self, round_: int) -> Set[int]:
+        """The ranks of ``round_`` that reached ``init()`` (every one without a store)."""
+        return set() if self.service is None else self.service.arrived(round_)
+
     def set_waker(self, waker: Callable[[], None]) -> None:
         """Call ``waker()`` when every member of the newest round asks for a new one."""
         self._waker = waker

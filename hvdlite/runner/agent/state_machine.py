@@ -75,10 +75,11 @@ import time
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from hvdlite.common.exceptions import HvdliteLaunchError
-from hvdlite.runner.agent import blame
+from hvdlite.runner.agent import blame, partition
 from hvdlite.runner.agent.hostset import HostSet
 from hvdlite.runner.agent.poller import DiscoveryPoller
 from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.wedged import WedgeWatch
 from hvdlite.runner.hosts import HostSlots, SlotInfo, place_slots
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.processes.workers import describe_exit, exit_status
@@ -159,6 +160,12 @@ class Publisher(Protocol):
     def set_waker(self, waker) -> None:
         """Call ``waker()`` when :meth:`all_asking` becomes true."""
 
+    def asking(self, round_: int) -> Set[SlotId]:
+        """The members of ``round_`` that wait for a round after it."""
+
+    def arrived(self, round_: int) -> Set[int]:
+        """The ranks of ``round_`` that reached ``init()`` in it."""
+
 
 @dataclasses.dataclass
 class _Worker:
@@ -194,8 +201,11 @@ class Agent:
     def __init__(self, settings: JobSettings, discovery: HostSource,
                  workers: Starter, rendezvous: Publisher,
                  discovery_interval_s: Optional[float] = None,
-                 op_timeout_s: Optional[float] = None):
+                 op_timeout_s: Optional[float] = None,
+                 wedges: Optional[WedgeWatch] = None):
         self.settings = settings
+        #: members alive but not progressing (None: no liveness, e.g. no store)
+        self._wedges = wedges
         self._workers = workers
         self._rendezvous = rendezvous
         self._wake = threading.Event()
@@ -229,8 +239,8 @@ class Agent:
         #: members seen stopped, since when; and when the starter was last asked
         self._frozen_since: Dict[SlotId, float] = {}
         self._frozen_checked = 0.0
-        #: members ended for being stopped: their exit is a failure whatever its code (a
-        #: worker that gets SIGTERM may leave with 0)
+        #: members ended for being stopped or stuck (not progressing): their exit is a
+        #: failure whatever its code (a worker that gets SIGTERM may leave with 0)
         self._ended_frozen: Set[SlotId] = set()
         #: static jobs: stopped members already reported (until they run again)
         self._frozen_said: Set[SlotId] = set()
@@ -240,6 +250,8 @@ class Agent:
         #: workers started ahead of the round that will take them (a growing elastic job):
         #: slot -> when started; the round is published once they wait to join
         self._standby: Dict[SlotId, float] = {}
+        #: the round whose hosts were last probed for cut links (once per round)
+        self._probed_round = -1
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -296,8 +308,11 @@ class Agent:
             return
         for sid, code in failures:
             self._blacklist_for(sid, code)
-        if self.state is JobState.RUNNING:
+        if self.state is JobState.RUNNING and self._leave_out_partitioned():
+            pass                        # the next round is open, without the cut-off hosts
+        elif self.state is JobState.RUNNING:
             self._end_frozen()
+            self._end_wedged()
             self._check_standby()
             self._step_running(failures)
         elif self.state is JobState.WAITING_FOR_SLOTS:
@@ -435,6 +450,55 @@ class Agent:
             del self._frozen_since[sid]
             self._ended_frozen.add(sid)
 
+    def _round_hosts(self) -> List[str]:
+        return list(dict.fromkeys(sid[0] for sid in self.round_ids))
+
+    def _leave_out_partitioned(self) -> bool:
+        """Elastic jobs: once members of a multi-host round ask for a new one, probe the
+        round's hosts for cut links (once per round); when some cannot reach each other,
+        keep the largest set that can (``partition``), blacklist the rest and open the next
+        round without them.  True when it did."""
+        hosts = self._round_hosts()
+        if self.settings.static or self._probed_round == self.round or len(hosts) < 2 \
+                or not self._rendezvous.asking(self.round):
+            return False
+        self._probed_round = self.round
+        cut = self._workers.cut_links(hosts)
+        if not cut:
+            return False
+        slots: Dict[str, int] = {}
+        for sid in self.round_ids:
+            slots[sid[0]] = slots.get(sid[0], 0) + 1
+        _, out = partition.keep_reachable(hosts, slots, cut)
+        why = partition.describe(cut, out)
+        log.warning("round %d: the round's hosts probed each other: %s", self.round, why)
+        self._blacklist_hosts({h: "cannot reach " + ", ".join(
+            sorted({b if a == h else a for a, b in cut if h in (a, b)})) for h in out},
+            "is cut off from the others")
+        self._need_round(why)
+        return True
+
+    def _end_wedged(self) -> None:
+        """Members alive but not progressing (``wedged.WedgeWatch``): name them with their
+        stacks; an elastic job ends those the others gave up on (their exits then count as
+        failures, so the next round goes on without them)."""
+        if self._wedges is None:
+            return
+        members = [sid for sid in self.round_ids
+                   if sid in self._live and not self._live[sid].stopping
+                   and sid not in self._ended_frozen]
+        self._wedges.report_silent(members, self._rank_in_round)
+        if self.settings.static:
+            return
+        ending = self._wedges.to_end(members, self._rendezvous.asking(self.round),
+                                     self._rank_in_round)
+        for sid, why in ending:
+            log.warning("round %d: %s: ending worker %s so that the others go on without it",
+                        self.round, why, _name(sid))
+            self._ended_frozen.add(sid)
+        if ending:
+            self._workers.stop([sid for sid, _ in ending])
+
     def _note_peer_failure(self, sid: SlotId, worker: _Worker) -> None:
         """Remember a failed worker whose own exit report (sent by this process, not an
         earlier one of the slot) says it only saw a peer fail: e.g. a new worker that timed
@@ -531,9 +595,20 @@ class Agent:
             line = blame.FailureSummary(
                 ranks={i: (self._rank_in_round(i), i[0]) for i in self.round_ids},
                 exits=list(self._exit_order), reports=self._rendezvous.exit_reports,
-                stopped=self._workers.suspended, op_timeout_s=self._op_timeout_s).line(failure)
+                stopped=self._workers.suspended, op_timeout_s=self._op_timeout_s,
+                culprits=self._culprits,
+                cut_links=lambda: self._workers.cut_links(self._round_hosts())
+                if len(self._round_hosts()) > 1 else []).line(failure)
         self.summary = line
         self._fail(line.strip(), exit_status(code))
+
+    def _culprits(self) -> List[Tuple[SlotId, str]]:
+        """The members the others waited for, with why (for the failure summary)."""
+        if self._wedges is None:
+            return []
+        arrived = None if self._rendezvous.formed(self.round) \
+            else self._rendezvous.arrived(self.round)
+        return self._wedges.culprits(self.round_ids, self._rank_in_round, arrived)
 
     def _step_running(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
@@ -714,6 +789,9 @@ class Agent:
             self._standby[sid] = now
         self._rendezvous.standby(list(self._standby))
         self._rendezvous.new_process(fresh)
+        if self._wedges is not None:
+            for sid in fresh:
+                self._wedges.forget(sid)
         starting = [dataclasses.replace(slots[sid], local_rank=sid[1]) for sid in fresh]
         not_started = self._workers.start(starting) if starting else {}
         for sid, launched in zip(fresh, starting):
@@ -754,6 +832,10 @@ class Agent:
         new = [(sid, s) for sid, s in zip(plan, slots) if sid not in self._live]
         joining = [sid for sid in plan if sid in self._standby]
         self.round = self._rendezvous.publish(slots, plan)
+        if self._wedges is not None:
+            self._wedges.new_round(self.round)
+            for sid, _ in new:
+                self._wedges.forget(sid)
         for sid in joining:
             del self._standby[sid]
             self._live[sid].started_round = self.round

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
 from hvdlite.runner.hosts import SlotId
+from hvdlite.runner.processes.py_spy import OutsideStack
 from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,14 @@ class AutoStarter(Starter):
 
     def suspended(self) -> List[SlotId]:
         return [] if self._impl is None else self._impl.suspended()
+
+    def outside_stacks(self, ids: Sequence[SlotId],
+                       timeout_s: float) -> Dict[SlotId, OutsideStack]:
+        impl = self._impl
+        return {} if impl is None else impl.outside_stacks(ids, timeout_s)
+
+    def cut_links(self, hosts: Sequence[str]) -> List[Tuple[str, str]]:
+        return [] if self._impl is None else self._impl.cut_links(hosts)
 
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
         return None if self._impl is None else self._impl.describe_failure(sid, code)

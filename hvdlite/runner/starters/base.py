@@ -18,15 +18,17 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.runner.hosts import HostSlots, SlotId, SlotInfo
+from hvdlite.runner.processes.py_spy import OutsideStack
 
 log = logging.getLogger(__name__)
 
 class Starter(abc.ABC):
     """Starts, stops and watches the workers of a job.
 
-    Every method is called from the agent's thread; ``on_exit`` (given to the
-    constructor of an implementation) may be called from any thread whenever a
-    worker exits, so that the agent wakes at once.
+    Every method is called from the agent's thread, but :meth:`outside_stacks`, which any
+    thread may call while the others run; ``on_exit`` (given to the constructor of an
+    implementation) may be called from any thread whenever a worker exits, so that the
+    agent wakes at once.
     """
 
     #: whether the job's workers meet through the launcher's rendezvous store (Gloo);
@@ -87,6 +89,24 @@ class Starter(abc.ABC):
         by slot, in the order they failed.  Default: nothing (a process's exit report
         reaches the store instead)."""
         return {}
+
+    def outside_stacks(self, ids: Sequence[SlotId],
+                       timeout_s: float) -> Dict[SlotId, OutsideStack]:
+        """Stacks taken from outside the rank's process, by py-spy on the host that runs it
+        (``hvdlite.runner.processes.py_spy``): they need nothing of the rank, so they show a
+        program that runs no hvdlite runtime and a rank whose interpreter lock a C call
+        holds.  Returns within about ``timeout_s``, by slot, an entry for each of ``ids``
+        that has a live worker here (its ``note`` says why it has no threads); called from
+        any thread (a stack report's, a watchdog's), never raises.  Default: ``{}`` (this
+        starter cannot reach its workers' processes)."""
+        return {}
+
+    def cut_links(self, hosts: Sequence[str]) -> List[Tuple[str, str]]:
+        """Pairs of ``hosts`` that cannot reach each other, probed now between the hosts
+        (a partial partition: both may still reach the launcher); each pair in the order
+        of ``hosts``.  Bounded by a few seconds.  Default: none known (workers that are
+        children of the launcher share its host)."""
+        return []
 
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
         """A whole summary line for a failure, for starters that cannot tell ranks apart

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.processes import py_spy
 from hvdlite.runner.processes.workers import OutputTarget, WorkerGroup, terminate_groups
 from hvdlite.runner.hosts import SlotId, slot_id
 from hvdlite.runner.starters.base import Starter
@@ -84,3 +85,12 @@ class LocalStarter(Starter):
         with self._lock:
             live = list(self._live.items())
         return [sid for sid, group in live if group.stopped_slots()]
+
+    def outside_stacks(self, ids: Sequence[SlotId],
+                       timeout_s: float) -> Dict[SlotId, py_spy.OutsideStack]:
+        """py-spy of each live worker's process tree (the workers are our children)."""
+        with self._lock:
+            live = {sid: self._live[sid] for sid in ids if sid in self._live}
+        pids = {sid: group.procs[0].pid for sid, group in live.items()
+                if group.procs and group.procs[0].returncode is None}
+        return py_spy.dumps(pids, timeout_s)

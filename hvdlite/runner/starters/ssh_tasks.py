@@ -11,7 +11,10 @@ slot).
 Every registered task is pinged once a second (``runner/tasks/heartbeats.py``): a host
 silent for ``UNREACHABLE_S`` has its workers reported lost (exit :data:`TASK_LOST_CODE`,
 255), is never waited for at the end, and the failure summary names it rather than the
-ranks that merely noticed it was gone.  Its task is cut off and forgotten: a host that
+ranks that merely noticed it was gone.  Unless its ranks still report to the launcher's
+store themselves (``ranks_heard``): then only the task service is paused or slow, the
+launcher says so and goes on, and the workers count as lost only once they fall silent
+too, or after ``SERVICE_ONLY_S``.  Its task is cut off and forgotten: a host that
 comes back (an elastic job's cooldown) gets a new task.
 
 The interface Gloo and the rendezvous store use is chosen once, by probing between
@@ -30,7 +33,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
+from hvdlite.common.net.service import Client
 from hvdlite.runner.hosts import HostSlots, SlotInfo, is_local
+from hvdlite.runner.processes.py_spy import OutsideStack, valid_threads
 from hvdlite.runner.processes.workers import OutputTarget, describe_exit
 from hvdlite.runner.tasks.driver_service import Driver, DriverService
 from hvdlite.runner.tasks.ssh import SSHOptions, TaskProcess, start_task
@@ -48,6 +53,8 @@ TASK_LOST_GRACE_S = 2.0
 TASK_REQUEST_S = 10.0
 #: how long tasks get to end their workers at the end of the job before we cut them off
 TASK_SHUTDOWN_GRACE_S = 10.0
+#: bound on one probe between two hosts' tasks (a partial partition, ``cut_links``)
+PROBE_S = 2.0
 
 
 @dataclasses.dataclass
@@ -71,7 +78,13 @@ class TaskStarter(Starter):
                  network_interfaces: Optional[List[str]] = None,
                  on_exit: Callable[[], None] = lambda: None, verbose: bool = False,
                  open_task: Optional[Callable[[HostSlots, bool, dict, float],
-                                              TaskProcess]] = None):
+                                              TaskProcess]] = None,
+                 ranks_heard: Callable[[str, float], bool] = lambda host, within_s: False):
+        """``ranks_heard(host, within_s)``: did a rank on ``host`` report to the launcher's
+        store within the last ``within_s`` seconds (``store.liveness``)?"""
+        self._ranks_heard = ranks_heard
+        #: tasks (by index) said to be silent while their ranks still report
+        self._service_only: Dict[int, float] = {}
         self._open_task = open_task     # None: SSH (else e.g. srun: runner/slurm/srun_tasks.py)
         self._key = key
         self._job_id = job_id
@@ -112,10 +125,24 @@ class TaskStarter(Starter):
             HvdliteLaunchError: no interface is routable between the first round's hosts
                 (or none of ``--network-interfaces``): the job cannot run.
         """
+        names = {h.hostname for h in hosts}
+        others = [ht for ht in self._hosts.values() if ht.hostname not in names
+                  and ht.task.poll() is None and not self._silent(ht)]
         todo = [h for h in hosts if h.hostname not in self._hosts
                 or self._hosts[h.hostname].task.poll() is not None]
-        if not todo:
-            return {}
+        refused = self._start_tasks(todo) if todo else {}
+        joining = [self._hosts[n] for n in names if n in self._hosts and n not in refused]
+        if others and joining and self._iface is not None:
+            # a host that comes back (or joins) must reach the hosts already training
+            for a, b in self._cut_between(others + joining, joining):
+                new, old = (a, b) if a in names else (b, a)
+                refused.setdefault(new, f"it cannot reach host {old} (a probe between their "
+                                        f"task services failed: a partial network partition)")
+        return refused
+
+    def _start_tasks(self, todo: Sequence[HostSlots]) -> Dict[str, str]:
+        """Start the tasks of ``todo``'s hosts and wait for them to register; ``{host:
+        why}`` for those that could not."""
         deadline = time.monotonic() + self._start_timeout_s
         refused: Dict[str, str] = {}
         started: List[_HostTask] = []
@@ -277,6 +304,56 @@ class TaskStarter(Starter):
                 out += [(ht.hostname, lr) for lr in local if isinstance(lr, int)]
         return out
 
+    def outside_stacks(self, ids: Sequence[SlotId],
+                       timeout_s: float) -> Dict[SlotId, OutsideStack]:
+        """Each host's task takes its workers' stacks with py-spy (op ``py_spy``), all hosts
+        at once, on a connection of this call's own (a slow py-spy never holds up the
+        driver's requests).  A host that stopped answering is not asked."""
+        live = dict(self._live)
+        by_index: Dict[int, List[SlotId]] = {}
+        for sid in ids:
+            if sid in live:
+                by_index.setdefault(live[sid], []).append(sid)
+        tasks = {ht.index: ht for ht in list(self._hosts.values())}
+        regs = self._service.registrations
+        out: Dict[SlotId, OutsideStack] = {}
+
+        def ask(index: int, sids: List[SlotId]) -> Dict[SlotId, OutsideStack]:
+            ht, reg = tasks.get(index), regs.get(index)
+            if ht is None or reg is None or self._silent(ht):
+                return {sid: OutsideStack(0, None, f"host {sid[0]}'s task service does not "
+                                                   f"answer") for sid in sids}
+            client = Client((reg.addr, reg.port), self._key, min(timeout_s, TASK_REQUEST_S),
+                            name=f"task service on {ht.hostname}")
+            try:
+                reply, _ = client.request({"op": "py_spy", "slots": [list(s) for s in sids],
+                                           "timeout_s": timeout_s},
+                                          timeout_s=timeout_s + TASK_REQUEST_S)
+            except (HvdliteError, OSError) as exc:
+                return {sid: OutsideStack(0, None, f"asking host {ht.hostname}'s task for "
+                                                   f"py-spy failed: {exc}") for sid in sids}
+            finally:
+                client.close()
+            got: Dict[SlotId, OutsideStack] = {}
+            entries = reply.get("stacks")
+            for entry in entries if isinstance(entries, list) else []:
+                slot = entry.get("slot") if isinstance(entry, dict) else None
+                if not (isinstance(slot, list) and len(slot) == 2
+                        and (slot[0], slot[1]) in sids):
+                    continue
+                pid = entry.get("pid")
+                got[(slot[0], slot[1])] = OutsideStack(
+                    pid if isinstance(pid, int) else 0, valid_threads(entry.get("threads")),
+                    str(entry.get("note") or "")[:1000])
+            return got
+
+        if by_index:
+            with ThreadPoolExecutor(max_workers=len(by_index),
+                                    thread_name_prefix="hvdlite-py-spy") as pool:
+                for result in pool.map(lambda kv: ask(*kv), list(by_index.items())):
+                    out.update(result)
+        return out
+
     def stop(self, ids: Sequence[SlotId]) -> None:
         by_index: Dict[int, List[SlotId]] = {}
         for sid in ids:
@@ -339,8 +416,11 @@ class TaskStarter(Starter):
         for ht in list(self._hosts.values()):
             silent = self._beats.silent_for(ht.index)
             pending = [sid for sid, index in self._live.items() if index == ht.index]
+            if silent < task_heartbeats.SUSPECT_S and \
+                    self._service_only.pop(ht.index, None) is not None:
+                log.warning("the task service on host %s answers again", ht.hostname)
             if silent < task_heartbeats.UNREACHABLE_S or not pending \
-                    or ht.index in self._unreachable:
+                    or ht.index in self._unreachable or self._only_service_silent(ht, silent):
                 continue
             self._unreachable[ht.index] = silent
             log.warning("host %s stopped answering: its task service has not replied for "
@@ -354,11 +434,47 @@ class TaskStarter(Starter):
             del self._hosts[ht.hostname]
         return exits
 
+    def cut_links(self, hosts: Sequence[str]) -> List[Tuple[str, str]]:
+        """Each of these hosts' tasks pings the others' on the job's interface (a host whose
+        task stopped answering the launcher is left to the heartbeats)."""
+        tasks = [self._hosts[h] for h in dict.fromkeys(hosts) if h in self._hosts]
+        tasks = [ht for ht in tasks if ht.task.poll() is None and not self._silent(ht)]
+        if len(tasks) < 2 or self._iface is None:
+            return []
+        return self._cut_between(tasks, None)
+
+    def _cut_between(self, tasks: List[_HostTask],
+                     involving: Optional[List[_HostTask]]) -> List[Tuple[str, str]]:
+        name = {ht.index: ht.hostname for ht in tasks}
+        order = {ht.index: pos for pos, ht in enumerate(tasks)}
+        pairs = self._driver.cut_pairs(
+            [ht.index for ht in tasks], self._iface, timeout_s=PROBE_S,
+            involving=None if involving is None else {ht.index for ht in involving})
+        return [(name[i], name[j]) if order[i] < order[j] else (name[j], name[i])
+                for i, j in pairs]
+
+    def _only_service_silent(self, ht: _HostTask, silent: float) -> bool:
+        """Is only the task service silent (its ranks still report to the store), and for
+        less than ``SERVICE_ONLY_S``?  Said once per silence."""
+        if silent >= task_heartbeats.SERVICE_ONLY_S or \
+                not self._ranks_heard(ht.hostname, task_heartbeats.SUSPECT_S):
+            return False
+        if ht.index not in self._service_only:
+            self._service_only[ht.index] = silent
+            log.warning("the task service on host %s has not replied for %.0fs, but the "
+                        "host's ranks still report to the launcher: going on (a paused or "
+                        "overloaded task service; its workers count as lost if they fall "
+                        "silent too, or if it stays silent for %.0fs)", ht.hostname, silent,
+                        task_heartbeats.SERVICE_ONLY_S)
+        return True
+
     def describe_failure(self, sid: SlotId, code: int) -> Optional[str]:
         """When a host stopped answering, the summary names it and its ranks first (the
         ranks elsewhere that failed only noticed it was gone); else None."""
         silent = [(self._unreachable.get(ht.index, self._beats.silent_for(ht.index)), ht)
-                  for ht in self._all_tasks if self._silent(ht)]
+                  for ht in self._all_tasks if self._silent(ht)
+                  and (ht.index in self._unreachable
+                       or not self._ranks_heard(ht.hostname, task_heartbeats.SUSPECT_S))]
         if not silent:
             return None
         seconds, ht = max(silent, key=lambda item: item[0])

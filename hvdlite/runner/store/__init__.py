@@ -2,5 +2,6 @@
 and places), exit reports, the metrics inbox and its ``/metrics`` endpoint, and the
 ranks' stack reports.
 
-May import ``hvdlite.runner.hosts`` and ``hvdlite.common``; nothing else of the runner.
+May import ``hvdlite.runner.hosts``, ``hvdlite.runner.processes`` and ``hvdlite.common``;
+nothing else of the runner.
 """

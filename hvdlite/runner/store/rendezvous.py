@@ -244,6 +244,11 @@ class RendezvousService(KVStoreService):
             return round_ == self._round and bool(self._places) and \
                 self._asking >= set(self._places)
 
+    def asking(self, round_: int) -> set:
+        """The members of ``round_``, the newest round, that wait for a round after it."""
+        with self._cond:
+            return set(self._asking) if round_ == self._round else set()
+
     def set_waker(self, waker: Callable[[], None]) -> None:
         """Call ``waker()`` (thread-safe, quick) when every member asks for a new round."""
         self._waker = waker
@@ -282,6 +287,14 @@ class RendezvousService(KVStoreService):
                 return True
             prefix = round_prefix(self._job_id, round_)
             return all(prefix + arrival_key(r) in self._data for r in range(len(self._places)))
+
+    def arrived(self, round_: int) -> set:
+        """The ranks of ``round_``, the newest round, that reached ``init()`` in it."""
+        with self._cond:
+            if self._job_id is None or round_ != self._round:
+                return set()
+            prefix = round_prefix(self._job_id, round_)
+            return {r for r in range(len(self._places)) if prefix + arrival_key(r) in self._data}
 
     def exit_reports(self) -> Dict[Tuple[str, int], dict]:
         """What ranks said about their exit: (host, local slot) -> ``{"peer": bool,

@@ -8,10 +8,19 @@ and the report is printed, once, when they have all answered or
 
 Under ``--mpi`` there is no rendezvous store; :class:`ReportStore` is a store that
 takes only these ops, with the job's key, so the same path works there.
+
+Ranks that cannot answer -- a program that never calls ``hvd.init()`` (a plain
+torch.distributed one), a rank whose interpreter lock a C call holds -- are shown with
+stacks taken from outside their processes by py-spy, when the job's code gives the
+reports a way to take them (:meth:`StackReports.use_outside`; the store does not know the
+starters): an on-demand request no rank polled for within :data:`UNPOLLED_S` gets every
+live worker's, and a report gets those of the expected ranks that did not answer.  py-spy
+runs on the writer thread, never under its lock.
 """
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -24,6 +33,10 @@ import psutil
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.net.service import Service, ServiceError, is_int
 from hvdlite.common.diagnostics.stack_capture import ALL, STALL
+from hvdlite.runner.hosts import SlotId
+from hvdlite.runner.processes.py_spy import OutsideStack
+
+log = logging.getLogger(__name__)
 
 #: how long the answers of the ranks expected are awaited after rank 0's part
 ANSWER_WAIT_S = 5.0
@@ -39,7 +52,17 @@ UNPOLLED_S = 5.0
 MAX_PENDING = 64
 MAX_USER_FRAMES = 8
 
+#: how long py-spy may take for the stacks of one report (all its workers at once)
+OUTSIDE_TIMEOUT_S = 10.0
+
 Handler = Callable[[dict, bytes], Tuple[dict, bytes]]
+#: a worker's stack taken from outside its process: its slot, its rank (None: not known)
+#: and what py-spy took
+Outside = Tuple[SlotId, Optional[int], OutsideStack]
+#: ``every()``: the stacks of every live worker of the newest round, from outside
+OutsideEvery = Callable[[], List[Outside]]
+#: ``for_ranks(ranks)``: the stacks of these ranks of the newest round, from outside
+OutsideForRanks = Callable[[List[int]], List[Outside]]
 
 
 class _Pending:
@@ -55,8 +78,13 @@ class StackReports:
     """Collects the parts of each request and writes each report once (to stderr by
     default: the launcher's own output, beside the ranks')."""
 
-    def __init__(self, write: Optional[Callable[[str], None]] = None):
+    def __init__(self, write: Optional[Callable[[str], None]] = None,
+                 outside: Optional[OutsideEvery] = None,
+                 outside_for_ranks: Optional[OutsideForRanks] = None):
+        """``outside``, ``outside_for_ranks``: see :meth:`use_outside`."""
         self._write = write or _to_stderr
+        self._outside = outside
+        self._outside_for_ranks = outside_for_ranks
         self._cond = threading.Condition()
         self._pending: Dict[Tuple[str, int], _Pending] = {}
         self._serial = 0
@@ -71,6 +99,16 @@ class StackReports:
         self._polled_at = 0.0
         self._announced_at = 0.0
         self._unpolled_said = 0
+
+    def use_outside(self, outside: Optional[OutsideEvery] = None,
+                    outside_for_ranks: Optional[OutsideForRanks] = None) -> None:
+        """How to take stacks from outside the ranks' processes (py-spy, through the job's
+        starter), once it is known: ``outside()`` -- every live worker's, for an on-demand
+        request no rank polled for -- and ``outside_for_ranks(ranks)`` -- for the expected
+        ranks of a report that did not answer.  Both are called on the writer thread,
+        never under its lock, and should return within about :data:`OUTSIDE_TIMEOUT_S`."""
+        self._outside = outside
+        self._outside_for_ranks = outside_for_ranks
 
     def ops(self) -> Dict[str, Handler]:
         """The store ops this serves: ``stack_report`` (a part) and ``stacks_wanted``
@@ -166,14 +204,54 @@ class StackReports:
             self._say_if_unpolled(time.monotonic())
             for (kind, _), entry in done:
                 if entry.summary is not None:
-                    self._write(format_report(kind, entry.summary, entry.stacks))
-                    self.written += 1
+                    outside = self._outside_missing(entry)
+                    text = format_report(kind, entry.summary, entry.stacks, outside)
+                    if outside is None:
+                        self._write(text)
+                        self.written += 1
+                    else:
+                        self._write_unless_closed(text)
+
+    def _write_unless_closed(self, text: str) -> None:
+        """A report the writer thread made off the lock (py-spy may have taken seconds):
+        dropped once the job has ended, whose summary must stay the last line."""
+        with self._cond:
+            if self._closed:
+                return
+        self._write(text)
+        self.written += 1
+
+    def _outside_missing(self, entry: _Pending) -> Optional[Dict[int, Outside]]:
+        """The stacks, from outside, of the expected ranks that did not answer; None when
+        none were asked for (every rank answered, or no ``outside_for_ranks``)."""
+        expected = [r for r in entry.summary.get("expected", []) if is_int(r)]
+        missing = sorted(set(expected) - set(entry.stacks))
+        if not missing or self._outside_for_ranks is None:
+            return None
+        try:
+            taken = self._outside_for_ranks(missing)
+        except Exception as exc:  # noqa: BLE001 -- a diagnosis never fails the job
+            log.info("stacks from outside ranks %s failed: %s", missing, exc)
+            return {}
+        return {rank: (sid, rank, stack) for sid, rank, stack in taken
+                if rank is not None and rank in missing}
 
     def _say_if_unpolled(self, now: float) -> None:
-        """Once per request: no rank polled since it was announced, so none will answer."""
+        """Once per request: no rank polled since it was announced, so none will answer;
+        every live worker's stack is taken from outside instead (when ``outside`` is
+        given and finds any)."""
         if self._announced > self._unpolled_said and self._polled_at < self._announced_at \
                 and now - self._announced_at > UNPOLLED_S:
             self._unpolled_said = self._announced
+            taken: List[Outside] = []
+            if self._outside is not None:
+                try:
+                    taken = self._outside()
+                except Exception as exc:  # noqa: BLE001 -- a diagnosis never fails the job
+                    log.info("stacks from outside the ranks failed: %s", exc)
+            if taken:
+                self._write_unless_closed(format_outside(self._announced, taken))
+                return
             self._write(f"hvdlite-run: no rank asked for request {self._announced} within "
                         f"{UNPOLLED_S:.0f}s: stacks come from hvdlite's runtime in each rank, "
                         f"which these ranks do not run (hvd.init() was not called: a plain "
@@ -268,9 +346,12 @@ class ReportStore(Service):
 
 
 def format_report(kind: str, summary: dict,
-                  stacks: Dict[int, Tuple[str, int, list, bool]]) -> str:
+                  stacks: Dict[int, Tuple[str, int, list, bool]],
+                  outside: Optional[Dict[int, Outside]] = None) -> str:
     """The report's text: what stalled (for a stall), then per rank its host, pid and
-    threads, innermost frames first, user code first and runtime frames folded."""
+    threads, innermost frames first, user code first and runtime frames folded.
+    ``outside``: stacks py-spy took of expected ranks that did not answer."""
+    outside = outside or {}
     expected = [r for r in summary.get("expected", []) if is_int(r)]
     if kind == STALL:
         lines = _stall_lines(summary, expected)
@@ -278,6 +359,12 @@ def format_report(kind: str, summary: dict,
         lines = ["hvdlite-run: stacks of every rank, on request (innermost frame first; "
                  "runtime frames folded):"]
     for rank in sorted(set(expected) | set(stacks)):
+        if rank not in stacks and rank in outside:
+            sid, _, stack = outside[rank]
+            lines += _outside_lines(f"rank {rank}", sid[0], stack,
+                                    f"neither its background thread nor its stack poller "
+                                    f"answered within {ANSWER_WAIT_S:.0f}s")
+            continue
         if rank not in stacks:
             lines.append(f"  rank {rank}: no stacks within {ANSWER_WAIT_S:.0f}s: neither its "
                          f"background thread nor its stack poller answered (the process may "
@@ -291,6 +378,33 @@ def format_report(kind: str, summary: dict,
     if kind == STALL:
         lines.append(_stall_outcome(summary))
     return "\n".join(lines) + "\n"
+
+
+def format_outside(request: int, taken: List[Outside]) -> str:
+    """The report of an on-demand request no rank polled for: every worker's stacks as
+    py-spy took them from outside, by rank (a worker of no known rank by its slot)."""
+    lines = [f"hvdlite-run: stacks of every rank, on request {request}: no rank asked for it "
+             f"within {UNPOLLED_S:.0f}s (hvdlite's runtime does not run in them: a plain "
+             f"torch.distributed program, a rank still starting, or one whose interpreter "
+             f"lock a C call holds), so py-spy took them from outside each process "
+             f"(innermost frame first; runtime frames folded):"]
+    order = sorted(taken, key=lambda t: (t[1] is None, t[1] if t[1] is not None else 0,
+                                         str(t[0][0]), t[0][1]))
+    for sid, rank, stack in order:
+        who = f"rank {rank}" if rank is not None else f"slot {sid[0]}:{sid[1]}"
+        lines += _outside_lines(who, sid[0], stack)
+    return "\n".join(lines) + "\n"
+
+
+def _outside_lines(who: str, host: str, stack: OutsideStack, why: str = "") -> List[str]:
+    """One worker's part of a report, its stacks taken by py-spy (or why there are none)."""
+    pid = f", pid {stack.pid}" if stack.pid else ""
+    why = f"; {why}" if why else ""
+    if stack.threads is None:
+        return [f"  {who} (host {host}{pid}{why}): no stacks from outside either: "
+                f"{stack.note or 'py-spy gave none'}"]
+    return [f"  {who} (host {host}{pid}{why}; taken from outside the process by py-spy):"] \
+        + _threads_lines(stack.threads, "    ")
 
 
 def _stall_outcome(summary: dict) -> str:
@@ -332,7 +446,9 @@ def _threads_lines(threads: list, indent: str) -> List[str]:
         if all(f[3] for f in frames):
             runtime_only.append(f"{name} in {frames[-1][2]}" if frames else name)
             continue
-        lines.append(f"{indent}thread {name}{' (main)' if thread.get('main') else ''}:")
+        marks = [m for m, on in (("main", thread.get("main")),
+                                 ("holds the interpreter lock", thread.get("gil"))) if on]
+        lines.append(f"{indent}thread {name}{' (' + ', '.join(marks) + ')' if marks else ''}:")
         lines += _frame_lines(list(reversed(frames)), indent + "  ")
     if runtime_only:
         lines.append(f"{indent}+ {len(runtime_only)} runtime threads: "
@@ -374,3 +490,12 @@ def _short(path: str) -> str:
 def _to_stderr(text: str) -> None:
     sys.stderr.write(text)
     sys.stderr.flush()
+
+
+def outside_stack_lines(stack) -> List[str]:
+    """The report's lines for a stack py-spy took from outside a rank (an object with
+    ``threads``, in the form the ranks send, and ``note``: why there are none)."""
+    threads = getattr(stack, "threads", None)
+    if threads:
+        return _threads_lines(threads, "    ")
+    return [f"    (no stack: {getattr(stack, 'note', '') or 'py-spy gave none'})"]

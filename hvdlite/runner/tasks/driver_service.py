@@ -27,9 +27,9 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from hvdlite.common.exceptions import HvdliteLaunchError
+from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.service import Client, Service, ServiceError
 from hvdlite.runner.tasks.nics import discover_nics, is_loopback
 
@@ -208,6 +208,46 @@ class Driver:
                 "%s reaches %s on %s", self.hostnames[i], self.hostnames[j],
                 sorted(r) or "no interface")
         return results
+
+    def cut_pairs(self, indices: List[int], iface: str, timeout_s: float = 2.0,
+                  involving: Optional[Set[int]] = None) -> List[Tuple[int, int]]:
+        """The pairs ``(i, j)``, ``i < j``, of these hosts' tasks where one could not reach
+        the other on ``iface`` just now (each task pings the others, on connections of its
+        own, in parallel; ``involving``: only pairs with one of these).  A task the
+        launcher cannot ask is left out: its own silence is the heartbeats' business, not
+        a cut between two hosts."""
+        regs = {i: self.service.registrations[i] for i in indices
+                if i in self.service.registrations}
+        wanted = set(regs) if involving is None else set(involving)
+
+        def probe_from(i: int) -> Optional[Set[int]]:
+            reg = regs[i]
+            client = Client((reg.addr, reg.port), self.key, timeout_s + 3.0,
+                            name=f"task service on {reg.hostname}")
+            failed = set()
+            try:
+                for j, other in regs.items():
+                    addrs = other.nics.get(iface)
+                    if j == i or not addrs or (i not in wanted and j not in wanted):
+                        continue
+                    reply, _ = client.request(
+                        {"op": "probe", "targets": [[iface, addrs[0], other.port]],
+                         "expect_host_index": j, "timeout_s": timeout_s},
+                        timeout_s=timeout_s + 3.0)
+                    if iface not in reply.get("reachable", []):
+                        failed.add(j)
+            except (HvdliteError, OSError) as exc:
+                log.info("reachability from %s not known: %s", reg.hostname, exc)
+                return None
+            finally:
+                client.close()
+            return failed
+
+        with ThreadPoolExecutor(max_workers=max(1, len(regs))) as pool:
+            found = dict(zip(regs, pool.map(probe_from, list(regs))))
+        pairs = {(min(i, j), max(i, j)) for i, failed in found.items() if failed
+                 for j in failed}
+        return sorted(pairs)
 
     def _store_address(self, iface: str, driver_ok: set) -> str:
         """This host's address for the rendezvous store: on ``iface`` when every task

@@ -31,6 +31,10 @@ PING_TIMEOUT_S = 2.0
 UNREACHABLE_S = 8.0
 #: a host silent this long is suspected: a failure summary names it first
 SUSPECT_S = 3.0
+#: a task service silent while its host's ranks still report to the launcher's store (a
+#: paused or overloaded service, not a dead host) is given this long before its workers
+#: count as lost
+SERVICE_ONLY_S = 60.0
 
 #: index of a task -> (address, port, hostname)
 Targets = Dict[int, Tuple[str, int, str]]

@@ -15,6 +15,10 @@ driver address it can reach, registers this host's interfaces, and serves:
 * ``stopped`` -> ``{local_ranks: [...]}``: the local slots of this host's workers whose
   process is stopped (SIGSTOP or a debugger), so that the launcher names a silent rank
   rather than the one that noticed
+* ``py_spy {slots: [[hostname, local_rank]], timeout_s}`` -> ``{stacks: [{slot, pid,
+  threads, note}]}``: those workers' Python stacks, taken from outside their processes by
+  py-spy (``runner/processes/py_spy.py``) within ``timeout_s``; only this job's own
+  workers are read, and the reply is cut to :data:`MAX_PY_SPY_REPLY_BYTES`
 
 Worker output goes to our stdout as ``[rank]<stream>:line`` (the launcher
 routes it; a worker keeps the rank it started with); worker exits are reported to
@@ -41,6 +45,7 @@ from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError, HvdliteLaunchError
 from hvdlite.common.net.service import Client, Service, ServiceError, is_int
 from hvdlite.runner.hosts import SlotInfo
+from hvdlite.runner.processes import py_spy
 from hvdlite.runner.tasks.nics import discover_nics
 from hvdlite.runner.processes.workers import WorkerGroup, terminate_groups
 from hvdlite.runner.processes.rank_output import OutputSink
@@ -89,6 +94,10 @@ def probe_targets(key: bytes, job_id: str, targets, expect: int, timeout_s: floa
 #: a second, ``hvdlite.runner.tasks.heartbeats``) takes it for gone -- a cut link
 #: gives no end of file on the lifeline -- and ends its workers and itself
 LAUNCHER_SILENT_S = 15.0
+#: bounds on one ``py_spy`` request: its time, its workers and its reply
+MAX_PY_SPY_S = 60.0
+MAX_PY_SPY_SLOTS = 1024
+MAX_PY_SPY_REPLY_BYTES = 4 * 1024 * 1024
 
 
 class TaskService(Service):
@@ -98,13 +107,18 @@ class TaskService(Service):
                  on_run: Callable[[List[SlotInfo], List[str], Dict[str, str]], Optional[dict]],
                  on_terminate: Callable[[], None], bind_addr: str = "0.0.0.0",
                  on_stop: Optional[Callable[[List[Tuple[str, int]]], None]] = None,
-                 on_stopped: Optional[Callable[[], List[int]]] = None, **limits):
+                 on_stopped: Optional[Callable[[], List[int]]] = None,
+                 on_py_spy: Optional[Callable[[List[Tuple[str, int]], float],
+                                              List[dict]]] = None, **limits):
+        """``on_py_spy(slots, timeout_s)``: the ``py_spy`` reply's entries for those of
+        ``slots`` that have a live worker here."""
         self.job_id = job_id
         self.host_index = host_index
         self._on_run = on_run
         self._on_terminate = on_terminate
         self._on_stop = on_stop
         self._on_stopped = on_stopped
+        self._on_py_spy = on_py_spy
         self._lock = threading.Lock()
         self._last_request = time.monotonic()
         super().__init__("task service", key, bind_addr, **limits)
@@ -151,7 +165,33 @@ class TaskService(Service):
             return {}, b""
         if op == "stopped":
             return {"local_ranks": self._on_stopped() if self._on_stopped else []}, b""
+        if op == "py_spy":
+            raw, timeout_s = header.get("slots"), header.get("timeout_s")
+            _check(isinstance(raw, list) and len(raw) <= MAX_PY_SPY_SLOTS and all(
+                isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and is_int(x[1])
+                for x in raw), "slots must be a list of [hostname, local_rank]")
+            _check(isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+                   and 0 < timeout_s <= MAX_PY_SPY_S,
+                   f"timeout_s must be in (0, {MAX_PY_SPY_S:g}]")
+            stacks = self._on_py_spy([(x[0], x[1]) for x in raw], float(timeout_s)) \
+                if self._on_py_spy else []
+            return {"stacks": fit_reply(stacks, MAX_PY_SPY_REPLY_BYTES)}, b""
         raise ServiceError(f"unknown task operation {op!r}")
+
+
+def fit_reply(stacks: List[dict], max_bytes: int) -> List[dict]:
+    """``py_spy``'s entries, the threads of the last ones dropped (and said so) until the
+    reply's JSON fits in ``max_bytes``."""
+    out = list(stacks)
+    size = len(json.dumps(out))
+    for i in range(len(out) - 1, -1, -1):
+        if size <= max_bytes:
+            break
+        if out[i].get("threads") is not None:
+            out[i] = dict(out[i], threads=None,
+                          note=f"stacks dropped: the reply would exceed {max_bytes} bytes")
+            size = len(json.dumps(out))
+    return out
 
 
 def default_gloo_socket_ifname(job_env: Dict[str, str], base: Dict[str, str]) -> None:
@@ -239,6 +279,17 @@ class _Task:
             groups = list(self.live.values())
         return [slot.local_rank for g in groups for slot in g.stopped_slots()]
 
+    def on_py_spy(self, ids: List[Tuple[str, int]], timeout_s: float) -> List[dict]:
+        """py-spy of each of ``ids`` that is a live worker of this task (never another
+        process): ``[{slot, pid, threads, note}]``."""
+        with self.lock:
+            pids = {sid: self.live[sid].procs[0].pid for sid in ids
+                    if sid in self.live and self.live[sid].procs
+                    and self.live[sid].procs[0].returncode is None}
+        taken = py_spy.dumps(pids, timeout_s)
+        return [{"slot": list(sid), "pid": got.pid, "threads": got.threads, "note": got.note}
+                for sid, got in taken.items()]
+
     def _lifeline(self):
         """Watch stdin (the launcher's end of the pipe or SSH channel) until it closes.
 
@@ -297,7 +348,7 @@ class _Task:
     def run(self) -> int:
         service = TaskService(self.key, self.job_id, self.host_index, self.on_run,
                               self.on_terminate, on_stop=self.on_stop,
-                              on_stopped=self.on_stopped)
+                              on_stopped=self.on_stopped, on_py_spy=self.on_py_spy)
         watcher = threading.Thread(target=self._lifeline, name="task-lifeline", daemon=True)
         watcher.start()
         try:

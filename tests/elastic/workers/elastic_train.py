@@ -13,13 +13,16 @@ itself during that step's gradient allreduce), ELASTIC_STEP_SLEEP (seconds per
 step, so hosts can come and go while training runs), ELASTIC_SLEEP_WHILE (a path:
 sleep only while it exists, so a test can end the slow part when it is done),
 ELASTIC_HOLD_GIL (``host:local_rank:step:seconds``: that worker holds the interpreter
-lock that long before that step's backward pass, so its background thread cannot run).
+lock that long before that step's backward pass, so its background thread cannot run),
+ELASTIC_DEADLOCK (``host:local_rank:step``: that worker deadlocks on a lock of its own
+before that step's backward pass, interpreter lock free, until it is killed).
 """
 
 import ctypes
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -65,6 +68,20 @@ def hold_gil(step: int) -> None:
         ctypes.PyDLL(None).usleep(int(float(seconds) * 1e6))   # PyDLL: the lock stays held
 
 
+def deadlock(step: int) -> None:
+    """Wait forever for a lock this thread holds (a deadlock in user code), if asked to."""
+    target = os.environ.get("ELASTIC_DEADLOCK")
+    if not target:
+        return
+    host, local_rank, at = target.split(":")
+    me = (os.environ.get("HVDLITE_HOSTNAME"), os.environ.get("HVDLITE_LOCAL_RANK"))
+    if me == (host, local_rank) and step == int(at):
+        print(f"DEADLOCKED at step {step}", flush=True)
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
+
+
 def still_slow() -> bool:
     return SLEEP_WHILE is None or os.path.exists(SLEEP_WHILE)
 
@@ -95,6 +112,7 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die, slow=still_slow):
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
             hold_gil(state.step)
+            deadlock(state.step)
             loss.backward()                       # gradient allreduce starts here
             if die(state.step):
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,174 @@
+"""Grey failures across three namespaced hosts (tests/testbed): a rank that holds its
+interpreter lock, a partial partition (two hosts that cannot reach each other while both
+reach the launcher's), a one-way drop, and a paused task service whose ranks are healthy.
+The launcher runs on tbh0; every host has its own task service over SSH."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tests import testbed
+
+from .conftest import REPO, Job, cmdline, leftovers
+
+RUNNER_WORKERS = os.path.join(REPO, "tests", "runner", "workers")
+ELASTIC_WORKERS = os.path.join(REPO, "tests", "elastic", "workers")
+THREE = ["-np", "3", "-H", "tbh0:1,tbh1:1,tbh2:1"]
+OP_TIMEOUT_S = 20
+HOSTS = ("tbh0", "tbh1", "tbh2")
+
+
+@pytest.fixture(scope="module")
+def testbed3():
+    try:
+        tb = testbed.Testbed(3)
+    except testbed.TestbedUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield tb
+    finally:
+        tb.close()
+
+
+def _no_leftovers(tb, within_s=25.0):
+    deadline = time.monotonic() + within_s
+    while any(leftovers(tb, h) for h in HOSTS) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(leftovers(tb, h) == [] for h in HOSTS), {h: leftovers(tb, h) for h in HOSTS}
+
+
+def _last_line(text):
+    return [line for line in text.splitlines() if line.startswith("hvdlite-run:")][-1]
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_holding_its_interpreter_lock_is_named_with_host_pid_and_stack(testbed3):
+    """Rank 1 on tbh1 sleeps in a C call that keeps the interpreter lock: its task
+    service and process look fine, but no thread of it runs.  The launcher names it
+    within seconds, with the stack py-spy took on tbh1, and the summary blames it, not
+    rank 0 whose collective timed out."""
+    job = Job(testbed3, "tbh0", THREE + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
+              os.path.join(RUNNER_WORKERS, "wedge_worker.py"), ["1", "60"])
+    wedged_at = job.wait_for("WEDGED rank=1", 90)
+    named_at = job.wait_for("has not answered for", 30)
+    rc = job.finish(OP_TIMEOUT_S + 40)
+    ended = time.monotonic()
+    text = job.text()
+    assert rc != 0, text
+    pid = re.search(r"WEDGED rank=1 pid=(\d+)", text).group(1)
+    assert re.search(rf"rank 1 on host tbh1 \(pid {pid}\) has not answered for \d+s", text), text
+    assert "hold_the_interpreter_lock" in text.split("has not answered for")[1], text
+    assert named_at - wedged_at < 15, (named_at - wedged_at, text)
+    last = _last_line(text)
+    assert last.startswith(f"hvdlite-run: rank 1 on host tbh1 stopped answering (pid {pid})"), \
+        last
+    assert "ranks 0, 2 only waited for it" in last, last
+    assert ended - wedged_at < OP_TIMEOUT_S + 15, (ended - wedged_at, text)
+    _no_leftovers(testbed3)
+
+
+def _partitioned_static_job(tb, both_ways):
+    job = Job(tb, "tbh0", THREE + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
+              "allreduce_steps.py", ["100000", "4096"])
+    try:
+        job.wait_for("STEP 30 rank=2", 90)
+        cut_at = time.monotonic()
+        tb.drop_between("tbh1", "tbh2", both_ways=both_ways)
+        rc = job.finish(OP_TIMEOUT_S + 40)
+        took = time.monotonic() - cut_at
+    finally:
+        tb.undrop("tbh1", "tbh2")
+    return rc, took, job.text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("both_ways", [True, False], ids=["both-ways", "one-way"])
+def test_a_static_job_cut_between_two_hosts_names_the_link(testbed3, both_ways):
+    """tbh1 and tbh2 cannot exchange (both ways, or tbh1 -> tbh2 only) while both reach
+    tbh0: the job ends within the op timeout naming the link, never tbh0."""
+    rc, took, text = _partitioned_static_job(testbed3, both_ways)
+    assert rc != 0, text
+    last = _last_line(text)
+    assert "hosts tbh1 and tbh2 cannot reach each other (rank 1 and rank 2 could not " \
+           "exchange), while both reach the launcher" in last, last
+    assert took < OP_TIMEOUT_S + 20, (took, text)
+    assert "rank 0 on host tbh0 exited" not in last, last
+    _no_leftovers(testbed3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_paused_task_service_with_healthy_ranks_does_not_end_a_static_job(testbed3):
+    job = Job(testbed3, "tbh0", THREE, "allreduce_steps.py", ["4000", "4096"])
+    job.wait_for("STEP 10 rank=1", 90)
+    (task,) = [pid for pid in testbed3.pids("tbh1")
+               if "hvdlite.runner.tasks.task_service" in cmdline(pid)]
+    os.kill(task, signal.SIGSTOP)
+    try:
+        job.wait_for("the task service on host tbh1 has not replied", 30)
+        time.sleep(4)
+    finally:
+        os.kill(task, signal.SIGCONT)
+    rc = job.finish(120)
+    text = job.text()
+    assert rc == 0, text
+    assert len(re.findall(r"SUMS_OK rank=\d", text)) == 3, text
+    assert "stopped answering" not in text, text
+    _no_leftovers(testbed3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
+        testbed3, tmp_path):
+    """Three 1-slot hosts; tbh1 and tbh2 cannot reach each other for 70 s.  The ranks
+    give up at the op timeout and ask for a new round; the launcher probes between the
+    hosts, keeps the largest set that reach each other (tbh0, tbh1: rank 0's side) and
+    leaves tbh2 out, naming the link.  While the cut lasts, tbh2's cooldowns end in a
+    refusal (it still cannot reach tbh1); after the heal it comes back on standby and
+    joins.  Every step runs once; the weights are the fault-free run's."""
+    from tests.elastic.conftest import check_result
+    steps = 300
+    slow = tmp_path / "slow"
+    slow.write_text("")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("tbh0:1\ntbh1:1\ntbh2:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    result = tmp_path / "result.json"
+    job = Job(testbed3, "tbh0", ["-np", "3", "--min-np", "2", "--max-np", "3",
+                                 "--host-discovery-script", str(discover),
+                                 "--op-timeout-seconds", str(OP_TIMEOUT_S),
+                                 "--blacklist-cooldown-range", "10", "12",
+                                 "-x", "ELASTIC_STEPS", "-x", "ELASTIC_STEP_SLEEP",
+                                 "-x", "ELASTIC_SLEEP_WHILE", "-x", "ELASTIC_OUT"],
+              os.path.join(ELASTIC_WORKERS, "elastic_train.py"),
+              env={"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.2",
+                   "ELASTIC_SLEEP_WHILE": str(slow), "ELASTIC_OUT": str(result)})
+    try:
+        job.wait_for("TRAIN rank=2 size=3 step=0", 90)
+        time.sleep(3)
+        testbed3.drop_between("tbh1", "tbh2")
+        cut_at = time.monotonic()
+        resumed = job.wait_for("RESET rank=0 size=2", OP_TIMEOUT_S + 40)
+        time.sleep(max(0.0, 70 - (time.monotonic() - cut_at)))
+        testbed3.undrop("tbh1", "tbh2")
+        job.wait_for("RESET rank=0 size=3", 60)
+        slow.unlink()
+        rc = job.finish(120)
+    finally:
+        testbed3.undrop("tbh1", "tbh2")
+        if job.proc.poll() is None:
+            job.proc.kill()
+    text = job.text()
+    assert rc == 0, text
+    assert "tbh1 and tbh2 cannot reach each other; tbh2 left out" in text, text
+    assert resumed - cut_at < OP_TIMEOUT_S + 30, (resumed - cut_at, text)
+    assert "it cannot reach host tbh1" in text, text        # a cooldown ended during the cut
+    check_result(result, steps, [3, 2])
+    _no_leftovers(testbed3)
