@@ -68,6 +68,8 @@ def test_a_rank_holding_its_interpreter_lock_is_named_with_host_pid_and_stack(te
     assert "ranks 0, 2 only waited for it" in last, last
     assert ended - wedged_at < OP_TIMEOUT_S + 15, (ended - wedged_at, text)
     _no_leftovers(testbed3)
+    print(f"MEASURED static GIL: named {named_at - wedged_at:.1f}s, ended "
+          f"{ended - wedged_at:.1f}s after the wedge; summary: {last}")
 
 
 def _partitioned_static_job(tb, both_ways):
@@ -98,6 +100,8 @@ def test_a_static_job_cut_between_two_hosts_names_the_link(testbed3, both_ways):
     assert took < OP_TIMEOUT_S + 20, (took, text)
     assert "rank 0 on host tbh0 exited" not in last, last
     _no_leftovers(testbed3)
+    print(f"MEASURED static cut ({'both ways' if both_ways else 'one way'}): ended "
+          f"{took:.1f}s after the cut; summary: {last}")
 
 
 @pytest.mark.slow
@@ -119,6 +123,58 @@ def test_a_paused_task_service_with_healthy_ranks_does_not_end_a_static_job(test
     assert len(re.findall(r"SUMS_OK rank=\d", text)) == 3, text
     assert "stopped answering" not in text, text
     _no_leftovers(testbed3)
+    print("MEASURED paused task service: the job finished (rc 0)")
+
+
+def _elastic_job(tb, tmp_path, flags, env, steps):
+    """An elastic job over the three 1-slot hosts (min 2), training
+    tests/elastic/workers/elastic_train.py, slow while ``tmp_path/slow`` exists."""
+    slow = tmp_path / "slow"
+    slow.write_text("")
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("tbh0:1\ntbh1:1\ntbh2:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    names = ["ELASTIC_STEPS", "ELASTIC_STEP_SLEEP", "ELASTIC_SLEEP_WHILE", "ELASTIC_OUT"]
+    env = dict({"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.2",
+                "ELASTIC_SLEEP_WHILE": str(slow), "ELASTIC_OUT": str(tmp_path / "result.json")},
+               **env)
+    forwarded = [arg for name in names + sorted(set(env) - set(names)) for arg in ("-x", name)]
+    job = Job(tb, "tbh0", ["-np", "3", "--min-np", "2", "--max-np", "3",
+                           "--host-discovery-script", str(discover),
+                           "--op-timeout-seconds", str(OP_TIMEOUT_S), *flags, *forwarded],
+              os.path.join(ELASTIC_WORKERS, "elastic_train.py"), env=env)
+    return job, slow, tmp_path / "result.json"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_elastic_job_ends_a_rank_holding_its_interpreter_lock_and_goes_on(
+        testbed3, tmp_path):
+    """The rank on tbh1 holds its interpreter lock for 90 s at step 5: the others give up
+    at the op timeout, the launcher confirms it silent, has tbh1's task end it, and the
+    two others train on from the last commit (every step once, the fault-free weights)."""
+    from tests.elastic.conftest import check_result
+    steps = 40
+    job, slow, result = _elastic_job(testbed3, tmp_path, [],
+                                     {"ELASTIC_HOLD_GIL": "tbh1:0:5:90"}, steps)
+    try:
+        held = job.wait_for("HOLDING the GIL for 90s at step 5", 90)
+        resumed = job.wait_for("RESET rank=0 size=2", OP_TIMEOUT_S + 40)
+        slow.unlink()
+        rc = job.finish(120)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    text = job.text()
+    assert rc == 0, text
+    assert "rank 1 on host tbh1 has not answered for" in text, text
+    assert "ending worker tbh1:0 so that the others go on without it" in text, text
+    assert resumed - held < OP_TIMEOUT_S + 25, (resumed - held, text)
+    check_result(result, steps, [3, 2])
+    _no_leftovers(testbed3)
+    print(f"MEASURED elastic GIL: training again {resumed - held:.1f}s after the wedge")
 
 
 @pytest.mark.slow
@@ -133,23 +189,8 @@ def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
     joins.  Every step runs once; the weights are the fault-free run's."""
     from tests.elastic.conftest import check_result
     steps = 300
-    slow = tmp_path / "slow"
-    slow.write_text("")
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("tbh0:1\ntbh1:1\ntbh2:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    result = tmp_path / "result.json"
-    job = Job(testbed3, "tbh0", ["-np", "3", "--min-np", "2", "--max-np", "3",
-                                 "--host-discovery-script", str(discover),
-                                 "--op-timeout-seconds", str(OP_TIMEOUT_S),
-                                 "--blacklist-cooldown-range", "10", "12",
-                                 "-x", "ELASTIC_STEPS", "-x", "ELASTIC_STEP_SLEEP",
-                                 "-x", "ELASTIC_SLEEP_WHILE", "-x", "ELASTIC_OUT"],
-              os.path.join(ELASTIC_WORKERS, "elastic_train.py"),
-              env={"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.2",
-                   "ELASTIC_SLEEP_WHILE": str(slow), "ELASTIC_OUT": str(result)})
+    job, slow, result = _elastic_job(testbed3, tmp_path,
+                                     ["--blacklist-cooldown-range", "10", "12"], {}, steps)
     try:
         job.wait_for("TRAIN rank=2 size=3 step=0", 90)
         time.sleep(3)
@@ -172,3 +213,5 @@ def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
     assert "it cannot reach host tbh1" in text, text        # a cooldown ended during the cut
     check_result(result, steps, [3, 2])
     _no_leftovers(testbed3)
+    print(f"MEASURED elastic cut: training again {resumed - cut_at:.1f}s after the cut; "
+          f"refusals during the cut: {text.count('it cannot reach host tbh1')}")

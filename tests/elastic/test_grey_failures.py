@@ -17,7 +17,7 @@ from tests.elastic.conftest import WORKERS, check_result
 from tests.elastic.test_elastic_launch import Job
 from tests.runner.conftest import wait_gone
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 TRAIN = os.path.join(WORKERS, "elastic_train.py")
 STEPS = 20

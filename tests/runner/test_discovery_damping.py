@@ -184,6 +184,7 @@ if [ $t -ge 22 ]; then touch $d/done; fi
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_flapping_host_costs_one_reset_per_settle_period(tmp_path):
     script = tmp_path / "hosts.sh"

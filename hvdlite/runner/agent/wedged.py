@@ -14,9 +14,10 @@ each rank's beats and rank 0's stall verdicts) into verdicts on members:
   ask for a new round (their collectives timed out, or the stall shutdown ended them),
   a member that does not ask is ended, so that the next round goes on without it, when
   it is confirmed as not progressing: silent, or named missing by a stall of this
-  round -- or, failing both, when it has not asked within ``--op-timeout-seconds`` +
-  :data:`ASK_GRACE_S` after the first that did (its own collective would have failed
-  by then).
+  round -- or, failing both, when it has not asked within twice ``--op-timeout-seconds``
+  + :data:`ASK_GRACE_S` after the first that did (its own collective would have failed
+  long before; twice, so that a rank busy with work of its own -- an evaluation on rank 0
+  while the others wait -- is not ended for being slow once).
 * **Blamed.**  :meth:`culprits` says, for the failure summary, which members the others
   waited for and why: silent, missing from a stall, or never reached ``init()``.
 """
@@ -31,7 +32,8 @@ from hvdlite.runner.store.liveness import Liveness
 
 log = logging.getLogger("hvdlite.runner.agent")
 
-#: a member that does not ask for the new round this long after op timeout is ended
+#: a member that does not ask for the new round this long after twice the op timeout (from
+#: the first that asked) is ended
 ASK_GRACE_S = 10.0
 #: bound on taking one member's stack with py-spy
 OUTSIDE_STACK_S = 10.0
@@ -142,9 +144,9 @@ class WedgeWatch:
             return (f"never submitted {_tensors(missing.tensors)} that the others waited "
                     f"for (a deadlock or other code on that rank)")
         if self._op_timeout_s is not None and \
-                now - first_ask >= self._op_timeout_s + ASK_GRACE_S:
+                now - first_ask >= 2 * self._op_timeout_s + ASK_GRACE_S:
             return (f"did not leave the failed round within {now - first_ask:.0f}s "
-                    f"(--op-timeout-seconds {self._op_timeout_s:g} + {ASK_GRACE_S:g}s)")
+                    f"(twice --op-timeout-seconds {self._op_timeout_s:g}, + {ASK_GRACE_S:g}s)")
         return None
 
     # ---- blame ----------------------------------------------------------------------------
