@@ -178,6 +178,35 @@ def test_an_elastic_job_ends_a_rank_holding_its_interpreter_lock_and_goes_on(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_elastic_job_leaves_out_a_deadlocked_rank(testbed3, tmp_path):
+    """The rank on tbh2 deadlocks in its own code at step 5 (its threads run: it beats but
+    never submits).  Rank 0's stall check names it; at the stall shutdown the others give
+    up, and the launcher ends it because the stall named it."""
+    from tests.elastic.conftest import check_result
+    steps = 40
+    job, slow, result = _elastic_job(
+        testbed3, tmp_path, ["--stall-check-warning-time-seconds", "2",
+                             "--stall-check-shutdown-time-seconds", "6"],
+        {"ELASTIC_DEADLOCK": "tbh2:0:5"}, steps)
+    try:
+        stuck = job.wait_for("DEADLOCKED at step 5", 90)
+        resumed = job.wait_for("RESET rank=0 size=2", 60)
+        slow.unlink()
+        rc = job.finish(120)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    text = job.text()
+    assert rc == 0, text
+    assert "rank 2 on host tbh2 never submitted tensor" in text, text
+    assert "ending worker tbh2:0 so that the others go on without it" in text, text
+    check_result(result, steps, [3, 2])
+    _no_leftovers(testbed3)
+    print(f"MEASURED elastic deadlock: training again {resumed - stuck:.1f}s after it")
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
         testbed3, tmp_path):

@@ -237,3 +237,15 @@ def test_a_stall_shutdown_blames_the_missing_rank_not_rank_0():
                     r"\(pid \d+\), which the others waited for \d+s; rank 0 only waited for "
                     r"it", last), last
     assert not wait_gone(STALL, 10.0)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_never_reaches_init_is_blamed_not_the_rank_that_waited_there():
+    proc = run_launcher(["-np", "2", "--start-timeout", "8", "python", WEDGE, "late", "60"],
+                        timeout=100)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    last = out.strip().splitlines()[-1]
+    assert re.match(r"hvdlite-run: rank 1 on host \S+ never reached hvd.init\(\); rank 0 only "
+                    r"waited for it \(rank 0 then exited with code 1: ", last), last
+    assert not wait_gone(WEDGE, 10.0)

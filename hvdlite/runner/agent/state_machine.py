@@ -308,7 +308,7 @@ class Agent:
             return
         for sid, code in failures:
             self._blacklist_for(sid, code)
-        if self.state is JobState.RUNNING and self._leave_out_partitioned():
+        if self.state is JobState.RUNNING and not failures and self._leave_out_partitioned():
             pass                        # the next round is open, without the cut-off hosts
         elif self.state is JobState.RUNNING:
             self._end_frozen()
@@ -454,8 +454,9 @@ class Agent:
         return list(dict.fromkeys(sid[0] for sid in self.round_ids))
 
     def _leave_out_partitioned(self) -> bool:
-        """Elastic jobs: once members of a multi-host round ask for a new one, probe the
-        round's hosts for cut links (once per round); when some cannot reach each other,
+        """Elastic jobs: once members of a multi-host round ask for a new one and no member
+        exited (that would explain it), probe the round's hosts for cut links (once per
+        round); when some cannot reach each other,
         keep the largest set that can (``partition``), blacklist the rest and open the next
         round without them.  True when it did."""
         hosts = self._round_hosts()

@@ -2,11 +2,13 @@
 which keeps the lock), so that no thread of it runs, while the others wait for it in an
 allreduce; the launcher must name that rank, not the ones that waited.
 
-argv: RANK SECONDS -- the rank that holds the lock, and for how long.
+argv: RANK SECONDS -- the rank that holds the lock, and for how long; or ``late SECONDS``:
+local slot 1 sleeps that long before ``hvd.init()`` (its peer waits for it there).
 """
 import ctypes
 import os
 import sys
+import time
 
 import torch
 
@@ -19,6 +21,12 @@ def hold_the_interpreter_lock(seconds):
 
 
 def main():
+    if sys.argv[1] == "late":
+        if os.environ.get("HVDLITE_LOCAL_RANK") == "1":
+            time.sleep(float(sys.argv[2]))
+        hvd.init()
+        hvd.allreduce(torch.ones(1), name="after.init")
+        return
     wedged, seconds = int(sys.argv[1]), float(sys.argv[2])
     hvd.init()
     hvd.allreduce(torch.ones(1), name="warm.up")
