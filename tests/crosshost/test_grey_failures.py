@@ -44,6 +44,7 @@ def _last_line(text):
     return [line for line in text.splitlines() if line.startswith("hvdlite-run:")][-1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_rank_holding_its_interpreter_lock_is_named_with_host_pid_and_stack(testbed3):
     """Rank 1 on tbh1 sleeps in a C call that keeps the interpreter lock: its task

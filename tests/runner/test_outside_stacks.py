@@ -408,6 +408,7 @@ def test_dump_stacks_of_a_plain_torch_program_local(tmp_path):
 
 
 @needs_torch
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sigusr1_of_a_plain_torch_program_over_ssh(sshd, tmp_path):
     _check_outside_report(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()],

@@ -239,6 +239,7 @@ def test_a_stall_shutdown_blames_the_missing_rank_not_rank_0():
     assert not wait_gone(STALL, 10.0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_that_never_reaches_init_is_blamed_not_the_rank_that_waited_there():
     proc = run_launcher(["-np", "2", "--start-timeout", "8", "python", WEDGE, "late", "60"],
