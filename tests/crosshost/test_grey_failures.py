@@ -149,6 +149,20 @@ def _elastic_job(tb, tmp_path, flags, env, steps):
     return job, slow, tmp_path / "result.json"
 
 
+def _fault_then_two_ranks(job, slow, fault_line, resume_s):
+    """Wait for the worker's fault, then for training on the two others; end the slow part
+    and the job.  Returns (fault seen, training again, exit code); the job is killed if
+    a wait fails."""
+    try:
+        fault_at = job.wait_for(fault_line, 90)
+        resumed = job.wait_for("RESET rank=0 size=2", resume_s)
+        slow.unlink()
+        return fault_at, resumed, job.finish(120)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_an_elastic_job_ends_a_rank_holding_its_interpreter_lock_and_goes_on(
@@ -160,14 +174,8 @@ def test_an_elastic_job_ends_a_rank_holding_its_interpreter_lock_and_goes_on(
     steps = 40
     job, slow, result = _elastic_job(testbed3, tmp_path, [],
                                      {"ELASTIC_HOLD_GIL": "tbh1:0:5:90"}, steps)
-    try:
-        held = job.wait_for("HOLDING the GIL for 90s at step 5", 90)
-        resumed = job.wait_for("RESET rank=0 size=2", OP_TIMEOUT_S + 40)
-        slow.unlink()
-        rc = job.finish(120)
-    finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
+    held, resumed, rc = _fault_then_two_ranks(job, slow, "HOLDING the GIL for 90s at step 5",
+                                              OP_TIMEOUT_S + 40)
     text = job.text()
     assert rc == 0, text
     assert "rank 1 on host tbh1 has not answered for" in text, text
@@ -190,14 +198,7 @@ def test_an_elastic_job_leaves_out_a_deadlocked_rank(testbed3, tmp_path):
         testbed3, tmp_path, ["--stall-check-warning-time-seconds", "2",
                              "--stall-check-shutdown-time-seconds", "6"],
         {"ELASTIC_DEADLOCK": "tbh2:0:5"}, steps)
-    try:
-        stuck = job.wait_for("DEADLOCKED at step 5", 90)
-        resumed = job.wait_for("RESET rank=0 size=2", 60)
-        slow.unlink()
-        rc = job.finish(120)
-    finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
+    stuck, resumed, rc = _fault_then_two_ranks(job, slow, "DEADLOCKED at step 5", 60)
     text = job.text()
     assert rc == 0, text
     assert "rank 2 on host tbh2 never submitted tensor" in text, text

@@ -45,7 +45,8 @@ from hvdlite.runner.store.exit_reports import report_from_failure
 from hvdlite.runner.store.liveness import Liveness
 from hvdlite.runner.store.metrics_inbox import MetricsInbox
 from hvdlite.runner.store.stack_collection import (OUTSIDE_TIMEOUT_S, Outside, StackReports,
-                                                   on_sigusr1, outside_stack_lines)
+                                                   on_sigusr1, outside_stack_lines,
+                                                   to_stderr)
 from hvdlite.runner.store.torch_store import TorchStore
 from hvdlite.runner.tasks.nics import loopback_interface
 from hvdlite.runner.tasks.ssh import SSHOptions
@@ -177,7 +178,7 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter,
                         port=spec.store_port)
     wedges = WedgeWatch(job.liveness, outside=starter.outside_stacks,
                         stack_lines=outside_stack_lines, op_timeout_s=spec.tunables.op_timeout_s,
-                        write=_to_stderr) if starter.needs_rendezvous else None
+                        write=to_stderr) if starter.needs_rendezvous else None
     job.agent = Agent(spec.settings, _damped(spec, source), starter, job.rounds,
                       op_timeout_s=spec.tunables.op_timeout_s, wedges=wedges)
     _take_outside_stacks(job, starter)
@@ -221,11 +222,6 @@ def _take_outside_stacks(job: JobContext, starter: Starter) -> None:
         return taken([ids[r] for r in ranks if 0 <= r < len(ids)], ids)
 
     job.stacks.use_outside(every, for_ranks)
-
-
-def _to_stderr(text: str) -> None:
-    sys.stderr.write(text.rstrip("\n") + "\n")
-    sys.stderr.flush()
 
 
 def _damped(spec: JobSpec, source: HostSource) -> HostSource:

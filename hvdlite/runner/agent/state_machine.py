@@ -66,6 +66,7 @@ exited 0; a failure of one of them now fails the job, and so does a worker of th
 round that had failed or was stopped before.
 """
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -241,7 +242,7 @@ class Agent:
         self._frozen_checked = 0.0
         #: members ended for being stopped or stuck (not progressing): their exit is a
         #: failure whatever its code (a worker that gets SIGTERM may leave with 0)
-        self._ended_frozen: Set[SlotId] = set()
+        self._ended_stuck: Set[SlotId] = set()
         #: static jobs: stopped members already reported (until they run again)
         self._frozen_said: Set[SlotId] = set()
         self._unformed: List[int] = []        # rounds in a row replaced before they formed
@@ -364,8 +365,8 @@ class Agent:
                 log.info("round %d: worker %s (%s) %s; its slot is not in the newest round: "
                          "no failure", self.round, _name(sid), started, describe_exit(code))
                 continue
-            if sid in self._ended_frozen:
-                self._ended_frozen.discard(sid)
+            if sid in self._ended_stuck:
+                self._ended_stuck.discard(sid)
                 code = code or -signal.SIGTERM
             self._exit_order.append((sid, code))
             if code == 0:
@@ -448,7 +449,7 @@ class Agent:
         self._workers.stop(frozen)
         for sid in frozen:
             del self._frozen_since[sid]
-            self._ended_frozen.add(sid)
+            self._ended_stuck.add(sid)
 
     def _round_hosts(self) -> List[str]:
         return list(dict.fromkeys(sid[0] for sid in self.round_ids))
@@ -467,9 +468,7 @@ class Agent:
         cut = self._workers.cut_links(hosts)
         if not cut:
             return False
-        slots: Dict[str, int] = {}
-        for sid in self.round_ids:
-            slots[sid[0]] = slots.get(sid[0], 0) + 1
+        slots = collections.Counter(sid[0] for sid in self.round_ids)
         _, out = partition.keep_reachable(hosts, slots, cut)
         why = partition.describe(cut, out)
         log.warning("round %d: the round's hosts probed each other: %s", self.round, why)
@@ -487,7 +486,7 @@ class Agent:
             return
         members = [sid for sid in self.round_ids
                    if sid in self._live and not self._live[sid].stopping
-                   and sid not in self._ended_frozen]
+                   and sid not in self._ended_stuck]
         self._wedges.report_silent(members, self._rank_in_round)
         if self.settings.static:
             return
@@ -496,7 +495,7 @@ class Agent:
         for sid, why in ending:
             log.warning("round %d: %s: ending worker %s so that the others go on without it",
                         self.round, why, _name(sid))
-            self._ended_frozen.add(sid)
+            self._ended_stuck.add(sid)
         if ending:
             self._workers.stop([sid for sid, _ in ending])
 
@@ -597,11 +596,14 @@ class Agent:
                 ranks={i: (self._rank_in_round(i), i[0]) for i in self.round_ids},
                 exits=list(self._exit_order), reports=self._rendezvous.exit_reports,
                 stopped=self._workers.suspended, op_timeout_s=self._op_timeout_s,
-                culprits=self._culprits,
-                cut_links=lambda: self._workers.cut_links(self._round_hosts())
-                if len(self._round_hosts()) > 1 else []).line(failure)
+                culprits=self._culprits, cut_links=self._cut_links).line(failure)
         self.summary = line
         self._fail(line.strip(), exit_status(code))
+
+    def _cut_links(self) -> List[Tuple[str, str]]:
+        """Pairs of the round's hosts that cannot reach each other (for the summary)."""
+        hosts = self._round_hosts()
+        return self._workers.cut_links(hosts) if len(hosts) > 1 else []
 
     def _culprits(self) -> List[Tuple[SlotId, str]]:
         """The members the others waited for, with why (for the failure summary)."""

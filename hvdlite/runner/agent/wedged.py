@@ -28,6 +28,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from hvdlite.runner.hosts import SlotId
+from hvdlite.runner.processes.py_spy import OutsideStack
 from hvdlite.runner.store.liveness import Liveness
 
 log = logging.getLogger("hvdlite.runner.agent")
@@ -39,9 +40,9 @@ ASK_GRACE_S = 10.0
 OUTSIDE_STACK_S = 10.0
 
 #: ``outside(ids, timeout_s)``: stacks taken by py-spy, by slot (see ``Starter``)
-Outside = Callable[[Sequence[SlotId], float], Dict[SlotId, object]]
+Outside = Callable[[Sequence[SlotId], float], Dict[SlotId, OutsideStack]]
 #: ``lines(stack)``: the report's lines for one py-spy stack (indented)
-StackLines = Callable[[object], List[str]]
+StackLines = Callable[[OutsideStack], List[str]]
 
 
 class WedgeWatch:
@@ -50,7 +51,7 @@ class WedgeWatch:
     def __init__(self, liveness: Liveness, outside: Optional[Outside] = None,
                  stack_lines: Optional[StackLines] = None,
                  op_timeout_s: Optional[float] = None,
-                 write: Callable[[str], None] = lambda text: log.warning("%s", text)):
+                 write: Callable[[str], None] = lambda text: log.warning("%s", text.rstrip())):
         self.liveness = liveness
         self._outside = outside
         self._stack_lines = stack_lines
@@ -108,7 +109,7 @@ class WedgeWatch:
                 lines += self._stack_lines(stack)
             else:
                 lines.append("  (no stack: this starter cannot take one from outside)")
-        self._write("\n".join(lines))
+        self._write("\n".join(lines) + "\n")
 
     # ---- ending (elastic) -----------------------------------------------------------------
 

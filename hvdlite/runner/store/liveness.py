@@ -44,7 +44,6 @@ class Beat:
     pid: int
     seen: float                  # when it last polled (monotonic)
     progress: int = -1           # its background thread's cycle count
-    progressed: float = 0.0      # when that count last changed
     leaving: bool = False        # its poller said it stops
 
 
@@ -93,11 +92,11 @@ class Liveness:
             if beat is None or beat.pid != pid:
                 if beat is None and len(self._beats) >= MAX_SLOTS:
                     return
-                beat = self._beats[sid] = Beat(rank, -1, pid, now, progressed=now)
+                beat = self._beats[sid] = Beat(rank, -1, pid, now)
             beat.rank, beat.seen = rank, now
             beat.round = round_ if is_int(round_) else beat.round
-            if is_int(progress) and progress != beat.progress:
-                beat.progress, beat.progressed = progress, now
+            if is_int(progress):
+                beat.progress = progress
             beat.leaving = header.get("leaving") is True
 
     def take_stall(self, header: dict) -> None:

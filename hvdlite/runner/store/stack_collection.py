@@ -82,7 +82,7 @@ class StackReports:
                  outside: Optional[OutsideEvery] = None,
                  outside_for_ranks: Optional[OutsideForRanks] = None):
         """``outside``, ``outside_for_ranks``: see :meth:`use_outside`."""
-        self._write = write or _to_stderr
+        self._write = write or to_stderr
         self._outside = outside
         self._outside_for_ranks = outside_for_ranks
         self._cond = threading.Condition()
@@ -487,15 +487,14 @@ def _short(path: str) -> str:
     return os.sep.join(parts[-2:]) if "hvdlite" in parts or "torch" in parts else parts[-1]
 
 
-def _to_stderr(text: str) -> None:
+def to_stderr(text: str) -> None:
+    """Write a report on the launcher's stderr, beside the ranks' output."""
     sys.stderr.write(text)
     sys.stderr.flush()
 
 
-def outside_stack_lines(stack) -> List[str]:
-    """The report's lines for a stack py-spy took from outside a rank (an object with
-    ``threads``, in the form the ranks send, and ``note``: why there are none)."""
-    threads = getattr(stack, "threads", None)
-    if threads:
-        return _threads_lines(threads, "    ")
-    return [f"    (no stack: {getattr(stack, 'note', '') or 'py-spy gave none'})"]
+def outside_stack_lines(stack: OutsideStack) -> List[str]:
+    """The lines of a stack py-spy took from outside a rank, or why there is none."""
+    if stack.threads:
+        return _threads_lines(stack.threads, "    ")
+    return [f"    (no stack: {stack.note or 'py-spy gave none'})"]
