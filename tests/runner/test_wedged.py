@@ -185,6 +185,20 @@ def test_culprits_name_silent_and_missing_members_else_those_that_never_reached_
     assert found[A].startswith("never submitted tensor 'grad.w' (pid 100)")
 
 
+def test_a_member_whose_process_exited_is_no_silent_culprit():
+    """A rank that exits without its last "leaving" poll (sys.exit right after a peer's
+    failure) stops beating too: only a running process that went silent is stuck."""
+    live = Liveness(silent_s=0.1)
+    watch = WedgeWatch(live, write=lambda text: None)
+    order = [A, B]
+    poll(live, A, 0, 100)
+    poll(live, B, 1, 101)
+    time.sleep(0.2)
+    poll(live, A, 0, 100)
+    assert watch.culprits(order, rank_of(order), running={A}) == []
+    assert [sid for sid, _ in watch.culprits(order, rank_of(order), running={A, B})] == [B]
+
+
 def test_the_summary_names_the_rank_the_others_waited_for_and_who_only_waited():
     summary = blame.FailureSummary(
         ranks={A: (0, "h0"), B: (1, "h0"), C: (2, "h1")}, exits=[(A, 1)],

@@ -611,7 +611,8 @@ class Agent:
             return []
         arrived = None if self._rendezvous.formed(self.round) \
             else self._rendezvous.arrived(self.round)
-        return self._wedges.culprits(self.round_ids, self._rank_in_round, arrived)
+        running = {sid for sid in self.round_ids if sid in self._live}
+        return self._wedges.culprits(self.round_ids, self._rank_in_round, arrived, running)
 
     def _step_running(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:

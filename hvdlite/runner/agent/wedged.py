@@ -153,17 +153,20 @@ class WedgeWatch:
     # ---- blame ----------------------------------------------------------------------------
 
     def culprits(self, members: Sequence[SlotId], rank_of: Callable[[SlotId], int],
-                 arrived: Optional[Set[int]] = None) -> List[Tuple[SlotId, str]]:
+                 arrived: Optional[Set[int]] = None,
+                 running: Optional[Set[SlotId]] = None) -> List[Tuple[SlotId, str]]:
         """The members the others waited for, each with why, for the failure summary:
-        silent ones, those a stall of this round named, and -- when the round never
-        formed -- those that never reached ``init()`` while others did (``arrived``: the
-        ranks that did)."""
+        silent ones whose process still runs (``running``; None: all -- a rank that exited
+        stops beating without being stuck), those a stall of this round named, and -- when
+        the round never formed -- those that never reached ``init()`` while others did
+        (``arrived``: the ranks that did)."""
         now = time.monotonic()
         out = []
         for sid in members:
             beat = self.liveness.beat(sid)
             pid = f" (pid {beat.pid})" if beat is not None else ""
-            silent = self.liveness.silent_for(sid, now)
+            silent = self.liveness.silent_for(sid, now) \
+                if running is None or sid in running else None
             if silent is not None:
                 out.append((sid, f"stopped answering{pid}: no thread of it ran for "
                                  f"{silent:.0f}s while its process stayed up (a C call "
