@@ -197,6 +197,10 @@ def test_a_member_whose_process_exited_is_no_silent_culprit():
     poll(live, A, 0, 100)
     assert watch.culprits(order, rank_of(order), running={A}) == []
     assert [sid for sid, _ in watch.culprits(order, rank_of(order), running={A, B})] == [B]
+    # nor is one killed before it reached init(): its exit names it
+    assert watch.culprits([A, C], rank_of([A, C]), arrived={0}, running={A}) == []
+    assert watch.culprits([A, C], rank_of([A, C]), arrived={0}, running={A, C}) == \
+        [(C, "never reached hvd.init()")]
 
 
 def test_the_summary_names_the_rank_the_others_waited_for_and_who_only_waited():

@@ -156,10 +156,11 @@ class WedgeWatch:
                  arrived: Optional[Set[int]] = None,
                  running: Optional[Set[SlotId]] = None) -> List[Tuple[SlotId, str]]:
         """The members the others waited for, each with why, for the failure summary:
-        silent ones whose process still runs (``running``; None: all -- a rank that exited
-        stops beating without being stuck), those a stall of this round named, and -- when
-        the round never formed -- those that never reached ``init()`` while others did
-        (``arrived``: the ranks that did)."""
+        silent ones, those a stall of this round named, and -- when the round never formed
+        -- those that never reached ``init()`` while others did (``arrived``: the ranks that
+        did).  Silent and never-arrived members count only while their process runs
+        (``running``; None: all): one that exited is named by its exit instead (a rank
+        killed before ``init()``, or one that exits without its last "leaving" poll)."""
         now = time.monotonic()
         out = []
         for sid in members:
@@ -179,7 +180,7 @@ class WedgeWatch:
                                  f"the others waited for {waited:.0f}s"))
         if not out and arrived:
             out = [(sid, "never reached hvd.init()") for sid in members
-                   if rank_of(sid) not in arrived]
+                   if rank_of(sid) not in arrived and (running is None or sid in running)]
         return out
 
 
