@@ -28,6 +28,7 @@ from hvdlite.common.config import Config
 from hvdlite.common.backend import shared_buckets
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.process_sets import ProcessSet, global_process_set  # noqa: F401
+from hvdlite.common.diagnostics.raised import noted
 from hvdlite.common.diagnostics.recorder import NULL, Recorder
 from hvdlite.common.arrays import DTYPE_NAMES, dtype_name
 from hvdlite.common.engine.message import BARRIER_NAME, JOIN_NAME, OpType, ReduceOp, Request
@@ -130,6 +131,7 @@ def _runtime(process_set):
     return _sets.runtime_of(process_set), process_set.process_set_id
 
 
+@noted
 def process_set_rank(process_set=None) -> int:
     """This rank's position in ``process_set`` (its rank in the job for the global set).
 
@@ -139,11 +141,13 @@ def process_set_rank(process_set=None) -> int:
     return _runtime(process_set)[0].rank
 
 
+@noted
 def process_set_size(process_set=None) -> int:
     """How many ranks ``process_set`` has (the job's size for the global set)."""
     return _runtime(process_set)[0].size
 
 
+@noted
 def check_root(root_rank, name: str, runtime=None) -> int:
     """``root_rank`` (a rank of the job) as a rank of the set ``runtime`` serves.
 
@@ -225,6 +229,7 @@ def shared_bucket(numel: int, dtype, process_set=None):
     return shared_buckets.allocate(numel, dtype)
 
 
+@noted
 def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0, finish=None) -> Handle:
     """Reduce one buffer over all ranks into ``output`` (which may be the buffer itself).
@@ -270,6 +275,7 @@ _MAX_REUSED_REQUESTS = 1 << 16
 basics.register_reset_hook(_REQUESTS.clear)
 
 
+@noted
 def allreduce_packed(flat, count: int, digest: int, name: Optional[str], op: ReduceOp,
                      prescale: float = 1.0, postscale: float = 1.0, process_set=None,
                      finish=None) -> Handle:
@@ -296,6 +302,7 @@ def allreduce_packed(flat, count: int, digest: int, name: Optional[str], op: Red
     return handle
 
 
+@noted
 def allreduce_async(buffers: Sequence, outputs: Sequence, name: Optional[str], grouped: bool,
                     op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
                     process_set=None, finish=None) -> Handle:
@@ -311,6 +318,7 @@ def allreduce_async(buffers: Sequence, outputs: Sequence, name: Optional[str], g
                    reduce_op=int(op), prescale=float(prescale), postscale=float(postscale))
 
 
+@noted
 def allgather_async(buffers: Sequence, name: Optional[str], grouped: bool,
                     process_set=None, finish=None) -> Handle:
     """Concatenate every rank's buffers along dim 0 (first dimensions may differ)."""
@@ -321,6 +329,7 @@ def allgather_async(buffers: Sequence, name: Optional[str], grouped: bool,
     return _submit(OpType.ALLGATHER, buffers, names, [None] * len(buffers), finish, runtime)
 
 
+@noted
 def broadcast_async(buffer, output, root_rank, name: Optional[str], process_set=None,
                     finish=None) -> Handle:
     """The root's buffer in ``output`` on every rank (``output`` may be ``buffer``)."""
@@ -330,6 +339,7 @@ def broadcast_async(buffer, output, root_rank, name: Optional[str], process_set=
     return _submit(OpType.BROADCAST, [buffer], [nm], [output], finish, runtime, root=root)
 
 
+@noted
 def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
                    process_set=None, finish=None) -> Handle:
     """Send ``splits[r]`` rows to rank r; the result is ``(rows received, received splits)``
@@ -353,6 +363,7 @@ def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
                    splits=tuple(split_list))
 
 
+@noted
 def reducescatter_async(buffers: Sequence, op: ReduceOp, name: Optional[str], grouped: bool,
                         prescale: float = 1.0, postscale: float = 1.0, process_set=None,
                         finish=None) -> Handle:
@@ -382,6 +393,7 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
+@noted
 def synchronize(handle: Handle):
     """Wait for the operation of ``handle`` and return its result (or raise its error).
 
@@ -427,6 +439,7 @@ def _control(op: OpType, name: str, runtime=None) -> Handle:
     return handle
 
 
+@noted
 def join() -> int:
     """Block until every rank has joined; returns the rank that joined last.
 
@@ -439,6 +452,7 @@ def join() -> int:
     return synchronize(_control(OpType.JOIN, JOIN_NAME))
 
 
+@noted
 def barrier(process_set=None) -> None:
     """Block until every rank of the set (default: the job) reached the barrier."""
     synchronize(_control(OpType.BARRIER, BARRIER_NAME, _runtime(process_set)[0]))
@@ -514,6 +528,7 @@ def _dynamic_required(what: str) -> None:
                          f"{cfg.DYNAMIC_PROCESS_SETS}=1 ({twins})")
 
 
+@noted
 def add_process_set(process_set) -> ProcessSet:
     """Register a process set while the job runs; returns it (with its id).
 
@@ -546,6 +561,7 @@ def add_process_set(process_set) -> ProcessSet:
     return _sets.register(ps, ranks)
 
 
+@noted
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set added with :func:`add_process_set`; its members' pending operations
     on it fail.  A collective over the job, like adding.

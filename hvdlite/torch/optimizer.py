@@ -173,7 +173,9 @@ class _DistributedOptimizer(HookedOptimizer):
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor, num_groups, groups, sparse_as_dense,
                    process_set, bucket_cap_mb):
-        """Check the arguments, pick how gradients travel and hook every parameter."""
+        """Check the arguments, pick how gradients travel and hook every parameter.  On a
+        rank outside ``process_set`` it is a local optimizer, as Horovod's: no hooks, no
+        reductions, ``synchronize()`` returns at once."""
         _check_passes(backward_passes_per_step)
         _check_averaging(op, gradient_predivide_factor, bucket_cap_mb)
         _check_compression(compression, stateful_ok=op != mpi_ops.Adasum)
@@ -183,6 +185,11 @@ class _DistributedOptimizer(HookedOptimizer):
         self._hvd_init_state(Compression.none if stateful else compression,
                              backward_passes_per_step, op, gradient_predivide_factor,
                              sparse_as_dense, process_set)
+        if not _member_of(process_set):
+            self._hvd_exchange = None
+            self._hvd_mode = "local"
+            self._hvd_hook_handles = []
+            return
         # PowerSGD / top-k: their state (residuals, Q, step count) lives in this wrapper
         self._hvd_exchange = None if stateful is None else stateful.make_exchange(
             self._hvd_params, self._hvd_names,
@@ -418,8 +425,12 @@ class _DistributedOptimizer(HookedOptimizer):
         """Wait for every gradient reduction of this step; the results are in ``p.grad``.
 
         Starts the reductions of gradients whose hooks did not fire (unused
-        parameters get zeros), so every rank reduces the same tensors.
+        parameters get zeros), so every rank reduces the same tensors.  On a rank outside
+        the optimizer's process set there is nothing to wait for.
         """
+        if self._hvd_mode == "local":
+            self._hvd_synchronized = True
+            return
         try:
             if self._hvd_mode == "buckets":
                 for b in self._hvd_buckets:
@@ -665,7 +676,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         sparse_as_dense: densify sparse gradients (per-parameter and group paths; the default
             bucketed path always reduces them dense).  Either way the reduced gradient is
             handed back sparse, so ``torch.optim.SparseAdam`` works.
-        process_set: reduce among this process set only (default: all ranks).
+        process_set: reduce among this process set only (default: all ranks).  On a rank
+            outside the set the wrapper is a local optimizer (no reductions), as Horovod's.
         bucket_cap_mb: hvdlite extension: gradient bucket size in MiB (``None``: about 1/8 of
             the gradient bytes, 1 to 25 MiB; ``0``: Horovod's per-parameter path).
 
@@ -684,7 +696,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     op = mpi_ops.Average if op is None else op
     _check_wrappable(optimizer, op, gradient_predivide_factor)
     # as Horovod: Adasum of one rank is the gradient itself, so 1 rank keeps the plain wrapper
-    if op == mpi_ops.Adasum and ops.process_set_size(process_set) > 1:
+    if op == mpi_ops.Adasum and _member_of(process_set) and \
+            ops.process_set_size(process_set) > 1:
         return _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
                             process_set)
     obj = rebind(optimizer, _DistributedOptimizer)
@@ -710,6 +723,15 @@ def _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_s
     _check_compression(compression, stateful_ok=False)
     return adasum_optimizer.wrap(optimizer, _param_names(optimizer, named_parameters),
                                  compression, backward_passes_per_step, process_set)
+
+
+def _member_of(process_set) -> bool:
+    """Whether this rank is in ``process_set`` (the global set, or None: always).  A set
+    that is not registered counts as one: its first use then raises the clear error."""
+    included = getattr(process_set, "included", None)
+    if process_set is None or process_set is global_process_set or included is None:
+        return True                   # a wrong type is refused where the set is first used
+    return included() is not False
 
 
 def _check_wrappable(optimizer, op, gradient_predivide_factor) -> None:

@@ -205,6 +205,28 @@ def test_stall_report_names_the_missing_rank_and_its_function_local(tmp_path):
 
 @needs_torch
 @pytest.mark.timeout(90)
+def test_stall_report_says_the_missing_rank_left_the_collective_by_raising(tmp_path):
+    """Rank 1 raised out of the allreduce (a set it is not in) and went elsewhere, as a test
+    harness does after a failed test: the report says why it is not in the collective."""
+    flag = str(tmp_path / "seen")
+    job = Launch(["-np", "2", "--stall-check-warning-time-seconds", "2", WORKER, "raise", "40",
+                  flag])
+    try:
+        job.wait_for(r"^hvdlite-run: stall: ranks \[0\] wait for ranks \[1\]", 40)
+        open(flag, "w").close()
+        assert job.finish(60) == 0, job.text()
+    finally:
+        job.kill()
+    text = job.text()
+    report = text[text.index("hvdlite-run: stall:"):]
+    assert re.search(r"rank 1 left the collective by raising ValueError: rank 1 is not a "
+                     r"member of process set 1 .*\(at [^ ]*stall_worker\.py:\d+ in main, "
+                     r"[\d.]+s before these stacks\)", report), text
+    assert USER_FUNCTION + " (" + WORKER in report, text
+
+
+@needs_torch
+@pytest.mark.timeout(90)
 def test_stall_report_over_ssh(sshd, tmp_path):
     _check_stall_report(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()], 40,
                         flag=str(tmp_path / "seen"))

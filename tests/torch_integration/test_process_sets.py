@@ -109,8 +109,10 @@ def test_a_dead_member_fails_its_set_not_the_others():
 def test_every_optimizer_class_in_process_sets(np):
     """Horovod's process-set optimizer scenario: each torch.optim class trains in the
     even/odd sets, some raise (Muon when built, LBFGS's zero_grad, SparseAdam), and every
-    rank still ends at the final barrier with its set's weights equal."""
+    rank still ends at the final barrier with its set's weights equal.  Then Horovod's own
+    case: every rank wraps with the even set, and on the odd ranks it is a local optimizer."""
     rc, out = launch(WORKERS / "process_set_optimizers_worker.py", np=np, timeout_s=100)
     results = CaseResults(rc, out, np=np)
     results.check("optimizers_in_process_sets")
+    results.check("optimizer_on_a_non_member")
     assert rc == 0, out[-4000:]

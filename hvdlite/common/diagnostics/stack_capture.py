@@ -52,7 +52,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from hvdlite.common.diagnostics import exit_report, flight_recorder
+from hvdlite.common.diagnostics import exit_report, flight_recorder, raised
 from hvdlite.common.net.service import Client, ServiceError
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,18 @@ def capture(skip: Sequence[int] = ()) -> List[dict]:
     return threads[:MAX_THREADS]
 
 
+def _raised_field() -> Optional[dict]:
+    """The error this rank's user code last got from the op layer, for a report: type,
+    message, ``ago_s`` and ``where`` (the innermost user frame that called: file, line,
+    function; None when only runtime frames did)."""
+    entry = raised.last()
+    if entry is None:
+        return None
+    callers = entry.pop("callers")
+    entry["where"] = next((c for c in callers if not is_runtime_file(c[0])), None)
+    return entry
+
+
 class Target:
     """Where this process sends its stacks: the launcher's store and who we are."""
 
@@ -138,6 +150,9 @@ def send_async(target: Target, kind: str, request_id: int, rank: int,
         header = {"op": "stack_report", "kind": kind, "id": int(request_id), "rank": int(rank),
                   "host": target.hostname, "pid": os.getpid()}
         header.update(extra or {})
+        left = _raised_field()
+        if left is not None:
+            header["raised"] = left
         if kind == ALL:      # on demand, this rank's flight recorder too (off the loop)
             flight_recorder.dump("stacks requested")
         blob = b""

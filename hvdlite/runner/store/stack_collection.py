@@ -72,6 +72,8 @@ class _Pending:
         self.summary_at = 0.0
         #: rank -> (host, pid, threads, whether its stack poller sent them)
         self.stacks: Dict[int, Tuple[str, int, list, bool]] = {}
+        #: rank -> the error its user code last got from the op layer (its ``raised``)
+        self.raised: Dict[int, dict] = {}
 
 
 class StackReports:
@@ -178,6 +180,9 @@ class StackReports:
                     self._wanted = 0
             if threads is not None and rank not in entry.stacks:     # the first answer
                 entry.stacks[rank] = (host, pid, threads, header.get("via") == "poller")
+                left = _raised_of(header.get("raised"))
+                if left is not None:
+                    entry.raised[rank] = left
             self._cond.notify_all()
             self._start_locked()
         return {}, b""
@@ -205,7 +210,7 @@ class StackReports:
             for (kind, _), entry in done:
                 if entry.summary is not None:
                     outside = self._outside_missing(entry)
-                    text = format_report(kind, entry.summary, entry.stacks, outside)
+                    text = format_report(kind, entry.summary, entry.stacks, outside, entry.raised)
                     if outside is None:
                         self._write(text)
                         self.written += 1
@@ -277,7 +282,8 @@ class StackReports:
             self._cond.notify_all()
         for (kind, _), entry in done:
             if entry.summary is not None:
-                self._write(format_report(kind, entry.summary, entry.stacks))
+                self._write(format_report(kind, entry.summary, entry.stacks,
+                                           raised=entry.raised))
                 self.written += 1
 
 
@@ -347,11 +353,14 @@ class ReportStore(Service):
 
 def format_report(kind: str, summary: dict,
                   stacks: Dict[int, Tuple[str, int, list, bool]],
-                  outside: Optional[Dict[int, Outside]] = None) -> str:
+                  outside: Optional[Dict[int, Outside]] = None,
+                  raised: Optional[Dict[int, dict]] = None) -> str:
     """The report's text: what stalled (for a stall), then per rank its host, pid and
     threads, innermost frames first, user code first and runtime frames folded.
-    ``outside``: stacks py-spy took of expected ranks that did not answer."""
+    ``outside``: stacks py-spy took of expected ranks that did not answer; ``raised``: per
+    rank, the error its user code last got from the op layer."""
     outside = outside or {}
+    raised = raised or {}
     expected = [r for r in summary.get("expected", []) if is_int(r)]
     if kind == STALL:
         lines = _stall_lines(summary, expected)
@@ -374,6 +383,8 @@ def format_report(kind: str, summary: dict,
         how = "; its background thread did not answer, its stack poller thread took these" \
             if by_poller else ""
         lines.append(f"  rank {rank} (host {host}, pid {pid}{how}):")
+        if rank in raised:
+            lines.append(_raised_line(rank, raised[rank], kind == STALL))
         lines += _threads_lines(threads, "    ")
     if kind == STALL:
         lines.append(_stall_outcome(summary))
@@ -405,6 +416,34 @@ def _outside_lines(who: str, host: str, stack: OutsideStack, why: str = "") -> L
                 f"{stack.note or 'py-spy gave none'}"]
     return [f"  {who} (host {host}{pid}{why}; taken from outside the process by py-spy):"] \
         + _threads_lines(stack.threads, "    ")
+
+
+def _raised_of(field) -> Optional[dict]:
+    """A report's ``raised`` field if it has the shape ranks send, else None (a diagnosis
+    drops what it cannot print rather than fail the report)."""
+    if not isinstance(field, dict):
+        return None
+    kind, message, ago, where = (field.get("type"), field.get("message"), field.get("ago_s"),
+                                 field.get("where"))
+    if not (isinstance(kind, str) and isinstance(message, str) and len(kind) <= 200
+            and len(message) <= 2000 and isinstance(ago, (int, float))
+            and not isinstance(ago, bool)):
+        return None
+    if not (isinstance(where, list) and len(where) == 3 and isinstance(where[0], str)
+            and len(where[0]) <= 4096 and is_int(where[1]) and isinstance(where[2], str)
+            and len(where[2]) <= 200):
+        where = None
+    return {"type": kind, "message": message, "ago_s": float(ago), "where": where}
+
+
+def _raised_line(rank: int, left: dict, stall: bool) -> str:
+    """``rank left the collective by raising ValueError: ... (at train.py:12 in main, 3s
+    before these stacks)``: why a rank its peers wait for is elsewhere."""
+    what = "left the collective" if stall else "last got an error from hvdlite"
+    where = left["where"]
+    at = f"at {_short(where[0])}:{where[1]} in {where[2]}, " if where else ""
+    return (f"    rank {rank} {what} by raising {left['type']}: {left['message']} "
+            f"({at}{left['ago_s']:g}s before these stacks)")
 
 
 def _stall_outcome(summary: dict) -> str:

@@ -4,6 +4,8 @@ that function.
 
 argv: MODE SECONDS [FLAG]
   MODE     ``stall``: rank 1 dawdles, rank 0 waits in the allreduce;
+           ``raise``: the same, but rank 1 first calls the allreduce on a process set it
+           is not in, and catches the ValueError (as a test harness does);
            ``dump``: every rank dawdles (the test asks for stacks on demand), in the
            job's second rendezvous round (shutdown() then init() first)
   SECONDS  how long the dawdling lasts at most
@@ -42,7 +44,13 @@ def dawdle_in_user_code(seconds, flag):
 def main():
     mode, seconds = sys.argv[1], float(sys.argv[2])
     flag = sys.argv[3] if len(sys.argv) > 3 else None
-    hvd.init()
+    only_rank_0 = hvd.ProcessSet([0])
+    hvd.init(process_sets=[only_rank_0])
+    if mode == "raise" and hvd.rank() == 1:
+        try:
+            hvd.allreduce(torch.ones(2), op=hvd.Sum, name="stall.grad", process_set=only_rank_0)
+        except ValueError as exc:
+            print(f"CAUGHT rank=1 {exc}", flush=True)
     if mode == "dump":
         hvd.allreduce(torch.ones(1), name="round0")
         hvd.shutdown()

@@ -77,6 +77,50 @@ def optimizers_in_process_sets():
     assert all(o == everyone[0] for o in everyone), everyone
 
 
+def optimizer_on_a_non_member():
+    """Horovod's test_optimizer_process_sets: every rank wraps its optimizer with the even
+    set.  On the odd ranks it is a local optimizer (no hooks, no reductions, no error): their
+    weights are those of a plain optimizer on their own data; the even ranks' are equal."""
+    n, r = hvd.size(), hvd.rank()
+    even = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
+    odd = hvd.add_process_set([k for k in range(n) if k % 2 == 1])
+    this_set = even if r % 2 == 0 else odd
+
+    def model_and_optimizer(process_set=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9, weight_decay=0.1)
+        if process_set is not None:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           process_set=process_set)
+        return model, opt
+
+    model, opt = model_and_optimizer(even)
+    local_model, local_opt = model_and_optimizer()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    data = torch.Generator().manual_seed(r)
+    for _ in range(3):
+        x, y = torch.randn(16, 6, generator=data), torch.randn(16, 2, generator=data)
+        for m, o in ((model, opt), (local_model, local_opt)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+    opt.synchronize()                      # nothing in flight: returns at once everywhere
+    weight = model.state_dict()["2.weight"]
+    everyone = hvd.allgather(weight.unsqueeze(0), process_set=this_set)
+    if r % 2 == 0:
+        for other in everyone:
+            assert_close("even set's weights", other, weight, 0, 0)
+    else:
+        assert_close("non-member's weights", weight, local_model.state_dict()["2.weight"],
+                     0, 0)
+        assert not opt._hvd_hook_handles, "a non-member's optimizer hooked its parameters"
+    hvd.remove_process_set(odd)
+    hvd.remove_process_set(even)
+    hvd.barrier()
+
+
 if __name__ == "__main__":
-    run_cases(hvd, {"optimizers_in_process_sets": optimizers_in_process_sets},
+    run_cases(hvd, {"optimizers_in_process_sets": optimizers_in_process_sets,
+                    "optimizer_on_a_non_member": optimizer_on_a_non_member},
               process_sets="dynamic")
