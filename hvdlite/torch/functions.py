@@ -151,8 +151,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
     otherwise it is created.  An optimizer whose state is still empty (a new one)
     first creates it as Horovod does: every parameter that requires a gradient gets a
     zero ``p.grad`` and the wrapped optimizer takes one step of its own (never a
-    ``DistributedOptimizer``'s, which would reduce); unlike Horovod the parameters then
-    get their values back, so weight decay does not move them.  Parameters that require
+    ``DistributedOptimizer``'s, which would reduce).  Unlike Horovod, that step leaves no
+    trace: the parameters get their values back (weight decay does not move them) and the
+    state what the class has before its first real step (step counters 0, NAdam's momentum
+    product 1, ...), so training after the broadcast equals training without it.  Parameters that require
     no gradient keep ``grad`` None and get no state; state entries that are None travel
     as None.  In a one-rank job nothing is broadcast.  A ``DistributedOptimizer`` with
     PowerSGD or top-k also takes the root's compression step count and PowerSGD's ``Q``
@@ -191,9 +193,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
 def _create_empty_state(optimizer) -> None:
     """Give an optimizer that has no state yet its state, as Horovod's
     ``broadcast_optimizer_state`` does (scripts read ``p.grad`` afterwards): zero gradients
-    for the parameters that require one, then one step of the optimizer's own class.
-    The parameters are put back afterwards (a step on zero gradients still applies weight
-    decay).  LBFGS (its step needs a closure) is left as it is."""
+    for the parameters that require one, then one step of the optimizer's own class with
+    its weight decay off.  The parameters are put back afterwards and the state rewound to
+    what the class has before its first step.  LBFGS (its step needs a closure) is left as
+    it is."""
     if any(optimizer.state.values()) or isinstance(optimizer, torch.optim.LBFGS):
         return
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -208,10 +211,59 @@ def _create_empty_state(optimizer) -> None:
             else:
                 zero = torch.zeros_like(p)
                 p.grad = zero.to_sparse() if sparse else zero
-    _own_step(optimizer)
+    # without weight decay: coupled decay would put weight x decay into the moments
+    decays = [g.get("weight_decay") for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        if "weight_decay" in g:
+            g["weight_decay"] = 0.0
+    try:
+        _own_step(optimizer)
+    finally:
+        for g, decay in zip(optimizer.param_groups, decays):
+            if decay is not None:
+                g["weight_decay"] = decay
     with torch.no_grad():
         for p, value in zip(params, kept):
             p.copy_(value)
+        _rewind_first_step(optimizer)
+
+
+def _first_values(optimizer, group) -> dict:
+    """The state entries that a step on zero gradients moves away from the value the class
+    gives them at its first step, with that value (None: the entry is made at the first
+    step from the gradient itself): counters, running products and the like."""
+    first = {"step": 0}
+    if isinstance(optimizer, torch.optim.NAdam):
+        first["mu_product"] = 1.0
+    elif isinstance(optimizer, torch.optim.ASGD):
+        first.update(eta=group["lr"], mu=1.0, ax=0.0)
+    elif isinstance(optimizer, torch.optim.Adamax):
+        first["exp_inf"] = 0.0          # the zero step left eps in it
+    elif isinstance(optimizer, torch.optim.Rprop):
+        first["step_size"] = group["lr"]
+    elif isinstance(optimizer, torch.optim.SGD) and group.get("dampening", 0):
+        first["momentum_buffer"] = None  # the first step copies the gradient undamped
+    return first
+
+
+def _rewind_first_step(optimizer) -> None:
+    """Undo what the zero-gradient step counted, so the next step is the class's first
+    (Adam's bias correction, NAdam's momentum product, ...): a run with the broadcast is
+    then the run without it.  Moments a zero gradient leaves at zero stay as they are."""
+    for group in optimizer.param_groups:
+        first = _first_values(optimizer, group)
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            for key, value in first.items():
+                if not state or key not in state:
+                    continue
+                old = state[key]
+                if value is None:
+                    state[key] = None
+                elif isinstance(old, torch.Tensor):
+                    old.fill_(value)
+                else:
+                    state[key] = type(old)(value) if isinstance(old, (int, float)) else value
 
 
 def _own_step(optimizer) -> None:

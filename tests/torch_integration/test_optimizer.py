@@ -11,7 +11,8 @@ CASES = [
     "sgd_op_sum_predivide", "sgd_average_predivide", "sgd_num_groups", "adam_explicit_groups",
     "sparse_params_path", "sparse_as_dense", "sparse_buckets", "custom_subclass",
     "uneven_usage", "errors", "sync_then_step", "set_to_none_by_module", "lr_scheduler",
-    "channels_last",
+    "channels_last", "sgd_momentum_after_broadcast", "adam_after_broadcast",
+    "adamw_after_broadcast", "rmsprop_after_broadcast", "adagrad_after_broadcast",
 ]
 
 

@@ -141,3 +141,61 @@ def test_broadcast_helpers_one_rank():
     assert allgather_object(3) == [3]
     with pytest.raises(ValueError, match="root_rank"):
         broadcast_parameters(model.state_dict(), root_rank=1)
+
+
+def _optimizer_classes():
+    return [getattr(torch.optim, a) for a in sorted(dir(torch.optim))
+            if isinstance(getattr(torch.optim, a), type)
+            and issubclass(getattr(torch.optim, a), torch.optim.Optimizer)
+            and a not in ("Optimizer", "LBFGS")]
+
+
+#: options that take an optimizer down another path of its first step (where it has them)
+_VARIANTS = {"SGD": [dict(momentum=0.9), dict(momentum=0.9, dampening=0.5),
+                     dict(momentum=0.9, nesterov=True, weight_decay=0.1)],
+             "Adam": [dict(), dict(amsgrad=True, weight_decay=0.1)],
+             "AdamW": [dict(weight_decay=0.1), dict(amsgrad=True)],
+             "RMSprop": [dict(momentum=0.5, centered=True)],
+             "NAdam": [dict(), dict(decoupled_weight_decay=True, weight_decay=0.1)],
+             "RAdam": [dict(), dict(decoupled_weight_decay=True, weight_decay=0.1)],
+             "ASGD": [dict(t0=1)]}
+#: the classes that also take sparse gradients
+_SPARSE = ("SGD", "Adagrad", "SparseAdam")
+
+
+def _cases():
+    for cls in _optimizer_classes():
+        for options in _VARIANTS.get(cls.__name__, [dict()]):
+            if cls.__name__ != "SparseAdam":
+                yield pytest.param(cls, options, False, id=f"{cls.__name__}-{options}")
+            if cls.__name__ in _SPARSE and not options.get("weight_decay"):
+                yield pytest.param(cls, options, True, id=f"{cls.__name__}-{options}-sparse")
+
+
+@pytest.mark.parametrize("cls,options,sparse", _cases())
+def test_broadcast_optimizer_state_leaves_no_trace_of_its_first_step(cls, options, sparse):
+    """broadcast_optimizer_state makes a new optimizer's state with one step on zero
+    gradients (as Horovod's); afterwards every torch.optim class must train exactly as the
+    same optimizer that was never broadcast: step counters, momentum products and the rest
+    as before a first step."""
+    def make():
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(5, 3))
+        return p, cls([p], lr=0.01, **options)
+
+    (plain, plain_opt), (broadcast, opt) = make(), make()
+    new = not opt.state               # Adagrad makes its state when it is built
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if new:
+        assert broadcast.grad is not None and not broadcast.grad.to_dense().count_nonzero(), \
+            "p.grad should be a zero gradient after the broadcast, as Horovod users expect"
+    step = opt.state[broadcast].get("step")
+    assert step is None or float(step) == 0, f"step counter {step} after the broadcast"
+    data = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        g = torch.randn(5, 3, generator=data)
+        for p, o in ((plain, plain_opt), (broadcast, opt)):
+            p.grad = g.to_sparse() if sparse else g.clone()
+            o.step()
+    assert torch.equal(plain.detach(), broadcast.detach()), \
+        f"{cls.__name__}: max diff {(plain - broadcast).abs().max().item():.3g}"

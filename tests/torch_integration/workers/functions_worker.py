@@ -86,9 +86,10 @@ def broadcast_lazy_state():
 
 def broadcast_empty_state_as_horovod():
     """All ranks empty (the usual start): the state is created as Horovod creates it (a
-    step of the optimizer's own on zero gradients, so Adam's step is 1 and every parameter
-    that trains has a zero ``grad``), frozen parameters keep ``grad`` None and get no state,
-    and, unlike Horovod, weight decay does not move the parameters."""
+    step of the optimizer's own on zero gradients, so every parameter that trains has a
+    zero ``grad`` and its state entries), frozen parameters keep ``grad`` None and get no
+    state, and, unlike Horovod, that step leaves no trace: weight decay does not move the
+    parameters and Adam's step count is still 0 (Horovod's is 1)."""
     torch.manual_seed(0)
     model = BNNet()
     frozen = model.conv.bias
@@ -102,7 +103,7 @@ def broadcast_empty_state_as_horovod():
             assert p.grad is None and p not in opt.state, (k, p.grad)
             continue
         assert p.grad is not None and not p.grad.any(), (k, p.grad)
-        assert float(opt.state[p]["step"]) == 1.0, (k, opt.state[p])
+        assert float(opt.state[p]["step"]) == 0.0, (k, opt.state[p])
         root = hvd.broadcast(opt.state[p]["exp_avg"], root_rank=0)
         assert_close(k, opt.state[p]["exp_avg"], root, 0, 0)
 

@@ -42,17 +42,34 @@ def make_opt(kind, params, lr_mult=1.0):
         return torch.optim.Adam(params, lr=0.01 * lr_mult)
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=0.01 * lr_mult, weight_decay=0.0)
+    if kind == "adamw_decay":
+        return torch.optim.AdamW(params, lr=0.01 * lr_mult, weight_decay=0.1)
+    if kind == "rmsprop":
+        return torch.optim.RMSprop(params, lr=0.01 * lr_mult, momentum=0.5)
+    if kind == "adagrad":
+        return torch.optim.Adagrad(params, lr=0.05 * lr_mult)
     raise ValueError(kind)
 
 
 def train_case(kind="sgd", bpps=1, compression=None, op=None, predivide=1.0, rtol=1e-5,
-               atol=1e-6, **dist_kw):
+               atol=1e-6, broadcast=False, **dist_kw):
+    """``broadcast``: rank 1 starts from other weights, and broadcast_parameters +
+    broadcast_optimizer_state give every rank rank 0's before training (the reference
+    process never broadcasts).  There the never-used layer is frozen in both: a
+    DistributedOptimizer gives an unused parameter a zero gradient (as Horovod's), which
+    AdamW's weight decay would move while the reference's None gradient is skipped."""
     def case():
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         the_op = hvd.Sum if op == "sum" else hvd.Average
         torch.manual_seed(0)
         ref = Net()
         model = copy.deepcopy(ref)
+        if broadcast and hvd.rank() != 0:
+            torch.manual_seed(hvd.rank())
+            model = Net()
+        if broadcast:
+            ref.unused.requires_grad_(False)
+            model.unused.requires_grad_(False)
         ref_opt = make_opt(kind, ref.parameters())
         kw = dict(dist_kw)
         if callable(kw.get("groups")):
@@ -63,6 +80,9 @@ def train_case(kind="sgd", bpps=1, compression=None, op=None, predivide=1.0, rto
             op=the_op, gradient_predivide_factor=predivide,
             **kw)
         assert isinstance(opt, type(ref_opt)), type(opt).__mro__
+        if broadcast:
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
         loss_scale = hvd.size() if op == "sum" else 1.0
         n, r = hvd.size(), hvd.rank()
         for step in range(STEPS):
@@ -308,6 +328,11 @@ CASES = {
     "sgd_num_groups": train_case("sgd", groups=2),
     "adam_explicit_groups": train_case(
         "adam", groups=lambda m: [[m.conv.weight, m.conv.bias], [m.fc2.bias, m.fc1.weight]]),
+    "sgd_momentum_after_broadcast": train_case("sgd", broadcast=True),
+    "adam_after_broadcast": train_case("adam", broadcast=True),
+    "adamw_after_broadcast": train_case("adamw_decay", broadcast=True),
+    "rmsprop_after_broadcast": train_case("rmsprop", broadcast=True),
+    "adagrad_after_broadcast": train_case("adagrad", broadcast=True),
     "uneven_usage": uneven_usage,
     "errors": errors,
     "sync_then_step": sync_then_step,
