@@ -141,6 +141,16 @@ def process_set_rank(process_set=None) -> int:
     return _runtime(process_set)[0].rank
 
 
+def is_member(process_set=None) -> bool:
+    """Whether this rank is in ``process_set`` (None or the global set: always), for the
+    optimizers that, as Horovod's, do nothing on a non-member.  A set that is not registered,
+    or not a set, counts as one: its first use then raises the clear error."""
+    included = getattr(process_set, "included", None)
+    if process_set is None or process_set is global_process_set or included is None:
+        return True
+    return included() is not False
+
+
 @noted
 def process_set_size(process_set=None) -> int:
     """How many ranks ``process_set`` has (the job's size for the global set)."""

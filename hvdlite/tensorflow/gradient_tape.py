@@ -17,9 +17,13 @@ def reduce_gradients(grads, compression=None, sparse_as_dense=False, op=Average,
 
     ``tf.IndexedSlices`` are allgathered, or densified first when ``sparse_as_dense``.
     ``gradient_predivide_factor`` f splits Average's division: by f before the sum and by
-    size/f after it, as Horovod does (the size is read when the reduction runs).
+    size/f after it, as Horovod does (the size is read when the reduction runs).  On a rank
+    outside ``process_set`` the gradients come back as they are (Horovod's optimizers are
+    local there).
     """
     grads = list(grads)
+    if not ops.is_member(process_set):
+        return grads
     at = [i for i, g in enumerate(grads) if g is not None]
     todo = [grads[i] for i in at]
     if sparse_as_dense:

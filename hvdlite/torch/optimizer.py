@@ -185,7 +185,7 @@ class _DistributedOptimizer(HookedOptimizer):
         self._hvd_init_state(Compression.none if stateful else compression,
                              backward_passes_per_step, op, gradient_predivide_factor,
                              sparse_as_dense, process_set)
-        if not _member_of(process_set):
+        if not ops.is_member(process_set):
             self._hvd_exchange = None
             self._hvd_mode = "local"
             self._hvd_hook_handles = []
@@ -696,7 +696,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     op = mpi_ops.Average if op is None else op
     _check_wrappable(optimizer, op, gradient_predivide_factor)
     # as Horovod: Adasum of one rank is the gradient itself, so 1 rank keeps the plain wrapper
-    if op == mpi_ops.Adasum and _member_of(process_set) and \
+    if op == mpi_ops.Adasum and ops.is_member(process_set) and \
             ops.process_set_size(process_set) > 1:
         return _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
                             process_set)
@@ -723,15 +723,6 @@ def _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_s
     _check_compression(compression, stateful_ok=False)
     return adasum_optimizer.wrap(optimizer, _param_names(optimizer, named_parameters),
                                  compression, backward_passes_per_step, process_set)
-
-
-def _member_of(process_set) -> bool:
-    """Whether this rank is in ``process_set`` (the global set, or None: always).  A set
-    that is not registered counts as one: its first use then raises the clear error."""
-    included = getattr(process_set, "included", None)
-    if process_set is None or process_set is global_process_set or included is None:
-        return True                   # a wrong type is refused where the set is first used
-    return included() is not False
 
 
 def _check_wrappable(optimizer, op, gradient_predivide_factor) -> None:

@@ -276,6 +276,16 @@ def check_process_set():
             raise AssertionError("an op on a set this rank is not in did not raise")
     close("global set", hvd.allreduce(tf.constant([1.0]), op=hvd.Sum,
                                       process_set=hvd.global_process_set), [float(n)])
+    # the optimizers of a set, on every rank (as Horovod's test_optimizer_process_sets): a
+    # rank outside it keeps its own gradients, a member of this one-rank set gets its own
+    v = tf.Variable([2.0 + r])
+    with tf.GradientTape() as tape:
+        loss = v * v
+    tape = hvd.DistributedGradientTape(tape, process_set=ps)
+    close("tape gradient on a set", tape.gradient(loss, [v])[0], [2 * (2.0 + r)])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.25), process_set=ps)
+    opt.apply_gradients([(tf.constant([4.0 + r]), v)])
+    close("keras step on a set", v, [2.0 + r - 0.25 * (4.0 + r)])
 
 
 def check_indexed_slices():
