@@ -23,7 +23,7 @@ from hvdlite.runner.starters.mpiexec import (HYDRA, INTEL, OPENMPI, build_comman
                                     find_mpiexec, write_ssh_wrapper)
 from hvdlite.runner.processes.rank_output import MODULE, mpi_rank, wrapper_command
 
-from conftest import REPO, run_launcher, worker
+from conftest import REPO, procs_with, run_launcher, wait_gone, worker
 
 pytestmark = pytest.mark.timeout(90)
 HOSTS = [HostSlots("a", 2), HostSlots("b", 1)]
@@ -318,3 +318,63 @@ def test_mpi_job_over_ssh_with_port_and_key(sshd, tmp_path):
     assert lines == [f"MPIOK rank={i} size=2 sum=3" for i in range(2)], r.stdout + r.stderr
     assert not glob.glob(os.path.join(tempfile.gettempdir(), "hvdlite-mpi-ssh-*")), \
         "the ssh wrapper's directory was left behind"
+
+
+def _run_bounded(cmd, timeout_s, token):
+    """``cmd`` in a session of its own, killed whole (and reported as a hang) when it runs
+    past ``timeout_s``; returns (returncode, stdout, stderr)."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for p in procs_with(token):
+            p.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"hung: still running after {timeout_s}s (an MPI wait without a "
+                    f"timeout?)\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
+def test_every_mpi_wait_times_out_when_the_peer_is_absent():
+    """Each collective of the MPI backend, its point-to-point exchange and its communicator
+    constructors end in the named error within about the op timeout (1 s) while the peer
+    sleeps in no collective; the backend then refuses at once (mpi_timeout_worker.py)."""
+    code, out, err = _run_bounded([find_mpiexec(), "-n", "2", sys.executable,
+                                   worker("mpi_timeout_worker.py")], 45, "mpi_timeout_worker")
+    assert "ALLTIMEDOUT" in out, out + err
+    took = {m.group(1): float(m.group(2))
+            for m in re.finditer(r"TIMEDOUT (.+?) s=([\d.]+):", out)}
+    assert len(took) == 10, out
+    assert all(0.9 <= s <= 2.5 for s in took.values()), took
+    # the abandoned operations did not keep the process in MPI_Finalize for good
+    assert "MPI_Finalize gets" in err, err
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_mpi_stopped_rank_ends_the_job_with_the_named_timeout_error():
+    """Rank 1 stops (SIGSTOP) while rank 0 waits for it in an allreduce under --mpi: rank 0
+    gets the same HvdliteInternalError a Gloo wait gives, within about the op timeout, and
+    the job ends with a summary and no process left."""
+    start = time.monotonic()
+    code, out, err = _run_bounded(
+        [sys.executable, "-m", "hvdlite.runner.cli.launch", "--mpi", "-np", "2",
+         "--op-timeout-seconds", "3", worker("mpi_stop_worker.py"), "1"], 60, "mpi_stop_worker")
+    took = time.monotonic() - start
+    assert code != 0, out + err
+    waited = re.search(r"WAITED rank=0 s=([\d.]+)", out)
+    assert waited and float(waited.group(1)) <= 3 + 1.5, out + err
+    assert re.search(r"ERROR HvdliteInternalError: rank 0: MPI [a-z ]+ did not complete "
+                     r"within 3s; a peer rank has probably exited, or stopped responding for "
+                     r"longer than --op-timeout-seconds \(3s\)", out), out + err
+    assert "UNEXPECTED" not in out
+    assert "hvdlite-run: rank 0 on host" in err and "exited with code 1" in err, err
+    assert took < 40, took
+    assert not wait_gone("mpi_stop_worker.py"), "ranks were left behind"
