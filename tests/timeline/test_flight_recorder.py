@@ -157,6 +157,17 @@ def test_size_zero_turns_the_recorder_off(tmp_path):
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.timeout(60)
+def test_no_flight_recorder_line_when_no_rank_ran_the_runtime(tmp_path):
+    """A failed job whose ranks never started hvdlite's runtime (an import error, a plain
+    torch.distributed program) wrote no dump: the launcher does not talk about one."""
+    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
+                        sys.executable, "-c", "import no_such_module_here"],
+                       capture_output=True, text=True, timeout=50, cwd=str(tmp_path))
+    assert r.returncode != 0 and "No module named 'no_such_module_here'" in r.stderr, r.stderr
+    assert "flight recorder" not in r.stderr, r.stderr
+
+
 def test_dump_directory_is_private_and_a_foreign_one_is_refused(tmp_path):
     rec = fr.FlightRecorder(4, str(tmp_path / "mine"))
     rec.completed("global", 1, [], [(entry("a"), None, None)])

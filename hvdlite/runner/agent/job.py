@@ -348,9 +348,10 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
 
 
 def flight_note(job: JobContext) -> str:
-    """Where the ranks' flight-recorder dumps are ("" when the recorder is off)."""
+    """Where the ranks' flight-recorder dumps are ("" when the recorder is off, or when no
+    rank ever ran hvdlite's runtime, which is what writes them)."""
     spec = job.spec
-    if spec.tunables.flight_recorder_size == 0:
+    if spec.tunables.flight_recorder_size == 0 or not job.liveness.heard_any():
         return ""
     hosts = spec.hosts or ([] if spec.discovery_script else [None])
     local_only = all(h is None or is_local(h.hostname) for h in hosts)

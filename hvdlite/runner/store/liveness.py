@@ -65,6 +65,8 @@ class Liveness:
         self._lock = threading.Lock()
         self._beats: Dict[SlotId, Beat] = {}
         self._missing: Dict[SlotId, Missing] = {}
+        #: whether any rank ever polled: ran hvdlite's runtime (kept when beats are forgotten)
+        self._heard_any = False
 
     # ---- the store's side -----------------------------------------------------------------
 
@@ -88,6 +90,7 @@ class Liveness:
         progress = header.get("progress")
         now = time.monotonic()
         with self._lock:
+            self._heard_any = True
             beat = self._beats.get(sid)
             if beat is None or beat.pid != pid:
                 if beat is None and len(self._beats) >= MAX_SLOTS:
@@ -149,6 +152,13 @@ class Liveness:
         with self._lock:
             verdict = self._missing.get(sid)
             return verdict if verdict is not None and verdict.since >= since else None
+
+    def heard_any(self) -> bool:
+        """Did any rank of the job ever poll (start hvdlite's runtime)?  A job whose ranks
+        never did (a plain torch.distributed program, an import error) has no flight
+        recorder to point at."""
+        with self._lock:
+            return self._heard_any
 
     def heard_from_host(self, host: str, within_s: float) -> bool:
         """Did a rank on ``host`` poll within the last ``within_s`` seconds?"""
