@@ -136,8 +136,16 @@ def format_summary(s: Summary, top: int = 20) -> str:
 
 
 def plot_summary(s: Summary, path: str, top: int = 20) -> None:
-    """Phase time per tensor (stacked bars) and waits per rank, as a PNG."""
-    import matplotlib
+    """Phase time per tensor (stacked bars) and waits per rank, as a PNG.
+
+    Raises:
+        ImportError: matplotlib is not installed (the message names the extra).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot draws with matplotlib, which is not installed: "
+                          "pip install matplotlib (or pip install 'hvdlite[plot]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

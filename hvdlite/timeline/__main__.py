@@ -30,7 +30,11 @@ def main(argv=None) -> int:
     print(format_summary(summary, args.top))
     print(lateness.report(args.trace, args.plot))
     if args.plot:
-        plot_summary(summary, args.plot, args.top)
+        try:
+            plot_summary(summary, args.plot, args.top)
+        except ImportError as exc:
+            print(f"python -m hvdlite.timeline: {exc}", file=sys.stderr)
+            return 2
         print(f"plot written to {args.plot}")
     return 0
 

@@ -57,3 +57,18 @@ def test_a_job_with_a_slow_rank_writes_late_events_the_summary_tabulates(tmp_pat
     # rank 1 sleeps 50 ms before each of its 50 steps: late in most, ~45 ms each
     assert rows[0][0] == "1" and int(rows[0][1]) >= 40, table
     assert 30.0 <= float(rows[0][3]) <= 80.0, table
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path):
+    """``summary --plot`` where matplotlib is missing: one line naming what to install, exit
+    code 2, no traceback (the tables are still printed first)."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([_late(1, 40.0, 1e5)]))
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from hvdlite.timeline.__main__ import main\n"
+            f"sys.exit(main(['summary', {str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=str(REPO))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "pip install 'hvdlite[plot]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "text bars" in r.stdout, r.stdout

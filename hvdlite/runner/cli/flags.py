@@ -212,7 +212,7 @@ GROUPS: Tuple[Group, ...] = (
         Flag(("--min-np", "--min-num-proc"), "fewest processes the job may run with", "-np",
              {"dest": "min_np", "type": int, "metavar": "N"}),
         Flag(("--max-np", "--max-num-proc"), "most processes the job may grow to",
-             "no limit", {"dest": "max_np", "type": int, "metavar": "N"}),
+             "--max-workers (1024)", {"dest": "max_np", "type": int, "metavar": "N"}),
         Flag(("--slots-per-host",), "slots of a discovered host printed without ':N'", "1",
              {"type": int, "metavar": "N"}),
         Flag(("--host-discovery-script",), "executable printing the available hosts, one "
