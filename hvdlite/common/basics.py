@@ -120,7 +120,7 @@ def _make_backend(config: Config, comm=None):
             choice = "local"
     if choice == "mpi":
         from hvdlite.common.backend.mpi import MPIBackend
-        return MPIBackend.for_job(comm)
+        return MPIBackend.for_job(config.op_timeout_s, comm)
     if comm is not None:
         raise ValueError(f"hvd.init(comm=...) chooses MPI processes, but this job runs "
                          f"{choice!r} (start it with hvdlite-run --mpi or mpiexec; under Gloo "

@@ -115,19 +115,16 @@ class MPIBackend(Backend):
         self._blocks = {}
 
     @classmethod
-    def for_job(cls, comm=None, timeout_s: Optional[float] = None) -> "MPIBackend":
+    def for_job(cls, timeout_s: float, comm=None) -> "MPIBackend":
         """The job's backend.  ``comm``: the processes of the job -- None for all of
         MPI_COMM_WORLD, an mpi4py communicator, or a list of MPI_COMM_WORLD ranks (as
         ``hvd.init(comm=...)``).  ``timeout_s`` bounds every wait of its collectives
-        (``Config.op_timeout_s``; None: read from the environment as ``init()`` does).
+        (``Config.op_timeout_s``).
 
         Raises:
             ValueError: this process is not in ``comm``, or ``comm`` is not one of those.
         """
         from mpi4py import MPI
-        if timeout_s is None:
-            from hvdlite.common.config import Config
-            timeout_s = Config.from_env(dict(os.environ), warn=False).op_timeout_s
         world = _job_communicator(MPI, comm)
         job = world.Dup()
         admin = world.Dup()
