@@ -433,48 +433,9 @@ class _DistributedOptimizer(HookedOptimizer):
             return
         try:
             if self._hvd_mode == "buckets":
-                for b in self._hvd_buckets:
-                    if b.handle is None:
-                        for j, p in enumerate(b.params):
-                            self._hvd_adopt_view(p, b, j)
-                        self._hvd_launch_bucket(b)
-                self._hvd_finish_exchange()
-                for b in self._hvd_buckets:
-                    if b.handle is _EXCHANGED:
-                        continue
-                    h, ctx, compressed = b.handle
-                    mpi_ops.synchronize(h)
-                    if compressed is not b.buffer:
-                        with torch.no_grad():
-                            b.buffer.copy_(self._hvd_compression.decompress(compressed, ctx))
+                self._hvd_wait_buckets()
             else:
-                for gi in range(len(self._hvd_groups)):
-                    if gi not in self._hvd_group_handles:
-                        self._hvd_launch_group(gi)
-                for p in self._hvd_params:
-                    if p not in self._hvd_group_of and p not in self._hvd_handles:
-                        self._hvd_launch_param(p)
-                self._hvd_finish_exchange()
-                for gi, entry in sorted(self._hvd_group_handles.items()):
-                    if entry is _EXCHANGED:
-                        continue
-                    h, ctxs, compressed = entry
-                    mpi_ops.synchronize(h)
-                    with torch.no_grad():
-                        for p, c, ctx in zip(self._hvd_groups[gi], compressed, ctxs):
-                            if c is not p.grad:
-                                p.grad.copy_(self._hvd_compression.decompress(c, ctx))
-                for p, entry in self._hvd_handles.items():
-                    if entry is _EXCHANGED:
-                        continue
-                    if entry[0] == "sparse":
-                        self._hvd_finish_sparse(p, entry[1], entry[2])
-                        continue
-                    _, h, ctx, c = entry
-                    mpi_ops.synchronize(h)
-                    if c is not p.grad:
-                        with torch.no_grad():
-                            p.grad.copy_(self._hvd_compression.decompress(c, ctx))
+                self._hvd_wait_groups_and_params()
             self._hvd_resparsify()
         except Exception:
             self._hvd_drain()
@@ -484,6 +445,53 @@ class _DistributedOptimizer(HookedOptimizer):
             raise
         self._hvd_reset()
         self._hvd_synchronized = True
+
+    def _hvd_wait_buckets(self):
+        """Launch the buckets whose hooks did not all fire, then wait for every bucket."""
+        for b in self._hvd_buckets:
+            if b.handle is None:
+                for j, p in enumerate(b.params):
+                    self._hvd_adopt_view(p, b, j)
+                self._hvd_launch_bucket(b)
+        self._hvd_finish_exchange()
+        for b in self._hvd_buckets:
+            if b.handle is _EXCHANGED:
+                continue
+            h, ctx, compressed = b.handle
+            mpi_ops.synchronize(h)
+            if compressed is not b.buffer:
+                with torch.no_grad():
+                    b.buffer.copy_(self._hvd_compression.decompress(compressed, ctx))
+
+    def _hvd_wait_groups_and_params(self):
+        """Launch the groups and parameters not launched yet, then wait for all of them."""
+        for gi in range(len(self._hvd_groups)):
+            if gi not in self._hvd_group_handles:
+                self._hvd_launch_group(gi)
+        for p in self._hvd_params:
+            if p not in self._hvd_group_of and p not in self._hvd_handles:
+                self._hvd_launch_param(p)
+        self._hvd_finish_exchange()
+        for gi, entry in sorted(self._hvd_group_handles.items()):
+            if entry is _EXCHANGED:
+                continue
+            h, ctxs, compressed = entry
+            mpi_ops.synchronize(h)
+            with torch.no_grad():
+                for p, c, ctx in zip(self._hvd_groups[gi], compressed, ctxs):
+                    if c is not p.grad:
+                        p.grad.copy_(self._hvd_compression.decompress(c, ctx))
+        for p, entry in self._hvd_handles.items():
+            if entry is _EXCHANGED:
+                continue
+            if entry[0] == "sparse":
+                self._hvd_finish_sparse(p, entry[1], entry[2])
+                continue
+            _, h, ctx, c = entry
+            mpi_ops.synchronize(h)
+            if c is not p.grad:
+                with torch.no_grad():
+                    p.grad.copy_(self._hvd_compression.decompress(c, ctx))
 
     def _hvd_started_handles(self):
         """The handles of the reductions this step has started (none of the exchanges')."""
@@ -676,8 +684,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         sparse_as_dense: densify sparse gradients (per-parameter and group paths; the default
             bucketed path always reduces them dense).  Either way the reduced gradient is
             handed back sparse, so ``torch.optim.SparseAdam`` works.
-        process_set: reduce among this process set only (default: all ranks).  On a rank
-            outside the set the wrapper is a local optimizer (no reductions), as Horovod's.
+        process_set: reduce among this set only (default: all ranks); off it: local.
         bucket_cap_mb: hvdlite extension: gradient bucket size in MiB (``None``: about 1/8 of
             the gradient bytes, 1 to 25 MiB; ``0``: Horovod's per-parameter path).
 
@@ -695,7 +702,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     op = mpi_ops.Average if op is None else op
     _check_wrappable(optimizer, op, gradient_predivide_factor)
-    # as Horovod: Adasum of one rank is the gradient itself, so 1 rank keeps the plain wrapper
+    # as Horovod: Adasum of one rank (or off the set: local) is the plain wrapper's
     if op == mpi_ops.Adasum and ops.is_member(process_set) and \
             ops.process_set_size(process_set) > 1:
         return _wrap_adasum(optimizer, named_parameters, compression, backward_passes_per_step,
