@@ -178,8 +178,7 @@ class MPIBackend(Backend):
             HvdliteInternalError: MPI reported an error, the wait timed out (the request is
                 abandoned, see the module's docstring), or an earlier wait timed out.
         """
-        if self._broken is not None:
-            raise HvdliteInternalError(f"{self._who}: MPI {what} refused: {self._broken}")
+        self._refuse_if_broken(what)
         MPI = self._MPI
         try:
             req = start(*args)
@@ -187,12 +186,21 @@ class MPIBackend(Backend):
                          else lambda: MPI.Request.Testall(req), self.timeout_s)
         except MPI.Exception as exc:
             raise HvdliteInternalError(f"{self._who}: MPI {what} failed: {exc}") from exc
-        if done:
-            return
-        _abandon(what, req, args)
+        if not done:
+            raise self._timed_out(what, req, args)
+
+    def _refuse_if_broken(self, what) -> None:
+        """Raises: HvdliteInternalError: an earlier wait timed out (the backend is done)."""
+        if self._broken is not None:
+            raise HvdliteInternalError(f"{self._who}: MPI {what} refused: {self._broken}")
+
+    def _timed_out(self, what, pending, buffers) -> HvdliteInternalError:
+        """Abandon what a wait left pending, refuse every later call, and the error to raise
+        (worded as the Gloo path's, naming the flag)."""
+        _abandon(what, pending, buffers)
         self._broken = (f"an earlier MPI operation timed out after "
                         f"--op-timeout-seconds ({self.timeout_s:g}s)")
-        raise HvdliteInternalError(
+        return HvdliteInternalError(
             f"{self._who}: MPI {what} did not complete within {self.timeout_s:g}s; a peer "
             f"rank has probably exited, or stopped responding for longer than "
             f"--op-timeout-seconds ({self.timeout_s:g}s)")
@@ -205,8 +213,7 @@ class MPIBackend(Backend):
         Raises:
             HvdliteInternalError: MPI reported an error, or the call timed out.
         """
-        if self._broken is not None:
-            raise HvdliteInternalError(f"{self._who}: MPI {what} refused: {self._broken}")
+        self._refuse_if_broken(what)
         MPI = self._MPI
         if not self._threads:
             try:
@@ -225,13 +232,7 @@ class MPIBackend(Backend):
         thread.start()
         thread.join(self.timeout_s)
         if thread.is_alive():
-            _abandon(what, thread, args)
-            self._broken = (f"an earlier MPI operation timed out after "
-                            f"--op-timeout-seconds ({self.timeout_s:g}s)")
-            raise HvdliteInternalError(
-                f"{self._who}: MPI {what} did not complete within {self.timeout_s:g}s; a "
-                f"peer rank has probably exited, or stopped responding for longer than "
-                f"--op-timeout-seconds ({self.timeout_s:g}s)")
+            raise self._timed_out(what, thread, args)
         error = box.get("error")
         if isinstance(error, MPI.Exception):
             raise HvdliteInternalError(f"{self._who}: MPI {what} failed: {error}") from error
