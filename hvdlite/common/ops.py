@@ -85,6 +85,7 @@ def op_names(op: OpType, name: Optional[str], count: int, grouped: bool,
 _NAME_OF: Dict[object, str] = {}
 
 
+@noted
 def buffer_dtype(buf, name: str, op: OpType) -> str:
     """The wire name of ``buf``'s dtype.
 
@@ -207,6 +208,7 @@ def _submit(op: OpType, buffers: Sequence, names: Sequence[str], outputs: Sequen
 MAX_NAME_CHARS = 4096
 
 
+@noted
 def check_name_length(name: str) -> None:
     """Refuse an over-long name here, in the caller's thread, with a clear error (rather
     than overflowing the control vector and failing every later operation).
@@ -220,6 +222,7 @@ def check_name_length(name: str) -> None:
                          f"rank in each negotiation)")
 
 
+@noted
 def _check_reducible(dt: str, op: ReduceOp, name: str) -> None:
     if dt == "bool" and op not in _BOOL_OPS:
         raise TypeError(f"allreduce of bool tensor {name!r}: only op=hvd.Min or hvd.Max "
@@ -239,13 +242,14 @@ def shared_bucket(numel: int, dtype, process_set=None):
     return shared_buckets.allocate(numel, dtype)
 
 
-@noted
 def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0, finish=None) -> Handle:
     """Reduce one buffer over all ranks into ``output`` (which may be the buffer itself).
 
     The common case, issued thousands of times per step by an optimizer, so it does the
-    least work that is still every check :func:`allreduce_async` makes.  A named tensor's
+    least work that is still every check :func:`allreduce_async` makes (the checks that
+    raise note their error for stall reports, not this function: see
+    :mod:`hvdlite.common.diagnostics.raised`).  A named tensor's
     :class:`Request` is built once and reused on later steps (keyed by name, dtype, shape,
     op and scale factors; the table is cleared at every ``init()``).
     """
@@ -403,7 +407,6 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
-@noted
 def synchronize(handle: Handle):
     """Wait for the operation of ``handle`` and return its result (or raise its error).
 
