@@ -240,6 +240,16 @@ def _sub(name, what: str):
     return None if name is None else f"{name}.{what}"
 
 
+def _grad_name(name):
+    """The name of a gradient's collective, fixed when the gradient is traced.  In a graph
+    every tracing gets its own, by the graph's numbering (the same on every rank): one
+    ``tf.gradients`` call per output of a grouped op, or two over one output, put several
+    gradient nodes of one op in one run, which must not share a name."""
+    if name is None or tf.executing_eagerly():
+        return _sub(name, "grad")
+    return tf.compat.v1.get_default_graph().unique_name(f"{name}.grad")
+
+
 try:                                      # TensorFlow's own test, private: fall back to "yes"
     from tensorflow.python.eager.record import could_possibly_record as _could_record
 except ImportError:                       # pragma: no cover
@@ -330,7 +340,7 @@ def _allreduce_dense(tensors, name, grouped, rop, pre, post, process_set):
         if rop not in (Average, Sum):
             raise NotImplementedError("the gradient of allreduce is defined for "
                                       "hvd.Average and hvd.Sum only")
-        return _allreduce_dense(dys, _sub(name, "grad"), grouped, rop, pre, post,
+        return _allreduce_dense(dys, _grad_name(name), grouped, rop, pre, post,
                                 process_set)
 
     return _collective(tensors, name, forward, lambda x: x.shape, backward)
@@ -481,17 +491,17 @@ def _allgather(tensors, name, grouped, process_set):
 
     def backward(xs, outs, dys):
         rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])[None, :]
+        gname = _grad_name(name)
 
         def gradients(rows, *gs):
-            summed = _allreduce_eager(gs, _sub(name, "grad"), grouped, Average, 1.0, 1.0,
-                                      process_set)
-            allrows = _rows_before_me(rows, _sub(name, "grad.rows"), process_set)
+            summed = _allreduce_eager(gs, gname, grouped, Average, 1.0, 1.0, process_set)
+            allrows = _rows_before_me(rows, _sub(gname, "rows"), process_set)
             me = ops.process_set_rank(process_set)
             offsets = allrows[:me].sum(0)
             return [s[int(o):int(o) + int(n)]
                     for s, o, n in zip(summed, offsets, allrows[me])]
 
-        res = _run(gradients, [rows] + dys, [d.dtype for d in dys], _sub(name, "grad"))
+        res = _run(gradients, [rows] + dys, [d.dtype for d in dys], gname)
         for r, x in zip(res, xs):
             r.set_shape(x.shape)
         return res
@@ -581,12 +591,13 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     @tf.custom_gradient
     def op(x):
         def grad(dy):
+            gname = _grad_name(name)
+
             def backward(g):
-                [s] = _allreduce_eager([g], _sub(name, "grad"), False, Average, 1.0, 1.0,
-                                       process_set)
+                [s] = _allreduce_eager([g], gname, False, Average, 1.0, 1.0, process_set)
                 return [s if rank() == root_rank else tf.zeros_like(s)]
             dy = tf.convert_to_tensor(dy)
-            [s] = _run(backward, [dy], [dy.dtype], _sub(name, "grad"))
+            [s] = _run(backward, [dy], [dy.dtype], gname)
             s.set_shape(x.shape)
             return s
         return compute(x), grad
@@ -648,10 +659,9 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         holder["received"] = received
 
         def grad(dy, _unused=None):
-            dy = tf.convert_to_tensor(dy)
-            [back, _] = _run(
-                lambda g, s: _alltoall_eager(g, s, _sub(name, "grad"), process_set),
-                [dy, received], [dy.dtype, tf.int32], _sub(name, "grad"))
+            dy, gname = tf.convert_to_tensor(dy), _grad_name(name)
+            [back, _] = _run(lambda g, s: _alltoall_eager(g, s, gname, process_set),
+                             [dy, received], [dy.dtype, tf.int32], gname)
             back.set_shape(x.shape)
             return back
         return (out, tf.stop_gradient(received)), grad
@@ -670,7 +680,7 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
 
     def backward(xs, outs, dys):
         factor = pre * post
-        gathered = _allgather(dys, _sub(name, "grad"), True, process_set)
+        gathered = _allgather(dys, _grad_name(name), True, process_set)
         if factor != 1.0:
             gathered = [g * tf.cast(factor, g.dtype) for g in gathered]
         if rop == Sum:

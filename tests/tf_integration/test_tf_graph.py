@@ -17,7 +17,8 @@ if importlib.util.find_spec("tensorflow") is None:
                 "install)", allow_module_level=True)
 
 CASES = ["graph_thirty_allgathers", "graph_grouped_allgathers", "graph_grouped_indexed_slices",
-         "graph_evaluate_loop", "graph_one_thread_pool_orders", "graph_mismatch"]
+         "graph_evaluate_loop", "graph_one_thread_pool_orders", "graph_mismatch",
+         "graph_grouped_gradients"]
 
 # an absolute path: worker_suite's folder (the torch workers') does not apply
 results, test_case, test_launch_exit_code = worker_suite(

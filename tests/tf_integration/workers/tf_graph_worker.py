@@ -245,6 +245,60 @@ def check_graph_mismatch():
         np.testing.assert_array_equal(s.run(good, options=RUN_OPTIONS), [n, n])
 
 
+def _grouped_forward(n, r, watch):
+    """Five tensors through grouped allgather and five through grouped reducescatter (Sum),
+    each source passed through ``watch`` (a tape's, or nothing); returns (outputs, sources,
+    upstream gradients).  Rank q's upstream gradients hold q + 1 (per owner block for the
+    allgather), so both the average and the gather show in the values."""
+    xs = [watch(tf.fill([rows_of(r), 3], float(r))) for _ in range(5)]
+    ys = [watch(tf.fill([4 * n, 2], float(r - i))) for i in range(5)]
+    outs = (hvd.grouped_allgather(xs, name="ggrad.gather")
+            + hvd.grouped_reducescatter(ys, op=hvd.Sum, name="ggrad.scatter"))
+    up = tf.concat([tf.fill([rows_of(k), 3], float((k + 1) * (r + 1))) for k in range(n)], 0)
+    dys = [up] * 5 + [tf.fill([4, 2], float(r + 1)) for _ in range(5)]
+    return outs, xs + ys, dys
+
+
+def _check_grouped_gradients(what, got, n, r):
+    want_gather = np.full([rows_of(r), 3], (r + 1) * (n + 1) / 2)
+    # Horovod's rule for hvd.Sum: the allgather of the upstream gradients, times the size
+    want_scatter = np.concatenate([np.full([4, 2], (q + 1.0) * n) for q in range(n)])
+    assert len(got) == 10, (what, len(got))
+    for i, g in enumerate(got):
+        want = want_gather if i < 5 else want_scatter
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6,
+                                   err_msg=f"{what}: gradient {i} on rank {r}")
+
+
+def _taped_grouped_gradients(n, r):
+    """The gradients through a persistent tape, one ``tape.gradient`` per output."""
+    with tf.GradientTape(persistent=True) as tape:
+        def watch(t):
+            tape.watch(t)
+            return t
+        outs, sources, dys = _grouped_forward(n, r, watch)
+    return [tape.gradient(o, x, d) for o, x, d in zip(outs, sources, dys)]
+
+
+def check_graph_grouped_gradients():
+    """Horovod's grouped allgather / reducescatter gradient tests: one ``tf.gradients`` per
+    output of a grouped op, all fetched in one ``session.run`` (so several gradient
+    collectives of one op run together and need names of their own), then the same in a
+    ``tf.function`` with a persistent tape, and eagerly: all equal the expected values."""
+    r, n = hvd.rank(), hvd.size()
+    graph = tf.Graph()
+    with graph.as_default():
+        outs, sources, dys = _grouped_forward(n, r, lambda t: t)
+        fetches = [tf.gradients(o, x, d)[0] for o, x, d in zip(outs, sources, dys)]
+    with v1.Session(graph=graph) as s:
+        for step in range(2):
+            _check_grouped_gradients(f"session run {step}",
+                                     s.run(fetches, options=RUN_OPTIONS), n, r)
+    in_function = tf.function(lambda: _taped_grouped_gradients(n, r))
+    for step in range(2):
+        _check_grouped_gradients(f"tf.function call {step}", in_function(), n, r)
+    _check_grouped_gradients("eager", _taped_grouped_gradients(n, r), n, r)
+
 CASES = {
     "graph_thirty_allgathers": check_graph_thirty_allgathers,
     "graph_grouped_allgathers": check_graph_grouped_allgathers,
@@ -252,6 +306,7 @@ CASES = {
     "graph_evaluate_loop": check_graph_evaluate_loop,
     "graph_one_thread_pool_orders": check_graph_one_thread_pool_orders,
     "graph_mismatch": check_graph_mismatch,
+    "graph_grouped_gradients": check_graph_grouped_gradients,
 }
 
 if __name__ == "__main__":
