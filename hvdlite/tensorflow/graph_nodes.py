@@ -18,12 +18,14 @@ runtime negotiates and fuses them in one cycle; a run that fetches one collectiv
 one only.  (An earlier version chained every collective of a graph into one order instead:
 one negotiation cycle each, and fetching one collective re-ran those chained before it.)
 
-The pipeline is an endless dataset under a one-shot iterator, made once when the graph is
-built: re-initialising an iterator from each run's inputs cost about 5 ms a collective per run.
-The run's inputs reach it through a :class:`_Handoff`, filled by a small ``py_function`` that
-never waits (so it may run on the pool) and that a control dependency runs first.  The price:
-the first run of a new fetch makes its iterators (15-40 ms a collective), and each iterator
-keeps about four idle threads for the session's life.
+The pipeline is an endless dataset whose iterator each session makes once, in the first run
+that needs it (an ``If`` on a per-node flag): re-making it in every run cost about 3 ms a
+collective.  The run's inputs reach it through a :class:`_Handoff`, filled by a small
+``py_function`` that never waits (so it may run on the pool) and that a control dependency
+runs first.  All collectives of a graph share the functions the pipelines need (one set per
+output signature), because every function in a graph's library slows each later run of a
+new fetch in that graph (see :class:`_GraphPipelines`).  Each iterator keeps a few idle
+threads for the session's life.
 
 Where one handoff per node cannot tell its runs apart, the collective stays a plain
 ``py_function`` on the pool (:func:`collective_node`): inside a TF1 ``tf.while_loop`` context
@@ -51,19 +53,22 @@ import tensorflow as tf
 
 
 # -- TF1 graphs: off the inter-op pool --------------------------------------------------------
-def _pipeline_options() -> tf.data.Options:
+def _pipeline_options() -> bytes:
     """Options that keep the pipeline to its one map: no autotuning model, no
-    prefetch or other rewrites added to the graph (each would cost threads or work per run,
-    and a prefetch would compute the element ahead of the run that asks for it)."""
+    prefetch or other rewrites added when the iterator is made (each would cost threads or
+    work per run, and a prefetch would compute the element ahead of the run that asks for
+    it); serialized, for the ``OptionsDataset`` op."""
     options = tf.data.Options()
     options.autotune.enabled = False
     options.experimental_optimization.apply_default_optimizations = False
     options.experimental_optimization.inject_prefetch = False
     options.experimental_warm_start = False
-    return options
+    return options._to_proto().SerializeToString()   # what Dataset.with_options writes
 
 
 _OPTIONS = _pipeline_options()
+#: the spec of an iterator's and of a flag's handle, the inputs of the shared init function
+_RESOURCE = tf.TensorSpec([], tf.resource)
 
 
 class _Handoff:
@@ -91,22 +96,102 @@ class _Handoff:
         return xs
 
 
+class _GraphPipelines:
+    """One TF1 graph's collective nodes and the functions they share.
+
+    Every function in a graph's library costs each later ``session.run`` of a new fetch
+    (grappler and the session copy the whole library): about 1.4 ms per collective when each
+    had its own map function and one-shot iterator factory, which made a graph of a few
+    hundred collectives slow to run anything new in.  So the nodes share functions, one set
+    per output signature: the map function is told its node by the element it maps (the
+    node's number), and looks the node's work up here."""
+
+    def __init__(self):
+        self.prefix = f"hvdlite_pipeline_{uuid.uuid4().hex}"
+        self.work = {}                  # node number -> the function computing its element
+        self._functions = {}            # output dtypes -> (init, skip)
+
+    def add(self, compute) -> int:
+        number = len(self.work)
+        self.work[number] = compute
+        return number
+
+    def functions(self, touts):
+        """``(init, skip)`` for nodes of output dtypes ``touts``: ``init(iterator, flag,
+        number)`` makes the node's iterator over its endless dataset and sets its flag,
+        ``skip`` does nothing (the ``If`` op's other branch)."""
+        key = tuple(touts)
+        if key not in self._functions:
+            self._functions[key] = self._make_functions(list(touts))
+        return self._functions[key]
+
+    def _make_functions(self, touts):
+        work = self.work
+        types = {"output_types": touts, "output_shapes": [None] * len(touts)}
+
+        def element(number):
+            return work[int(number)]()
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
+        def compute(number):
+            return tf.py_function(element, [number], touts)
+
+        mapper = compute.get_concrete_function()
+        signature = [_RESOURCE, _RESOURCE, tf.TensorSpec([], tf.int64)]
+
+        @tf.function(input_signature=signature, autograph=False)
+        def init(iterator, flag, number):
+            data = tf.raw_ops.TensorDataset(components=[number], output_shapes=[[]])
+            data = tf.raw_ops.RepeatDataset(input_dataset=data, count=tf.constant(-1, tf.int64),
+                                            output_types=[tf.int64], output_shapes=[[]])
+            data = tf.raw_ops.MapDataset(input_dataset=data, other_arguments=[], f=mapper,
+                                         **types)
+            data = tf.raw_ops.OptionsDataset(input_dataset=data, serialized_options=_OPTIONS,
+                                             **types)
+            tf.raw_ops.MakeIterator(dataset=data, iterator=iterator)
+            tf.raw_ops.AssignVariableOp(resource=flag, value=tf.constant(True))
+            return []
+
+        @tf.function(input_signature=signature, autograph=False)
+        def skip(iterator, flag, number):
+            return []
+
+        return init.get_concrete_function(), skip.get_concrete_function()
+
+
+def _pipelines(graph) -> _GraphPipelines:
+    """The graph's :class:`_GraphPipelines`, kept on the graph (it lives and dies with it)."""
+    pipelines = getattr(graph, "_hvdlite_pipelines", None)
+    if pipelines is None:
+        pipelines = graph._hvdlite_pipelines = _GraphPipelines()
+    return pipelines
+
+
 def _off_pool(fn, inputs, touts):
-    """``fn(*inputs)`` (``touts``) computed by the ``IteratorGetNext`` of a one-shot iterator
-    over an endless dataset, on the iterator's own thread.  The iterator is made once, when
-    the graph is built (initialising one per run would cost about 5 ms per collective), so
-    this run's ``inputs`` reach it through a :class:`_Handoff` that a small ``py_function``
-    fills first."""
-    handoff = _Handoff()
+    """``fn(*inputs)`` (``touts``) computed by the ``IteratorGetNext`` of an iterator over an
+    endless dataset, on the iterator's own thread.
 
-    def compute(_):
-        return tuple(tf.py_function(lambda: fn(*handoff.take()), [], touts))
-
-    dataset = tf.data.Dataset.from_tensors(0).repeat().map(compute).with_options(_OPTIONS)
-    iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+    The iterator is made once per session, in the first run that needs it: a flag (a
+    resource variable of the session, like the iterator) tells an ``If`` op whether to call
+    the shared init function; making it in every run would cost about 3 ms per collective.
+    (A ``Switch`` that leaves the init dead costs as much: the executor still handles the
+    dead iterator kernel.)  This run's ``inputs`` reach the iterator's thread through a
+    :class:`_Handoff` that a small ``py_function`` fills first."""
+    graph = tf.compat.v1.get_default_graph()
+    pipelines, handoff = _pipelines(graph), _Handoff()
+    number = pipelines.add(lambda: fn(*handoff.take()))
+    init, skip = pipelines.functions(touts)
+    name = f"{pipelines.prefix}_{number}"
+    types = {"output_types": list(touts), "output_shapes": [None] * len(touts)}
+    iterator = tf.raw_ops.IteratorV2(shared_name=name, container="", **types)
+    flag = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name=f"{name}_made",
+                                  container="")
+    made = tf.raw_ops.If(cond=tf.raw_ops.VarIsInitializedOp(resource=flag),
+                         input=[iterator, flag, tf.constant(number, tf.int64)], Tout=[],
+                         then_branch=skip, else_branch=init)
     given = [tf.py_function(handoff.give, inputs, tf.int32)] if inputs else []
-    with tf.control_dependencies(given):
-        return list(iterator.get_next())
+    with tf.control_dependencies(given + [made]):
+        return list(tf.raw_ops.IteratorGetNext(iterator=iterator, **types))
 
 
 # -- tf.function: the order token -------------------------------------------------------------
