@@ -172,6 +172,9 @@ def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) 
             # a process reused by a new job (a Ray actor, a Spark Python worker) joins the
             # new job's store from its first round
             _STATE.last_round = -1
+        if config.torch_store_addr is not None and config.secret_key is None:
+            from hvdlite.common.backend.torch_store_client import job_key
+            config = config.replace(secret_key=job_key(config))
         backend = _make_backend(config, comm)
         _STATE.last_job = config.job_id
         config = config.replace(rank=backend.rank, size=backend.size,

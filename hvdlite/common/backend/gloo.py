@@ -162,8 +162,9 @@ class GlooBackend(Backend):
             HvdliteRemovedError: the newest round has no place for this process.
             HvdliteInternalError: Gloo could not connect the ranks.
         """
-        if config.rendezvous_addr is None or config.rendezvous_port is None or \
-                config.secret_key is None:
+        if config.torch_store_addr is None and (
+                config.rendezvous_addr is None or config.rendezvous_port is None or
+                config.secret_key is None):
             raise HvdliteConfigError(
                 f"rank {config.rank}: size is {config.size} but {cfg.RENDEZVOUS_ADDR}, "
                 f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
@@ -591,8 +592,12 @@ def _remove_dead_segments(who: str) -> None:
                  len(removed), shm.SHM_DIR, ", ".join(removed))
 
 
-def _store_client(config: cfg.Config) -> KVClient:
-    """A new client of the launcher's authenticated store (no prefix yet)."""
+def _store_client(config: cfg.Config):
+    """A new client of the launcher's authenticated store (no prefix yet), or of torch's
+    store when torchrun started the job."""
+    if config.torch_store_addr is not None:
+        from hvdlite.common.backend.torch_store_client import TorchStoreClient
+        return TorchStoreClient(config)
     return KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
                     timeout_s=config.start_timeout_s)
 

@@ -29,7 +29,7 @@ from hvdlite.common.config.env_names import (  # noqa: F401
     TORCH_RANK, TORCH_RESTART_COUNT, TORCH_ROLE_NAME, TORCH_ROLE_RANK, TORCH_ROLE_WORLD_SIZE,
     TORCH_RUN_ID, TORCH_USE_AGENT_STORE, TORCH_WORLD_SIZE)
 from hvdlite.common.exceptions import HvdliteConfigError
-from hvdlite.common.config.launcher_detection import check_gloo_under_mpi, check_launcher
+from hvdlite.common.config.launcher_detection import check_gloo_under_mpi, torchrun_facts
 from hvdlite.common.config.log_levels import LOG_LEVEL_NAMES, log_level_name  # noqa: F401
 from hvdlite.common.config.secret_env import environ_with_taken_secrets, take_secrets
 
@@ -179,6 +179,9 @@ class _JobFacts:
     elastic: bool = False
     #: network interface Gloo binds to (the launcher picks one routable between all hosts)
     gloo_iface: str = ""
+    #: "host:port" of torch's store when torchrun (not hvdlite-run) started the job: the
+    #: ranks meet there (see ``launcher_detection.torchrun_facts``)
+    torch_store_addr: Optional[str] = None
 
     def __post_init__(self):
         if self.size < 1:
@@ -210,18 +213,19 @@ class _JobFacts:
 
         Raises:
             HvdliteConfigError: a value does not parse or is out of range (names the
-                variable), or another launcher (torchrun) started this process as one of
-                several ranks without hvdlite's rendezvous (see
-                :func:`launcher_detection.check_launcher`).
+                variable), or torchrun's variables name no place in the job (see
+                :func:`launcher_detection.torchrun_facts`).
         """
         env = environ_with_taken_secrets() if environ is None else environ
-        check_launcher(env)
+        torchrun = torchrun_facts(env)
         for name in env if warn else ():
             if name.startswith(PREFIX) and name not in _KNOWN:
                 log.warning("unknown variable %s is ignored (known: %s)",
                             name, ", ".join(sorted(_KNOWN)))
         notes = _no_effect_notes(env)
         values, from_horovod = _read_fields(env, notes)
+        for field, value in (torchrun or {}).items():
+            values.setdefault(field, value)
         values["cpu_operations"] = values.get("cpu_operations", "").strip().lower()
         values.setdefault("hostname", _this_host())
         if values["cpu_operations"] == "gloo" and "rendezvous_addr" not in values:

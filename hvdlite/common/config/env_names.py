@@ -23,6 +23,9 @@ JOB_ID = "HVDLITE_JOB_ID"
 GLOO_IFACE = "HVDLITE_GLOO_IFACE"
 #: "1" when the elastic driver runs the job (rounds change membership while it runs)
 ELASTIC = "HVDLITE_ELASTIC"
+#: "1": refuse a process that torchrun's variables place in a job (the old behaviour),
+#: instead of rendezvousing through torch's store (set by a user, not by the launcher)
+REFUSE_TORCHRUN = "HVDLITE_REFUSE_TORCHRUN"
 
 # --- hvdlite.run (set by ``hvdlite.run`` for the workers it starts) ---
 #: hex key of the function service; travels like the job key, never on a command line
