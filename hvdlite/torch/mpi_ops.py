@@ -77,8 +77,9 @@ def _checked(tensor, name: Optional[str], what: str):
         raise TypeError(f"{what} of {label}: expected a torch.Tensor, got "
                         f"{type(tensor).__name__}")
     if tensor.device.type != "cpu":
-        raise ValueError(f"{what} of {label}: tensor is on {tensor.device}, but hvdlite's "
-                         f"Gloo/MPI transports work on CPU tensors; move it with .cpu() first")
+        raise ValueError(f"{what} of {label}: tensor is on {tensor.device}, but hvdlite runs "
+                         f"on CPU tensors only (no CUDA or NCCL path yet); move it with .cpu() "
+                         f"(for DistributedOptimizer's gradients: the model, model.cpu())")
     if tensor.is_sparse:
         raise ValueError(f"{what} of {label}: sparse tensors are not supported; densify it "
                          f"with .to_dense()")

@@ -123,6 +123,9 @@ def test_version_check_build_and_help():
     assert "[X] PyTorch" in r.stdout and "Gloo" in r.stdout and "MPI" in r.stdout
     has_tf = importlib.util.find_spec("tensorflow") is not None
     assert f"{'[X]' if has_tf else '[ ]'} TensorFlow" in r.stdout
+    ops = r.stdout.split("Available Tensor Operations:")[1].split()
+    assert ops[:10] == ["[", "]", "NCCL", "[", "]", "DDL", "[", "]", "CCL", "[X]"], r.stdout
+    assert "CPU tensors only" in r.stdout
     r = run_launcher(["--help"])
     assert r.returncode == 0
     assert "--timeline-filename" in r.stdout and "--autotune-log-file" in r.stdout

@@ -199,3 +199,12 @@ def test_broadcast_optimizer_state_leaves_no_trace_of_its_first_step(cls, option
             o.step()
     assert torch.equal(plain.detach(), broadcast.detach()), \
         f"{cls.__name__}: max diff {(plain - broadcast).abs().max().item():.3g}"
+
+
+def test_a_tensor_off_the_cpu_is_refused_naming_it_and_the_fix():
+    """No GPU here: a `meta` tensor stands for any non-CPU device (the check is the same)."""
+    with pytest.raises(ValueError) as info:
+        hvd.allreduce(torch.empty(3, device="meta"), name="layer1.weight")
+    msg = str(info.value)
+    assert "'layer1.weight'" in msg and "is on meta" in msg
+    assert "CPU tensors only" in msg and "model.cpu()" in msg

@@ -106,8 +106,9 @@ def controllers_available() -> Dict[str, bool]:
 
 
 def check_build() -> str:
-    """What ``--check-build`` prints: each framework hvdlite adapts and each controller,
-    marked [X] where it is available here."""
+    """What ``--check-build`` prints: each framework hvdlite adapts, each controller and
+    each tensor operation's library, marked [X] where it is available here (Horovod's
+    layout; its GPU libraries are listed unmarked, as hvdlite runs on CPU tensors only)."""
     ctl = controllers_available()
 
     def box(x):
@@ -117,6 +118,9 @@ def check_build() -> str:
     lines += [f"    {box(ok)} {name}" for name, ok in frameworks_available().items()]
     lines += ["", "Available Controllers:", f"    {box(ctl['gloo'])} Gloo",
               f"    {box(ctl['mpi'])} MPI", ""]
+    lines += ["Available Tensor Operations:", "    [ ] NCCL", "    [ ] DDL", "    [ ] CCL",
+              f"    {box(ctl['mpi'])} MPI", f"    {box(ctl['gloo'])} Gloo",
+              "    (CPU tensors only: no CUDA tensors, no NCCL)", ""]
     return "\n".join(lines)
 
 
