@@ -90,7 +90,8 @@ def test_the_off_switch_leaves_torchruns_variables_unset():
            "environment variable RANK expected" in r.stderr.strip().splitlines()[-1], r.stderr
 
 
-def test_a_command_python_without_the_launchers_modules_is_named(tmp_path):
+def _other_python(tmp_path):
+    """``python3`` on a PATH of its own, the system's Python (without this venv's modules)."""
     system = "/usr/bin/python3"
     if not os.path.exists(system) or os.path.realpath(system) == os.path.realpath(
             sys.executable):
@@ -99,14 +100,28 @@ def test_a_command_python_without_the_launchers_modules_is_named(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(system)
     script = tmp_path / "train.py"
-    script.write_text("import torch\n")
-    r = run_launcher(["-np", "1", "python3", str(script)], timeout=60,
-                     env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    script.write_text("print('STARTED', flush=True)\nimport torch\n")
+    return bin_dir, script, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_a_command_python_without_the_launchers_modules_is_refused(tmp_path):
+    bin_dir, script, env = _other_python(tmp_path)
+    r = run_launcher(["-np", "1", "python3", str(script)], timeout=60, env=env)
     if "cannot import" not in r.stderr and r.returncode == 0:
-        pytest.skip(f"{system} has torch")
-    assert r.returncode != 0
+        pytest.skip("/usr/bin/python3 has torch")
+    assert r.returncode != 0 and "STARTED" not in r.stdout, r.stdout + r.stderr
     assert f"the command's interpreter {bin_dir}/python3 ('python3' on PATH) cannot import " \
            f"torch, which hvdlite-run's Python {sys.executable} can" in r.stderr, r.stderr
     assert f"hvdlite-run ... {sys.executable} {script}" in r.stderr
-    # and the rank's own error is in the summary
+    assert "Nothing was started" in r.stderr and "--allow-other-interpreter" in r.stderr
+
+
+def test_allow_other_interpreter_starts_it_and_the_summary_shows_the_ranks_error(tmp_path):
+    bin_dir, script, env = _other_python(tmp_path)
+    r = run_launcher(["-np", "1", "--allow-other-interpreter", "python3", str(script)],
+                     timeout=60, env=env)
+    if "cannot import" not in r.stderr and r.returncode == 0:
+        pytest.skip("/usr/bin/python3 has torch")
+    assert r.returncode != 0 and "[0]<stdout>:STARTED" in r.stdout, r.stdout + r.stderr
+    assert "cannot import torch" in r.stderr               # still warned about
     assert "ModuleNotFoundError: No module named 'torch'" in r.stderr.strip().splitlines()[-1]

@@ -437,6 +437,18 @@ TUNABLES: Tuple[Tunable, ...] = (
              "(env://) works unchanged, the launcher serving torch's store on `MASTER_PORT` "
              "once a rank connects; static Gloo jobs started by hvdlite-run or hvdlite.run"),
     Tunable(
+        "allow_other_interpreter", bool, False, "HVDLITE_ALLOW_OTHER_INTERPRETER",
+        "start a command whose Python (another file than hvdlite-run's own) cannot import "
+        "hvdlite or torch while hvdlite-run's can; otherwise it is refused before anything "
+        "starts",
+        flags=(Switch(("--allow-other-interpreter",), ("--check-interpreter",),
+                      "start the command even when its Python lacks hvdlite or torch (a "
+                      "program that needs neither, or hosts whose Python differs)",
+                      "refuse a command whose Python lacks hvdlite or torch (the default)"),),
+        group="environment", launcher_reads_env=True,
+        readme_flags="`--allow-other-interpreter` / `--check-interpreter`",
+        note="checked on this host; a job on remote hosts only is warned about, not refused"),
+    Tunable(
         "dynamic_process_sets", bool, False, "HVDLITE_DYNAMIC_PROCESS_SETS",
         "process sets may be added and removed after init (hvd.add_process_set)",
         horovod=("HOROVOD_DYNAMIC_PROCESS_SETS",), readme_flags="(no flag)",

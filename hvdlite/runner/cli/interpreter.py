@@ -5,8 +5,8 @@ the ``python`` on ``PATH`` -- often the system's -- while ``hvdlite-run`` itself
 environment; every rank then dies with "No module named torch".  Before anything starts,
 the launcher asks the command's interpreter (when it is another file than its own)
 whether it finds the modules its own Python finds, and says which it lacks, with both
-paths and the fix.  Only a warning: a plain ``torch.distributed`` program needs no
-hvdlite, and another interpreter may be meant.
+paths and the fix; the launcher refuses such a command unless ``--allow-other-interpreter``
+(a program may need neither module, and another interpreter may be meant).
 """
 
 import importlib.util

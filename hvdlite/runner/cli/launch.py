@@ -26,8 +26,8 @@ from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli.config_file import config_file_defaults
-from hvdlite.runner.hosts import (HostSlots, assign_slots, hosts_used, parse_hostfile,
-                                  parse_hosts)
+from hvdlite.runner.hosts import (HostSlots, assign_slots, hosts_used, is_local,
+                                  parse_hostfile, parse_hosts)
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.store.stack_collection import signal_launcher
@@ -67,10 +67,23 @@ def _resolve_command(command: List[str]) -> List[str]:
         script = next((a for a in command[1:] if not a.startswith("-")), None)
         if script and script.endswith(".py") and not os.path.exists(script):
             raise HvdliteConfigError(f"training script {script!r} not found")
-    warning = interpreter.mismatch(command)
-    if warning:
-        log.warning("%s", warning)
     return command
+
+
+def _check_interpreter(command: List[str], hosts, allow: bool) -> None:
+    """Refuse a command whose Python lacks what the launcher's has (the ranks would all die
+    of "No module named ..."), unless told to go on; a job on remote hosts only, whose
+    Python is not this host's, gets the warning alone."""
+    warning = interpreter.mismatch(command)
+    if not warning:
+        return
+    here = not hosts or any(is_local(h.hostname) for h in hosts)
+    if allow or not here:
+        log.warning("%s", warning)
+        return
+    raise HvdliteConfigError(
+        f"{warning}. Nothing was started; to start it anyway (a program that needs neither), "
+        f"add --allow-other-interpreter (HVDLITE_ALLOW_OTHER_INTERPRETER=1)")
 
 
 def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
@@ -153,6 +166,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
     command = _resolve_command(list(args.command))
     hosts = _hosts(args, allocation, static=not elastic)
+    _check_interpreter(command, hosts, config.allow_other_interpreter)
     _check_ssh(args)
     nics = None
     if args.network_interfaces:
