@@ -204,9 +204,10 @@ def test_workers_use_horovod_variables_and_warn_once_each():
     for rank in (0, 1):
         assert f"[{rank}]<stdout>:CONFIG rank={rank} size=2 fusion=1048576 cycle=3.0 cache=7" \
             in r.stdout, r.stdout
-    warnings = re.findall(r"^\[(\d)\]<stderr>:.*Horovod variables have no effect.*$",
+    # one per rank: printed once for both ([0-1]) when they come together, else one each
+    warnings = re.findall(r"^\[([\d-]+)\]<stderr>:.*Horovod variables have no effect.*$",
                           r.stderr, re.M)
-    assert sorted(warnings) == ["0", "1"], r.stderr
+    assert sorted(warnings) in (["0", "1"], ["0-1"]), r.stderr
     line = [x for x in r.stderr.splitlines() if "no effect" in x][0]
     assert "HOROVOD_TORUS_ALLREDUCE=1 (hvdlite has no torus allreduce" in line
     assert f"HOROVOD_CYCLE_TIME=9 ({cfg.CYCLE_TIME}=3.0 is set and wins)" in line

@@ -449,6 +449,18 @@ TUNABLES: Tuple[Tunable, ...] = (
         readme_flags="`--allow-other-interpreter` / `--check-interpreter`",
         note="checked on this host; a job on remote hosts only is warned about, not refused"),
     Tunable(
+        "merge_rank_output", bool, True, "HVDLITE_MERGE_RANK_OUTPUT",
+        "a stderr line that several ranks of a static job print within 0.3 s is printed "
+        "once, tagged with their ranks ([0-3]<stderr>:)",
+        group="output", launcher_reads_env=True,
+        flags=(Switch(("--merge-rank-output",), ("--no-merge-rank-output",),
+                      "print a stderr line that several ranks print once, as [0-3]<stderr>: "
+                      "(the default)",
+                      "print every rank's stderr lines as they are, [rank]<stderr>:"),),
+        readme_flags="`--no-merge-rank-output` / `--merge-rank-output`",
+        note="stderr only (stdout stays per rank, and --output-filename's files are per "
+             "rank); not under --mpi or in elastic jobs"),
+    Tunable(
         "dynamic_process_sets", bool, False, "HVDLITE_DYNAMIC_PROCESS_SETS",
         "process sets may be added and removed after init (hvd.add_process_set)",
         horovod=("HOROVOD_DYNAMIC_PROCESS_SETS",), readme_flags="(no flag)",

@@ -142,7 +142,8 @@ def run_job(spec: JobSpec) -> JobResult:
     given = {name: value for name, value in (("key", spec.key), ("job_id", spec.job_id))
              if value is not None}
     job = JobContext(spec, **given)
-    sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output)
+    sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output,
+                      merge_ranks=spec.np if _merges_output(spec) else None)
     if _wants_torch_env(spec):
         job.torch_store = TorchStore(loopback=all(is_local(h.hostname) for h in spec.hosts))
     try:
@@ -153,6 +154,14 @@ def run_job(spec: JobSpec) -> JobResult:
         if job.torch_store is not None:
             job.torch_store.stop()
         sink.close()
+
+
+def _merges_output(spec: JobSpec) -> bool:
+    """Are every rank's identical stderr lines printed once?  In a static job of processes
+    the launcher starts (its ranks keep their numbers), unless ``--no-merge-rank-output``;
+    under ``--mpi`` each rank's wrapper tags its own lines."""
+    return bool(spec.tunables.merge_rank_output and spec.controller != "mpi"
+                and spec.settings.static and spec.starter is None and spec.np > 1)
 
 
 def _wants_torch_env(spec: JobSpec) -> bool:
@@ -196,6 +205,7 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter,
         job.stacks.close()
     if job.agent.launch_error is not None:
         raise job.agent.launch_error
+    sink.flush_pending()            # the ranks' last lines come before the verdict
     result = _result(job, starter, code)
     _say_why(job, result)
     return result

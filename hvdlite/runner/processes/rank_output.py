@@ -38,6 +38,7 @@ from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError, HvdliteLaunchError
 from hvdlite.runner.processes import lifeline
+from hvdlite.runner.processes.merged_lines import RankLineMerger
 from hvdlite.runner.processes.workers import describe_exit, exit_status
 
 #: where MPI implementations put the world rank, tried in order:
@@ -69,7 +70,7 @@ class OutputSink:
     """
 
     def __init__(self, out=None, err=None, output_dir: Optional[str] = None,
-                 timestamp: bool = False):
+                 timestamp: bool = False, merge_ranks: Optional[int] = None):
         self._out = out if out is not None else sys.stdout.buffer
         self._err = err if err is not None else sys.stderr.buffer
         self._output_dir = output_dir
@@ -80,30 +81,81 @@ class OutputSink:
         #: rank -> (its last exception line after a traceback, when it came)
         self._raised: Dict[int, Tuple[str, float]] = {}
         self._in_traceback: Dict[int, bool] = {}
+        #: (rank, stream) whose progress update ends the terminal's current line (no \n)
+        self._open_progress: Optional[Tuple[int, str]] = None
+        #: stderr lines that every one of ``merge_ranks`` ranks prints are printed once
+        self._merger = RankLineMerger(merge_ranks, self._emit_merged) \
+            if merge_ranks and merge_ranks > 1 else None
+
+    def _prefix(self, label, stream: str) -> bytes:
+        prefix = f"[{label}]<{stream}>:".encode()
+        if self._timestamp:
+            prefix = datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y").encode() + prefix
+        return prefix
 
     def write(self, rank: int, stream: str, line: bytes) -> None:
         if not line.endswith(b"\n"):
             line += b"\n"
-        prefix = f"[{rank}]<{stream}>:".encode()
-        if self._timestamp:
-            prefix = datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y").encode() + prefix
-        sink = self._out if stream == "stdout" else self._err
         with self._lock:
             if stream == "stderr":
                 self._note_exception(rank, line)
-            try:
-                sink.write(prefix + line)
-                sink.flush()
-            except (OSError, ValueError):
-                self.broken.set()
-            if self._output_dir:
-                f = self._files.get((rank, stream))
-                if f is None:
-                    rank_dir = os.path.join(self._output_dir, f"rank.{rank}")
-                    os.makedirs(rank_dir, exist_ok=True)
-                    f = self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
-                f.write(line)
-                f.flush()
+            self._to_file(rank, stream, line)
+            if self._merger is None or stream != "stderr":
+                self._show(self._prefix(rank, stream), stream, line, (rank, stream))
+        if self._merger is not None and stream == "stderr":
+            self._merger.add(rank, line)        # not under our lock: it prints through it
+
+    def progress(self, rank: int, stream: str, text: bytes) -> None:
+        """One ``\\r`` update of a progress bar (tqdm's): on a terminal it replaces the
+        rank's previous update in place; elsewhere it is a line of its own."""
+        with self._lock:
+            self._to_file(rank, stream, text + b"\r")
+            sink = self._out if stream == "stdout" else self._err
+            prefix = self._prefix(rank, stream)
+            if not _is_tty(sink):
+                self._show(prefix, stream, text + b"\n", (rank, stream))
+                return
+            lead = b"\r" if self._open_progress == (rank, stream) else \
+                (b"\n" if self._open_progress is not None else b"")
+            self._put(sink, lead + prefix + text)
+            self._open_progress = (rank, stream)
+
+    def _emit_merged(self, label: str, line: bytes) -> None:
+        with self._lock:
+            self._show(self._prefix(label, "stderr"), "stderr", line, None)
+
+    def _show(self, prefix: bytes, stream: str, line: bytes, who) -> None:
+        """Print one tagged line (our lock held), ending an open progress update first:
+        the rank's own final line replaces it, anyone else's goes below it."""
+        sink = self._out if stream == "stdout" else self._err
+        lead = b""
+        if self._open_progress is not None:
+            lead = b"\r" if self._open_progress == who else b"\n"
+            self._open_progress = None
+        self._put(sink, lead + prefix + line)
+
+    def _put(self, sink, data: bytes) -> None:
+        try:
+            sink.write(data)
+            sink.flush()
+        except (OSError, ValueError):
+            self.broken.set()
+
+    def _to_file(self, rank: int, stream: str, data: bytes) -> None:
+        if not self._output_dir:
+            return
+        f = self._files.get((rank, stream))
+        if f is None:
+            rank_dir = os.path.join(self._output_dir, f"rank.{rank}")
+            os.makedirs(rank_dir, exist_ok=True)
+            f = self._files[(rank, stream)] = open(os.path.join(rank_dir, stream), "wb")
+        f.write(data)
+        f.flush()
+
+    def flush_pending(self) -> None:
+        """Print the stderr lines still held for merging (before the job's summary)."""
+        if self._merger is not None:
+            self._merger.flush()
 
     def _note_exception(self, rank: int, line: bytes) -> None:
         # torch.distributed's exception hook prefixes each line with "[rankN]: "
@@ -123,22 +175,75 @@ class OutputSink:
     def attach(self, rank: int, stream: str, pipe: IO[bytes]) -> threading.Thread:
         """Start a thread that writes each line of ``pipe`` as ``rank``'s ``stream``."""
         return pump_lines(pipe, lambda line: self.write(rank, stream, line),
-                          name=f"output-rank{rank}-{stream}")
+                          name=f"output-rank{rank}-{stream}",
+                          on_progress=lambda text: self.progress(rank, stream, text))
 
     def close(self) -> None:
+        if self._merger is not None:
+            self._merger.close()
         with self._lock:
             for f in self._files.values():
                 f.close()
             self._files.clear()
 
 
-def pump_lines(stream, on_line: Callable[[bytes], None], name: str) -> threading.Thread:
-    """Start a thread that hands each line of ``stream`` to ``on_line`` until EOF."""
+def _is_tty(sink) -> bool:
+    try:
+        return sink.isatty()
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _pieces(stream):
+    """``(piece, is_progress)`` for each line of ``stream`` (ending in ``\\n``) and each
+    progress update (text after a lone ``\\r``, as tqdm writes it) until EOF.  An update
+    is handed on once read, not when the next one comes; a bar's closing ``\\n`` hands
+    on its last update as a line."""
+    read = getattr(stream, "read1", None) or stream.read
+    buf = b""
+    update: Optional[bytes] = None      # the text after the last lone \r, once handed on
+    while True:
+        chunk = read(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while buf:
+            nl, cr = buf.find(b"\n"), buf.find(b"\r")
+            if cr != -1 and (nl == -1 or cr < nl):
+                if cr == len(buf) - 1:
+                    break                        # the \r of a \r\n cut in two: wait
+                if buf[cr + 1:cr + 2] == b"\n":
+                    yield buf[:cr] + b"\n", False
+                    buf, update = buf[cr + 2:], None
+                    continue
+                if cr:
+                    yield buf[:cr], True         # the update this \r ends
+                buf, update = buf[cr + 1:], b""
+                continue
+            if nl == -1:
+                break
+            line, buf = buf[:nl + 1], buf[nl + 1:]
+            if line == b"\n" and update:
+                line = update + line             # the bar's last state, as its line
+            yield line, False
+            update = None
+        if buf and update is not None and b"\r" not in buf:
+            yield buf, True                      # an update written in one go: show it now
+            buf, update = b"", buf
+    if buf:
+        yield buf.rstrip(b"\r"), False
+
+
+def pump_lines(stream, on_line: Callable[[bytes], None], name: str,
+               on_progress: Optional[Callable[[bytes], None]] = None) -> threading.Thread:
+    """Start a thread that hands each line of ``stream`` to ``on_line`` until EOF, and each
+    ``\\r`` progress update to ``on_progress`` (default: ``on_line``, as a line)."""
+    progress = on_progress or (lambda text: on_line(text + b"\n"))
 
     def run():
         try:
-            for line in iter(stream.readline, b""):
-                on_line(line)
+            for piece, is_progress in _pieces(stream):
+                (progress if is_progress else on_line)(piece)
         except (OSError, ValueError):
             pass
         finally:
