@@ -10,6 +10,7 @@ from typing import Dict, List
 
 from hvdlite.common.diagnostics.timeline_writer import (COPY_IN_NAME, COPY_OUT_NAME, NEGOTIATE_PREFIX,
                                             QUEUED_NAME, load_events, rotated_paths)
+from hvdlite.timeline import lateness
 
 #: the phases a summary reports, in the order a tensor passes them
 PHASES = ("queued", "negotiate", "copy_in", "collective", "copy_out")
@@ -24,7 +25,8 @@ class Summary:
         self.op_s: Dict[str, float] = collections.defaultdict(float)
         self.ops: Dict[str, int] = collections.defaultdict(int)
         self.fused_ops: Dict[str, int] = collections.defaultdict(int)
-        #: rank -> [negotiations it was waited for, seconds of those negotiations]
+        #: rank -> [cycles it was late in, seconds the others waited for it]: the lateness
+        #: table's measure (``lateness.lateness``)
         self.waited: Dict[int, List[float]] = collections.defaultdict(lambda: [0, 0.0])
         self.cycles = 0
         self.parameter_changes = 0
@@ -90,11 +92,10 @@ def summarize(events: List[dict]) -> Summary:
         args = ev.get("args") or {}
         if phase == "collective" and args.get("fused"):
             s.fused_ops[tensor] += 1
-        if phase == "negotiate":
-            for r in args.get("waited_for", ()):
-                s.waited[int(r)][0] += 1
-                s.waited[int(r)][1] += dur
     s.span_s = (last - first) if first is not None else 0.0
+    _, per, _ = lateness.lateness(events)       # the lateness table's own measure
+    for r, (count, secs) in per.items():
+        s.waited[r] = [count, secs]
     return s
 
 
@@ -124,14 +125,6 @@ def format_summary(s: Summary, top: int = 20) -> str:
                  " ".join(f"{1e3 * tot[p]:>14.2f}" for p in PHASES) +
                  f" {1e3 * sum(s.op_s.values()):>10.2f}")
     lines.append("")
-    if s.waited:
-        lines.append("ranks waited for (they asked last in a negotiation):")
-        for r, (count, secs) in sorted(s.waited.items(), key=lambda kv: -kv[1][1]):
-            lines.append(f"  rank {r}: {int(count)} negotiations, {1e3 * secs:.2f} ms of "
-                         f"negotiation time")
-    else:
-        lines.append("ranks waited for: none (every negotiation had all ranks in one cycle, "
-                     "or the response cache answered)")
     return "\n".join(lines)
 
 
@@ -169,7 +162,7 @@ def plot_summary(s: Summary, path: str, top: int = 20) -> None:
     ranks = sorted(s.waited)
     ax2.bar([str(r) for r in ranks], [1e3 * s.waited[r][1] for r in ranks], color="#f2a541")
     ax2.set_xlabel("rank")
-    ax2.set_ylabel("ms of negotiations waiting for it")
+    ax2.set_ylabel("ms the others waited for it")
     ax2.set_title("who was waited for")
     if not ranks:
         ax2.text(0.5, 0.5, "nobody: all ranks\nasked together", ha="center", va="center",

@@ -26,6 +26,19 @@ def test_late_events_give_the_table(tmp_path):
     assert "from LATE events" in text
 
 
+def test_the_wait_at_start_up_is_told_apart_not_blamed(tmp_path):
+    """Rank 0 reached the first collective 375 ms after rank 1 (it was still starting):
+    a wait that began before the trace did is start-up skew, said below the table."""
+    op = {"name": "ALLREDUCE", "ph": "X", "pid": 0, "tid": 1, "ts": 1000.0, "dur": 500.0}
+    events = [op, _late(0, 375.0, 20_000.0)] + [_late(1, 8.0, 1e5 * i) for i in range(1, 6)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(events))
+    text = lateness.report(str(path))
+    rows = [ln.split() for ln in text.splitlines()[2:] if ln.startswith("  ")]
+    assert [r[:3] for r in rows] == [["1", "5", "40.00"]], text
+    assert "the others waited 375.00 ms for rank 0 (start-up" in text, text
+
+
 def test_negotiations_are_the_fallback_and_plot_falls_back_to_text(tmp_path, monkeypatch):
     events = [{"name": "NEGOTIATE_ALLREDUCE", "ph": "X", "pid": 0, "tid": 1, "ts": 0,
                "dur": 3000.0, "args": {"waited_for": [3]}}]
@@ -52,7 +65,7 @@ def test_a_job_with_a_slow_rank_writes_late_events_the_summary_tabulates(tmp_pat
     out = subprocess.run([sys.executable, "-m", "hvdlite.timeline", "summary", str(trace),
                           "--top", "1"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    table = out.stdout[out.stdout.index("per-rank lateness (from LATE events"):]
+    table = out.stdout[out.stdout.index("ranks waited for (from LATE events"):]
     rows = [ln.split() for ln in table.splitlines()[2:]]
     # rank 1 sleeps 50 ms before each of its 50 steps: late in most, ~45 ms each
     assert rows[0][0] == "1" and int(rows[0][1]) >= 40, table
