@@ -22,7 +22,7 @@ BEGIN, END = "<!-- tunables:begin -->\n", "<!-- tunables:end -->"
 #: where the generated table lives, and the page that must point users at it
 REFERENCE, README = os.path.join("docs", "reference.md"), "README.md"
 #: flags that run an action instead of setting something: no default to show
-ACTIONS = {"-h", "--help", "-v", "--version", "-cb", "--check-build"}
+ACTIONS = {"-h", "--help", "-v", "--version", "-cb", "--check-build", "--check-hosts"}
 
 
 def table_block(text: str) -> str:

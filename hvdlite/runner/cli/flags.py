@@ -122,6 +122,11 @@ GROUPS: Tuple[Group, ...] = (
              {"dest": "np", "type": int}),
         Flag(("-cb", "--check-build"),
              "show which frameworks and controllers are available, and exit", options=_SWITCH),
+        Flag(("--check-hosts",),
+             "check each host of -H/--hostfile for what a job needs there (SSH login with a "
+             "key, hvdlite-run's Python and the command's interpreter at the same paths, the "
+             "working directory, TCP back to this host), print what fails with its fix, and "
+             "exit (1 when something fails)", options=_SWITCH),
         Flag(("--config-file",),
              "YAML file: horovodrun's format (params:, timeline:, autotune:, stall_check:, "
              "library_options:, logging:, controller:) and any long flag name (e.g. "

@@ -32,6 +32,8 @@ from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.store.stack_collection import signal_launcher
 from hvdlite.runner.starters.mpiexec import find_mpiexec
+from hvdlite.runner.tasks import host_check
+from hvdlite.runner.tasks.ssh import SSHOptions
 from hvdlite.version import __version__
 
 log = logging.getLogger("hvdlite.runner")
@@ -81,9 +83,10 @@ def _check_interpreter(command: List[str], hosts, allow: bool) -> None:
     if allow or not here:
         log.warning("%s", warning)
         return
+    variable = tunables.BY_FIELD["allow_other_interpreter"].env
     raise HvdliteConfigError(
         f"{warning}. Nothing was started; to start it anyway (a program that needs neither), "
-        f"add --allow-other-interpreter (HVDLITE_ALLOW_OTHER_INTERPRETER=1)")
+        f"add --allow-other-interpreter ({variable}=1)")
 
 
 def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
@@ -386,6 +389,28 @@ _ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--ela
 
 
 
+def _check_hosts(args: argparse.Namespace) -> int:
+    """``--check-hosts``: the hosts of -H/--hostfile, checked for what a job needs.
+
+    Raises:
+        HvdliteConfigError: no hosts given, or a flag of theirs is bad.
+    """
+    if not (args.hosts or args.hostfile):
+        raise HvdliteConfigError("--check-hosts: give the hosts to check with -H or --hostfile")
+    if args.launcher_agent:
+        raise HvdliteConfigError("--check-hosts checks SSH hosts; with --launcher-agent, run "
+                                 "the agent's own check")
+    _check_ssh(args)
+    hosts = parse_hostfile(args.hostfile) if args.hostfile else parse_hosts(args.hosts)
+    opts = SSHOptions(port=args.ssh_port or 22, identity_file=args.ssh_identity_file,
+                      known_hosts_file=args.ssh_known_hosts,
+                      strict_host_key_checking=args.ssh_strict_host_key_checking)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return host_check.main(hosts, opts, command)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """hvdlite-run's entry point; returns the exit code (2 for a refused command line)."""
     logging.basicConfig(level=logging.WARNING, format="hvdlite-run: %(message)s")
@@ -397,6 +422,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.check_build:
             print(check_build())
             return 0
+        if args.check_hosts:
+            return _check_hosts(args)
         if args.dump_stacks is not None:
             print(signal_launcher(args.dump_stacks))
             return 0

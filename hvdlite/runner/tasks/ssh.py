@@ -187,19 +187,7 @@ class SSHTask(TaskProcess):
         self.stream_errors = TaskProcess.stream_errors + (paramiko.SSHException,)
         self.hostname = host.hostname
         target = f"{host.ssh_target}:{opts.port}"
-        resolve(host.hostname)  # a clear "unknown host" before paramiko's own error
-        client = _ssh_client(opts)
-        user = host.user or getpass.getuser()
-        sock = _open_ssh_socket(host.hostname, opts.port, timeout_s)
-        try:
-            client.connect(host.hostname, port=opts.port, username=user, sock=sock,
-                           key_filename=opts.identity_file, timeout=timeout_s,
-                           banner_timeout=timeout_s, auth_timeout=timeout_s,
-                           allow_agent=opts.identity_file is None,
-                           look_for_keys=opts.identity_file is None)
-        except (paramiko.SSHException, OSError) as exc:
-            client.close()
-            raise _connect_error(exc, target, user, opts, timeout_s) from None
+        client = ssh_connect(host, opts, timeout_s)
         self._client = client
         try:
             chan = client.get_transport().open_session(timeout=timeout_s)
@@ -243,6 +231,32 @@ class SSHTask(TaskProcess):
 
     def kill(self):
         self._client.close()
+
+
+def ssh_connect(host: HostSlots, opts: SSHOptions, timeout_s: float):
+    """A paramiko client logged in to ``host`` with a key (never a password prompt).
+
+    Raises:
+        HvdliteConfigError: the host name does not resolve.
+        HvdliteError: the connection or the login failed (one line: what, and what to
+            check).
+    """
+    paramiko = _paramiko()
+    target = f"{host.ssh_target}:{opts.port}"
+    resolve(host.hostname)  # a clear "unknown host" before paramiko's own error
+    client = _ssh_client(opts)
+    user = host.user or getpass.getuser()
+    sock = _open_ssh_socket(host.hostname, opts.port, timeout_s)
+    try:
+        client.connect(host.hostname, port=opts.port, username=user, sock=sock,
+                       key_filename=opts.identity_file, timeout=timeout_s,
+                       banner_timeout=timeout_s, auth_timeout=timeout_s,
+                       allow_agent=opts.identity_file is None,
+                       look_for_keys=opts.identity_file is None)
+    except (paramiko.SSHException, OSError) as exc:
+        client.close()
+        raise _connect_error(exc, target, user, opts, timeout_s) from None
+    return client
 
 
 def remote_command(python: str) -> str:
