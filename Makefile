@@ -1,9 +1,21 @@
-# `make demo` and `make test` both start with `make install`: a .venv with everything pinned.
+# `make demo` starts with `make install-core` (a .venv with torch and hvdlite's own few
+# dependencies: what the demo needs); `make test` with `make install`, which adds everything
+# else to the same .venv (MPI, TensorFlow, Spark, Ray, Lightning, Hugging Face, Sphinx, pytest).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install demo test test-slow bench docs clean
+.PHONY: install install-core demo test test-slow bench docs clean
+
+install-core: $(VENV)/.installed-core
+
+# torch pinned on the same line: 2.13.0 is the CPU build on this machine's disk (never a CUDA
+# download); the rest is setup.cfg's install_requires
+$(VENV)/.installed-core: setup.cfg pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 -e .
+	touch $@
 
 install: $(VENV)/.installed
 
@@ -16,9 +28,9 @@ $(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
 	# `spark`; pyspark 4 needs Java 17) pinned too
 	$(PIP) install -q torch==2.13.0 -r requirements.txt tensorflow-cpu==2.21.0 pyspark==4.3.0
 	$(PIP) install -q --no-deps -e .
-	touch $@
+	touch $(VENV)/.installed-core $@
 
-demo: install
+demo: install-core
 	$(VENV)/bin/hvdlite-run -np 2 $(PY) examples/pytorch_mnist.py --epochs 2
 
 # the suite but its `slow` tests (long scenarios another test covers in part, benchmark smoke
