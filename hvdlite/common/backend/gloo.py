@@ -396,8 +396,9 @@ class GlooBackend(Backend):
             raise HvdliteTimeoutError(
                 f"{self._who} ({config.hostname}, rendezvous round {self.round}): ranks "
                 f"{missing} did not {what} within {config.start_timeout_s:g}s "
-                f"(--start-timeout); they may have failed before it or be running "
-                f"different code") from None
+                f"(--start-timeout); they may have failed before it, be running "
+                f"different code, or still be preparing (loading data or building a model "
+                f"before init() takes longer than that: raise --start-timeout)") from None
 
     def _run(self, what: str, work) -> None:
         try:

@@ -299,6 +299,33 @@ def _add_tunables(target, title: Optional[str]) -> None:
                 _add_option(target, t, flag)
 
 
+#: the end of --help: the commands a new user looks for first
+EXAMPLES = """examples:
+  hvdlite-run -np 2 python train.py                     two ranks on this host
+  hvdlite-run -np 4 -H a:2,b:2 python train.py          two hosts over SSH (first:
+  hvdlite-run --check-hosts -H a,b python train.py        what each host needs, checked)
+  hvdlite-run -np 2 python ddp_train.py                 a torch.distributed/DDP program as is
+  hvdlite-run -np 4 --mpi python train.py               MPI instead of Gloo
+  hvdlite-run --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh python train.py
+                                                        an elastic job
+  hvdlite-run -np 2 --timeline-filename t.json python train.py
+                                                        a timeline (python -m hvdlite.timeline
+                                                        summary t.json)
+  hvdlite-run -cb                                       what this install can run
+
+docs: README.md, docs/reference.md (every flag and variable), docs/ssh_hosts.md
+"""
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's wrapping, except for the examples, whose columns are laid out by hand."""
+
+    def _fill_text(self, text, width, indent):
+        if text is EXAMPLES:
+            return text
+        return super()._fill_text(text, width, indent)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """hvdlite-run's parser: our flags plus every horovodrun flag and alias."""
     p = argparse.ArgumentParser(
@@ -306,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
         usage="hvdlite-run -np N [-H host:slots,... | --hostfile FILE] [options] "
               "[python] train.py [args...]",
         description="Launch a distributed training job (horovodrun-compatible flags). "
-                    "Local hosts start directly; others over SSH.")
+                    "Local hosts start directly; others over SSH.",
+        epilog=EXAMPLES, formatter_class=_Formatter)
     for group in GROUPS:
         target = p if group.title is None else p.add_argument_group(group.title,
                                                                      group.description)
