@@ -131,3 +131,29 @@ def test_the_old_refusal_is_a_variable_away():
     assert code != 0 and "WEIGHTS" not in out
     assert "HVDLITE_REFUSE_TORCHRUN refuses such starts" in out, out[-3000:]
     assert "hvdlite-run -np 2" in out
+
+
+TF_SCRIPT = """
+import os
+import tensorflow as tf
+import hvdlite.tensorflow as hvd
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
+assert hvd.DistributedGradientTape is not None
+os.write(1, f"TF rank={hvd.rank()} size={hvd.size()} total={total.numpy().tolist()}\\n".encode())
+"""
+
+
+@pytest.mark.slow
+def test_a_tensorflow_script_under_torchrun(tmp_path):
+    pytest.importorskip("tensorflow")
+    script = tmp_path / "tf_train.py"
+    script.write_text(TF_SCRIPT)
+    env = _env(TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "2", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp_path))
+    code, out = _finish(proc)
+    assert code == 0, out[-4000:]
+    assert sorted(re.findall(r"^TF (.*)$", out, re.M)) == [
+        "rank=0 size=2 total=[3.0]", "rank=1 size=2 total=[3.0]"], out[-3000:]
