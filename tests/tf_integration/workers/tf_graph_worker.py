@@ -235,6 +235,8 @@ def check_graph_mismatch():
     with graph.as_default():
         bad = hvd.allreduce(tf.ones([2 + r]), name="mismatch.shape")
         good = hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="mismatch.after")
+        fed = v1.placeholder(tf.float32, [None])
+        again = hvd.allreduce(fed, op=hvd.Sum, name="mismatch.fed")
     with v1.Session(graph=graph) as s:
         try:
             s.run(bad, options=RUN_OPTIONS)
@@ -243,6 +245,15 @@ def check_graph_mismatch():
         else:
             raise AssertionError("a shape mismatch in a TF1 graph did not raise")
         np.testing.assert_array_equal(s.run(good, options=RUN_OPTIONS), [n, n])
+        # the node that raised runs again once the ranks agree (its pipeline survives)
+        try:
+            s.run(again, {fed: np.ones(2 + r, np.float32)}, options=RUN_OPTIONS)
+        except tf.errors.FailedPreconditionError as exc:
+            assert "mismatch.fed" in exc.message, exc.message
+        else:
+            raise AssertionError("a fed shape mismatch in a TF1 graph did not raise")
+        np.testing.assert_array_equal(
+            s.run(again, {fed: np.ones(2, np.float32)}, options=RUN_OPTIONS), [n, n])
 
 
 def _grouped_forward(n, r, watch):
