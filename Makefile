@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install install-core demo test test-slow bench docs clean
+.PHONY: install install-core demo lint test test-slow bench docs clean
 
 install-core: $(VENV)/.installed-core
 
@@ -32,6 +32,11 @@ $(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
 
 demo: install-core
 	$(VENV)/bin/hvdlite-run -np 2 $(PY) examples/pytorch_mnist.py --epochs 2
+
+# ruff with the rules of pyproject.toml's [tool.ruff] (errors only for now: syntax errors and
+# undefined names); CI runs it before the suite
+lint: install
+	$(VENV)/bin/ruff check hvdlite tests benchmarks examples
 
 # the suite but its `slow` tests (long scenarios another test covers in part, benchmark smoke
 # runs, the docs build): under 20 minutes on the 2-core machine; CI runs test-slow after it
