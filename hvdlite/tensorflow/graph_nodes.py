@@ -19,12 +19,12 @@ one only.  (An earlier version chained every collective of a graph into one orde
 one negotiation cycle each, and fetching one collective re-ran those chained before it.)
 
 The pipeline is an endless dataset whose iterator each session makes once, in the first run
-that needs it (an ``If`` on a per-node flag): re-making it in every run cost about 3 ms a
-collective.  The run's inputs reach it through a :class:`_Handoff`, filled by a small
-``py_function`` that never waits (so it may run on the pool) and that a control dependency
-runs first.  All collectives of a graph share the functions the pipelines need (one set per
-output signature), because every function in a graph's library slows each later run of a
-new fetch in that graph (see :class:`_GraphPipelines`).  Each iterator keeps a few idle
+that needs it (a ``Switch`` on a per-node flag leaves the making dead afterwards): re-making
+it in every run would re-instantiate the map function each time.  The run's inputs reach it
+through a :class:`_Handoff`, filled by a small ``py_function`` that never waits (so it may run
+on the pool) and that a control dependency runs first.  All collectives of a graph share the
+map functions (one per output signature), because every function in a graph's library slows
+each later run of a new fetch in that graph (see :class:`_GraphPipelines`).  Each iterator keeps a few idle
 threads for the session's life.
 
 Where one handoff per node cannot tell its runs apart, the collective stays a plain
@@ -67,8 +67,10 @@ def _pipeline_options() -> bytes:
 
 
 _OPTIONS = _pipeline_options()
-#: the spec of an iterator's and of a flag's handle, the inputs of the shared init function
-_RESOURCE = tf.TensorSpec([], tf.resource)
+#: marks the map functions as tf.data's own: grappler then leaves them alone in every
+#: ``session.run`` of a new fetch (it re-optimised each reachable one every time: with the
+#: two branch functions of an earlier ``If``, about 14 ms a run that held a collective)
+_TF_DATA_FUNCTION = {"_tf_data_function": True}
 
 
 class _Handoff:
@@ -102,61 +104,37 @@ class _GraphPipelines:
     Every function in a graph's library costs each later ``session.run`` of a new fetch
     (grappler and the session copy the whole library): about 1.4 ms per collective when each
     had its own map function and one-shot iterator factory, which made a graph of a few
-    hundred collectives slow to run anything new in.  So the nodes share functions, one set
-    per output signature: the map function is told its node by the element it maps (the
-    node's number), and looks the node's work up here."""
+    hundred collectives slow to run anything new in.  So the nodes share one map function per
+    output signature: it is told its node by the element it maps (the node's number), and
+    looks the node's work up here."""
 
     def __init__(self):
         self.prefix = f"hvdlite_pipeline_{uuid.uuid4().hex}"
         self.work = {}                  # node number -> the function computing its element
-        self._functions = {}            # output dtypes -> (init, skip)
+        self._mappers = {}              # output dtypes -> the map function
 
     def add(self, compute) -> int:
         number = len(self.work)
         self.work[number] = compute
         return number
 
-    def functions(self, touts):
-        """``(init, skip)`` for nodes of output dtypes ``touts``: ``init(iterator, flag,
-        number)`` makes the node's iterator over its endless dataset and sets its flag,
-        ``skip`` does nothing (the ``If`` op's other branch)."""
+    def mapper(self, touts):
+        """The map function for nodes of output dtypes ``touts``: it computes the element of
+        the node whose number it maps."""
         key = tuple(touts)
-        if key not in self._functions:
-            self._functions[key] = self._make_functions(list(touts))
-        return self._functions[key]
+        if key not in self._mappers:
+            work = self.work
 
-    def _make_functions(self, touts):
-        work = self.work
-        types = {"output_types": touts, "output_shapes": [None] * len(touts)}
+            def element(number):
+                return work[int(number)]()
 
-        def element(number):
-            return work[int(number)]()
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False,
+                         experimental_attributes=_TF_DATA_FUNCTION)
+            def compute(number):
+                return tf.py_function(element, [number], list(touts))
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
-        def compute(number):
-            return tf.py_function(element, [number], touts)
-
-        mapper = compute.get_concrete_function()
-        signature = [_RESOURCE, _RESOURCE, tf.TensorSpec([], tf.int64)]
-
-        @tf.function(input_signature=signature, autograph=False)
-        def init(iterator, flag, number):
-            data = tf.raw_ops.TensorDataset(components=[number], output_shapes=[[]])
-            data = tf.raw_ops.RepeatDataset(input_dataset=data, count=tf.constant(-1, tf.int64),
-                                            output_types=[tf.int64], output_shapes=[[]])
-            data = tf.raw_ops.MapDataset(input_dataset=data, other_arguments=[], f=mapper,
-                                         **types)
-            data = tf.raw_ops.OptionsDataset(input_dataset=data, serialized_options=_OPTIONS,
-                                             **types)
-            tf.raw_ops.MakeIterator(dataset=data, iterator=iterator)
-            tf.raw_ops.AssignVariableOp(resource=flag, value=tf.constant(True))
-            return []
-
-        @tf.function(input_signature=signature, autograph=False)
-        def skip(iterator, flag, number):
-            return []
-
-        return init.get_concrete_function(), skip.get_concrete_function()
+            self._mappers[key] = compute.get_concrete_function()
+        return self._mappers[key]
 
 
 def _pipelines(graph) -> _GraphPipelines:
@@ -172,25 +150,37 @@ def _off_pool(fn, inputs, touts):
     endless dataset, on the iterator's own thread.
 
     The iterator is made once per session, in the first run that needs it: a flag (a
-    resource variable of the session, like the iterator) tells an ``If`` op whether to call
-    the shared init function; making it in every run would cost about 3 ms per collective.
-    (A ``Switch`` that leaves the init dead costs as much: the executor still handles the
-    dead iterator kernel.)  This run's ``inputs`` reach the iterator's thread through a
-    :class:`_Handoff` that a small ``py_function`` fills first."""
+    resource variable of the session, like the iterator) steers a ``Switch`` whose dead
+    branch leaves the dataset and ``MakeIterator`` nodes unrun once it is made, and a
+    ``Merge`` lets the ``IteratorGetNext`` go on either way.  (An ``If`` calling an init
+    function did the same but made every new fetch instantiate its two branch functions, and
+    put two more functions per output signature in the graph's library.)  This run's
+    ``inputs`` reach the iterator's thread through a :class:`_Handoff` that a small
+    ``py_function`` fills first."""
     graph = tf.compat.v1.get_default_graph()
     pipelines, handoff = _pipelines(graph), _Handoff()
     number = pipelines.add(lambda: fn(*handoff.take()))
-    init, skip = pipelines.functions(touts)
+    mapper = pipelines.mapper(touts)
     name = f"{pipelines.prefix}_{number}"
     types = {"output_types": list(touts), "output_shapes": [None] * len(touts)}
     iterator = tf.raw_ops.IteratorV2(shared_name=name, container="", **types)
     flag = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name=f"{name}_made",
                                   container="")
-    made = tf.raw_ops.If(cond=tf.raw_ops.VarIsInitializedOp(resource=flag),
-                         input=[iterator, flag, tf.constant(number, tf.int64)], Tout=[],
-                         then_branch=skip, else_branch=init)
+    made_before = tf.raw_ops.VarIsInitializedOp(resource=flag)
+    to_make, already = tf.raw_ops.Switch(data=tf.constant(number, tf.int64), pred=made_before)
+    data = tf.raw_ops.TensorDataset(components=[to_make], output_shapes=[[]])
+    data = tf.raw_ops.RepeatDataset(input_dataset=data, count=tf.constant(-1, tf.int64),
+                                    output_types=[tf.int64], output_shapes=[[]])
+    data = tf.raw_ops.MapDataset(input_dataset=data, other_arguments=[], f=mapper, **types)
+    data = tf.raw_ops.OptionsDataset(input_dataset=data, serialized_options=_OPTIONS, **types)
+    make = tf.raw_ops.MakeIterator(dataset=data, iterator=iterator)
+    with tf.control_dependencies([make]):
+        mark = tf.raw_ops.AssignVariableOp(resource=flag, value=tf.constant(True))
+    with tf.control_dependencies([mark]):
+        now = tf.identity(to_make)
+    ready, _ = tf.raw_ops.Merge(inputs=[already, now])
     given = [tf.py_function(handoff.give, inputs, tf.int32)] if inputs else []
-    with tf.control_dependencies(given + [made]):
+    with tf.control_dependencies(given + [ready]):
         return list(tf.raw_ops.IteratorGetNext(iterator=iterator, **types))
 
 

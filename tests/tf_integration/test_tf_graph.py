@@ -1,6 +1,7 @@
 """hvdlite.tensorflow collectives in TF1 graphs at np=2 (workers/tf_graph_worker.py): many
 collectives of one ``session.run`` submitted together and fused (30 variable-size allgathers
-over ten dtypes, grouped allgathers, grouped IndexedSlices allreduces, each within 3 s),
+over ten dtypes sharing one map function per output signature, grouped allgathers, grouped
+IndexedSlices allreduces, each within 3 s),
 Horovod's build-one-and-run-it loop running each collective once, a one-thread inter-op pool
 with ranks building in different orders, and a mismatch raising FailedPreconditionError.
 Skipped when TensorFlow is not installed."""
