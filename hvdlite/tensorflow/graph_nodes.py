@@ -24,8 +24,8 @@ it in every run would re-instantiate the map function each time.  The run's inpu
 through a :class:`_Handoff`, filled by a small ``py_function`` that never waits (so it may run
 on the pool) and that a control dependency runs first.  All collectives of a graph share the
 map functions (one per output signature), because every function in a graph's library slows
-each later run of a new fetch in that graph (see :class:`_GraphPipelines`).  Each iterator keeps a few idle
-threads for the session's life.
+each later run of a new fetch in that graph (see :class:`_GraphPipelines`).  Each iterator
+keeps a few idle threads for the session's life.
 
 Where one handoff per node cannot tell its runs apart, the collective stays a plain
 ``py_function`` on the pool (:func:`collective_node`): inside a TF1 ``tf.while_loop`` context
