@@ -2,8 +2,9 @@
 # System packages the tests need: openssh-server (the SSH launcher tests and the namespaced
 # testbed's hosts), iproute2 and iptables (the testbed's links), Debian's
 # prometheus (a real Prometheus server scrapes hvdlite-run --metrics-port) and slurm-wlm
-# with munge (the Slurm tests, tests/slurm). Installs only what is missing, so it is quick
-# when everything is there; needs root (CI and sessions run as root). The daemons are not
+# with munge (the Slurm tests, tests/slurm), g++ (TF1 graphs' asynchronous kernel,
+# hvdlite/tensorflow/graph/async_call.cc, compiled on first use). Installs only what is
+# missing, so it is quick when everything is there; needs root (CI and sessions run as root). The daemons are not
 # started here: the test session starts its own (sshd: tests/conftest.py; munged,
 # slurmctld and slurmd: tests/slurm/cluster.py, in a temporary folder on spare ports;
 # prometheus: its test) and ends them by pid when it finishes.
@@ -18,6 +19,7 @@ if ! { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun 
   need+=(slurm-wlm)
 fi
 [ -x /usr/sbin/munged ] || need+=(munge)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
 need_prometheus=0
 command -v prometheus >/dev/null 2>&1 || need_prometheus=1
 if [ ${#need[@]} -gt 0 ] || [ "$need_prometheus" -eq 1 ]; then

@@ -14,12 +14,14 @@ module only does what is TensorFlow's own:
 * **Graph mode.**  Inside ``tf.function`` each collective is one ``tf.py_function`` node that
   runs the eager code, between two writes of one order token, so ``tf.function``'s automatic
   control dependencies run every collective, and every ``tf.cond`` / ``tf.while_loop`` holding
-  one, in program order on every rank (:mod:`hvdlite.tensorflow.graph_nodes`).  An unnamed op gets its name when it
-  is traced, from the graph's name and the input tensor's name, made unique by the graph's
+  one, in program order on every rank (:mod:`hvdlite.tensorflow.graph.nodes`).  An unnamed
+  op gets its name when it is traced, from the graph's name and the input tensor's name, made unique by the graph's
   numbering (the same on every rank that traces the same program), as Horovod names its
-  graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) each node runs off the session's
-  inter-op pool, on a ``tf.data`` iterator's own thread, so the collectives of a run need no
-  order among them and are submitted together (:mod:`hvdlite.tensorflow.graph_nodes`).
+  graph ops.  In a TF1 graph (``tf.compat.v1`` sessions) each collective is one node of
+  hvdlite's asynchronous kernel, which holds no thread of the session's inter-op pool while
+  it waits (a ``tf.data`` iterator's thread where the kernel cannot be built), so the
+  collectives of a run need no order among them and are submitted together
+  (:mod:`hvdlite.tensorflow.graph.nodes`).
 * **Gradients** (``tf.custom_gradient``) are Horovod's registered TensorFlow gradients (and
   ``hvdlite.torch``'s): allreduce's is an allreduce with the same op and scaling, allgather's
   this rank's rows of an Average-allreduce, broadcast's an Average-allreduce kept on the root
@@ -49,7 +51,8 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
-from hvdlite.tensorflow import graph_nodes
+from hvdlite.tensorflow.graph import async_call
+from hvdlite.tensorflow.graph import nodes as graph_nodes
 from hvdlite.tensorflow.errors import as_tf_errors, raise_reported, report_mismatch
 
 __all__ = [
@@ -194,9 +197,11 @@ def _run(fn, inputs, touts, collective=None):
     """``fn(*inputs)`` now (eager), or as one py_function node (inside a graph); a list.
     ``collective``: the name of the collective ``fn`` runs (None: ``fn`` waits for no other
     rank), whose node then runs where waiting cannot deadlock
-    (:mod:`hvdlite.tensorflow.graph_nodes`)."""
+    (:mod:`hvdlite.tensorflow.graph.nodes`)."""
     if tf.executing_eagerly():
         return list(fn(*inputs))
+    if collective is not None and graph_nodes.as_kernel_call(inputs, touts):
+        return async_call.call_node(fn, inputs, touts)
     fn, touts = report_mismatch(fn, touts), list(touts) + [tf.string]
     if collective is None:
         outs = tf.py_function(fn, list(inputs), touts)

@@ -2,7 +2,7 @@
 optimizers, ``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook``.
 
 They build graph ops for ``tf.compat.v1`` sessions, whose collectives run off the session's
-inter-op pool (:mod:`hvdlite.tensorflow.graph_nodes`), so ranks may run them in any order.
+inter-op pool (:mod:`hvdlite.tensorflow.graph.nodes`), so ranks may run them in any order.
 """
 
 import tensorflow as tf

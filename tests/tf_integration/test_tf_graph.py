@@ -19,7 +19,7 @@ if importlib.util.find_spec("tensorflow") is None:
 
 CASES = ["graph_thirty_allgathers", "graph_grouped_allgathers", "graph_grouped_indexed_slices",
          "graph_evaluate_loop", "graph_one_thread_pool_orders", "graph_mismatch",
-         "graph_grouped_gradients"]
+         "graph_grouped_gradients", "graph_kernel_edges"]
 
 # an absolute path: worker_suite's folder (the torch workers') does not apply
 results, test_case, test_launch_exit_code = worker_suite(

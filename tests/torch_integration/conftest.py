@@ -49,16 +49,18 @@ class CaseResults:
                         f"(launcher exit code {self.rc}); output:\n{self.output[-6000:]}")
 
 
-def worker_suite(script_name, cases):
+def worker_suite(script_name, cases, args=(), env=None, launcher_args=()):
     """The tests of one worker script: one launch shared by the module (a fixture), one test
     per case naming the ranks it failed on, and one for the launcher's exit code.
+    ``args`` / ``env`` / ``launcher_args``: for the launch (see :func:`launch`).
 
     Use as ``results, test_case, test_launch_exit_code = worker_suite(...)`` at module level.
     """
 
     @pytest.fixture(scope="module")
     def results():
-        rc, out = launch(WORKERS / script_name, timeout_s=150)
+        rc, out = launch(WORKERS / script_name, args=args, timeout_s=150, env=env,
+                         launcher_args=launcher_args)
         return CaseResults(rc, out, np=2)
 
     @pytest.mark.timeout(180)

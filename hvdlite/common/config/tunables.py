@@ -423,6 +423,19 @@ TUNABLES: Tuple[Tunable, ...] = (
              "triggers every few steps; 1000 allreduces of 1 KiB at np=2: mean step "
              "20–27 ms → 8–11 ms"),
     Tunable(
+        "tf_async_kernel", bool, True, "HVDLITE_TF_ASYNC_KERNEL",
+        "a TF1 graph's collectives are hvdlite's asynchronous TensorFlow kernel (compiled "
+        "on first use), not tf.data pipelines",
+        flags=(Switch(("--tf-async-kernel",), ("--no-tf-async-kernel",),
+                      "run a TF1 graph's collectives as hvdlite's asynchronous kernel "
+                      "(compiled with g++ on first use, cached in ~/.cache/hvdlite)",
+                      "run a TF1 graph's collectives as tf.data pipelines (no compiler "
+                      "needed; each new fetch of a large graph is slower)"),),
+        readme_flags="`--no-tf-async-kernel` / `--tf-async-kernel`",
+        note="one node per collective that holds no inter-op thread while it waits, as "
+             "Horovod's C++ ops; where it cannot be built, the pipelines, said once in the "
+             "log"),
+    Tunable(
         "torch_env", bool, True, "HVDLITE_TORCH_ENV",
         "the ranks of a static Gloo job also get torchrun's variables (RANK, WORLD_SIZE, "
         "LOCAL_RANK, MASTER_ADDR, ...), so a torch.distributed program runs unchanged",

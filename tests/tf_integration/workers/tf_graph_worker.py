@@ -114,12 +114,7 @@ def check_graph_thirty_allgathers():
                 for i, (dt, dims) in enumerate(specs)]
     for i, (dt, dims) in enumerate(specs):
         _check_static(f"allgather {i}", outs[i], dims, dt)
-    # the collectives share one map function per output signature, and every function in
-    # the library slows each later new fetch of the graph
-    library = [f.signature.name for f in graph.as_graph_def().library.function]
-    signatures = {tuple(op.get_attr("output_types")) for op in graph.get_operations()
-                  if op.type == "IteratorGetNext"}
-    assert 1 < len(library) == len(signatures), (library, signatures)
+    _check_graph_shape(graph, 30)
     timed = Timed()
     with v1.Session(graph=graph) as s, Counted("allgather_async") as counted:
         for step in range(3):
@@ -129,6 +124,28 @@ def check_graph_thirty_allgathers():
                 _check_gathered(f"run {step} allgather {i}", got[i], dims, n)
     timed.check("graph_thirty_allgathers", f"{counted.calls} allgathers ran for 90 fetched")
     assert counted.calls == 90, counted.calls
+
+
+#: whether this launch runs TF1 collectives as the asynchronous kernel: unless the launcher
+#: turned it off or the test made its build fail (``CXX=false``), it must
+WANT_KERNEL = os.environ.get("HVDLITE_TF_ASYNC_KERNEL") != "0" and \
+    os.environ.get("CXX") != "false"
+
+
+def _check_graph_shape(graph, collectives):
+    """Every node and library function a TF1 graph holds for its collectives slows each
+    later new fetch of it: with the kernel, one ``HvdliteAsyncCall`` node per collective
+    and no function; with the pipelines, one map function per output signature."""
+    types = [op.type for op in graph.get_operations()]
+    library = [f.signature.name for f in graph.as_graph_def().library.function]
+    if WANT_KERNEL:
+        assert types.count("HvdliteAsyncCall") == collectives, types
+        assert "IteratorGetNext" not in types and not library, library
+        return
+    assert "HvdliteAsyncCall" not in types, types
+    signatures = {tuple(op.get_attr("output_types")) for op in graph.get_operations()
+                  if op.type == "IteratorGetNext"}
+    assert 1 < len(library) == len(signatures), (library, signatures)
 
 
 def check_graph_grouped_allgathers():
@@ -316,6 +333,38 @@ def check_graph_grouped_gradients():
         _check_grouped_gradients(f"tf.function call {step}", in_function(), n, r)
     _check_grouped_gradients("eager", _taped_grouped_gradients(n, r), n, r)
 
+def check_graph_kernel_edges():
+    """What the kernel moves as raw bytes: a scalar, an empty tensor, bfloat16 and bool;
+    an argument error keeps its TensorFlow code (InvalidArgumentError, as a
+    ``py_function`` gives it) and the node runs again afterwards."""
+    r, n = hvd.rank(), hvd.size()
+    graph = tf.Graph()
+    with graph.as_default():
+        scalar = hvd.allreduce(tf.constant(float(r + 1)), op=hvd.Sum, name="edge.scalar")
+        empty = hvd.allgather(tf.zeros([0, 3]), name="edge.empty")
+        half = hvd.allreduce(tf.fill([3], tf.constant(r + 1, tf.bfloat16)), op=hvd.Sum,
+                             name="edge.bf16")
+        flags = hvd.allgather(tf.constant([r % 2 == 0, True]), name="edge.bool")
+        splits = v1.placeholder(tf.int32, [None])
+        spread, _ = hvd.alltoall(tf.range(4.0), splits=splits, name="edge.alltoall")
+    with v1.Session(graph=graph) as s:
+        got = s.run([scalar, empty, half, flags], options=RUN_OPTIONS)
+        assert got[0] == n * (n + 1) / 2 and got[0].shape == (), got[0]
+        assert got[1].shape == (0, 3), got[1].shape
+        assert got[2].dtype == tf.bfloat16.as_numpy_dtype, got[2].dtype
+        np.testing.assert_array_equal(got[2].astype(np.float32), [n * (n + 1) / 2] * 3)
+        want = np.array([[k % 2 == 0, True] for k in range(n)]).reshape(-1)
+        np.testing.assert_array_equal(got[3], want)
+        try:
+            s.run(spread, {splits: [5] * n}, options=RUN_OPTIONS)
+        except tf.errors.InvalidArgumentError as exc:
+            assert "split" in exc.message.lower(), exc.message
+        else:
+            raise AssertionError("alltoall splits larger than the tensor did not raise")
+        out = s.run(spread, {splits: [4 // n] * n}, options=RUN_OPTIONS)
+        assert out.shape == (4,), out.shape
+
+
 CASES = {
     "graph_thirty_allgathers": check_graph_thirty_allgathers,
     "graph_grouped_allgathers": check_graph_grouped_allgathers,
@@ -324,6 +373,7 @@ CASES = {
     "graph_one_thread_pool_orders": check_graph_one_thread_pool_orders,
     "graph_mismatch": check_graph_mismatch,
     "graph_grouped_gradients": check_graph_grouped_gradients,
+    "graph_kernel_edges": check_graph_kernel_edges,
 }
 
 if __name__ == "__main__":

@@ -9,14 +9,17 @@ decides whether ranks can deadlock.
 **TF1 graphs** (``tf.compat.v1.Session``).  A plain ``py_function`` would run on the
 session's small inter-op pool, and nothing orders the nodes: ranks may start different
 collectives first, and once every pool thread of every rank waits on a collective some other
-rank has not reached, nothing moves again.  So each collective runs instead as the map function
-of a ``tf.data`` pipeline (:func:`_off_pool`): ``IteratorGetNext`` is an asynchronous kernel
-that computes the element on a thread of its own, outside the inter-op pool.  No collective
-then holds a pool thread, so no order among them is needed: the collectives a ``session.run``
-fetches are all submitted at once, whatever order each rank built or starts them in, and the
-runtime negotiates and fuses them in one cycle; a run that fetches one collective runs that
-one only.  (An earlier version chained every collective of a graph into one order instead:
-one negotiation cycle each, and fetching one collective re-ran those chained before it.)
+rank has not reached, nothing moves again.  So each collective is instead one node of
+hvdlite's asynchronous kernel (:func:`as_kernel_call`, :mod:`.async_call`), which, as
+Horovod's ops, holds no thread while it waits.  Where the kernel cannot be built, it runs as
+the map function of a ``tf.data`` pipeline (:func:`_off_pool`): ``IteratorGetNext`` is also an
+asynchronous kernel, which computes the element on a thread of its own.  Either way no
+collective holds a pool thread, so no order among them is needed: the collectives a
+``session.run`` fetches are all submitted at once, whatever order each rank built or starts
+them in, and the runtime negotiates and fuses them in one cycle; a run that fetches one
+collective runs that one only.  (An earlier version chained every collective of a graph into
+one order instead: one negotiation cycle each, and fetching one collective re-ran those
+chained before it.)
 
 The pipeline is an endless dataset whose iterator each session makes once, in the first run
 that needs it (a ``Switch`` on a per-node flag leaves the making dead afterwards): re-making
@@ -27,7 +30,7 @@ map functions (one per output signature), because every function in a graph's li
 each later run of a new fetch in that graph (see :class:`_GraphPipelines`).  Each iterator
 keeps a few idle threads for the session's life.
 
-Where one handoff per node cannot tell its runs apart, the collective stays a plain
+Where a node may run several times at once under one name, the collective stays a plain
 ``py_function`` on the pool (:func:`collective_node`): inside a TF1 ``tf.while_loop`` context
 or a function graph built inside a TF1 graph (a ``while_v2`` body, a ``cond_v2`` branch, a
 ``tf.function`` called in a session) a node may run in several iterations or calls at once;
@@ -50,6 +53,8 @@ import uuid
 import weakref
 
 import tensorflow as tf
+
+from hvdlite.tensorflow.graph import async_call
 
 
 # -- TF1 graphs: off the inter-op pool --------------------------------------------------------
@@ -223,6 +228,16 @@ def _function_py_function(fn, inputs, touts):
 
 
 # -- the choice -------------------------------------------------------------------------------
+def as_kernel_call(inputs, touts) -> bool:
+    """Whether a collective of a TF1 graph (outside its control-flow contexts and
+    functions) becomes one asynchronous kernel call (:mod:`hvdlite.tensorflow.graph.async_call`),
+    where the kernel is built and its dtypes allow, rather than a ``tf.data`` pipeline."""
+    graph = tf.compat.v1.get_default_graph()
+    if graph.building_function or graph._get_control_flow_context() is not None:
+        return False
+    return async_call.usable(inputs, touts)
+
+
 def collective_node(fn, inputs, touts):
     """The outputs (a list) of a node computing ``fn(*inputs)`` (a collective's eager code,
     which blocks until every rank submitted it) in the current graph: between two writes of
