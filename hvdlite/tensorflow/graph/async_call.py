@@ -118,7 +118,17 @@ def library():
 
 
 # -- the graph's side -------------------------------------------------------------------------
-_WORK = {}                                  # key -> (fn, touts), while the graph lives
+class _Work:
+    """One node's collective, kept by its graph (``fn`` refers to the graph's tensors: held
+    here for good, it would keep every graph alive)."""
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+_WORK: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()   # key -> _Work
 _KEYS = itertools.count(1)
 
 
@@ -134,9 +144,12 @@ def call_node(fn, inputs, touts):
     """The outputs (a list) of one ``HvdliteAsyncCall`` node computing ``fn(*inputs)``
     eagerly, off the inter-op pool."""
     graph = tf.compat.v1.get_default_graph()
-    key = next(_KEYS)
-    _WORK[key] = (fn, list(touts))
-    weakref.finalize(graph, _WORK.pop, key, None)
+    work, key = _Work(fn), next(_KEYS)
+    kept = getattr(graph, "_hvdlite_kernel_work", None)
+    if kept is None:
+        kept = graph._hvdlite_kernel_work = []
+    kept.append(work)
+    _WORK[key] = work
     return list(library().hvdlite_async_call(inputs=list(inputs), Tout=list(touts), key=key))
 
 
@@ -185,9 +198,8 @@ def _array(dtype: int, shape, view) -> np.ndarray:
 
 def _dispatch(key, inputs, complete):
     """Called by the kernel under the GIL: take the inputs, start the collective, return."""
-    fn, touts = _WORK[key]
     arrays = [_array(*item) for item in inputs]
-    _WORKERS.submit(_run, fn, arrays, complete)
+    _WORKERS.submit(_run, _WORK[key].fn, arrays, complete)
 
 
 def _error(exc: BaseException):
@@ -211,8 +223,7 @@ def _run(fn, arrays, complete):
                     a = a.copy(order="C")
                 result.append((a.shape, a.reshape(-1).view(np.uint8)))
     except BaseException as exc:                          # noqa: BLE001 - handed to TF
-        code, message = _error(exc)
-        complete((), code, message)
+        complete((), *_error(exc))
         return
     complete(result, 0, "")
 
