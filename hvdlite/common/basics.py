@@ -280,8 +280,6 @@ def config() -> Config:
     return _STATE.config
 
 
-_cfg = config
-
 
 def rank() -> int:
     """This process's rank in the job, from 0 to ``size() - 1``.
@@ -292,7 +290,7 @@ def rank() -> int:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    return _cfg().rank
+    return config().rank
 
 
 def size() -> int:
@@ -304,7 +302,7 @@ def size() -> int:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    return _cfg().size
+    return config().size
 
 
 def local_rank() -> int:
@@ -316,7 +314,7 @@ def local_rank() -> int:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    return _cfg().local_rank
+    return config().local_rank
 
 
 def local_size() -> int:
@@ -328,7 +326,7 @@ def local_size() -> int:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    return _cfg().local_size
+    return config().local_size
 
 
 def cross_rank() -> int:
@@ -341,7 +339,7 @@ def cross_rank() -> int:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    return _cfg().cross_rank
+    return config().cross_rank
 
 
 def cross_size() -> int:
@@ -354,7 +352,7 @@ def cross_size() -> int:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    return _cfg().cross_size
+    return config().cross_size
 
 
 def is_homogeneous() -> bool:
@@ -366,7 +364,7 @@ def is_homogeneous() -> bool:
     Raises:
         HvdliteNotInitializedError: ``init()`` was not called (or ``shutdown()`` was).
     """
-    cfg = _cfg()
+    cfg = config()
     return cfg.size == cfg.local_size * cfg.cross_size
 
 

@@ -44,8 +44,8 @@ Product = ReduceOp.PRODUCT
 #: how often a waiting synchronize() checks that the background thread still runs
 _SYNC_POLL_S = 0.5
 _BOOL_OPS = (Min, Max)
-_OPS_WITHOUT_AVERAGE = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max,
-                        Product: Product}
+#: the ``op=`` values (``average=`` not given) that are a ReduceOp as they are, no Adasum
+PLAIN_OPS = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def reduce_op(average, op, name: str) -> ReduceOp:
         ValueError: both given, or an unknown op.
     """
     if average is None:
-        fast = _OPS_WITHOUT_AVERAGE.get(op) if not isinstance(op, bool) else None
+        fast = PLAIN_OPS.get(op) if not isinstance(op, bool) else None
         if fast is not None:
             return fast
     elif op is not None:

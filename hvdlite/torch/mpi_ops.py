@@ -181,7 +181,7 @@ def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postsca
     """One tensor: the case an optimizer issues thousands of times per step."""
     if type(t) is torch.Tensor and process_set is global_process_set and t.is_cpu \
             and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
-        rop = _OP_OF.get(op) if average is None else None
+        rop = ops.PLAIN_OPS.get(op) if average is None else None
         if rop is None:
             rop = ops.reduce_op(average, op, name or "allreduce")
         return ops.allreduce_one(t, t if inplace else torch.empty_like(t), name, rop,
@@ -210,10 +210,6 @@ def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscal
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-#: op= values that need no further checking (the average= path goes through ops.reduce_op)
-_OP_OF = {None: Average, Average: Average, Sum: Sum, Min: Min, Max: Max, Product: Product}
 
 
 def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, prescale_factor,
@@ -275,7 +271,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     t = tensor
     if type(t) is torch.Tensor and process_set is global_process_set and average is None \
             and t.is_cpu and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
-        rop = _OP_OF.get(op)
+        rop = ops.PLAIN_OPS.get(op)
         if rop is not None:
             return ops.allreduce_one(t, t, name, rop, prescale_factor, postscale_factor)
     return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,

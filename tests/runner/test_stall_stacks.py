@@ -189,7 +189,7 @@ def _check_stall_report(args, seconds, flag=None, timeout_s=90, warnings=1):
     assert re.search(r"rank 1 \(host [^,]+, pid \d+\):", report), text
     assert USER_FUNCTION + " (" + WORKER in report, text
     assert text.count("hvdlite-run: stall:") == 1, text       # once per stall
-    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS turns this into an error" in text
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS turns a stall into an error" in text
     assert len(re.findall(r"STALLOK rank=\d", text)) == 2, text
     return text
 
@@ -330,9 +330,8 @@ def test_a_rank_whose_background_thread_never_answers_is_reported_by_its_poller(
 def test_stall_messages_say_the_job_fails_when_a_shutdown_time_is_set():
     """With --stall-check-shutdown-time-seconds the stall is not 'only a warning': the
     launcher's report and rank 0's warning say the job will fail, and when."""
-    import types
     from hvdlite.common.config import Config
-    from hvdlite.common.engine.runtime import Runtime
+    from hvdlite.common.diagnostics.stall_words import stall_outcome
     base = {"expected": [1], "tensors": [["g", [0], [1], 2.0]], "stalled": 1,
             "hint": "--stall-check-shutdown-time-seconds"}
     text = format_report(stack_report.STALL, {**base, "shutdown_s": 30.0}, {})
@@ -341,11 +340,11 @@ def test_stall_messages_say_the_job_fails_when_a_shutdown_time_is_set():
                                   "(--stall-check-shutdown-time-seconds 30)")
     text = format_report(stack_report.STALL, {**base, "shutdown_s": 0.0}, {})
     assert "the job goes on (this is a warning)" in text
-    on = types.SimpleNamespace(config=Config(stall_check_shutdown_time_s=30.0))
-    off = types.SimpleNamespace(config=Config())
-    assert Runtime._stall_outcome(on).startswith("the job fails if this tensor still waits "
-                                                 "after 30s")
-    assert Runtime._stall_outcome(off).endswith("turns this into an error")
+    # rank 0's warning says it in the same words
+    assert stall_outcome(Config(stall_check_shutdown_time_s=30.0).stall_check_shutdown_time_s) \
+        == "the job fails if the stall lasts 30s (--stall-check-shutdown-time-seconds 30)"
+    assert stall_outcome(Config().stall_check_shutdown_time_s).endswith(
+        "turns a stall into an error")
 
 
 def test_a_request_no_rank_polls_for_is_said_to_be_unanswerable(monkeypatch):

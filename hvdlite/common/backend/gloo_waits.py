@@ -50,7 +50,6 @@ class RoundWatcher:
         self._make_client = make_client
         self.newest = -1
         self.alive = True
-        self._seen = threading.Event()
         threading.Thread(target=self._run, name="hvdlite-round-watcher", daemon=True).start()
 
     def _run(self) -> None:
@@ -59,17 +58,11 @@ class RoundWatcher:
             client = self._make_client()
             while True:
                 self.newest = max(self.newest, client.await_round(self.newest, AWAIT_S))
-                self._seen.set()
         except Exception:  # the store is gone (job over) or unreachable: callers ask it
             self.alive = False
-            self._seen.set()
         finally:
             if client is not None:
                 client.close()
-
-    def wait_first(self, timeout_s: float) -> None:
-        """Wait (briefly) for the first answer, so that :attr:`newest` is meaningful."""
-        self._seen.wait(timeout_s)
 
 
 _WATCHERS: Dict[Tuple[str, int], RoundWatcher] = {}

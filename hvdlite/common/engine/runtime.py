@@ -59,6 +59,7 @@ from hvdlite.common.engine.message import Response, decode_requests, encode_requ
 from hvdlite.common.diagnostics.metrics_counters import Counters
 from hvdlite.common.engine.parameters import Parameters
 from hvdlite.common.diagnostics.recorder import NULL, Recorder
+from hvdlite.common.diagnostics.stall_words import SHUTDOWN_FLAG, stall_outcome
 from hvdlite.common.engine.response_cache import ResponseCache
 from hvdlite.common.engine.tensor_queue import Entry, TensorQueue
 
@@ -669,16 +670,9 @@ class Runtime:
             log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
                         "(waiting %.0fs); one rank may be skipping a collective or running "
                         "different code (%s)", name, have, missing, waited,
-                        self._stall_outcome())
+                        stall_outcome(self.config.stall_check_shutdown_time_s,
+                                      _SHUTDOWN_HINT))
         self._ask_for_stacks(stalled)
-
-    def _stall_outcome(self) -> str:
-        """What happens next, truthfully: with a shutdown time the stall ends the job."""
-        limit = self.config.stall_check_shutdown_time_s
-        if limit > 0:
-            return (f"the job fails if this tensor still waits after {limit:g}s: "
-                    f"--stall-check-shutdown-time-seconds")
-        return f"{_SHUTDOWN_HINT} turns this into an error"
 
     def _ask_for_stacks(self, stalled: List[Tuple[str, List[int], List[int], float]]) -> None:
         """Rank 0: ask the stall's missing ranks not asked yet for their stacks: a summary
@@ -746,7 +740,7 @@ class Runtime:
 #: how many stalled tensors one stack report names (it counts the rest)
 _MAX_TENSORS_REPORTED = 10
 #: how a user turns a stall into an error
-_SHUTDOWN_HINT = " or ".join(("--stall-check-shutdown-time-seconds",)
+_SHUTDOWN_HINT = " or ".join((SHUTDOWN_FLAG,)
                              + cfg.horovod_twins(cfg.STALL_CHECK_SHUTDOWN_TIME))
 
 

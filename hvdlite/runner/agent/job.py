@@ -290,47 +290,47 @@ def _serve_metrics(job: JobContext):
     return None if address is None else metrics_server.serve(address, job)
 
 
-def host_source(config: JobSpec) -> HostSource:
+def host_source(spec: JobSpec) -> HostSource:
     """The discovery script, or the fixed host list (a static job's: the slots its ranks
     use, as the spec placed them).
 
     Raises:
         HvdliteConfigError: a listed host name does not resolve.
     """
-    if config.discovery_script:
-        return ScriptHosts(config.discovery_script, config.slots_per_host,
-                           max_slots=config.max_workers)
-    for h in config.hosts:
+    if spec.discovery_script:
+        return ScriptHosts(spec.discovery_script, spec.slots_per_host,
+                           max_slots=spec.max_workers)
+    for h in spec.hosts:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
-    return FixedHosts(config.hosts)
+    return FixedHosts(spec.hosts)
 
 
 def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Starter:
     """mpiexec for ``--mpi``; else local processes or task services (:class:`AutoStarter`),
     the tasks started through ``srun`` when every remote host is a node of the Slurm
     allocation we run in, else over SSH."""
-    config = job.spec
-    if config.controller == "mpi":
+    spec = job.spec
+    if spec.controller == "mpi":
         return _mpiexec_starter(job, source.find())
     remote = [h.hostname for h in source.find() if not is_local(h.hostname)]
-    via_srun = bool(remote) and not config.discovery_script \
+    via_srun = bool(remote) and not spec.discovery_script \
         and slurm_hosts.srun_reaches(remote)
     if via_srun:
         log.info("remote hosts %s are nodes of this Slurm allocation: tasks start through "
                  "srun, not SSH", ", ".join(remote))
-    ssh = SSHOptions(port=config.ssh_port, identity_file=config.ssh_identity_file,
-                     known_hosts_file=config.ssh_known_hosts_file,
-                     strict_host_key_checking=config.ssh_strict_host_key_checking,
-                     launcher_agent=config.launcher_agent)
+    ssh = SSHOptions(port=spec.ssh_port, identity_file=spec.ssh_identity_file,
+                     known_hosts_file=spec.ssh_known_hosts_file,
+                     strict_host_key_checking=spec.ssh_strict_host_key_checking,
+                     launcher_agent=spec.launcher_agent)
     return AutoStarter(
-        make_local=lambda: LocalStarter(config.command, lambda: job.job_env(local=True),
+        make_local=lambda: LocalStarter(spec.command, lambda: job.job_env(local=True),
                                         sink, base_env=dict(os.environ), on_exit=job.wake),
-        make_tasks=lambda: TaskStarter(job.key, job.job_id, config.command,
+        make_tasks=lambda: TaskStarter(job.key, job.job_id, spec.command,
                                        lambda: job.job_env(local=False),
-                                       config.forward_env(), ssh, config.start_timeout_s, sink,
-                                       network_interfaces=config.network_interfaces,
-                                       on_exit=job.wake, verbose=config.verbose,
+                                       spec.forward_env(), ssh, spec.start_timeout_s, sink,
+                                       network_interfaces=spec.network_interfaces,
+                                       on_exit=job.wake, verbose=spec.verbose,
                                        open_task=task_opener() if via_srun else None,
                                        ranks_heard=job.liveness.heard_from_host),
         tasks_from_start=bool(remote))
@@ -341,18 +341,18 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
     from its own environment, never on a command line (which ``ps`` shows to every user):
     PATH & co, the user's HVDLITE_* and HOROVOD_* variables, -x values, the job key (it
     signs ``broadcast_object`` & co) and the other secret variables."""
-    config = job.spec
-    hidden = dict(config.user_env)
-    hidden.update(config.secret_env)
+    spec = job.spec
+    hidden = dict(spec.user_env)
+    hidden.update(spec.secret_env)
     hidden[cfg.SECRET_KEY] = job.key.hex()
     hidden[cfg.JOB_ID] = job.job_id          # names the ranks' flight-recorder directory
     names = [n for n in os.environ if forwarded(n) and n not in hidden] + sorted(hidden)
-    return MpiexecStarter(hosts, config.command, dict(config.tunable_env), names,
-                          config.mpi_args,
-                          ssh_port=config.ssh_port if config.ssh_port != 22 else None,
-                          identity_file=config.ssh_identity_file, verbose=config.verbose,
-                          output_dir=config.output_dir, timestamp=config.timestamp_output,
-                          binding_args=config.binding_args, hidden_env=hidden,
+    return MpiexecStarter(hosts, spec.command, dict(spec.tunable_env), names,
+                          spec.mpi_args,
+                          ssh_port=spec.ssh_port if spec.ssh_port != 22 else None,
+                          identity_file=spec.ssh_identity_file, verbose=spec.verbose,
+                          output_dir=spec.output_dir, timestamp=spec.timestamp_output,
+                          binding_args=spec.binding_args, hidden_env=hidden,
                           on_exit=job.wake,
                           reports=(job.key, {**job.stacks.ops(), **job.reports_inbox.ops()}))
 

@@ -1,13 +1,13 @@
 """hvdlite-run's command line: every flag, horovodrun's included, and what each one becomes.
 
-Kept apart from ``launch.py`` (which turns parsed flags into Settings and
+Kept apart from ``launch.py`` (which turns parsed flags into a ``JobSpec`` and
 dispatches) because horovodrun compatibility makes the flag list long.  Each of
 horovodrun's flags is here under its own spelling and aliases, and is either
 implemented, accepted because it asks for what hvdlite always does (:data:`NO_OP_FLAGS`),
 or refused with the reason (:data:`REFUSED_FLAGS`); none gets argparse's bare
 "unrecognized arguments".
 
-The parser is built from data: the tunables' flags from ``common.tunables`` and the
+The parser is built from data: the tunables' flags from ``common.config.tunables`` and the
 others from :data:`GROUPS`; every flag's help ends with its default.
 """
 

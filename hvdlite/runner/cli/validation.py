@@ -26,16 +26,12 @@ def flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
     return dest
 
 
-def _where(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> str:
+def setting_name(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> str:
     """``--flag`` or ``--config-file FILE: key`` for the setting ``dest``."""
     keys: Mapping[str, str] = getattr(args, "config_file_keys", None) or {}
     if dest in keys:
         return f"--config-file {args.config_file}: {keys[dest]}"
     return flag_name(parser, dest)
-
-
-#: the public name: ``--flag`` or ``--config-file FILE: key`` for a dest
-setting_name = _where
 
 
 def _show(value) -> str:
@@ -59,7 +55,7 @@ def check_finite_numbers(args: argparse.Namespace, parser: argparse.ArgumentPars
         for v in values:
             if isinstance(v, float) and not math.isfinite(v):
                 raise HvdliteConfigError(
-                    f"{_where(args, parser, action.dest)} {_show(value)}: must be a finite "
+                    f"{setting_name(args, parser, action.dest)} {_show(value)}: must be a finite "
                     f"number")
 
 
@@ -87,7 +83,7 @@ def check_tunables(args: argparse.Namespace, parser: argparse.ArgumentParser,
             value = getattr(args, dest, None)
             if var == exc.variable and value is not None:
                 raise HvdliteConfigError(
-                    f"{_where(args, parser, dest)} {_show(value)}: the value must be "
+                    f"{setting_name(args, parser, dest)} {_show(value)}: the value must be "
                     f"{exc.reason.replace('must be ', '')} (it is {_show(exc.value)})") \
                     from None
         raise HvdliteConfigError(f"{exc} (set in this environment)") from None

@@ -39,10 +39,10 @@ class Starter(abc.ABC):
 
     def prepare(self, hosts: Sequence[HostSlots]) -> Dict[str, str]:
         """Make these hosts ready to take workers; returns ``{host name: why not}`` for
-        the hosts that cannot (the driver blacklists them).  Default: every host is ready.
+        the hosts that cannot (the agent blacklists them).  Default: every host is ready.
 
         Raises:
-            HvdliteLaunchError: a job-level problem no other host can fix (the driver
+            HvdliteLaunchError: a job-level problem no other host can fix (the agent
                 fails the job with this message).
         """
         return {}

@@ -33,6 +33,7 @@ import psutil
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.net.service import Service, ServiceError, is_int
 from hvdlite.common.diagnostics.stack_capture import ALL, STALL
+from hvdlite.common.diagnostics.stall_words import SHUTDOWN_FLAG, stall_outcome
 from hvdlite.runner.hosts import SlotId
 from hvdlite.runner.processes.py_spy import OutsideStack
 
@@ -387,7 +388,8 @@ def format_report(kind: str, summary: dict,
             lines.append(_raised_line(rank, raised[rank], kind == STALL))
         lines += _threads_lines(threads, "    ")
     if kind == STALL:
-        lines.append(_stall_outcome(summary))
+        lines.append("  " + stall_outcome(summary.get("shutdown_s"),
+                                           summary.get("hint", SHUTDOWN_FLAG)))
     return "\n".join(lines) + "\n"
 
 
@@ -444,18 +446,6 @@ def _raised_line(rank: int, left: dict, stall: bool) -> str:
     at = f"at {_short(where[0])}:{where[1]} in {where[2]}, " if where else ""
     return (f"    rank {rank} {what} by raising {left['type']}: {left['message']} "
             f"({at}{left['ago_s']:g}s before these stacks)")
-
-
-def _stall_outcome(summary: dict) -> str:
-    """The report's last line: whether the job goes on or will fail (a shutdown time
-    is set), as rank 0 reported it."""
-    limit = summary.get("shutdown_s")
-    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0:
-        return (f"  the job fails if the stall lasts {limit:g}s "
-                f"(--stall-check-shutdown-time-seconds {limit:g})")
-    return (f"  the job goes on (this is a warning); "
-            f"{summary.get('hint', '--stall-check-shutdown-time-seconds')} turns a "
-            f"stall into an error")
 
 
 def _stall_lines(summary: dict, expected: List[int]) -> List[str]:
