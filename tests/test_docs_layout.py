@@ -1,7 +1,7 @@
 """The docs name only what exists: ``hvdlite/...`` paths, short paths such as
-``agent/job.py`` and dotted names such as ``hvdlite.runner.api`` in README.md and
-docs/*.md are in the tree, links between the pages resolve (headings included), and the
-architecture page stays short enough to read in one sitting.
+``agent/job.py`` and dotted names such as ``hvdlite.runner.api`` in README.md,
+CONTRIBUTING.md and docs/*.md are in the tree, links between the pages resolve (headings
+included), and the architecture page stays short enough to read in one sitting.
 
 Nothing is imported: modules are found on disk, and an attribute after a module must
 be a name that module's source defines.
@@ -32,7 +32,7 @@ _FENCE = re.compile(r"^\s*```")
 
 
 def _pages() -> List[str]:
-    pages = ["README.md"] + sorted(
+    pages = ["README.md", "CONTRIBUTING.md"] + sorted(
         os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
     assert len(pages) > 3, pages
     return pages

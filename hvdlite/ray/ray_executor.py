@@ -117,7 +117,8 @@ class RayExecutor:
                  cpus_per_worker: float = 1, use_gpu: bool = False,
                  gpus_per_worker: Optional[int] = None, min_workers: Optional[int] = None,
                  max_workers: Optional[int] = None, reset_limit: Optional[int] = None,
-                 cooldown_range=None, elastic_timeout: float = 600,
+                 cooldown_range=None,
+                 elastic_timeout: float = elastic_settings.DEFAULT_ELASTIC_TIMEOUT_S,
                  override_discovery: bool = True):
         if use_gpu or gpus_per_worker:
             raise ValueError("RayExecutor: use_gpu / gpus_per_worker: hvdlite works on CPU "

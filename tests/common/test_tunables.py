@@ -2,8 +2,10 @@
 table in docs/reference.md all follow it."""
 
 import argparse
+import ast
 import dataclasses
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -77,6 +79,72 @@ def test_config_fields_and_defaults_are_the_table():
             "WARNING" if t.field == "log_level" else t.default)
     job = {f.name for f in dataclasses.fields(cfg._JobFacts)}
     assert set(fields) == job | set(tunables.BY_FIELD)
+
+
+def _config_field_defaults(source: str):
+    """``(field, default expression)`` of every annotated field of ``class Config``."""
+    tree = ast.parse(source)
+    config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
+    return [(n.target.id, n.value) for n in config.body if isinstance(n, ast.AnnAssign)]
+
+
+def _takes_its_row(field, value) -> bool:
+    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id == "_default" and len(value.args) == 1
+            and isinstance(value.args[0], ast.Constant) and value.args[0].value == field)
+
+
+def test_config_spells_no_default_itself():
+    """``Config``'s tunable fields take their defaults from the table, by their own name,
+    in the table's order: a default written there would be a second spelling."""
+    source = (pathlib.Path(ROOT) / "hvdlite" / "common" / "config" / "__init__.py").read_text()
+    got = _config_field_defaults(source)
+    assert [f for f, _ in got] == [t.field for t in tunables.TUNABLES]
+    assert not [f for f, v in got if not _takes_its_row(f, v)]
+    bad = _config_field_defaults("class Config:\n    a: int = 3\n    b: int = _default('a')\n")
+    assert [f for f, v in bad if not _takes_its_row(f, v)] == ["a", "b"]
+
+
+def _tunable_named(name: str):
+    """The tunable a ``DEFAULT_X`` constant or an ``x`` / ``x_s`` parameter stands for."""
+    stem = name.lower()[len("default_"):] if name.startswith("DEFAULT_") else name
+    return next((tunables.BY_FIELD[c] for c in (stem, stem + "_s") if c in tunables.BY_FIELD),
+                None)
+
+
+def _second_spellings(source: str, where: str):
+    """Module constants ``DEFAULT_X = <number>`` and parameter defaults ``x=<number>`` that
+    repeat the table's default of the tunable they are named after."""
+    found = []
+
+    def check(name, value, line):
+        row = _tunable_named(name)
+        if row is not None and isinstance(value, ast.Constant) \
+                and type(value.value) in (int, float) and value.value == row.default:
+            found.append(f"{where}:{line} {name}={value.value!r} (the table's {row.field})")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id.startswith("DEFAULT_"):
+                    check(target.id, node.value, node.lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            positional = a.posonlyargs + a.args
+            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            pairs += [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            for arg, default in pairs:
+                check(arg.arg, default, node.lineno)
+    return found
+
+
+def test_no_tunable_default_is_spelled_outside_the_table():
+    package = pathlib.Path(ROOT) / "hvdlite"
+    found = [hit for path in package.rglob("*.py") if "config" not in path.parts
+             for hit in _second_spellings(path.read_text(), str(path.relative_to(ROOT)))]
+    assert not found, found
+    example = "DEFAULT_ELASTIC_TIMEOUT_S = 600.0\ndef f(op_timeout=1, elastic_timeout=600): pass\n"
+    assert len(_second_spellings(example, "x.py")) == 2
 
 
 def test_names_fields_and_dests_are_unique():

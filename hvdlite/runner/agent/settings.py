@@ -10,10 +10,11 @@ import dataclasses
 import os
 from typing import Optional, Sequence, Tuple
 
+from hvdlite.common.config import tunables
 from hvdlite.common.exceptions import HvdliteConfigError
 
-#: Horovod's default for --elastic-timeout
-DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+#: Horovod's default for --elastic-timeout, from the tunables' table
+DEFAULT_ELASTIC_TIMEOUT_S = tunables.BY_FIELD["elastic_timeout_s"].default
 
 
 @dataclasses.dataclass(frozen=True)
