@@ -36,10 +36,11 @@ $(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
 demo: install-core
 	$(VENV)/bin/hvdlite-run -np 2 $(PY) examples/pytorch_mnist.py --epochs 2
 
-# ruff with the rules of pyproject.toml's [tool.ruff] (errors only for now: syntax errors and
-# undefined names); CI runs it before the suite
+# ruff with the rules of pyproject.toml's [tool.ruff] (pyflakes and pycodestyle's errors), and
+# mypy on the packages [tool.mypy] lists; CI runs it before the suite
 lint: install
 	$(VENV)/bin/ruff check hvdlite tests benchmarks examples
+	$(VENV)/bin/mypy
 
 # the suite but its `slow` tests (long scenarios another test covers in part, benchmark smoke
 # runs, the docs build): under 20 minutes on the 2-core machine; CI runs test-slow after it

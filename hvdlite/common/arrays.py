@@ -20,7 +20,7 @@ import abc
 import functools
 import operator
 import threading
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -96,14 +96,14 @@ class ArrayKind(abc.ABC):
     """
 
     name = "abstract"
-    #: buffer -> 1-D view of the same memory
-    flat = None
+    #: buffer -> 1-D view of the same memory (each kind binds these four)
+    flat: Callable[[Any], Any]
     #: buffer -> number of elements
-    numel = None
+    numel: Callable[[Any], int]
     #: buffer -> a new buffer with the same contents
-    clone = None
+    clone: Callable[[Any], Any]
     #: buffer -> whether its elements lie back to back in row-major order
-    is_contiguous = None
+    is_contiguous: Callable[[Any], bool]
 
     @abc.abstractmethod
     def empty(self, shape, dtype: str):

@@ -147,8 +147,10 @@ def _require_torch_for_gloo(config: Config) -> None:
         f"(hvdlite-run --mpi ..., or mpiexec)")
 
 
-def init(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) -> None:
-    """Start the runtime (idempotent while initialized).
+def start_runtime(config: Optional[Config] = None, recorder: Recorder = NULL,
+                  comm=None) -> None:
+    """Start the runtime (idempotent while it runs): the part of ``hvd.init()``
+    (:func:`hvdlite.common.ops.init`, the only ``init``) below process sets.
 
     ``recorder`` receives the background thread's phase boundaries (default: none).
     ``comm`` (MPI only) picks the job's processes: an mpi4py communicator or a list of
@@ -277,7 +279,10 @@ def runtime():
 def config() -> Config:
     """The configuration this rank's runtime was started with."""
     runtime()
-    return _STATE.config
+    started = _STATE.config
+    if started is None:                 # never: init() sets both together
+        raise HvdliteNotInitializedError("hvdlite has no configuration; call hvd.init() first")
+    return started
 
 
 

@@ -141,7 +141,7 @@ class ObjectState(State):
 def _reset() -> None:
     """Leave the current round and join the next one."""
     basics.shutdown()
-    basics.init()
+    basics.start_runtime()
 
 
 def _reset_into_next_round(reset: Callable[[], None]) -> None:

@@ -632,7 +632,7 @@ def init(comm=None, process_sets=None, *, dynamic_process_sets: Optional[bool] =
         static = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets]
     if basics.is_initialized() and basics.current_runtime().running():
         return
-    basics.init(config, recorder, comm)
+    basics.start_runtime(config, recorder, comm)
     if dynamic_process_sets is None:
         dynamic_process_sets = basics.config().dynamic_process_sets
     _sets.set_dynamic(dynamic_process_sets)

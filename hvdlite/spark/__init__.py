@@ -4,14 +4,14 @@ Each rank is a Spark task: it runs the given function in its Python worker, with
 rank's environment set, so the function calls ``hvd.init()`` as under
 ``hvdlite-run``.  The driver of the Spark application serves the job's
 authenticated services; the results come back to it in rank order.  How the job is
-run is in :mod:`hvdlite.spark.runner`.
+run is in :mod:`hvdlite.spark.spark_job`.
 """
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hvdlite.runner.agent import settings as _settings
 from hvdlite.spark.pool import HvdliteSparkError
-from hvdlite.spark import runner as _runner
+from hvdlite.spark import spark_job
 
 __all__ = ["run", "run_elastic", "HvdliteSparkError"]
 
@@ -37,7 +37,7 @@ def _refuse(use_mpi=None, use_gloo=None, extra_mpi_args=None, executable=None) -
 
 
 def _start_timeout(start_timeout: Optional[float]) -> float:
-    timeout = _runner.DEFAULT_START_TIMEOUT_S if start_timeout is None else float(start_timeout)
+    timeout = spark_job.DEFAULT_START_TIMEOUT_S if start_timeout is None else float(start_timeout)
     if not timeout > 0:
         raise ValueError(f"hvdlite.spark: start_timeout={start_timeout}: must be positive "
                          f"seconds")
@@ -83,11 +83,11 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     """
     _refuse(use_mpi, use_gloo, extra_mpi_args, executable)
     timeout = _start_timeout(start_timeout)
-    sc = _runner.spark_context()
+    sc = spark_job.spark_context()
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
     if count < 1:
         raise ValueError(f"hvdlite.spark.run: num_proc={num_proc}: must be at least 1")
-    return _runner.run_static(sc, fn, args, kwargs, count, timeout, env)
+    return spark_job.run_static(sc, fn, args, kwargs, count, timeout, env)
 
 
 def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -128,10 +128,10 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
             within ``elastic_timeout``, the reset limit; names the rank and host).
     """
     timeout = _start_timeout(start_timeout)
-    sc = _runner.spark_context()
+    sc = spark_job.spark_context()
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
     settings = _settings.validate(
         np=count, min_np=min_num_proc, max_np=count if max_num_proc is None else max_num_proc,
         elastic_timeout_s=elastic_timeout, reset_limit=reset_limit, cooldown_range=None,
         slots_per_host=None, discovery_script=None, fixed_hosts=False, mpi=False)
-    return _runner.run_elastic_job(sc, fn, args, kwargs, settings, timeout, env)
+    return spark_job.run_elastic_job(sc, fn, args, kwargs, settings, timeout, env)

@@ -33,7 +33,7 @@ __all__ = list(_ops_all) + [
     "broadcast_variables", "broadcast_", "broadcast_object", "broadcast_object_fn",
     "allgather_object",
     "rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op",
-    "SyncBatchNormalization", "DistributedOptimizer", "broadcast_global_variables",
+    "SyncBatchNormalization", "DistributedOptimizer", "broadcast_global_variables",  # noqa: F405
     "BroadcastGlobalVariablesHook"]
 
 

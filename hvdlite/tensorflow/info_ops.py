@@ -36,7 +36,7 @@ def _process_set(process_set_id: int):
             return ps
     raise ValueError(f"process_set_id={process_set_id}: no registered process set has this "
                      f"id (registered: 0 and "
-                     f"{sorted(p.process_set_id for p in _sets.registered())})")
+                     f"{sorted(p.process_set_id or 0 for p in _sets.registered())})")
 
 
 def _read(value_fn, name):

@@ -156,7 +156,7 @@ def _last_op(job: Job, rank: int) -> str:
 
 
 def _lateness(job: Job, keyed) -> Optional[str]:
-    counts: Dict[int, int] = collections.Counter()
+    counts: "collections.Counter[int]" = collections.Counter()
     total = 0
     for recs in keyed.values():
         any_rec = next(iter(recs.values()))

@@ -71,7 +71,7 @@ def lateness(events: List[dict]) -> Tuple[str, Dict[int, Tuple[int, float]], flo
             for r in args.get("waited_for", ()):
                 waits[int(r)][0] += 1
                 waits[int(r)][1] += ev.get("dur", 0.0) / 1e6
-    span = (last - first) / 1e6 if first is not None else 0.0
+    span = (last - first) / 1e6 if first is not None and last is not None else 0.0
     source, per = ("LATE events", marks) if marks else ("negotiations", waits)
     return source, {r: (int(c), s) for r, (c, s) in per.items()}, span
 

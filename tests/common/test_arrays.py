@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("ml_dtypes")
 
 from hvdlite.common import arrays  # noqa: E402
-from hvdlite.common.engine import adasum
-from hvdlite.common.engine import fusion
+from hvdlite.common.engine import adasum  # noqa: E402
+from hvdlite.common.engine import fusion  # noqa: E402
 from hvdlite.common.backend.base import Backend  # noqa: E402
 from hvdlite.common.engine.message import ReduceOp  # noqa: E402
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from hvdlite.common.net import preauth
-from hvdlite.common.net.framing import NONCE_BYTES, SecureChannel, new_key
+from hvdlite.common.net.framing import SecureChannel, new_key
 from hvdlite.common.net.kv import KVClient
 from hvdlite.runner.store.rendezvous import KVStoreService
 

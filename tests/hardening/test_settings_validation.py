@@ -76,7 +76,7 @@ def test_bad_exported_variable_is_refused_by_the_launcher(var, value):
 
 
 def test_one_rank_run_refuses_the_same_values():
-    code = "from hvdlite.common import basics; basics.init()"
+    code = "from hvdlite.common import basics; basics.start_runtime()"
     env = dict(os.environ, HVDLITE_OP_TIMEOUT_SECONDS="inf")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env=env, cwd=ROOT)

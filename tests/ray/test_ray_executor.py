@@ -16,7 +16,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (make install installs it)")
 
 from hvdlite.ray import HvdliteRayError, RayExecutor  # noqa: E402
-from tests.conftest import summary_names  # noqa: E402
+from tests.conftest import free_port, summary_names  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BIN = Path(sys.executable).parent
@@ -238,7 +238,7 @@ def _ray(*args, env, timeout=120):
 
 @pytest.mark.timeout(240)
 def test_two_nodes_number_ranks_node_by_node():
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, **RAY_ENV, PYTHONPATH=str(REPO))
     # Ray's socket paths must stay under 108 bytes: a short directory of our own
     temp = tempfile.mkdtemp(prefix="hvr", dir="/tmp")
@@ -292,13 +292,6 @@ def _stop_cluster(temp):
             pass
     psutil.wait_procs(alive, timeout=10)
     assert not [p for p in procs if p.is_running() and p.status() != "zombie"]
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(180)

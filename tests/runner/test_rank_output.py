@@ -4,7 +4,6 @@ tqdm's \\r updates come as updates, not one glued line; real pipes and real jobs
 
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from conftest import run_launcher
 from hvdlite.runner.processes.merged_lines import RankLineMerger, rank_label
-from hvdlite.runner.processes.rank_output import OutputSink, pump_lines
+from hvdlite.runner.processes.rank_output import OutputSink
 
 pytestmark = pytest.mark.timeout(120)
 

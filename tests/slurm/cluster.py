@@ -15,6 +15,8 @@ import subprocess
 import time
 from typing import Dict, List
 
+from tests.conftest import free_port
+
 SBIN = ("/usr/sbin", "/usr/bin")
 START_TIMEOUT_S = 30.0
 
@@ -28,12 +30,6 @@ def missing() -> List[str]:
     """The Slurm and munge programs that are not installed."""
     return [n for n in ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo")
             if not _which(n)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
@@ -63,8 +59,8 @@ FirstJobId={random.randint(1, 10**6)}
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={r}/munge/munge.sock

@@ -14,7 +14,7 @@ from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.hosts.fixed import FixedHosts
 from hvdlite.runner.tasks.function_rank import loads
-from hvdlite.spark.runner import SparkJob
+from hvdlite.spark.spark_job import SparkJob
 from hvdlite.spark.task import serve_task
 from tests.conftest import summary_names
 
@@ -164,7 +164,7 @@ class _PythonContext:
 def test_local_spark_workers_get_the_drivers_python(monkeypatch, caplog):
     """Without PYSPARK_PYTHON, local Spark would run the python3 on PATH (here not this
     venv's): the driver's interpreter is used instead, and said so."""
-    from hvdlite.spark.runner import use_driver_python
+    from hvdlite.spark.spark_job import use_driver_python
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     sc = _PythonContext("local[2]")
@@ -176,7 +176,7 @@ def test_local_spark_workers_get_the_drivers_python(monkeypatch, caplog):
 
 
 def test_on_a_cluster_the_spark_python_is_left_with_a_hint(monkeypatch, caplog):
-    from hvdlite.spark.runner import use_driver_python
+    from hvdlite.spark.spark_job import use_driver_python
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     sc = _PythonContext("spark://head:7077")

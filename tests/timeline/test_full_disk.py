@@ -12,7 +12,7 @@ import pytest
 
 from hvdlite.common.diagnostics import flight_recorder as fr
 from hvdlite.common.diagnostics.timeline_writer import Timeline
-from tests.runner.conftest import REPO, run_launcher
+from tests.runner.conftest import run_launcher
 from tests.timeline.test_flight_recorder import entry
 
 pytestmark = pytest.mark.timeout(60)

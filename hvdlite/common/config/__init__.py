@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from hvdlite.common import fault_injection
 from hvdlite.common.config import tunables
@@ -161,8 +161,7 @@ def _check_tunable(t: tunables.Tunable, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _JobFacts:
-    """The launcher-set fields of :class:`Config` (who this rank is, where the job meets)
-    and its behaviour; :class:`Config` adds the tunable fields."""
+    """The launcher-set fields of :class:`Config`: who this rank is, where the job meets."""
 
     rank: int = 0
     size: int = 1
@@ -183,7 +182,62 @@ class _JobFacts:
     #: ranks meet there (see ``launcher_detection.torchrun_facts``)
     torch_store_addr: Optional[str] = None
 
-    def __post_init__(self):
+
+def _default(field: str):
+    """A tunable's default, from its row: the table is the only place defaults are spelled."""
+    return tunables.BY_FIELD[field].default
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(_JobFacts):
+    """Every setting of one process of a job; defaults follow Horovod's.
+
+    The fields after the launcher-set ones are the rows of ``tunables.TUNABLES``, in the
+    table's order, with its types and defaults (``tests/common/test_tunables.py`` checks
+    that they agree); a new tunable is a row there and a line here.
+    """
+
+    fusion_threshold_bytes: int = _default("fusion_threshold_bytes")
+    cycle_time_ms: float = _default("cycle_time_ms")
+    cache_capacity: int = _default("cache_capacity")
+    inplace_threshold_bytes: int = _default("inplace_threshold_bytes")
+    fusion_chunk_bytes: int = _default("fusion_chunk_bytes")
+    gloo_threads: int = _default("gloo_threads")
+    op_timeout_s: float = _default("op_timeout_s")
+    cpu_operations: str = _default("cpu_operations")
+    start_timeout_s: float = _default("start_timeout_s")
+    max_workers: int = _default("max_workers")
+    elastic_timeout_s: float = _default("elastic_timeout_s")
+    discovery_settle_s: float = _default("discovery_settle_s")
+    timeline_filename: str = _default("timeline_filename")
+    timeline_mark_cycles: bool = _default("timeline_mark_cycles")
+    timeline_max_bytes: int = _default("timeline_max_bytes")
+    autotune: bool = _default("autotune")
+    autotune_log_file: str = _default("autotune_log_file")
+    autotune_warmup_samples: int = _default("autotune_warmup_samples")
+    autotune_steps_per_sample: int = _default("autotune_steps_per_sample")
+    autotune_bayes_opt_max_samples: int = _default("autotune_bayes_opt_max_samples")
+    autotune_gaussian_process_noise: float = _default("autotune_gaussian_process_noise")
+    stall_check: bool = _default("stall_check")
+    stall_check_warning_time_s: float = _default("stall_check_warning_time_s")
+    stall_check_shutdown_time_s: float = _default("stall_check_shutdown_time_s")
+    straggler_window_s: float = _default("straggler_window_s")
+    metrics_port: int = _default("metrics_port")
+    metrics_address: str = _default("metrics_address")
+    log_level: str = _default("log_level")
+    flight_recorder_size: int = _default("flight_recorder_size")
+    flight_recorder_dir: str = _default("flight_recorder_dir")
+    fault_at: str = _default("fault_at")
+    shared_memory: bool = _default("shared_memory")
+    zero_copy: bool = _default("zero_copy")
+    gc_freeze: bool = _default("gc_freeze")
+    tf_async_kernel: bool = _default("tf_async_kernel")
+    torch_env: bool = _default("torch_env")
+    allow_other_interpreter: bool = _default("allow_other_interpreter")
+    merge_rank_output: bool = _default("merge_rank_output")
+    dynamic_process_sets: bool = _default("dynamic_process_sets")
+
+    def __post_init__(self) -> None:
         if self.size < 1:
             raise HvdliteConfigError(f"{SIZE}={self.size}: the job size must be at least 1")
         if not 0 <= self.rank < self.size:
@@ -247,61 +301,6 @@ class _JobFacts:
         return dataclasses.replace(self, **changes)
 
 
-def _default(field: str):
-    """A tunable's default, from its row: the table is the only place defaults are spelled."""
-    return tunables.BY_FIELD[field].default
-
-
-@dataclasses.dataclass(frozen=True)
-class Config(_JobFacts):
-    """Every setting of one process of a job; defaults follow Horovod's.
-
-    The fields after the launcher-set ones are the rows of ``tunables.TUNABLES``, in the
-    table's order, with its types and defaults (``tests/common/test_tunables.py`` checks
-    that they agree); a new tunable is a row there and a line here.
-    """
-
-    fusion_threshold_bytes: int = _default("fusion_threshold_bytes")
-    cycle_time_ms: float = _default("cycle_time_ms")
-    cache_capacity: int = _default("cache_capacity")
-    inplace_threshold_bytes: int = _default("inplace_threshold_bytes")
-    fusion_chunk_bytes: int = _default("fusion_chunk_bytes")
-    gloo_threads: int = _default("gloo_threads")
-    op_timeout_s: float = _default("op_timeout_s")
-    cpu_operations: str = _default("cpu_operations")
-    start_timeout_s: float = _default("start_timeout_s")
-    max_workers: int = _default("max_workers")
-    elastic_timeout_s: float = _default("elastic_timeout_s")
-    discovery_settle_s: float = _default("discovery_settle_s")
-    timeline_filename: str = _default("timeline_filename")
-    timeline_mark_cycles: bool = _default("timeline_mark_cycles")
-    timeline_max_bytes: int = _default("timeline_max_bytes")
-    autotune: bool = _default("autotune")
-    autotune_log_file: str = _default("autotune_log_file")
-    autotune_warmup_samples: int = _default("autotune_warmup_samples")
-    autotune_steps_per_sample: int = _default("autotune_steps_per_sample")
-    autotune_bayes_opt_max_samples: int = _default("autotune_bayes_opt_max_samples")
-    autotune_gaussian_process_noise: float = _default("autotune_gaussian_process_noise")
-    stall_check: bool = _default("stall_check")
-    stall_check_warning_time_s: float = _default("stall_check_warning_time_s")
-    stall_check_shutdown_time_s: float = _default("stall_check_shutdown_time_s")
-    straggler_window_s: float = _default("straggler_window_s")
-    metrics_port: int = _default("metrics_port")
-    metrics_address: str = _default("metrics_address")
-    log_level: str = _default("log_level")
-    flight_recorder_size: int = _default("flight_recorder_size")
-    flight_recorder_dir: str = _default("flight_recorder_dir")
-    fault_at: str = _default("fault_at")
-    shared_memory: bool = _default("shared_memory")
-    zero_copy: bool = _default("zero_copy")
-    gc_freeze: bool = _default("gc_freeze")
-    tf_async_kernel: bool = _default("tf_async_kernel")
-    torch_env: bool = _default("torch_env")
-    allow_other_interpreter: bool = _default("allow_other_interpreter")
-    merge_rank_output: bool = _default("merge_rank_output")
-    dynamic_process_sets: bool = _default("dynamic_process_sets")
-
-
 #: field -> (variable, type) for every launcher-set field read by :meth:`Config.from_env`
 _JOB_FROM_ENV = {
     "rank": (RANK, int), "size": (SIZE, int), "local_rank": (LOCAL_RANK, int),
@@ -320,7 +319,7 @@ _SAYS_OFF = {t.field for t in tunables.TUNABLES if t.env_means_off}
 def _read_fields(env: Mapping[str, str], notes: List[str]) -> Tuple[Dict, List[str]]:
     """``({field: value}, ["TWIN=value" for each value read from a Horovod twin])`` for
     every variable set in ``env``, parsed to its field's type."""
-    values = {}
+    values: Dict[str, Any] = {}
     from_horovod = []
     for field, (name, kind) in _FROM_ENV.items():
         raw, source = _lookup(env, name, kind, notes)

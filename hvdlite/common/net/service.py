@@ -145,7 +145,7 @@ class Service(abc.ABC):
                     pending = self._pending.get(key.fd)
                     if pending is not None:
                         self._read_hello(pending)
-                if accept:
+                if accept and listener is not None:
                     self._accept_some(listener)
                 self._expire()
         finally:

@@ -120,6 +120,14 @@ def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     return by_name
 
 
+
+def _converter(action: argparse.Action) -> Callable[[Any], Any]:
+    """The flag's ``type=``: every flag of hvdlite-run's parser gives a callable."""
+    convert = action.type
+    if not callable(convert):
+        raise TypeError(f"{action.dest}: type={convert!r} is not callable")
+    return convert
+
 class _Reader:
     """Turns one file's entries into ``{dest: value}``, naming the file in every error."""
 
@@ -179,7 +187,7 @@ class _Reader:
         if action.type is not None and action.nargs is None and value is not None:
             if isinstance(value, str):
                 try:
-                    value = action.type(value)
+                    value = _converter(action)(value)
                 except ValueError:
                     raise self.error(f"{key}: {value!r} is not a valid value") from None
             elif action.type in (int, float) and (
@@ -212,7 +220,7 @@ class _Reader:
                 if action.type in (int, float) and (isinstance(v, bool)
                                                     or not isinstance(v, (int, float))):
                     raise self.error(f"{key}: {v!r} is not a number")
-                out.append(action.type(v) if action.type is not None else v)
+                out.append(_converter(action)(v) if action.type is not None else v)
             return out
         if not isinstance(action, argparse._StoreAction):
             return value                           # a switch's constant (checked by caller)

@@ -13,6 +13,7 @@ others from :data:`GROUPS`; every flag's help ends with its default.
 
 import argparse
 import dataclasses
+import functools
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from hvdlite.common import config as cfg
@@ -352,10 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@functools.lru_cache(maxsize=None)
+def shared_parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (about 400 actions): for a command line without
+    ``--config-file`` and for naming flags in messages.  Never changed: a config file's
+    values become the defaults of a parser of its own (:func:`build_parser`)."""
+    return build_parser()
+
+
 def defaults() -> argparse.Namespace:
     """Every flag at its default, as ``parse_args`` would leave a command line that gives
     none: what ``hvdlite.run`` starts from before it sets its arguments (argparse has no
     public list of its actions, hence ``_actions``)."""
-    parser = build_parser()
+    parser = shared_parser()
     return argparse.Namespace(**{a.dest: parser.get_default(a.dest) for a in parser._actions
                                  if a.dest != argparse.SUPPRESS})

@@ -40,11 +40,11 @@ log = logging.getLogger("hvdlite.runner")
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parse the flags; --config-file's values become defaults that the flags override."""
-    parser = flags.build_parser()
-    args = parser.parse_args(argv)
+    args = flags.shared_parser().parse_args(argv)
     if args.config_file:
         given = args.gloo or args.mpi or args.jsrun
         keys: Dict[str, str] = {}
+        parser = flags.build_parser()           # the file's values become its defaults
         parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
         cli = args
         args = parser.parse_args(argv)
@@ -149,7 +149,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     """
     elastic = _is_elastic(args)
     allocation = _check_size_and_combinations(args, elastic)
-    parser = flags.build_parser()
+    parser = flags.shared_parser()
     validation.check_finite_numbers(args, parser)
     controller = _controller(args, elastic)
     tunable_env = _tunable_env(args)
@@ -302,7 +302,7 @@ def _tunable_env(args: argparse.Namespace) -> Dict[str, str]:
             text = conv(value) if value is not None else None
         except OverflowError:              # 1e308 MiB in bytes is infinite
             raise HvdliteConfigError(
-                f"{validation.setting_name(args, flags.build_parser(), dest)} {value:g}: the "
+                f"{validation.setting_name(args, flags.shared_parser(), dest)} {value:g}: the "
                 f"value must be {_range_words(var)}") from None
         if text is not None:
             env[var] = text

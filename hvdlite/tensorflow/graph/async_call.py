@@ -96,7 +96,7 @@ def _wanted() -> bool:
         return os.environ.get(tunables.BY_FIELD["tf_async_kernel"].env, "1") != "0"
 
 
-_LOADED = {}
+_LOADED: dict = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -186,7 +186,7 @@ class _Workers:
 
 
 _WORKERS = _Workers()
-_NUMPY = {}
+_NUMPY: dict = {}
 
 
 def _array(dtype: int, shape, view) -> np.ndarray:

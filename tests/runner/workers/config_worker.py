@@ -6,7 +6,7 @@ value its fusion planning (``plan_fusion``) is given each cycle.
 """
 from hvdlite.common import basics
 
-basics.init()
+basics.start_runtime()
 c = basics.config()
 live = basics.current_runtime().params
 print(f"CONFIG rank={c.rank} size={c.size} fusion={c.fusion_threshold_bytes} "

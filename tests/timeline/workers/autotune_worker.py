@@ -28,7 +28,7 @@ class Switches(Recorder):
 
 def main():
     log = Switches()
-    basics.init(recorder=log)
+    basics.start_runtime(recorder=log)
     r, size = hvd.rank(), hvd.size()
     tuner = observers.current().autotuner if r == 0 else None
     steps = 0
