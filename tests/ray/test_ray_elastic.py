@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("ray", reason="ray is not installed (make install installs it)")
 
 from tests.elastic.workers.elastic_train import reference  # noqa: E402
-from tests.ray.test_ray_executor import REPO, RAY_ENV, _free_port, _ray, _stop_cluster  # noqa
+from tests.conftest import free_port  # noqa: E402
+from tests.ray.test_ray_executor import REPO, RAY_ENV, _ray, _stop_cluster  # noqa: E402
 
 DRIVER = """
 import json, sys
@@ -43,7 +44,7 @@ class Cluster:
     """Ray nodes of this test only (stopped by killing its own processes)."""
 
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.env = dict(os.environ, **RAY_ENV, PYTHONPATH=str(REPO))
         self.temp = tempfile.mkdtemp(prefix="hvr", dir="/tmp")
         r = _ray("start", "--head", "--port", str(self.port), "--include-dashboard=false",
