@@ -51,7 +51,6 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
                                 Sum, add_process_set, global_process_set, init,
                                 remove_process_set)
-from hvdlite.tensorflow.graph import async_call
 from hvdlite.tensorflow.graph import nodes as graph_nodes
 from hvdlite.tensorflow.errors import as_tf_errors, raise_reported, report_mismatch
 
@@ -200,8 +199,9 @@ def _run(fn, inputs, touts, collective=None):
     (:mod:`hvdlite.tensorflow.graph.nodes`)."""
     if tf.executing_eagerly():
         return list(fn(*inputs))
-    if collective is not None and graph_nodes.as_kernel_call(inputs, touts):
-        return async_call.call_node(fn, inputs, touts)
+    outs = None if collective is None else graph_nodes.kernel_call(fn, inputs, touts)
+    if outs is not None:
+        return outs
     fn, touts = report_mismatch(fn, touts), list(touts) + [tf.string]
     if collective is None:
         outs = tf.py_function(fn, list(inputs), touts)

@@ -10,7 +10,7 @@ decides whether ranks can deadlock.
 session's small inter-op pool, and nothing orders the nodes: ranks may start different
 collectives first, and once every pool thread of every rank waits on a collective some other
 rank has not reached, nothing moves again.  So each collective is instead one node of
-hvdlite's asynchronous kernel (:func:`as_kernel_call`, :mod:`.async_call`), which, as
+hvdlite's asynchronous kernel (:func:`kernel_call`, :mod:`.async_call`), which, as
 Horovod's ops, holds no thread while it waits.  Where the kernel cannot be built, it runs as
 the map function of a ``tf.data`` pipeline (:func:`_off_pool`): ``IteratorGetNext`` is also an
 asynchronous kernel, which computes the element on a thread of its own.  Either way no
@@ -228,14 +228,21 @@ def _function_py_function(fn, inputs, touts):
 
 
 # -- the choice -------------------------------------------------------------------------------
-def as_kernel_call(inputs, touts) -> bool:
-    """Whether a collective of a TF1 graph (outside its control-flow contexts and
-    functions) becomes one asynchronous kernel call (:mod:`hvdlite.tensorflow.graph.async_call`),
-    where the kernel is built and its dtypes allow, rather than a ``tf.data`` pipeline."""
+def _in_tf1_context(graph) -> bool:
+    """Inside a TF1 ``tf.cond`` / ``tf.while_loop`` context (private API)."""
+    return graph._get_control_flow_context() is not None
+
+
+def kernel_call(fn, inputs, touts):
+    """The outputs (a list) of one asynchronous kernel call computing ``fn(*inputs)``
+    (:mod:`hvdlite.tensorflow.graph.async_call`) for a collective of a TF1 graph, outside
+    its control-flow contexts and functions, where the kernel is built and its dtypes
+    allow; None elsewhere (then :func:`collective_node` applies)."""
     graph = tf.compat.v1.get_default_graph()
-    if graph.building_function or graph._get_control_flow_context() is not None:
-        return False
-    return async_call.usable(inputs, touts)
+    if graph.building_function or _in_tf1_context(graph) or \
+            not async_call.usable(inputs, touts):
+        return None
+    return async_call.call_node(fn, inputs, touts)
 
 
 def collective_node(fn, inputs, touts):
@@ -249,6 +256,6 @@ def collective_node(fn, inputs, touts):
         if tf.compat.v1.executing_eagerly_outside_functions():
             return _function_py_function(fn, inputs, touts)
         return tf.py_function(fn, inputs, touts)       # a function inside a TF1 graph
-    if graph._get_control_flow_context() is not None:  # TF1 cond / while_loop (private API)
+    if _in_tf1_context(graph):
         return tf.py_function(fn, inputs, touts)
     return _off_pool(fn, inputs, touts)
