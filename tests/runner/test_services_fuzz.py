@@ -7,10 +7,12 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 
 import pytest
 
+from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.framing import NONCE_BYTES, SecureChannel, encode_body, new_key
 from hvdlite.common.net.kv import KVClient
 from hvdlite.common.net.service import Client, ServiceError
@@ -253,4 +255,69 @@ def test_fuzz_task_service():
                           "timeout_s": 2})[0]["reachable"] == []
         c.close()
     finally:
+        task.shutdown()
+
+
+class _SilentFirst:
+    """A TCP proxy to ``target`` that holds its first ``silent`` connections open without a
+    word, as a lossy link does with a ping whose packets it drops."""
+
+    def __init__(self, target, silent: int):
+        self.target, self.silent, self.held = target, silent, []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if len(self.held) < self.silent:
+                self.held.append(conn)
+                continue
+            up = socket.create_connection(self.target)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+def test_a_probe_tries_a_silent_interface_again():
+    """One ping lost on a lossy link must not rule out the only interface between two
+    hosts: with ``attempts`` the probe asks again; without, the silence is an answer."""
+    key = new_key()
+    task = TaskService(key, "joby", 0, on_run=lambda *a: None, on_terminate=lambda: None,
+                       bind_addr="127.0.0.1")
+    proxy = _SilentFirst(task.address, silent=2)
+    try:
+        c = Client(task.address, key, 10, name="task")
+        target = [["eth9", "127.0.0.1", proxy.port]]
+        probe = {"op": "probe", "targets": target, "expect_host_index": 0, "timeout_s": 0.5}
+        assert c.request(probe, timeout_s=5)[0]["reachable"] == []
+        assert c.request({**probe, "attempts": 3}, timeout_s=5)[0]["reachable"] == ["eth9"]
+        assert len(proxy.held) == 2
+        with pytest.raises(HvdliteError, match="attempts"):
+            c.request({**probe, "attempts": 9}, timeout_s=5)
+        c.close()
+    finally:
+        proxy.close()
         task.shutdown()

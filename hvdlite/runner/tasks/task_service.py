@@ -5,8 +5,9 @@ driver addresses, this host's index, the forwarded environment), finds a
 driver address it can reach, registers this host's interfaces, and serves:
 
 * ``ping`` -> ``{role: "task", job_id, host_index}`` (the identity a probe checks)
-* ``probe {targets: [[iface, addr, port]], expect_host_index, timeout_s}`` ->
-  ``{reachable: [iface]}``: the interfaces on which the expected task answered
+* ``probe {targets: [[iface, addr, port]], expect_host_index, timeout_s, attempts?}`` ->
+  ``{reachable: [iface]}``: the interfaces on which the expected task answered (a
+  silent one is tried ``attempts`` times, default 1)
 * ``run {slots, command, env}``: start a worker on each given slot that has no live
   worker yet; answers ``{failed: [[local_rank, why]]}`` for those that could not start
 * ``stop {slots: [[hostname, local_rank]]}``: end those workers' process trees; their
@@ -73,20 +74,29 @@ def parse_slots(raw) -> List[SlotInfo]:
     return slots
 
 
-def probe_targets(key: bytes, job_id: str, targets, expect: int, timeout_s: float) -> List[str]:
-    """The interfaces on which the task with host index ``expect`` answers a ping."""
+def probe_targets(key: bytes, job_id: str, targets, expect: int, timeout_s: float,
+                  attempts: int = 1) -> List[str]:
+    """The interfaces on which the task with host index ``expect`` answers a ping.
+
+    A target that gives no answer (a timeout, a reset) is tried up to ``attempts`` times:
+    on a lossy link two lost SYNs outlast a short timeout, and one such loss must not
+    rule out the only interface between two hosts.  A wrong identity is an answer, not
+    retried."""
     reachable = []
     for iface, addr, port in targets:
-        client = Client((addr, port), key, timeout_s, name=f"task service at {addr}")
-        try:
-            reply, _ = client.request({"op": "ping"}, timeout_s=timeout_s)
-            if (reply.get("role") == "task" and reply.get("job_id") == job_id
-                    and reply.get("host_index") == expect):
-                reachable.append(iface)
-        except (HvdliteError, OSError) as exc:
-            log.info("probe of %s %s:%s failed: %s", iface, addr, port, exc)
-        finally:
-            client.close()
+        for attempt in range(1, attempts + 1):
+            client = Client((addr, port), key, timeout_s, name=f"task service at {addr}")
+            try:
+                reply, _ = client.request({"op": "ping"}, timeout_s=timeout_s)
+                if (reply.get("role") == "task" and reply.get("job_id") == job_id
+                        and reply.get("host_index") == expect):
+                    reachable.append(iface)
+                break
+            except (HvdliteError, OSError) as exc:
+                log.info("probe %d/%d of %s %s:%s failed: %s", attempt, attempts, iface,
+                         addr, port, exc)
+            finally:
+                client.close()
     return reachable
 
 
@@ -141,8 +151,10 @@ class TaskService(Service):
             expect, timeout_s = header.get("expect_host_index"), header.get("timeout_s")
             _check(is_int(expect), "expect_host_index")
             _check(isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 60, "timeout_s")
+            attempts = header.get("attempts", 1)
+            _check(is_int(attempts) and 1 <= attempts <= 5, "attempts")
             return {"reachable": probe_targets(self._key, self.job_id, targets, expect,
-                                               float(timeout_s))}, b""
+                                               float(timeout_s), attempts)}, b""
         if op == "run":
             slots = parse_slots(header.get("slots"))
             command, env = header.get("command"), header.get("env")
