@@ -1,8 +1,8 @@
 """Asks host discovery again and again on its own thread.
 
 A discovery script may take seconds (up to its timeout); on its own thread it
-never delays the driver's reaction to a worker exit or a stop.  The poller keeps
-the last good answer and wakes the driver when the answer changes.  A failed
+never delays the agent's reaction to a worker exit or a stop.  The poller keeps
+the last good answer and wakes the agent when the answer changes.  A failed
 discovery (:class:`~hvdlite.runner.hosts.source.HostDiscoveryError`) is
 logged with the script's output and changes nothing.  A script that keeps failing
 is logged in full once, then once per ``FAILURE_LOG_INTERVAL_S`` with the number of

@@ -41,7 +41,7 @@ failed.  In a static job that ends the job: the summary names the rank that fail
 first and was not only reacting to a peer (``blame``).  In an elastic job its slot is
 blacklisted while other workers of its host keep running (the host is alive: they
 keep their processes and state), or else its whole host is (``hostset.HostSet``); the
-next round is published without it (a reset).  Workers the driver
+next round is published without it (a reset).  Workers the agent
 stopped, and workers whose slot is no longer in the newest round, may exit with any
 code: that is no failure.  Every round after the first counts as a reset; when the
 job needs one more than ``--reset-limit`` allows, it fails.
@@ -59,6 +59,11 @@ rounds that could not reach ``--min-np`` without them, take the new slots at onc
 A reset nobody left.  When every member of the round asks the store for a new one and none
 exited (a collective failed on all ranks, e.g. one rank raised), the agent opens a round
 with the same members, counted as a reset like any other.
+
+Workers.  Each worker has one record in ``self.workers`` (``registry.WorkerRegistry``)
+with one state -- on standby, live, suspended, ending (its exit will count as a failure),
+stopping, excused, finished or failed -- and the agent moves it only along
+``registry.MOVES``; nothing else in the agent is kept per worker.
 
 Success.  Once a worker of the newest round exits 0, training is over: the job
 stops changing rounds (FINISHING) and succeeds when every worker of the round has
@@ -79,6 +84,7 @@ from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.runner.agent import blame, partition
 from hvdlite.runner.agent.hostset import HostSet
 from hvdlite.runner.agent.poller import DiscoveryPoller
+from hvdlite.runner.agent.registry import WorkerRecord, WorkerRegistry, WorkerState
 from hvdlite.runner.agent.settings import JobSettings
 from hvdlite.runner.agent.wedged import WedgeWatch
 from hvdlite.runner.hosts import HostSlots, SlotInfo, place_slots
@@ -89,7 +95,7 @@ from hvdlite.runner.starters.base import Starter
 
 log = logging.getLogger("hvdlite.runner.agent")
 
-#: the driver wakes at least this often even when nothing signals it (a safety net)
+#: the agent wakes at least this often even when nothing signals it (a safety net)
 MAX_SLEEP_S = 0.5
 #: elastic jobs: a member whose process has been stopped (SIGSTOP, a frozen host's
 #: scheduler, a debugger) this long is ended, so that a new round goes on without it (its
@@ -97,7 +103,7 @@ MAX_SLEEP_S = 0.5
 #: starter is asked which workers are stopped
 FROZEN_S = 5.0
 FROZEN_CHECK_S = 1.0
-#: the exit status of a job the driver failed (reset limit, too few slots)
+#: the exit status of a job the agent failed (reset limit, too few slots)
 FAILED_EXIT = 1
 #: the exit status after SIGINT/SIGTERM
 STOPPED_EXIT = 130
@@ -108,7 +114,7 @@ UNFORMED_ROUNDS_LIMIT = 5
 
 
 class JobState(enum.Enum):
-    """The driver's states (see the module docstring for the transitions)."""
+    """The agent's states (see the module docstring for the transitions)."""
 
     WAITING_FOR_SLOTS = "waiting for slots"
     STARTING_ROUND = "starting a round"
@@ -168,16 +174,6 @@ class Publisher(Protocol):
         """The ranks of ``round_`` that reached ``init()`` in it."""
 
 
-@dataclasses.dataclass
-class _Worker:
-    """A live worker process."""
-
-    slot: SlotInfo            # its place in the round it was started in (env, output prefix)
-    started_round: int
-    stopping: bool = False    # the driver is ending it: its exit is no failure
-    started_at: float = dataclasses.field(default_factory=time.monotonic)
-
-
 def _name(sid: SlotId) -> str:
     return f"{sid[0]}:{sid[1]}"
 
@@ -193,27 +189,27 @@ def _for(cooldown: Optional[float]) -> str:
 class Agent:
     """Runs the state machine above until the job succeeds, fails or is stopped.
 
-    ``discovery`` (the host source) is polled on its own thread every
-    ``discovery_interval_s``; ``workers`` (the starter) starts and stops the processes
-    (it must call :meth:`wake` when one exits); ``rendezvous`` opens the rounds.
+    ``source`` (the host source) is polled on its own thread every
+    ``discovery_interval_s``; ``starter`` starts and stops the processes (it must call
+    :meth:`wake` when one exits); ``rounds`` opens the rendezvous rounds.
     ``op_timeout_s`` is the ranks' ``--op-timeout-seconds``, for failure summaries.
     """
 
-    def __init__(self, settings: JobSettings, discovery: HostSource,
-                 workers: Starter, rendezvous: Publisher,
+    def __init__(self, settings: JobSettings, source: HostSource,
+                 starter: Starter, rounds: Publisher,
                  discovery_interval_s: Optional[float] = None,
                  op_timeout_s: Optional[float] = None,
                  wedges: Optional[WedgeWatch] = None):
         self.settings = settings
         #: members alive but not progressing (None: no liveness, e.g. no store)
         self._wedges = wedges
-        self._workers = workers
-        self._rendezvous = rendezvous
+        self._starter = starter
+        self._rounds = rounds
         self._wake = threading.Event()
-        rendezvous.set_waker(self.wake)
+        rounds.set_waker(self.wake)
         self._stop_requested = threading.Event()
-        self._poller = DiscoveryPoller(discovery, self.wake, discovery_interval_s)
-        self._can_change = discovery.can_change
+        self._poller = DiscoveryPoller(source, self.wake, discovery_interval_s)
+        self._can_change = source.can_change
         self.hostset = HostSet(settings.cooldown_range)
         self.state = JobState.WAITING_FOR_SLOTS
         self.round = -1                       # the newest published round
@@ -231,26 +227,12 @@ class Agent:
         #: a static job that could not start: raised to the caller once workers are ended
         self.launch_error: Optional[HvdliteLaunchError] = None
         self.exit_code: Optional[int] = None
-        self._live: Dict[SlotId, _Worker] = {}
-        self._finished: Set[SlotId] = set()   # members of the newest round that exited 0
+        #: every worker, one state each (``registry``)
+        self.workers = WorkerRegistry()
         self._wait_since: Optional[float] = time.monotonic()
         self._prepared: Set[str] = set()
-        #: failures this step whose rank only saw a peer's failure: {slot: its error line}
-        self._peer_failed: Dict[SlotId, str] = {}
-        #: members seen stopped, since when; and when the starter was last asked
-        self._frozen_since: Dict[SlotId, float] = {}
-        self._frozen_checked = 0.0
-        #: members ended for being stopped or stuck (not progressing): their exit is a
-        #: failure whatever its code (a worker that gets SIGTERM may leave with 0)
-        self._ended_stuck: Set[SlotId] = set()
-        #: static jobs: stopped members already reported (until they run again)
-        self._frozen_said: Set[SlotId] = set()
+        self._frozen_checked = 0.0            # when the starter was last asked who is stopped
         self._unformed: List[int] = []        # rounds in a row replaced before they formed
-        #: new workers of a round that never formed before training finished: not waited for
-        self._excused: Set[SlotId] = set()
-        #: workers started ahead of the round that will take them (a growing elastic job):
-        #: slot -> when started; the round is published once they wait to join
-        self._standby: Dict[SlotId, float] = {}
         #: the round whose hosts were last probed for cut links (once per round)
         self._probed_round = -1
 
@@ -285,8 +267,8 @@ class Agent:
                     self._wake.wait(self._sleep_for())
         finally:
             self._poller.stop()
-            self._workers.stop_all()
-        return self.exit_code
+            self._starter.stop_all()
+        return FAILED_EXIT if self.exit_code is None else self.exit_code
 
     def _step(self) -> None:
         """One decision: read exits and hosts, then act according to the state."""
@@ -298,12 +280,13 @@ class Agent:
             log.warning("%s: blacklist cooldown over; it may rejoin (round %d)",
                         ("slot " if ":" in what else "host ") + what, self.round)
         failures = self._collect_exits()
-        if self._finished and self.state in (JobState.RUNNING, JobState.WAITING_FOR_SLOTS):
+        finished = self._finished()
+        if finished and self.state in (JobState.RUNNING, JobState.WAITING_FOR_SLOTS):
             self._set_state(JobState.FINISHING,
-                            f"worker {_name(next(iter(self._finished)))} of round {self.round} "
+                            f"worker {_name(finished[0])} of round {self.round} "
                             f"exited 0: training is over")
             self._excuse_newcomers()
-            self._stop(list(self._standby))
+            self._stop(self.workers.ids(WorkerState.STANDBY))
         if self.state is JobState.FINISHING or (failures and self.settings.static):
             self._step_finishing(failures)
             return
@@ -320,7 +303,6 @@ class Agent:
             self._step_waiting()
         elif self.state is JobState.STARTING_ROUND:
             self._step_starting()
-        self._peer_failed.clear()
 
     def _sleep_for(self) -> float:
         waits = [MAX_SLEEP_S]
@@ -348,40 +330,56 @@ class Agent:
         """Record the exits since the last step; returns the failures among them."""
         members = set(self.round_ids)
         failures = []
-        for sid, code in self._workers.poll():
-            worker = self._live.pop(sid, None)
+        for sid, code in self._starter.poll():
+            worker = self.workers.exited(sid)
             if worker is None:
                 log.info("round %d: exit of unknown worker %s ignored", self.round, _name(sid))
                 continue
             started = f"started as rank {worker.slot.rank} in round {worker.started_round}"
-            if sid in self._standby:
-                self._standby_exited(sid, worker, code)
+            if worker.state is WorkerState.STANDBY:
+                self._standby_exited(sid, code)
                 continue
             if worker.stopping:
+                if worker.state is not WorkerState.EXCUSED:
+                    self.workers.drop(sid)
                 log.info("round %d: worker %s (%s) %s after it was stopped",
                          self.round, _name(sid), started, describe_exit(code))
                 continue
             if sid not in members:
+                self.workers.drop(sid)
                 log.info("round %d: worker %s (%s) %s; its slot is not in the newest round: "
                          "no failure", self.round, _name(sid), started, describe_exit(code))
                 continue
-            if sid in self._ended_stuck:
-                self._ended_stuck.discard(sid)
+            if worker.state is WorkerState.ENDING:
                 code = code or -signal.SIGTERM
             self._exit_order.append((sid, code))
             if code == 0:
                 log.info("round %d: worker %s exited 0", self.round, _name(sid))
-                self._finished.add(sid)
+                self.workers.move(sid, WorkerState.FINISHED)
             else:
+                self.workers.move(sid, WorkerState.FAILED)
                 failures.append((sid, code))
                 self._note_peer_failure(sid, worker)
         return failures
 
-    def _standby_exited(self, sid: SlotId, worker: _Worker, code: int) -> None:
+    def _finished(self) -> List[SlotId]:
+        """Members of the newest round that exited 0 (in the order they started)."""
+        return self.workers.ids(WorkerState.FINISHED)
+
+    def _peer_error(self, sid: SlotId) -> Optional[str]:
+        """A failed member's words when its rank only saw a peer fail (else None)."""
+        rec = self.workers.get(sid)
+        return None if rec is None or rec.state is not WorkerState.FAILED else rec.peer_error
+
+    def _tell_standby(self, also: Sequence[SlotId] = ()) -> None:
+        """Give the rendezvous the standby slots (and ``also``, about to start on standby)."""
+        self._rounds.standby(self.workers.ids(WorkerState.STANDBY) + list(also))
+
+    def _standby_exited(self, sid: SlotId, code: int) -> None:
         """A worker started ahead of its round exited before it joined one."""
-        del self._standby[sid]
-        self._rendezvous.standby(list(self._standby))
-        if worker.stopping or code == 0:
+        self.workers.drop(sid)
+        self._tell_standby()
+        if code == 0:
             log.info("round %d: standby worker %s %s before joining a round", self.round,
                      _name(sid), describe_exit(code))
             return
@@ -390,8 +388,7 @@ class Agent:
     def _standby_failed(self, sid: SlotId, why: str) -> None:
         """Keep out the slot of a standby worker that failed (the host, when none of its
         workers is running)."""
-        others = [i for i, w in self._live.items()
-                  if i[0] == sid[0] and i != sid and not w.stopping]
+        others = [i for i in self.workers.active_ids() if i[0] == sid[0] and i != sid]
         what = _name(sid) if others else sid[0]
         cooldown = self.hostset.blacklist(sid if others else sid[0], f"worker {_name(sid)} {why}")
         log.warning("round %d: new worker %s %s; blacklisting %s %s %s", self.round,
@@ -399,12 +396,13 @@ class Agent:
 
     def _check_standby(self) -> None:
         """End the standby workers that have not come to wait within --elastic-timeout."""
-        if not self._standby:
+        standby = list(self.workers.items(WorkerState.STANDBY))
+        if not standby:
             return
-        ready = self._rendezvous.ready()
+        ready = self._rounds.ready()
         now = time.monotonic()
-        late = [sid for sid, since in self._standby.items() if sid not in ready
-                and now - since > self.settings.elastic_timeout_s]
+        late = [sid for sid, w in standby if sid not in ready
+                and now - w.since > self.settings.elastic_timeout_s]
         for sid in late:
             self._standby_failed(sid, f"did not reach init() within --elastic-timeout "
                                       f"{self.settings.elastic_timeout_s:g}s")
@@ -420,36 +418,38 @@ class Agent:
             return
         self._frozen_checked = now
         members = set(self.round_ids)
-        stopped = [sid for sid in self._workers.suspended()
-                   if sid in members and sid in self._live and not self._live[sid].stopping]
-        for sid in self._frozen_since:
-            if sid not in stopped and sid in self._frozen_said:
-                log.warning("round %d: rank %d on host %s (worker %s) runs again", self.round,
-                            self._rank_in_round(sid), sid[0], _name(sid))
-        self._frozen_said &= set(stopped)
-        self._frozen_since = {sid: self._frozen_since.get(sid, now) for sid in stopped}
-        frozen = [sid for sid, since in self._frozen_since.items() if now - since >= FROZEN_S]
+        stopped = {sid for sid in self._starter.suspended() if sid in members
+                   and self.workers.state(sid) in (WorkerState.LIVE, WorkerState.SUSPENDED)}
+        for sid, w in self.workers.items(WorkerState.SUSPENDED):
+            if sid not in stopped:
+                if w.said:
+                    log.warning("round %d: rank %d on host %s (worker %s) runs again",
+                                self.round, self._rank_in_round(sid), sid[0], _name(sid))
+                self.workers.move(sid, WorkerState.LIVE, now)
+        for sid in stopped:
+            self.workers.move(sid, WorkerState.SUSPENDED, now)
+        frozen = [(sid, w) for sid, w in self.workers.items(WorkerState.SUSPENDED)
+                  if now - w.since >= FROZEN_S]
         if not frozen:
             return
         if self.settings.static:
-            for sid in frozen:
-                if sid not in self._frozen_said:
-                    self._frozen_said.add(sid)
+            for sid, w in frozen:
+                if not w.said:
+                    w.said = True
                     log.warning(
                         "round %d: rank %d on host %s (worker %s) has been stopped for %.0fs "
                         "(SIGSTOP, a debugger or a frozen host): every other rank waits for it "
                         "in its next collective; the job goes on when it runs again, or fails "
                         "after --op-timeout-seconds%s", self.round, self._rank_in_round(sid),
-                        sid[0], _name(sid), now - self._frozen_since[sid],
+                        sid[0], _name(sid), now - w.since,
                         "" if self._op_timeout_s is None else f" ({self._op_timeout_s:g}s)")
             return
         log.warning("round %d: worker(s) %s stopped (SIGSTOP, a debugger or a frozen host) for "
                     "%.0fs; ending them so that the others go on without them", self.round,
-                    ", ".join(map(_name, frozen)), FROZEN_S)
-        self._workers.stop(frozen)
-        for sid in frozen:
-            del self._frozen_since[sid]
-            self._ended_stuck.add(sid)
+                    ", ".join(_name(sid) for sid, _ in frozen), FROZEN_S)
+        for sid, _ in frozen:
+            self.workers.move(sid, WorkerState.ENDING)
+        self._starter.stop([sid for sid, _ in frozen])
 
     def _round_hosts(self) -> List[str]:
         return list(dict.fromkeys(sid[0] for sid in self.round_ids))
@@ -462,10 +462,10 @@ class Agent:
         round without them.  True when it did."""
         hosts = self._round_hosts()
         if self.settings.static or self._probed_round == self.round or len(hosts) < 2 \
-                or not self._rendezvous.asking(self.round):
+                or not self._rounds.asking(self.round):
             return False
         self._probed_round = self.round
-        cut = self._workers.cut_links(hosts)
+        cut = self._starter.cut_links(hosts)
         if not cut:
             return False
         slots = collections.Counter(sid[0] for sid in self.round_ids)
@@ -485,27 +485,26 @@ class Agent:
         if self._wedges is None:
             return
         members = [sid for sid in self.round_ids
-                   if sid in self._live and not self._live[sid].stopping
-                   and sid not in self._ended_stuck]
+                   if self.workers.state(sid) in (WorkerState.LIVE, WorkerState.SUSPENDED)]
         self._wedges.report_silent(members, self._rank_in_round)
         if self.settings.static:
             return
-        ending = self._wedges.to_end(members, self._rendezvous.asking(self.round),
+        ending = self._wedges.to_end(members, self._rounds.asking(self.round),
                                      self._rank_in_round)
         for sid, why in ending:
             log.warning("round %d: %s: ending worker %s so that the others go on without it",
                         self.round, why, _name(sid))
-            self._ended_stuck.add(sid)
+            self.workers.move(sid, WorkerState.ENDING)
         if ending:
-            self._workers.stop([sid for sid, _ in ending])
+            self._starter.stop([sid for sid, _ in ending])
 
-    def _note_peer_failure(self, sid: SlotId, worker: _Worker) -> None:
+    def _note_peer_failure(self, sid: SlotId, worker: WorkerRecord) -> None:
         """Remember a failed worker whose own exit report (sent by this process, not an
         earlier one of the slot) says it only saw a peer fail: e.g. a new worker that timed
         out waiting for a round's rank that had died.  Its host is not to blame."""
-        report = self._rendezvous.exit_reports().get(sid)
+        report = self._rounds.exit_reports().get(sid)
         if report and report.get("peer") and report.get("at", 0.0) >= worker.started_at:
-            self._peer_failed[sid] = report.get("error", "")
+            worker.peer_error = report.get("error", "")
 
     def _blacklist_for(self, sid: SlotId, code: int) -> None:
         """A member failed: keep its slot out while its host has other running workers of
@@ -513,15 +512,14 @@ class Agent:
         host = sid[0]
         rank = self._rank_in_round(sid)
         why = f"worker {_name(sid)} {describe_exit(code)}"
-        peer_error = self._peer_failed.get(sid)
+        peer_error = self._peer_error(sid)
         if peer_error is not None:
             log.warning("round %d: worker %s (rank %d) %s after a peer's failure (%s); "
                         "its host %s is not blacklisted", self.round, _name(sid), rank,
                         describe_exit(code), peer_error, host)
             return
         members = set(self.round_ids)
-        others = [i for i, w in self._live.items()
-                  if i[0] == host and not w.stopping and i in members]
+        others = [i for i in self.workers.active_ids() if i[0] == host and i in members]
         if others:
             cooldown = self.hostset.blacklist(sid, why)
             log.warning("round %d: worker %s (rank %d) %s; blacklisting slot %s %s; the host's "
@@ -530,7 +528,7 @@ class Agent:
                         ", ".join(map(_name, others)))
             return
         cooldown = self.hostset.blacklist(host, why)
-        strays = [i for i, w in self._live.items() if i[0] == host and not w.stopping]
+        strays = [i for i in self.workers.active_ids() if i[0] == host]
         log.warning("round %d: worker %s (rank %d) %s; blacklisting host %s %s%s", self.round,
                     _name(sid), rank, describe_exit(code), host, _for(cooldown),
                     f" and stopping its workers {', '.join(map(_name, strays))}" if strays else "")
@@ -540,62 +538,64 @@ class Agent:
         return self.round_ids.index(sid) if sid in self.round_ids else -1
 
     def _stop(self, ids: Sequence[SlotId]) -> None:
-        ids = [i for i in ids if i in self._live and not self._live[i].stopping]
-        if any(i in self._standby for i in ids):
-            for i in ids:
-                self._standby.pop(i, None)
-            self._rendezvous.standby(list(self._standby))
+        ids = [i for i in ids if self.workers.active(i)]
+        standby = [i for i in ids if self.workers.state(i) is WorkerState.STANDBY]
         for i in ids:
-            self._live[i].stopping = True
+            self.workers.move(i, WorkerState.STOPPING)
+        if standby:
+            self._tell_standby()
         if ids:
-            self._workers.stop(ids)
+            self._starter.stop(ids)
 
     # ---- states --------------------------------------------------------------------------
 
     def _excuse_newcomers(self) -> None:
         """Training ended before the newest round formed: its new workers (started for it)
         can never meet the finished ones, so they are stopped and need not finish."""
-        if self.settings.static or self._rendezvous.formed(self.round):
+        if self.settings.static or self._rounds.formed(self.round):
             return
-        new = [sid for sid in self.round_ids if sid in self._live
-               and self._live[sid].started_round == self.round and sid not in self._finished]
+        started_now = {sid for sid, w in self.workers.items()
+                       if w.running and w.started_round == self.round}
+        new = [sid for sid in self.round_ids if sid in started_now]
         if new:
             log.info("round %d: training finished before new workers %s joined; stopping "
                      "them", self.round, ", ".join(map(_name, new)))
-            self._excused.update(new)
             self._stop(new)
+            for sid in new:
+                self.workers.move(sid, WorkerState.EXCUSED)
 
     def _step_finishing(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
             self._fail_with_summary(failures[0])
             return
-        members = [m for m in self.round_ids if m not in self._excused]
-        if all(m in self._finished for m in members):
+        members = [m for m in self.round_ids if self.workers.state(m) is not WorkerState.EXCUSED]
+        finished = set(self._finished())
+        if all(m in finished for m in members):
             self._set_state(JobState.SUCCEEDED, f"all {_count(len(members), 'worker')} of round "
                                              f"{self.round} exited 0")
             self.exit_code = 0
             return
-        running = [m for m in members if m in self._live and not self._live[m].stopping]
+        running = [m for m in members if self.workers.active(m)]
         if not running:
-            lost = [m for m in members if m not in self._finished]
-            self._fail(f"training finished on {', '.join(map(_name, sorted(self._finished)))} "
+            lost = [m for m in members if m not in finished]
+            self._fail(f"training finished on {', '.join(map(_name, sorted(finished)))} "
                        f"but workers {', '.join(map(_name, lost))} of round {self.round} "
                        f"failed or were stopped before finishing", FAILED_EXIT)
 
     def _fail_with_summary(self, failure: Tuple[SlotId, int]) -> None:
         """A member failed where no new round can follow: name the right rank."""
         sid, code = failure
-        line = self._workers.describe_failure(sid, code)
+        line = self._starter.describe_failure(sid, code)
         if line is None and not self.settings.static:
             self._fail(f"worker {_name(sid)} (rank {self._rank_in_round(sid)}) of round "
                        f"{self.round} {describe_exit(code)} after training finished on "
-                       f"{', '.join(map(_name, sorted(self._finished)))}", exit_status(code))
+                       f"{', '.join(map(_name, sorted(self._finished())))}", exit_status(code))
             return
         if line is None:
             line = blame.FailureSummary(
                 ranks={i: (self._rank_in_round(i), i[0]) for i in self.round_ids},
-                exits=list(self._exit_order), reports=self._rendezvous.exit_reports,
-                stopped=self._workers.suspended, op_timeout_s=self._op_timeout_s,
+                exits=list(self._exit_order), reports=self._rounds.exit_reports,
+                stopped=self._starter.suspended, op_timeout_s=self._op_timeout_s,
                 culprits=self._culprits, cut_links=self._cut_links).line(failure)
         self.summary = line
         self._fail(line.strip(), exit_status(code))
@@ -603,24 +603,24 @@ class Agent:
     def _cut_links(self) -> List[Tuple[str, str]]:
         """Pairs of the round's hosts that cannot reach each other (for the summary)."""
         hosts = self._round_hosts()
-        return self._workers.cut_links(hosts) if len(hosts) > 1 else []
+        return self._starter.cut_links(hosts) if len(hosts) > 1 else []
 
     def _culprits(self) -> List[Tuple[SlotId, str]]:
         """The members the others waited for, with why (for the failure summary)."""
         if self._wedges is None:
             return []
-        arrived = None if self._rendezvous.formed(self.round) \
-            else self._rendezvous.arrived(self.round)
-        running = {sid for sid in self.round_ids if sid in self._live}
+        arrived = None if self._rounds.formed(self.round) \
+            else self._rounds.arrived(self.round)
+        running = {sid for sid in self.round_ids if self.workers.running(sid)}
         return self._wedges.culprits(self.round_ids, self._rank_in_round, arrived, running)
 
     def _step_running(self, failures: List[Tuple[SlotId, int]]) -> None:
         if failures:
             self._need_round("worker " + ", ".join(
                 f"{_name(s)} {describe_exit(c)}" for s, c in failures),
-                peers_only=all(s in self._peer_failed for s, _ in failures))
+                peers_only=all(self._peer_error(s) is not None for s, _ in failures))
             return
-        if not self.settings.static and self._rendezvous.all_asking(self.round):
+        if not self.settings.static and self._rounds.all_asking(self.round):
             why = (f"every rank of round {self.round} left it and asks for a new one, and "
                    f"none exited (a collective failed on all of them): the same "
                    f"{_count(len(self.round_ids), 'worker')} again")
@@ -661,7 +661,7 @@ class Agent:
         a round that formed starts the count again; a crash or a kill neither counts nor
         resets it.  At ``UNFORMED_ROUNDS_LIMIT`` in a row the job fails (True) rather than
         start yet more workers into rounds that cannot form."""
-        if self.round < 0 or self._rendezvous.formed(self.round):
+        if self.round < 0 or self._rounds.formed(self.round):
             self._unformed = []
             return False
         if not peers_only:
@@ -722,7 +722,7 @@ class Agent:
     def _may_get_more(self) -> bool:
         """Could the usable slots still grow without discovery changing?"""
         return (self._can_change or self.hostset.may_return()
-                or any(w.stopping for w in self._live.values()))
+                or any(w.stopping for _, w in self.workers.items() if w.running))
 
     def _shortage(self, have: int) -> str:
         hosts = self._poller.hosts
@@ -762,14 +762,14 @@ class Agent:
         should rather start ahead of a later round (see "Growing without stopping"): the
         new slots not yet waiting to join, when there are survivors and the round reaches
         the slots it needs without them."""
-        if self.settings.static or self.round < 0 or not self._workers.needs_rendezvous:
+        if self.settings.static or self.round < 0 or not self._starter.needs_rendezvous:
             return plan, []
         members = set(self.round_ids)
         if not any(sid in members for sid in plan):
             return plan, []
-        ready = self._rendezvous.ready()
+        ready = self._rounds.ready()
         later = [sid for sid in plan if sid not in members
-                 and not (sid in self._standby and sid in ready)]
+                 and not (self.workers.state(sid) is WorkerState.STANDBY and sid in ready)]
         now = [sid for sid in plan if sid not in later]
         if not later or len(now) < self._needed():
             return plan, []
@@ -778,7 +778,7 @@ class Agent:
     def _start_ahead(self, later: List[SlotId]) -> None:
         """Start the workers of ``later``'s slots that are not running yet, on standby: they
         wait to join while the round's members train."""
-        fresh = [sid for sid in later if sid not in self._live]
+        fresh = [sid for sid in later if not self.workers.running(sid)]
         if not fresh:
             return
         refused = self._prepare_hosts(fresh)
@@ -788,24 +788,19 @@ class Agent:
             return
         fresh = [sid for sid in fresh if sid[0] not in refused]
         slots = dict(zip(self.round_ids + fresh, place_slots(self.round_ids + fresh)))
-        now = time.monotonic()
-        for sid in fresh:
-            self._standby[sid] = now
-        self._rendezvous.standby(list(self._standby))
-        self._rendezvous.new_process(fresh)
+        self._tell_standby(also=fresh)
+        self._rounds.new_process(fresh)
         if self._wedges is not None:
             for sid in fresh:
                 self._wedges.forget(sid)
         starting = [dataclasses.replace(slots[sid], local_rank=sid[1]) for sid in fresh]
-        not_started = self._workers.start(starting) if starting else {}
+        not_started = self._starter.start(starting) if starting else {}
         for sid, launched in zip(fresh, starting):
-            if sid in not_started:
-                del self._standby[sid]
-            else:
-                self._live[sid] = _Worker(launched, self.round)
+            if sid not in not_started:
+                self.workers.start(sid, launched, self.round, WorkerState.STANDBY)
         if not_started:
-            self._rendezvous.standby(list(self._standby))
-        started = [sid for sid in fresh if sid in self._standby]
+            self._tell_standby()
+        started = [sid for sid in fresh if sid not in not_started]
         if started:
             log.warning("round %d: starting %s ahead of the next round (%s); it opens once "
                         "they wait to join, training goes on meanwhile", self.round,
@@ -824,7 +819,7 @@ class Agent:
         todo = [discovered[h] for h in dict.fromkeys(p[0] for p in plan)
                 if h not in self._prepared]
         try:
-            refused = self._workers.prepare(todo) if todo else {}
+            refused = self._starter.prepare(todo) if todo else {}
         except HvdliteLaunchError as exc:
             self._fail(str(exc), FAILED_EXIT)
             return None
@@ -833,38 +828,37 @@ class Agent:
 
     def _publish(self, plan: List[SlotId]) -> None:
         slots = place_slots(plan)
-        new = [(sid, s) for sid, s in zip(plan, slots) if sid not in self._live]
-        joining = [sid for sid in plan if sid in self._standby]
-        self.round = self._rendezvous.publish(slots, plan)
+        new = [(sid, s) for sid, s in zip(plan, slots) if not self.workers.running(sid)]
+        joining = [sid for sid in plan if self.workers.state(sid) is WorkerState.STANDBY]
+        self.round = self._rounds.publish(slots, plan)
         if self._wedges is not None:
             self._wedges.new_round(self.round)
             for sid, _ in new:
                 self._wedges.forget(sid)
         for sid in joining:
-            del self._standby[sid]
-            self._live[sid].started_round = self.round
+            self.workers.move(sid, WorkerState.LIVE).started_round = self.round
         self.round_slots = slots
         self.round_ids = list(plan)
         self._wait_since = None
         (log.info if self.settings.static else log.warning)(
             "round %d: %s: %s", self.round, _count(len(slots), "worker"), ", ".join(
-                f"rank {s.rank} {_name(sid)}{' (new)' if sid not in self._live else ''}"
+                f"rank {s.rank} {_name(sid)}{' (new)' if not self.workers.running(sid) else ''}"
                 f"{' (was on standby)' if sid in joining else ''}"
                 for sid, s in zip(plan, slots)))
         members = set(plan)
-        self._stop([sid for sid in self._live if sid not in members
-                    and sid not in self._standby])
+        self._stop([sid for sid in self.workers.running_ids() if sid not in members
+                    and self.workers.state(sid) is not WorkerState.STANDBY])
         # a new worker is started under its slot id: that is how it joins every round
         starting = [dataclasses.replace(s, local_rank=sid[1]) for sid, s in new]
         if starting:
-            self._rendezvous.new_process([sid for sid, _ in new])
-        not_started = self._workers.start(starting) if starting else {}
+            self._rounds.new_process([sid for sid, _ in new])
+        not_started = self._starter.start(starting) if starting else {}
         refused: Dict[str, str] = {}
         for (sid, s), launched in zip(new, starting):
             if sid in not_started:
                 refused.setdefault(s.hostname, not_started[sid])
             else:
-                self._live[sid] = _Worker(launched, self.round)
+                self.workers.start(sid, launched, self.round, WorkerState.LIVE)
         if refused:
             self._refused_at_start(refused)
             return
@@ -891,7 +885,7 @@ class Agent:
             cooldown = self.hostset.blacklist(host, why)
             log.warning("round %d: host %s %s: %s; blacklisting it %s", self.round, host, what,
                         why, _for(cooldown))
-            self._stop([sid for sid in self._live if sid[0] == host])
+            self._stop([sid for sid in self.workers.running_ids() if sid[0] == host])
         return True
 
     # ---- planning ------------------------------------------------------------------------
@@ -904,7 +898,7 @@ class Agent:
         usable: List[HostSlots] = self.hostset.usable(discovered)
         slots_of = {h.hostname: h.slots for h in usable}
         survivors = [sid for sid in self.round_ids
-                     if sid in self._live and not self._live[sid].stopping
+                     if self.workers.active(sid)
                      and sid[1] < slots_of.get(sid[0], 0)
                      and not self.hostset.slot_blacklisted(sid)]
         kept = set(survivors)
@@ -917,10 +911,10 @@ class Agent:
                 sid = (host.hostname, local)
                 if sid in kept or self.hostset.slot_blacklisted(sid):
                     continue
-                if sid in self._standby:    # started ahead of this round
+                if self.workers.state(sid) is WorkerState.STANDBY:   # started ahead of it
                     plan.append(sid)
                     continue
-                if sid in self._live:       # its old process is still being stopped
+                if self.workers.running(sid):   # its old process is still being stopped
                     break
                 plan.append(sid)
         if self.settings.max_np is not None:
