@@ -29,7 +29,7 @@ def test_tunable_flags_map_to_env():
                   "--stall-check-warning-time-seconds", "7",
                   "--stall-check-shutdown-time-seconds", "9", "--log-level", "DEBUG",
                   "--start-timeout", "12", "--gloo", KV])
-    e = s.tunable_env
+    e = s.tunable_env()
     assert e[cfg.FUSION_THRESHOLD] == str(32 * 1024 * 1024)
     assert e[cfg.CYCLE_TIME] == "2.5" and e[cfg.CACHE_CAPACITY] == "0"
     assert e[cfg.STALL_CHECK_DISABLE] == "1" and e[cfg.STALL_CHECK_WARNING_TIME] == "7.0"
@@ -47,9 +47,9 @@ def test_config_file_and_flags_win(tmp_path):
                  "stall:\n  stall-check-warning-time-seconds: 7\n"
                  "hosts: localhost:2,127.0.0.1:2\nx: [A_VAR=1]\n")
     s = settings(["--config-file", str(f), "-np", "3", "--cycle-time-ms", "5", KV])
-    assert s.tunable_env[cfg.FUSION_THRESHOLD] == str(16 * 1024 * 1024)
-    assert s.tunable_env[cfg.CYCLE_TIME] == "5.0"          # the flag wins
-    assert s.tunable_env[cfg.STALL_CHECK_WARNING_TIME] == "7"
+    assert s.tunable_env()[cfg.FUSION_THRESHOLD] == str(16 * 1024 * 1024)
+    assert s.tunable_env()[cfg.CYCLE_TIME] == "5.0"          # the flag wins
+    assert s.tunable_env()[cfg.STALL_CHECK_WARNING_TIME] == "7.0"
     # the file's hosts, holding the -np 3 ranks host by host (placed once, in the spec)
     assert s.verbose and [(h.hostname, h.slots) for h in s.hosts] == [("localhost", 2),
                                                                      ("127.0.0.1", 1)]
@@ -64,7 +64,7 @@ def test_default_start_timeout_is_the_workers_default():
     (["--timeline-filename", "/tmp/t.json"], cfg.TIMELINE, "/tmp/t.json"),
     (["--timeline-mark-cycles"], cfg.TIMELINE_MARK_CYCLES, "1"),
     (["--autotune"], cfg.AUTOTUNE, "1"),
-    (["--no-autotune"], cfg.AUTOTUNE, "0"),
+    (["--no-autotune"], cfg.AUTOTUNE, None),       # the default: nothing to hand over
     (["--autotune-log-file", "/tmp/a.csv"], cfg.AUTOTUNE_LOG, "/tmp/a.csv"),
     (["--autotune-warmup-samples", "2"], cfg.AUTOTUNE_WARMUP_SAMPLES, "2"),
     (["--autotune-steps-per-sample", "4"], cfg.AUTOTUNE_STEPS_PER_SAMPLE, "4"),
@@ -72,15 +72,15 @@ def test_default_start_timeout_is_the_workers_default():
     (["--autotune-gaussian-process-noise", "0.5"], cfg.AUTOTUNE_GAUSSIAN_PROCESS_NOISE, "0.5"),
 ])
 def test_timeline_and_autotune_flags_set_their_variables(args, var, value):
-    env = settings(["-np", "1", *args, KV]).tunable_env
-    assert env[var] == value
+    env = settings(["-np", "1", *args, KV]).tunable_env()
+    assert env.get(var) == value
     cfg.Config.from_env(env)                      # the runtime understands every value
 
 
 def test_timeline_in_config_file(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("timeline:\n  timeline-filename: /tmp/tl.json\n")
-    env = settings(["--config-file", str(f), "-np", "1", KV]).tunable_env
+    env = settings(["--config-file", str(f), "-np", "1", KV]).tunable_env()
     assert env[cfg.TIMELINE] == "/tmp/tl.json"
 
 
@@ -238,7 +238,7 @@ def test_elastic_flags_to_settings(tmp_path, monkeypatch):
     assert (e.np, e.min_np, e.max_np, e.elastic_timeout_s, e.reset_limit, e.cooldown_range) \
         == (3, 2, 4, 30.0, 5, (10.0, 20.0))
     assert s.discovery_script == script and s.slots_per_host == 2 and s.hosts == []
-    assert s.tunable_env[cfg.CPU_OPERATIONS] == "gloo"
+    assert s.tunable_env()[cfg.CPU_OPERATIONS] == "gloo"
     # Horovod's defaults: 600 s, no reset limit, no cooldown; -np from --min-np
     s = settings(["--min-num-proc", "2", "--max-num-proc", "3", "-H", "localhost:3", KV])
     e = s.elastic

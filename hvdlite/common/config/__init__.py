@@ -300,6 +300,40 @@ class Config(_JobFacts):
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def tunables_of(cls, environ: Mapping[str, str]) -> "Config":
+        """A config with the tunables ``environ`` sets (launcher-set facts at their
+        defaults): what a launcher that has no flags of its own (a platform's job) hands
+        over, so that the ranks read what this environment says.
+
+        Raises:
+            HvdliteConfigError: a tunable's value does not parse or is out of range.
+        """
+        return cls.from_env({n: v for n, v in environ.items() if n in _TUNABLE_NAMES},
+                            warn=False)
+
+    def tunable_env(self, inherited: Mapping[str, str]) -> Dict[str, str]:
+        """The ``HVDLITE_*`` variables a rank needs, beside the ``inherited`` ones it
+        sees anyway (the launcher's, ``-x``), to read this config's tunables with
+        :meth:`from_env`: one for each value the inherited ones alone would not give.
+        This is how the launcher hands its one validated config to the ranks."""
+        try:
+            base: Optional[Config] = Config.tunables_of(inherited)
+        except HvdliteConfigError:         # what it gets wrong, the variables below mend
+            base = None
+        env = {}
+        for t in tunables.TUNABLES:
+            value = getattr(self, t.field)
+            if base is not None and getattr(base, t.field) == value:
+                continue
+            if t.type is bool:
+                env[t.env] = "1" if value != t.env_means_off else "0"
+            elif t.type is float:
+                env[t.env] = repr(float(value))
+            else:
+                env[t.env] = str(value)
+        return env
+
 
 #: field -> (variable, type) for every launcher-set field read by :meth:`Config.from_env`
 _JOB_FROM_ENV = {
@@ -312,6 +346,8 @@ _JOB_FROM_ENV = {
 }
 #: field -> (variable, type) for every field read by :meth:`Config.from_env`
 _FROM_ENV = {**_JOB_FROM_ENV, **{t.field: (t.env, t.type) for t in tunables.TUNABLES}}
+#: the tunables' variables and their Horovod twins
+_TUNABLE_NAMES = frozenset(n for t in tunables.TUNABLES for n in (t.env, *t.horovod))
 #: fields whose variable's true value turns them off (``*_DISABLE``)
 _SAYS_OFF = {t.field for t in tunables.TUNABLES if t.env_means_off}
 

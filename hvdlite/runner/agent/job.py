@@ -99,14 +99,14 @@ class JobContext:
         object transfer), so the key goes with it.
         """
         spec = self.spec
-        env = dict(spec.tunable_env)
+        env = spec.tunable_env()
         env.update(spec.user_env)
         env.update(spec.secret_env)
         env.update({
             cfg.RENDEZVOUS_ADDR: self.rounds.address[0],
             cfg.RENDEZVOUS_PORT: str(self.rounds.address[1]),
             cfg.JOB_ID: self.job_id,
-            cfg.CPU_OPERATIONS: spec.controller,
+            cfg.CPU_OPERATIONS: spec.controller,      # a platform's job: Gloo
         })
         if not spec.settings.static:
             env[cfg.ELASTIC] = "1"
@@ -299,7 +299,7 @@ def host_source(spec: JobSpec) -> HostSource:
     """
     if spec.discovery_script:
         return ScriptHosts(spec.discovery_script, spec.slots_per_host,
-                           max_slots=spec.max_workers)
+                           max_slots=spec.tunables.max_workers)
     for h in spec.hosts:
         if not is_local(h.hostname):
             resolve(h.hostname)          # "unknown host" before anything starts
@@ -347,7 +347,7 @@ def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
     hidden[cfg.SECRET_KEY] = job.key.hex()
     hidden[cfg.JOB_ID] = job.job_id          # names the ranks' flight-recorder directory
     names = [n for n in os.environ if forwarded(n) and n not in hidden] + sorted(hidden)
-    return MpiexecStarter(hosts, spec.command, dict(spec.tunable_env), names,
+    return MpiexecStarter(hosts, spec.command, spec.tunable_env(), names,
                           spec.mpi_args,
                           ssh_port=spec.ssh_port if spec.ssh_port != 22 else None,
                           identity_file=spec.ssh_identity_file, verbose=spec.verbose,

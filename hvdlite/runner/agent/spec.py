@@ -37,14 +37,15 @@ class JobSpec:
     np: int
     hosts: List[HostSlots]
     command: List[str]
-    #: the tunables, validated once (flags, --config-file, the launcher's environment);
-    #: the ranks get them as ``tunable_env``, the launcher reads them from here
-    tunables: cfg.Config = dataclasses.field(default_factory=cfg.Config)
-    controller: str = "gloo"                      # "gloo" or "mpi"
+    #: the tunables, validated once (flags, --config-file, the launcher's environment):
+    #: the one place the job's settings are stored; the launcher reads them from here,
+    #: the ranks get them through :meth:`tunable_env`
+    #: (default: what this process's environment sets, for a platform's job)
+    tunables: cfg.Config = dataclasses.field(
+        default_factory=lambda: cfg.Config.tunables_of(os.environ))
     verbose: bool = False
     output_dir: Optional[str] = None
     timestamp_output: bool = False
-    start_timeout_s: float = cfg.Config.start_timeout_s
     ssh_port: int = 22
     ssh_identity_file: Optional[str] = None
     ssh_known_hosts_file: Optional[str] = None
@@ -54,8 +55,6 @@ class JobSpec:
     mpi_args: List[str] = dataclasses.field(default_factory=list)
     #: --binding-args (--mpi only): replaces mpiexec's default binding flags
     binding_args: Optional[List[str]] = None
-    #: HVDLITE_* tunables from flags
-    tunable_env: Dict[str, str] = dataclasses.field(default_factory=dict)
     #: -x NAME=VALUE (and -x NAME resolved from our environment)
     user_env: Dict[str, str] = dataclasses.field(default_factory=dict)
     #: the elastic flags; None for a static job
@@ -64,8 +63,6 @@ class JobSpec:
     discovery_script: Optional[str] = None
     #: --slots-per-host: slots of a discovered host printed without ``:N``
     slots_per_host: int = 1
-    #: --max-workers: a discovered host with more slots than this is a failed discovery
-    max_workers: int = cfg.Config.max_workers
     #: variables every rank gets that must never appear on a command line (hvdlite.run's
     #: service key): in the workers' environment, in the tasks' stdin payload, or passed
     #: by name to mpiexec
@@ -96,20 +93,33 @@ class JobSpec:
         """The agent's view: the elastic flags, or a static job of ``np`` ranks."""
         return self.elastic or JobSettings.static_job(self.np)
 
+    @property
+    def controller(self) -> str:
+        """"gloo" or "mpi" (the launcher settles it into the tunables; a platform's job is
+        Gloo)."""
+        return self.tunables.cpu_operations or "gloo"
+
+    @property
+    def start_timeout_s(self) -> float:
+        """The bound on the workers starting and on each rank's ``init()``."""
+        return self.tunables.start_timeout_s
+
     def with_start_timeout(self, seconds: float) -> "JobSpec":
-        """This spec with ``seconds`` (> 0, checked by the caller) as the bound on the
-        workers starting and on each rank's ``init()``, in the Config and for the ranks."""
-        self.start_timeout_s = float(seconds)
-        self.tunables = dataclasses.replace(self.tunables, start_timeout_s=float(seconds))
-        self.tunable_env[cfg.START_TIMEOUT] = repr(float(seconds))
+        """This spec with ``seconds`` (> 0, checked by the caller) as the start timeout."""
+        self.tunables = self.tunables.replace(start_timeout_s=float(seconds))
         return self
+
+    def tunable_env(self) -> Dict[str, str]:
+        """The ``HVDLITE_*`` variables that give the ranks :attr:`tunables`, beside what
+        they inherit (this process's environment and ``-x``); derived, never stored."""
+        return self.tunables.tunable_env({**os.environ, **self.user_env})
 
     def forward_env(self) -> Dict[str, str]:
         """The allow-list remote hosts get: the user's HVDLITE_* and HOROVOD_* variables,
         PATH & co, -x names, the tunables and the secret variables."""
         env = {k: v for k, v in os.environ.items() if forwarded(k)}
         env.update(self.user_env)
-        env.update(self.tunable_env)
+        env.update(self.tunable_env())
         env.update(self.secret_env)
         return env
 

@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import importlib.util
 import logging
-import math
 import os
 import shlex
 import shutil
@@ -151,22 +150,20 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     allocation = _check_size_and_combinations(args, elastic)
     parser = flags.shared_parser()
     validation.check_finite_numbers(args, parser)
-    controller = _controller(args, elastic)
-    tunable_env = _tunable_env(args)
-    tunable_env[cfg.CPU_OPERATIONS] = controller
-    start_timeout = args.start_timeout if args.start_timeout is not None \
-        else _env_seconds(cfg.START_TIMEOUT, cfg.Config.start_timeout_s)
-    if not start_timeout > 0:
-        raise HvdliteConfigError(f"--start-timeout {start_timeout}: must be > 0 seconds")
+    flag_env = _tunable_env(args)
+    flag_env[cfg.CPU_OPERATIONS] = _controller(args, elastic)
     user_env = _user_env(args.env)
-    # -x HVDLITE_...=... reaches the ranks too: the one Config sees what they will see
-    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, tunable_env,
+    # -x HVDLITE_...=... reaches the ranks too: the one Config sees what they will see;
+    # the spec stores only this config (the ranks' variables are derived from it)
+    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, flag_env,
                                        environ={**os.environ, **user_env})
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
-    elastic_settings = _elastic_settings(args, elastic)
-    if elastic_settings is not None and elastic_settings.max_np is None:
-        elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
+    elastic_settings = _elastic_settings(args, elastic, config)
+    if elastic_settings is not None:
+        if elastic_settings.max_np is None:
+            elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
+        config = config.replace(elastic_timeout_s=elastic_settings.elastic_timeout_s)
     command = _resolve_command(list(args.command))
     hosts = _hosts(args, allocation, static=not elastic)
     _check_interpreter(command, hosts, config.allow_other_interpreter)
@@ -175,18 +172,18 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     if args.network_interfaces:
         nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
     return JobSpec(
-        np=args.np, hosts=hosts, command=command, tunables=config, controller=controller,
+        np=args.np, hosts=hosts, command=command, tunables=config,
         verbose=args.verbose,
         output_dir=args.output_filename, timestamp_output=args.prefix_output_with_timestamp,
-        start_timeout_s=start_timeout, ssh_port=args.ssh_port or 22,
+        ssh_port=args.ssh_port or 22,
         ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
         ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
         launcher_agent=args.launcher_agent,
         network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
         binding_args=shlex.split(args.binding_args) if args.binding_args else None,
-        tunable_env=tunable_env, user_env=user_env, elastic=elastic_settings,
+        user_env=user_env, elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
-        slots_per_host=args.slots_per_host or 1, max_workers=config.max_workers)
+        slots_per_host=args.slots_per_host or 1)
 
 
 def _check_size_and_combinations(args: argparse.Namespace,
@@ -325,7 +322,8 @@ def _controller(args: argparse.Namespace, elastic: bool) -> str:
     return "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
 
 
-def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[JobSettings]:
+def _elastic_settings(args: argparse.Namespace, elastic: bool,
+                      config: cfg.Config) -> Optional[JobSettings]:
     """The elastic flags checked (None for a static job, which must not use them).
 
     Raises:
@@ -338,34 +336,15 @@ def _elastic_settings(args: argparse.Namespace, elastic: bool) -> Optional[JobSe
                     f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
                     f"--host-discovery-script, or drop it")
         return None
-    timeout = args.elastic_timeout
-    if timeout is None and cfg.env_value(cfg.ELASTIC_TIMEOUT) is not None:
-        timeout = _env_seconds(cfg.ELASTIC_TIMEOUT, 0.0)    # horovodrun reads it too
+    # the flag, else the variable (horovodrun reads it too) as the Config already read it
+    timeout = args.elastic_timeout if args.elastic_timeout is not None \
+        else config.elastic_timeout_s
     return validate(
         np=args.np, min_np=args.min_np, max_np=args.max_np,
         elastic_timeout_s=timeout, reset_limit=args.reset_limit,
         cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
         discovery_script=args.host_discovery_script,
         fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
-
-
-def _env_seconds(name: str, default: float) -> float:
-    """Seconds from our variable ``name`` or its Horovod twin, else ``default``.
-
-    Raises:
-        HvdliteConfigError: the variable is not a number (names it).
-    """
-    raw = cfg.env_value(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise HvdliteConfigError(
-            f"{name} (or its HOROVOD_* twin) = {raw!r} is not a number of seconds > 0")
-    return value
 
 
 def _check_ssh(args: argparse.Namespace) -> None:

@@ -24,8 +24,8 @@ def main() -> int:
                            SSHOptions(), job.spec.start_timeout_s, sink, on_exit=job.wake,
                            open_task=task_opener(local_too=True))
 
-    spec = JobSpec(np=np, hosts=hosts, command=sys.argv[1:], start_timeout_s=60.0,
-                   starter=starter)
+    spec = JobSpec(np=np, hosts=hosts, command=sys.argv[1:],
+                   starter=starter).with_start_timeout(60.0)
     try:
         return run_job(spec).exit_code
     finally:

@@ -1,0 +1,64 @@
+"""A job's spec stores each setting once: the tunables in its one Config, the ranks'
+variables derived from it."""
+
+import dataclasses
+import sys
+
+from hvdlite.common import config as cfg
+from hvdlite.common.config import tunables
+from hvdlite.runner.agent.spec import JobSpec
+from hvdlite.runner.cli import launch
+
+KV = "tests/runner/workers/kv_worker.py"
+TUNABLE_NAMES = {n for t in tunables.TUNABLES for n in (t.env, *t.horovod)}
+
+
+def _spec(*flags: str) -> JobSpec:
+    return launch.spec_from_args(launch.parse_args(["-np", "1", *flags, sys.executable, KV]))
+
+
+def test_the_spec_stores_no_setting_its_config_holds():
+    """No field of JobSpec is also a tunable of Config (the start timeout was once stored
+    three times), and no field of a launched spec holds a tunable's variable: the
+    ranks' variables are derived from the Config when the job starts."""
+    spec_fields = {f.name for f in dataclasses.fields(JobSpec)}
+    config_fields = {f.name for f in dataclasses.fields(cfg.Config)}
+    assert {t.field for t in tunables.TUNABLES} <= config_fields
+    assert spec_fields & {t.field for t in tunables.TUNABLES} == set()
+    spec = _spec("--cycle-time-ms", "3", "--start-timeout", "12", "--mpi")
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if isinstance(value, dict):
+            assert not set(value) & TUNABLE_NAMES, (f.name, value)
+    assert (spec.tunables.cycle_time_ms, spec.start_timeout_s, spec.controller) == \
+        (3.0, 12.0, "mpi")
+
+
+def test_the_ranks_variables_follow_the_config():
+    spec = _spec("--cycle-time-ms", "3")
+    assert spec.tunable_env()[cfg.CYCLE_TIME] == "3.0"
+    spec.tunables = spec.tunables.replace(cycle_time_ms=7.5)
+    assert spec.tunable_env()[cfg.CYCLE_TIME] == "7.5"
+    spec.with_start_timeout(5)
+    assert spec.start_timeout_s == 5.0 and spec.tunable_env()[cfg.START_TIMEOUT] == "5.0"
+
+
+def test_a_config_reads_back_from_its_own_variables():
+    c = cfg.Config().replace(fusion_threshold_bytes=5 << 20, cycle_time_ms=2.5,
+                             stall_check=False, log_level="DEBUG", timeline_filename="t.json",
+                             autotune=True, cpu_operations="mpi", shared_memory=False)
+    back = cfg.Config.from_env(c.tunable_env({}))
+    for t in tunables.TUNABLES:
+        assert getattr(back, t.field) == getattr(c, t.field), t.field
+    assert cfg.Config().tunable_env({}) == {}        # the defaults need no variables
+
+
+def test_only_what_the_inherited_variables_do_not_say_is_handed_over():
+    c = cfg.Config().replace(cycle_time_ms=2.5)
+    # the rank inherits Horovod's twin with the same value: nothing to add
+    assert c.tunable_env({"HOROVOD_CYCLE_TIME": "2.5", "PATH": "/bin"}) == {}
+    # a flag at the default beats the launcher's variable: the default goes over
+    assert cfg.Config().tunable_env({cfg.CYCLE_TIME: "9"}) == {cfg.CYCLE_TIME: "1.0"}
+    # an inherited value the ranks could not read is mended by every variable
+    env = c.tunable_env({cfg.CACHE_CAPACITY: "many"})
+    assert env[cfg.CACHE_CAPACITY] == "1024" and len(env) == len(tunables.TUNABLES)
