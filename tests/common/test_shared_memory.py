@@ -14,7 +14,7 @@ import uuid
 import psutil
 import pytest
 
-from hvdlite.common.backend import shm
+from hvdlite.common.backend import shm, shm_leftovers
 from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
 CHECKS = ["allreduce", "scaling", "many_fused", "broadcast_allgather_alltoall"]
@@ -31,10 +31,10 @@ def _transports(out):
 def _new_segments(before):
     """Segments that appeared since ``before`` and are still there a moment later (a
     concurrent job's segment exists only while its ranks start)."""
-    after = set(shm.leftover_segments()) - before
+    after = set(shm_leftovers.leftover_segments()) - before
     if after:
         time.sleep(2.0)
-        after &= set(shm.leftover_segments())
+        after &= set(shm_leftovers.leftover_segments())
     return sorted(after)
 
 
@@ -44,7 +44,7 @@ def _new_segments(before):
 def test_one_host(np_, env):
     """Small slots: tensors span several, fused chunks alternate between packing into the
     slot and copying through it; defaults: every fused chunk is packed into the slot."""
-    before = set(shm.leftover_segments())
+    before = set(shm_leftovers.leftover_segments())
     proc = run_job(np_, "shm_worker.py", env=env)
     assert_ok(proc, CHECKS, list(range(np_)))
     assert _transports(proc.stdout) == [(str(r), "1", "0") for r in range(np_)]
@@ -61,7 +61,7 @@ def test_turned_off_runs_over_gloo():
 
 @pytest.mark.timeout(200)
 def test_two_hosts_hierarchical(sshd):
-    before = set(shm.leftover_segments())
+    before = set(shm_leftovers.leftover_segments())
     cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "4",
            "-H", "127.0.0.1:2,127.0.0.2:2", *sshd.ssh_args(),
            sys.executable, os.path.join(WORKERS, "shm_worker.py")]
@@ -97,7 +97,7 @@ def _wait_for(cond, timeout_s):
 
 @pytest.mark.timeout(120)
 def test_killed_rank_is_named_and_leaves_no_segment():
-    before = set(shm.leftover_segments())
+    before = set(shm_leftovers.leftover_segments())
     tag = uuid.uuid4().hex
     launcher = _launch_sleeping(3, tag)
     try:
@@ -118,7 +118,7 @@ def test_killed_rank_is_named_and_leaves_no_segment():
 
 @pytest.mark.timeout(120)
 def test_killed_launcher_leaves_no_segment():
-    before = set(shm.leftover_segments())
+    before = set(shm_leftovers.leftover_segments())
     tag = uuid.uuid4().hex
     launcher = _launch_sleeping(2, tag)
     try:

@@ -15,7 +15,7 @@ import uuid
 import psutil
 import pytest
 
-from hvdlite.common.backend import shm
+from hvdlite.common.backend import shm, shm_leftovers
 from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
 
 
@@ -83,9 +83,9 @@ def _alive(pid):
 def _segments_of(pids):
     """The named segments in /dev/shm that one of ``pids`` owned."""
     owned = []
-    for name in shm.leftover_segments():
+    for name in shm_leftovers.leftover_segments():
         try:
-            if set(shm.segment_owners(name)) & set(pids):
+            if set(shm_leftovers.segment_owners(name)) & set(pids):
                 owned.append(name)
         except OSError:
             continue                      # another job's segment went meanwhile
@@ -171,15 +171,15 @@ def test_only_segments_whose_owners_are_all_dead_are_removed():
         f.seek(64 * 8)
         f.write((1 << 40).to_bytes(8, "little") + (-5).to_bytes(8, "little", signed=True))
     try:
-        assert shm.segment_owners(os.path.basename(dead)) != []
-        removed = shm.remove_dead_segments()
+        assert shm_leftovers.segment_owners(os.path.basename(dead)) != []
+        removed = shm_leftovers.remove_dead_segments()
         assert os.path.basename(dead) in removed and not os.path.exists(dead)
         assert os.path.exists(live) and os.path.exists(ownerless)
-        assert os.path.basename(ownerless) in shm.remove_dead_segments(grace_s=0.0)
+        assert os.path.basename(ownerless) in shm_leftovers.remove_dead_segments(grace_s=0.0)
         assert os.path.exists(live)
         hold.set()
         owner.join(10)
-        assert os.path.basename(live) in shm.remove_dead_segments()
+        assert os.path.basename(live) in shm_leftovers.remove_dead_segments()
     finally:
         hold.set()
         for path in (dead, live, ownerless):
@@ -213,11 +213,11 @@ def test_what_a_ticket_names_is_mapped_only_when_it_is_that_segment(tmp_path):
 def test_a_recycled_pid_does_not_keep_a_segment():
     """A live process that started after the segment last changed is not its owner."""
     me = os.getpid()
-    assert shm._started_before(me, time.time())
-    assert not shm._started_before(me, psutil.Process(me).create_time() - 5.0)
+    assert shm_leftovers._started_before(me, time.time())
+    assert not shm_leftovers._started_before(me, psutil.Process(me).create_time() - 5.0)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    assert not shm._started_before(int(dead.stdout), time.time())
+    assert not shm_leftovers._started_before(int(dead.stdout), time.time())
 
 
 @pytest.mark.timeout(120)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.common import config as cfg
-from hvdlite.common.backend import gloo_waits, shared_buckets, shm
+from hvdlite.common.backend import gloo_waits, shared_buckets, shm, shm_leftovers
 from hvdlite.common.backend.base import DONE, Backend, Waitable
 from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
                                        HvdliteRoundSupersededError, HvdliteTimeoutError)
@@ -587,7 +587,7 @@ class GlooBackend(Backend):
 
 def _remove_dead_segments(who: str) -> None:
     """Every job's local rank 0 removes the named segments killed jobs left in /dev/shm."""
-    removed = shm.remove_dead_segments()
+    removed = shm_leftovers.remove_dead_segments()
     if removed:
         log.info("%s: removed %d shared-memory segment(s) of dead jobs from %s: %s", who,
                  len(removed), shm.SHM_DIR, ", ".join(removed))

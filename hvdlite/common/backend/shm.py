@@ -37,14 +37,8 @@ recycled pid's or fd's file finds another size or not the random tag rank 0 wrot
 at the end of the header, and maps nothing (:meth:`SharedMemoryGroup.attach`
 checks both before writing a byte).
 
-Named segments of dead jobs (left by earlier versions) are removed by the next
-job's local rank 0 (:func:`remove_dead_segments`): only files of this user whose
-header records pids none of which belongs to a live process that started before
-the file last changed.  Every owner started before the segment was made (rank 0
-makes it only after the round's ranks met), so a live owner always keeps it; a
-recycled pid is a newer process, so it does not keep a dead job's file.  A file
-that names no pid yet (its maker writes its pid microseconds after creating it)
-stays for a minute.
+Named segments of dead jobs (left by earlier versions) are removed by the next job's
+local rank 0 (``shm_leftovers``).
 
 Allreduce is a reduce-scatter in place: each local rank reduces its slice of
 everyone's slot into slot 0; a multi-host job then allreduces that slice with
@@ -77,7 +71,6 @@ the same order as the copying paths, so the same bits.
 import hashlib
 import mmap
 import os
-import stat
 import time
 from typing import List, Optional
 
@@ -93,15 +86,15 @@ SHM_DIR = "/dev/shm"
 PREFIX = "hvdlite-"
 #: what /proc/<pid>/fd/<fd> of a segment reads as ("/memfd:hvdlite-shm (deleted)")
 MEMFD_NAME = "hvdlite-shm"
-_HEADER = 4096
-_MAX_LOCAL = 64          # counters fill int64 0..63 of the header, pids 64..127
-_PIDS_AT = 64
+HEADER_BYTES = 4096
+MAX_LOCAL = 64          # counters fill int64 0..63 of the header, pids 64..127
+PIDS_AT = 64
 #: then three rows of per-rank progress counters of the pipelined allreduce: pieces copied
 #: in, reduced, copied out (monotonic over the segment's life, like the barrier's counters)
 _PROGRESS_AT = 128
 _COPIED_IN, _REDUCED, _COPIED_OUT = range(3)
 #: then each rank's signature of the zero-copy allreduce it is about to run (0: it cannot)
-_ZERO_COPY_AT = _PROGRESS_AT + 3 * _MAX_LOCAL
+_ZERO_COPY_AT = _PROGRESS_AT + 3 * MAX_LOCAL
 #: zero-copy across hosts: pieces whose cross-host reduction runs while the next is summed
 _CROSS_IN_FLIGHT = 2
 #: zero-copy plans kept per group (each holds views, so the buckets' memory, alive)
@@ -109,13 +102,10 @@ _MAX_PLANS = 16
 #: pieces of one rank's slot the pipelined allreduce cycles through: a rank copies piece k in
 #: while its peers still reduce piece k - 1 and copy piece k - 2 out
 _RING = 4
-_TAG_AT = _HEADER - 32   # magic and the creator's random tag close the header
+_TAG_AT = HEADER_BYTES - 32   # magic and the creator's random tag close the header
 _MAGIC = b"hvdlite-shm-v2\0\0"
-_PID_MAX = 1 << 22       # Linux's largest pid_max: bigger numbers in a header are no pids
+PID_MAX = 1 << 22       # Linux's largest pid_max: bigger numbers in a header are no pids
 _ALIGN = 64
-#: a named segment whose header names no pid is a dead creator's after this long
-#: (a live one writes its pid microseconds after making the file)
-_NO_OWNER_GRACE_S = 60.0
 _SPIN_S = 50e-6          # busy-wait this long before yielding the CPU
 _YIELD_S = 2e-4          # then yield for this long before sleeping between checks
 _NAP_S = 50e-6           # the shortest nap;
@@ -140,7 +130,7 @@ def available() -> bool:
 def _layout(local_size: int, slot_bytes: int):
     """Slot size rounded up to the alignment, and the segment's total size."""
     slot = (slot_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    return slot, _HEADER + 2 * local_size * slot
+    return slot, HEADER_BYTES + 2 * local_size * slot
 
 
 class SharedMemoryGroup:
@@ -166,13 +156,13 @@ class SharedMemoryGroup:
         self.ticket = ""
         torch = lazy_torch()
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
-        header = np.frombuffer(self._map, dtype=np.int64, count=_HEADER // 8)
+        header = np.frombuffer(self._map, dtype=np.int64, count=HEADER_BYTES // 8)
         self._counters = header[:local_size]
-        self._pids = header[_PIDS_AT:_PIDS_AT + local_size]
+        self._pids = header[PIDS_AT:PIDS_AT + local_size]
         self._pids[local_rank] = os.getpid()
         self._generation = int(self._counters[local_rank])
         at = _PROGRESS_AT
-        self._progress = [header[at + p * _MAX_LOCAL:at + p * _MAX_LOCAL + local_size]
+        self._progress = [header[at + p * MAX_LOCAL:at + p * MAX_LOCAL + local_size]
                           for p in range(3)]
         self._pieces = int(self._progress[_COPIED_OUT][local_rank])
         self._signatures = header[_ZERO_COPY_AT:_ZERO_COPY_AT + local_size]
@@ -198,8 +188,8 @@ class SharedMemoryGroup:
             HvdliteInternalError: more local ranks than the header has room for.
             OSError: the memory could not be had.
         """
-        if not 1 <= local_size <= _MAX_LOCAL:
-            raise HvdliteInternalError(f"shared memory holds 1..{_MAX_LOCAL} local ranks, "
+        if not 1 <= local_size <= MAX_LOCAL:
+            raise HvdliteInternalError(f"shared memory holds 1..{MAX_LOCAL} local ranks, "
                                        f"not {local_size}")
         slot, total = _layout(local_size, slot_bytes)
         if path is None:
@@ -217,7 +207,7 @@ class SharedMemoryGroup:
             raise
         tag = os.urandom(16)
         group = cls(mapping, address, 0, local_size, slot, job_ranks, timeout_s)
-        mapping[_TAG_AT:_HEADER] = _MAGIC + tag
+        mapping[_TAG_AT:HEADER_BYTES] = _MAGIC + tag
         group.ticket = f"{address} {tag.hex()}"
         if path is None:
             group._fd = fd
@@ -247,7 +237,7 @@ class SharedMemoryGroup:
             mapping = mmap.mmap(fd, total)
         finally:
             os.close(fd)
-        if mapping[_TAG_AT:_HEADER] != _MAGIC + bytes.fromhex(tag):
+        if mapping[_TAG_AT:HEADER_BYTES] != _MAGIC + bytes.fromhex(tag):
             mapping.close()
             raise HvdliteInternalError(f"local rank {local_rank}: {address} is not this "
                                        f"job's shared-memory segment (its tag differs)")
@@ -324,7 +314,7 @@ class SharedMemoryGroup:
             pid = int(self._pids[r])
             if pid <= 0:
                 continue                   # not attached yet: only the timeout applies
-            if _process_gone(pid):
+            if process_gone(pid):
                 raise HvdliteInternalError(
                     f"rank {self.job_ranks[self.local_rank]}: rank {self.job_ranks[r]} (pid "
                     f"{pid}, same host) exited while its local peers waited for it in a "
@@ -338,7 +328,7 @@ class SharedMemoryGroup:
 
     # -- slots ------------------------------------------------------------------------------
     def _slot(self, which_set: int, local_rank: int, nbytes: int):
-        start = _HEADER + (which_set * self.local_size + local_rank) * self.slot_bytes
+        start = HEADER_BYTES + (which_set * self.local_size + local_rank) * self.slot_bytes
         return self._bytes[start:start + nbytes]
 
     def _next_set(self) -> int:
@@ -865,7 +855,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _process_gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     """Whether ``pid`` has exited (a zombie not yet reaped counts as gone)."""
     try:
         os.kill(pid, 0)
@@ -927,85 +917,3 @@ def slot_bytes_for(fusion_chunk_bytes: int, inplace_threshold_bytes: int = 0) ->
     less than one packed tensor, which is below the in-place threshold), within 4 KiB..64
     MiB."""
     return max(4096, min(int(fusion_chunk_bytes) + int(inplace_threshold_bytes), 64 << 20))
-
-
-def leftover_segments(prefix: Optional[str] = None) -> List[str]:
-    """Named segment files of hvdlite in /dev/shm (hvdlite itself names none any more)."""
-    if not os.path.isdir(SHM_DIR):
-        return []
-    return sorted(f for f in os.listdir(SHM_DIR) if f.startswith(prefix or PREFIX))
-
-
-def segment_owners(name: str) -> List[int]:
-    """The pids recorded in the header of the named segment ``name`` in /dev/shm.
-
-    Raises:
-        OSError: it cannot be read (gone meanwhile, or another user's).
-    """
-    with open(os.path.join(SHM_DIR, name), "rb") as f:
-        head = f.read(_HEADER)
-    return _pids_in(head)
-
-
-def _pids_in(head: bytes) -> List[int]:
-    pids = np.frombuffer(head[:len(head) // 8 * 8], dtype=np.int64)
-    return [int(p) for p in pids[_PIDS_AT:_PIDS_AT + _MAX_LOCAL] if 0 < p <= _PID_MAX]
-
-
-def remove_dead_segments(grace_s: float = _NO_OWNER_GRACE_S) -> List[str]:
-    """Remove this user's named segments in /dev/shm whose owners are all dead (left by a
-    job killed while its segment had a name); returns the names removed.
-
-    A segment stays while any pid in its header is a live process that started before
-    the file was made; one whose header names no pid stays for ``grace_s`` after it was
-    made.  See the module's docstring for why that never removes a live job's segment.
-    """
-    removed = []
-    for name in leftover_segments():
-        path = os.path.join(SHM_DIR, name)
-        try:
-            if _owners_dead(path, grace_s):
-                os.unlink(path)
-                removed.append(name)
-        except OSError:
-            continue        # gone meanwhile, or another user's: not ours to remove
-    return removed
-
-
-def _owners_dead(path: str, grace_s: float) -> bool:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return False
-        head = os.pread(fd, _HEADER, 0)
-    finally:
-        os.close(fd)
-    # the last change: when the file was made, or written through a mapping since (tmpfs
-    # updates it then too); every owner started before the file was made, so before this
-    changed = st.st_ctime
-    pids = _pids_in(head)
-    if not pids:
-        return time.time() - changed > grace_s
-    return not any(_started_before(pid, changed) for pid in pids)
-
-
-def _started_before(pid: int, when: float) -> bool:
-    """Whether ``pid`` is a live process that started before ``when`` (epoch seconds;
-    a second of slack for /proc's boot time, which is in whole seconds)."""
-    if _process_gone(pid):
-        return False
-    started = _start_time(pid)
-    return started is None or started <= when + 1.0
-
-
-def _start_time(pid: int) -> Optional[float]:
-    """When ``pid`` started, in epoch seconds (None if unknown: it then counts as live)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")

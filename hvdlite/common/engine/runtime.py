@@ -6,8 +6,8 @@ handles; only the background thread touches the backend.  Each cycle:
 1. drain new entries from the :class:`TensorQueue`;
 2. one MIN-allreduce of a small int32 vector agrees on everything cheap at
    once: whether anybody needs a full negotiation, the longest request payload,
-   who is shutting down, rank 0's stall verdict, rank 0's request for stacks
-   (:mod:`hvdlite.common.diagnostics.stack_capture`), each rank's ready age (the straggler report,
+   who is shutting down, rank 0's stall verdict and request for stacks (``stall_watch``,
+   :mod:`hvdlite.common.diagnostics.stack_capture`), each rank's ready age (the straggler report,
    :mod:`hvdlite.common.diagnostics.stragglers`) and the response-cache bits.
    The same vector carries rank 0's live :class:`Parameters`, so a change
    (fusion threshold, cycle time, ...) takes effect on every rank in the same
@@ -37,7 +37,6 @@ calls raise it too: a failure never becomes a hang.
 """
 
 import logging
-import random
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
@@ -47,10 +46,8 @@ import numpy as np
 from hvdlite.common import arrays
 from hvdlite.common.diagnostics import flight_recorder
 from hvdlite.common.engine import fusion
-from hvdlite.common.diagnostics import stack_capture as stack_report
 from hvdlite.common.diagnostics import stragglers
 from hvdlite.common.engine import control_vector as cv
-from hvdlite.common import config as cfg
 from hvdlite.common.config import Config
 from hvdlite.common.engine.controller import Controller, plan_fusion
 from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
@@ -59,8 +56,8 @@ from hvdlite.common.engine.message import Response, decode_requests, encode_requ
 from hvdlite.common.diagnostics.metrics_counters import Counters
 from hvdlite.common.engine.parameters import Parameters
 from hvdlite.common.diagnostics.recorder import NULL, Recorder
-from hvdlite.common.diagnostics.stall_words import SHUTDOWN_FLAG, stall_outcome
 from hvdlite.common.engine.response_cache import ResponseCache
+from hvdlite.common.engine.stall_watch import StallWatch
 from hvdlite.common.engine.tensor_queue import Entry, TensorQueue
 
 log = logging.getLogger(__name__)
@@ -69,8 +66,7 @@ _INT_MAX = cv.INT_MAX
 # control vector layout (control_vector.py): [need_nothing_new, -payload_len, stall_cutoff,
 #  params_version, stacks_id, stacks_age, params[W], leaving, ready-age summary,
 #  request digests, packed cache bits]
-_NEED, _LEN, _STALL, _PVER, _DUMP, _DUMP_AGE, _PARAMS = (cv.NEED, cv.LEN, cv.STALL, cv.PVER,
-                                                         cv.DUMP, cv.DUMP_AGE, cv.PARAMS)
+_NEED, _LEN, _STALL, _PVER, _PARAMS = cv.NEED, cv.LEN, cv.STALL, cv.PVER, cv.PARAMS
 _PARAMS_END = cv.LEAVING
 #: a cache hit not executed after this long is sent through full negotiation instead,
 #: so the stall inspector sees it
@@ -113,8 +109,6 @@ class Runtime:
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self._cycle = 0
-        self._stall_warned: Dict[str, float] = {}   # name -> when last reported
-        self._last_stall_check = time.monotonic()
         # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
         self._plan_memo: Dict[tuple, list] = {}
         self._done: list = []                    # (entry, result, error) of the running group
@@ -145,18 +139,10 @@ class Runtime:
         self._flight_running: Optional[tuple] = None
         if self._flight is not None:
             self._flight.watch(self)
-        # stacks (rank 0): job ranks whose stacks this stall already asked for, and the
-        # request the next control vector carries: (id, cutoff cycle or None for all ranks)
-        self._stall_asked: set = set()
-        self._stacks_wanted: Optional[Tuple[int, Optional[int]]] = None
-        self._stacks_lock = threading.Lock()
-        self._stack_target = stack_report.Target.from_config(config)
-        self._poller = None
-        if self._stack_target is not None and ranks is None:     # the job's runtime only
-            self._poller = stack_report.Poller(
-                self._stack_target, self.rank,
-                self._ask_all_for_stacks if self.rank == 0 else None,
-                status=self._liveness)
+        #: stall warnings, rank 0's verdict and the stack requests (``stall_watch``)
+        self.stalls = StallWatch(config, self.controller, self.rank, self.ranks, self.hurry)
+        # the job's runtime only: users' requests for every rank's stacks
+        self._poller = self.stalls.poller(self._liveness) if ranks is None else None
         self._stragglers = stragglers.StragglerTracker(
             self.ranks, config.straggler_window_s, stragglers.announcer(config),
             "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
@@ -323,8 +309,7 @@ class Runtime:
         if agreed is None:
             return False
         self._track_readiness(agreed, oldest)
-        if agreed[_DUMP] != _INT_MAX:
-            self._send_stacks(int(agreed[_DUMP]), int(agreed[_DUMP_AGE]))
+        self.stalls.answer(agreed, self._cycle)
         stalled = self._stall_failures(agreed)
         negotiate = agreed[_NEED] == 0 and (
             cv.uniform(agreed) or cv.longest_wait_us(agreed) >= _CONVERGE_US)
@@ -338,9 +323,7 @@ class Runtime:
                 self._count_cycle(now, oldest)
             self._execute(stalled)          # stall errors, if any, first
             self._execute_cache_hits(agreed, hits)
-        if self.config.stall_check and now - self._last_stall_check > 1.0:
-            self._last_stall_check = now
-            self._check_stalls()
+        self.stalls.check(now)
         self._progress = negotiate or self._completed
         return True
 
@@ -433,13 +416,10 @@ class Runtime:
         if need_full:
             vec[_NEED] = 0
         if self.rank == 0:
-            vec[_STALL] = self._stall_cutoff()
+            self.stalls.put_in(vec, self._cycle)
             version, proposed = self._proposed
             vec[_PVER] = version
             vec[_PARAMS:_PARAMS_END] = proposed.encode()
-            vec[_DUMP] = vec[_DUMP_AGE] = _INT_MAX
-            if self._stacks_wanted is not None:
-                self._put_stacks_request(vec)
         else:
             vec[_STALL] = _INT_MAX
             vec[_PVER:_PARAMS_END] = _INT_MAX
@@ -646,102 +626,6 @@ class Runtime:
             except RuntimeError:          # a table changed size while copied
                 continue
         return []
-
-    # -- stall inspection -----------------------------------------------------------------
-    def _check_stalls(self) -> None:
-        """Rank 0: warn about each stalled tensor once per warning period (as Horovod
-        does), and ask the missing ranks for their stacks once per stall."""
-        if self.rank != 0:
-            return
-        every = self.config.stall_check_warning_time_s
-        now = time.monotonic()
-        stalled = self.controller.stalled(every)
-        for name in set(self._stall_warned) - {s[0] for s in stalled}:
-            del self._stall_warned[name]
-        if not stalled:
-            self._stall_asked.clear()        # the stall is over: the next one is reported
-            return
-        job = self.ranks
-        for name, have, missing, waited in stalled:
-            if now - self._stall_warned.get(name, -every) < every:
-                continue                    # reported recently: repeat once per period
-            self._stall_warned[name] = now
-            have, missing = [job[r] for r in have], [job[r] for r in missing]
-            log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
-                        "(waiting %.0fs); one rank may be skipping a collective or running "
-                        "different code (%s)", name, have, missing, waited,
-                        stall_outcome(self.config.stall_check_shutdown_time_s,
-                                      _SHUTDOWN_HINT))
-        self._ask_for_stacks(stalled)
-
-    def _ask_for_stacks(self, stalled: List[Tuple[str, List[int], List[int], float]]) -> None:
-        """Rank 0: ask the stall's missing ranks not asked yet for their stacks: a summary
-        to the launcher now, the request to the ranks in the next control vector."""
-        job = self.ranks
-        missing = {job[r] for _, _, miss, _ in stalled for r in miss}
-        if self._stack_target is None or not missing - self._stall_asked:
-            return
-        self._stall_asked |= missing
-        cutoff = max(self.controller.table[name].first_cycle for name, _, _, _ in stalled)
-        request_id = random.randrange(1, _INT_MAX)
-        tensors = [[name, [job[r] for r in have], [job[r] for r in miss], round(waited, 1)]
-                   for name, have, miss, waited in stalled[:_MAX_TENSORS_REPORTED]]
-        stack_report.send_async(
-            self._stack_target, stack_report.STALL, request_id, job[self.rank],
-            {"expected": sorted(missing), "tensors": tensors, "stalled": len(stalled),
-             "hint": _SHUTDOWN_HINT,
-             "shutdown_s": self.config.stall_check_shutdown_time_s}, with_stacks=False)
-        with self._stacks_lock:
-            self._stacks_wanted = (request_id, cutoff)
-
-    def _ask_all_for_stacks(self, request_id: int) -> None:
-        """Rank 0 (the poller's thread): a user asked for every rank's stacks.  Rank 0's
-        own go at once, from this thread; the others are asked in the next cycle."""
-        stack_report.send_async(self._stack_target, stack_report.ALL, request_id,
-                                self.ranks[self.rank], {"expected": list(self.ranks)})
-        with self._stacks_lock:
-            self._stacks_wanted = (request_id, None)
-        self.hurry()
-
-    def _put_stacks_request(self, vec: np.ndarray) -> None:
-        with self._stacks_lock:
-            wanted, self._stacks_wanted = self._stacks_wanted, None
-        if wanted is not None:
-            request_id, cutoff = wanted
-            vec[_DUMP] = request_id
-            # an age in cycles, as for the stall verdict; -1: every rank
-            vec[_DUMP_AGE] = -1 if cutoff is None else min(self._cycle - cutoff, _INT_MAX - 1)
-
-    def _send_stacks(self, request_id: int, age: int) -> None:
-        """Every rank, in the cycle rank 0's request arrives: send this rank's stacks if
-        it is asked (every rank, or a rank missing from a tensor as old as the cutoff)."""
-        if self._stack_target is None:
-            return
-        if age < 0:
-            if self.rank != 0:               # rank 0 sent its own with the summary
-                stack_report.send_async(self._stack_target, stack_report.ALL, request_id,
-                                        self.ranks[self.rank])
-        elif self.rank in self.controller.missing_since(self._cycle - age):
-            stack_report.send_async(self._stack_target, stack_report.STALL, request_id,
-                                    self.ranks[self.rank])
-
-    def _stall_cutoff(self) -> int:
-        """Rank 0's verdict: how many cycles ago the last cycle whose tensors have waited too
-        long was, or INT_MAX."""
-        limit = self.config.stall_check_shutdown_time_s
-        if not self.config.stall_check or limit <= 0 or not self.controller.table:
-            return _INT_MAX
-        horizon = time.monotonic() - limit
-        expired = [e.first_cycle for e in self.controller.table.values()
-                   if e.first_time <= horizon]
-        return min(self._cycle - max(expired), _INT_MAX - 1) if expired else _INT_MAX
-
-
-#: how many stalled tensors one stack report names (it counts the rest)
-_MAX_TENSORS_REPORTED = 10
-#: how a user turns a stall into an error
-_SHUTDOWN_HINT = " or ".join((SHUTDOWN_FLAG,)
-                             + cfg.horovod_twins(cfg.STALL_CHECK_SHUTDOWN_TIME))
 
 
 def _nbytes(resp: Response) -> int:
