@@ -29,31 +29,37 @@ class Parameters:
     #: how many int32 slots :meth:`encode` fills
     WIDTH = 5
 
-    def __post_init__(self):
-        for name in ("fusion_threshold_bytes", "inplace_threshold_bytes"):
-            if not 0 <= getattr(self, name) <= _INT32_MAX:
-                raise HvdliteConfigError(f"parameter {name}={getattr(self, name)} must be "
-                                         f"0..{_INT32_MAX}")
-        if not 1 <= self.fusion_chunk_bytes <= _INT32_MAX:
-            raise HvdliteConfigError(f"parameter fusion_chunk_bytes={self.fusion_chunk_bytes} "
-                                     f"must be 1..{_INT32_MAX}")
-        if not 0 <= self.cycle_time_ms * 1000 <= _INT32_MAX:
-            raise HvdliteConfigError(f"parameter cycle_time_ms={self.cycle_time_ms} must be "
-                                     f">= 0 and below {_INT32_MAX // 1000} ms")
-
     @classmethod
     def from_config(cls, config) -> "Parameters":
-        return cls(min(config.fusion_threshold_bytes, _INT32_MAX),
-                   min(config.fusion_chunk_bytes, _INT32_MAX),
-                   min(config.inplace_threshold_bytes, _INT32_MAX),
-                   config.cycle_time_ms, config.cache_capacity > 0)
+        """The rank's starting values, taken as they are: ``Config`` checked their ranges
+        (the tunables' table bounds each to what the control vector can carry)."""
+        return cls(config.fusion_threshold_bytes, config.fusion_chunk_bytes,
+                   config.inplace_threshold_bytes, config.cycle_time_ms,
+                   config.cache_capacity > 0)
 
     def replace(self, **changes) -> "Parameters":
+        """A proposal (by hand or from the autotuner): checked here, the only values that
+        did not come through ``Config``.
+
+        Raises:
+            HvdliteConfigError: an unknown name, or a value the control vector cannot carry.
+        """
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise HvdliteConfigError(f"unknown live parameters {sorted(unknown)}; known: "
                                      f"{[f.name for f in dataclasses.fields(self)]}")
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        for name in ("fusion_threshold_bytes", "inplace_threshold_bytes"):
+            if not 0 <= getattr(new, name) <= _INT32_MAX:
+                raise HvdliteConfigError(f"parameter {name}={getattr(new, name)} must be "
+                                         f"0..{_INT32_MAX}")
+        if not 1 <= new.fusion_chunk_bytes <= _INT32_MAX:
+            raise HvdliteConfigError(f"parameter fusion_chunk_bytes={new.fusion_chunk_bytes} "
+                                     f"must be 1..{_INT32_MAX}")
+        if not 0 <= new.cycle_time_ms * 1000 <= _INT32_MAX:
+            raise HvdliteConfigError(f"parameter cycle_time_ms={new.cycle_time_ms} must be "
+                                     f">= 0 and below {_INT32_MAX // 1000} ms")
+        return new
 
     def encode(self) -> List[int]:
         """int32 values for the control vector (the cycle time in microseconds)."""
