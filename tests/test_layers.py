@@ -329,13 +329,13 @@ def test_the_pattern_catches_a_horovod_name_in_code():
 
 #: the launcher's packages, lowest first: a module imports only its own package or a
 #: lower one.  The entry points sit on top of them all: ``hvdlite.run`` (``api``),
-#: ``python -m hvdlite.runner`` and a plain srun step's job (``slurm.step_job``, which
-#: runs a job like the command line does)
+#: ``python -m hvdlite.runner`` and a plain srun step's job (``step_job``, which runs a
+#: job like the command line does)
 _RUNNER_LAYERS = ("hvdlite.runner.processes", "hvdlite.runner.hosts", "hvdlite.runner.store",
                   "hvdlite.runner.tasks", "hvdlite.runner.slurm", "hvdlite.runner.starters",
                   "hvdlite.runner.agent", "hvdlite.runner.cli",
                   ("hvdlite.runner.api", "hvdlite.runner.__main__",
-                   "hvdlite.runner.slurm.step_job"))
+                   "hvdlite.runner.step_job"))
 
 
 def _runner_layer(module: str):

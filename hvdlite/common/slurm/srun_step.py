@@ -30,7 +30,7 @@ _STORE: List[Optional[subprocess.Popen]] = [None]
 
 #: the module rank 0 of a plain ``srun`` step runs as the step's job -- its store and its
 #: failure summary (a process, not an import: that is the launcher's, a layer above this one)
-STEP_STORE_MODULE = "hvdlite.runner.slurm.step_job"
+STEP_STORE_MODULE = "hvdlite.runner.step_job"
 #: how long rank 0 waits for its store to listen, and the other ranks for rank 0's store,
 #: unless the start timeout (``--start-timeout``'s variable) is longer
 STEP_STORE_START_S = 60.0
