@@ -62,3 +62,15 @@ def test_only_what_the_inherited_variables_do_not_say_is_handed_over():
     # an inherited value the ranks could not read is mended by every variable
     env = c.tunable_env({cfg.CACHE_CAPACITY: "many"})
     assert env[cfg.CACHE_CAPACITY] == "1024" and len(env) == len(tunables.TUNABLES)
+
+
+def test_the_controller_is_stored_once_and_reaches_the_ranks_from_there(monkeypatch):
+    """``cpu_operations`` lives in the Config alone: the flag's (--mpi) or a platform's
+    (Gloo); the ranks' HVDLITE_CPU_OPERATIONS is derived from it, for mpiexec too."""
+    monkeypatch.delenv(cfg.CPU_OPERATIONS, raising=False)
+    spec = _spec("--mpi")
+    assert spec.controller == "mpi" and spec.tunable_env()[cfg.CPU_OPERATIONS] == "mpi"
+    monkeypatch.setenv(cfg.CYCLE_TIME, "4")
+    platform = JobSpec(np=1, hosts=[], command=[])       # Ray's, Spark's, a srun step's
+    assert platform.controller == "gloo" and platform.tunables.cycle_time_ms == 4.0
+    assert platform.tunable_env() == {cfg.CPU_OPERATIONS: "gloo"}

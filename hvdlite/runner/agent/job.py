@@ -106,7 +106,6 @@ class JobContext:
             cfg.RENDEZVOUS_ADDR: self.rounds.address[0],
             cfg.RENDEZVOUS_PORT: str(self.rounds.address[1]),
             cfg.JOB_ID: self.job_id,
-            cfg.CPU_OPERATIONS: spec.controller,      # a platform's job: Gloo
         })
         if not spec.settings.static:
             env[cfg.ELASTIC] = "1"

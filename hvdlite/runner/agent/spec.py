@@ -40,9 +40,8 @@ class JobSpec:
     #: the tunables, validated once (flags, --config-file, the launcher's environment):
     #: the one place the job's settings are stored; the launcher reads them from here,
     #: the ranks get them through :meth:`tunable_env`
-    #: (default: what this process's environment sets, for a platform's job)
-    tunables: cfg.Config = dataclasses.field(
-        default_factory=lambda: cfg.Config.tunables_of(os.environ))
+    #: (default: what this process's environment sets, on Gloo: a platform's job)
+    tunables: cfg.Config = dataclasses.field(default_factory=lambda: _platform_tunables())
     verbose: bool = False
     output_dir: Optional[str] = None
     timestamp_output: bool = False
@@ -95,8 +94,8 @@ class JobSpec:
 
     @property
     def controller(self) -> str:
-        """"gloo" or "mpi" (the launcher settles it into the tunables; a platform's job is
-        Gloo)."""
+        """"gloo" or "mpi": the tunables' ``cpu_operations``, which the launcher settles
+        (a platform's job is Gloo); the ranks get it with the other tunables."""
         return self.tunables.cpu_operations or "gloo"
 
     @property
@@ -122,6 +121,12 @@ class JobSpec:
         env.update(self.tunable_env())
         env.update(self.secret_env)
         return env
+
+
+def _platform_tunables() -> cfg.Config:
+    """A platform's job (Ray, Spark, a plain srun step) has no flags: the tunables this
+    process's environment sets, on Gloo."""
+    return cfg.Config.tunables_of(os.environ).replace(cpu_operations="gloo")
 
 
 def forwarded(name: str) -> bool:

@@ -199,8 +199,7 @@ class MpiexecStarter(Starter):
         self.flavor = detect_flavor(self._mpiexec)
         self._hosts = list(hosts)
         self._command = list(command)
-        self._env = dict(env)
-        self._env[cfg.CPU_OPERATIONS] = "mpi"
+        self._env = dict(env)         # the tunables, HVDLITE_CPU_OPERATIONS=mpi among them
         self._names = [n for n in env_names if n not in self._env]
         self._mpi_args = list(mpi_args)
         self._ssh = (ssh_port, identity_file)
