@@ -9,6 +9,7 @@ import pytest
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError, HvdliteLaunchError
+from hvdlite.runner.agent import rank_env
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.cli import launch
 
@@ -107,7 +108,7 @@ def test_env_forwarding_allow_list(monkeypatch):
     monkeypatch.setenv(cfg.CYCLE_TIME, "4")
     monkeypatch.setenv(cfg.SECRET_KEY, "abcd")       # a stale job var must not travel
     s = settings(["-np", "1", "-x", "FROM_ENV", "-x", "SET_HERE=1", KV])
-    fwd = s.forward_env()
+    fwd = rank_env.forward_env(s)
     assert fwd["FROM_ENV"] == "yes" and fwd["SET_HERE"] == "1"
     assert fwd[cfg.CYCLE_TIME] == "4" and "PATH" in fwd
     assert "MY_SECRET_TOKEN" not in fwd and cfg.SECRET_KEY not in fwd
@@ -248,7 +249,7 @@ def test_elastic_flags_to_settings(tmp_path, monkeypatch):
     # static jobs stay static; the job's own HVDLITE_ELASTIC never travels
     assert settings(["-np", "2", KV]).elastic is None
     monkeypatch.setenv(cfg.ELASTIC, "1")
-    assert cfg.ELASTIC not in settings(["-np", "1", KV]).forward_env()
+    assert cfg.ELASTIC not in rank_env.forward_env(settings(["-np", "1", KV]))
 
 
 def test_elastic_config_file(tmp_path):

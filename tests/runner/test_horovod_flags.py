@@ -9,6 +9,7 @@ import pytest
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.runner.agent import rank_env
 from hvdlite.runner.cli import flags
 from hvdlite.runner.cli import launch
 from hvdlite.runner.hosts import HostSlots
@@ -178,7 +179,7 @@ def test_horovod_variables_are_forwarded_like_ours(monkeypatch):
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1048576")
     monkeypatch.setenv("HOROVOD_RANK", "3")            # an identity alias: set per rank
     monkeypatch.setenv("UNRELATED_SECRET", "x")
-    fwd = settings(["-np", "1", KV]).forward_env()
+    fwd = rank_env.forward_env(settings(["-np", "1", KV]))
     assert fwd["HOROVOD_FUSION_THRESHOLD"] == "1048576"
     assert "HOROVOD_RANK" not in fwd and "UNRELATED_SECRET" not in fwd
 

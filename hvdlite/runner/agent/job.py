@@ -3,9 +3,8 @@
 Whatever starts a job -- ``hvdlite-run``, ``hvdlite.run``, ``hvdlite.ray``,
 ``hvdlite.spark`` -- builds a :class:`~hvdlite.runner.agent.spec.JobSpec` and calls
 :func:`run_job`.  It owns what every job needs: the job's key and id, its rendezvous
-store, the environment every rank shares (:meth:`JobContext.job_env`, Horovod's
-variables and -- in a static Gloo job -- torchrun's; each rank's place is added where it
-starts, ``processes.workers.slot_env``), SIGINT/SIGTERM as a stop
+store, the environment every rank shares (:meth:`JobContext.job_env`, built by
+``rank_env``), SIGINT/SIGTERM as a stop
 request, ``--dump-stacks`` / SIGUSR1, the ``/metrics`` endpoint and the failure summary
 that names the rank that failed first.  A platform brings a host source and a starter;
 without them the spec's hosts (or discovery script) and local processes, SSH tasks or
@@ -19,12 +18,12 @@ import sys
 import uuid
 from typing import Dict, List, Optional
 
-from hvdlite.common import config as cfg
 from hvdlite.common.diagnostics import flight_recorder
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.rounds import Rounds
 from hvdlite.runner.agent.settling import settled
-from hvdlite.runner.agent.spec import JobResult, JobSpec, forwarded
+from hvdlite.runner.agent import rank_env
+from hvdlite.runner.agent.spec import JobResult, JobSpec
 from hvdlite.runner.agent.state_machine import Agent
 from hvdlite.runner.agent.wedged import WedgeWatch
 from hvdlite.runner.hosts import HostSlots, SlotId, is_local, resolve
@@ -48,7 +47,6 @@ from hvdlite.runner.store.stack_collection import (OUTSIDE_TIMEOUT_S, Outside, S
                                                    on_sigusr1, outside_stack_lines,
                                                    to_stderr)
 from hvdlite.runner.store.torch_store import TorchStore
-from hvdlite.runner.tasks.nics import loopback_interface
 from hvdlite.runner.tasks.ssh import SSHOptions
 
 log = logging.getLogger(__name__)
@@ -90,43 +88,10 @@ class JobContext:
         return self.agent is not None and self.agent.finishing()
 
     def job_env(self, local: bool, with_key: bool = False) -> Dict[str, str]:
-        """The one place that builds the environment every rank of a Gloo job shares.
-
-        ``local``: the workers are children of this process, so they get the job key here
-        (a task adds it itself: the key never crosses the wire) and Gloo's own
-        unauthenticated listeners stay on loopback, like the store.  ``with_key``: a
-        platform hands the environment over an authenticated channel of its own (Ray's
-        object transfer), so the key goes with it.
-        """
-        spec = self.spec
-        env = spec.tunable_env()
-        env.update(spec.user_env)
-        env.update(spec.secret_env)
-        env.update({
-            cfg.RENDEZVOUS_ADDR: self.rounds.address[0],
-            cfg.RENDEZVOUS_PORT: str(self.rounds.address[1]),
-            cfg.JOB_ID: self.job_id,
-        })
-        if not spec.settings.static:
-            env[cfg.ELASTIC] = "1"
-            # a survivor waits this long for the round after a failure (as the agent does)
-            env[cfg.ELASTIC_TIMEOUT] = repr(float(spec.settings.elastic_timeout_s))
-        if local or with_key:
-            env[cfg.SECRET_KEY] = self.key.hex()
-        if local:
-            env[cfg.GLOO_IFACE] = loopback_interface()
-        if self.torch_store is not None:
-            env.update(self._torch_env())
-        return env
-
-    def _torch_env(self) -> Dict[str, str]:
-        """torchrun's variables every rank shares (each rank's place is added where it
-        starts): torch's store beside ours, every rank its client, and the job's id."""
-        return {cfg.TORCH_MASTER_ADDR: self.rounds.address[0],
-                cfg.TORCH_MASTER_PORT: str(self.torch_store.port),
-                cfg.TORCH_USE_AGENT_STORE: "True", cfg.TORCH_RUN_ID: self.job_id,
-                cfg.TORCH_RESTART_COUNT: "0", cfg.TORCH_MAX_RESTARTS: "0",
-                cfg.TORCH_ROLE_NAME: "default"}
+        """What every rank of this Gloo job shares (``rank_env.shared_env``)."""
+        return rank_env.shared_env(
+            self.spec, self.rounds.address, self.job_id, self.key,
+            None if self.torch_store is None else self.torch_store.port, local, with_key)
 
 
 def run_job(spec: JobSpec) -> JobResult:
@@ -327,7 +292,7 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
                                         sink, base_env=dict(os.environ), on_exit=job.wake),
         make_tasks=lambda: TaskStarter(job.key, job.job_id, spec.command,
                                        lambda: job.job_env(local=False),
-                                       spec.forward_env(), ssh, spec.start_timeout_s, sink,
+                                       rank_env.forward_env(spec), ssh, spec.start_timeout_s, sink,
                                        network_interfaces=spec.network_interfaces,
                                        on_exit=job.wake, verbose=spec.verbose,
                                        open_task=task_opener() if via_srun else None,
@@ -336,17 +301,10 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
 
 
 def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
-    """mpiexec gets the tunables on its command line; everything else is passed by name
-    from its own environment, never on a command line (which ``ps`` shows to every user):
-    PATH & co, the user's HVDLITE_* and HOROVOD_* variables, -x values, the job key (it
-    signs ``broadcast_object`` & co) and the other secret variables."""
+    """One mpiexec for the job, its environment from ``rank_env.mpiexec_env``."""
     spec = job.spec
-    hidden = dict(spec.user_env)
-    hidden.update(spec.secret_env)
-    hidden[cfg.SECRET_KEY] = job.key.hex()
-    hidden[cfg.JOB_ID] = job.job_id          # names the ranks' flight-recorder directory
-    names = [n for n in os.environ if forwarded(n) and n not in hidden] + sorted(hidden)
-    return MpiexecStarter(hosts, spec.command, spec.tunable_env(), names,
+    on_line, names, hidden = rank_env.mpiexec_env(spec, job.job_id, job.key)
+    return MpiexecStarter(hosts, spec.command, on_line, names,
                           spec.mpi_args,
                           ssh_port=spec.ssh_port if spec.ssh_port != 22 else None,
                           identity_file=spec.ssh_identity_file, verbose=spec.verbose,

@@ -19,16 +19,6 @@ from hvdlite.runner.hosts import HostSlots, SlotId
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.starters.base import Starter
 
-#: variables every host's workers get from the launcher's environment (besides -x ones)
-FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
-#: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
-_JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
-              cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC, cfg.ELASTIC_TIMEOUT,
-              cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS}
-_HOROVOD_IDENTITY = set(cfg.HOROVOD_ALIASES.values())
-
-
 @dataclasses.dataclass
 class JobSpec:
     """Everything one job needs: its size, hosts, command (or a platform's starter), the
@@ -113,31 +103,11 @@ class JobSpec:
         they inherit (this process's environment and ``-x``); derived, never stored."""
         return self.tunables.tunable_env({**os.environ, **self.user_env})
 
-    def forward_env(self) -> Dict[str, str]:
-        """The allow-list remote hosts get: the user's HVDLITE_* and HOROVOD_* variables,
-        PATH & co, -x names, the tunables and the secret variables."""
-        env = {k: v for k, v in os.environ.items() if forwarded(k)}
-        env.update(self.user_env)
-        env.update(self.tunable_env())
-        env.update(self.secret_env)
-        return env
-
 
 def _platform_tunables() -> cfg.Config:
     """A platform's job (Ray, Spark, a plain srun step) has no flags: the tunables this
     process's environment sets, on Gloo."""
     return cfg.Config.tunables_of(os.environ).replace(cpu_operations="gloo")
-
-
-def forwarded(name: str) -> bool:
-    """Whether the launcher's variable ``name`` travels to every host's workers."""
-    if name in FORWARD_ALWAYS:
-        return True
-    if name.startswith(cfg.PREFIX):
-        return name not in _JOB_NAMES
-    # the identity aliases are set per rank by the launcher, never taken from its own env
-    return name.startswith(cfg.HOROVOD_PREFIX) and name not in _HOROVOD_IDENTITY
-
 
 
 @dataclasses.dataclass

@@ -81,8 +81,8 @@ import time
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from hvdlite.common.exceptions import HvdliteLaunchError
-from hvdlite.runner.agent import blame, partition
-from hvdlite.runner.agent.hostset import HostSet
+from hvdlite.runner.agent import blame
+from hvdlite.runner.agent.hostset import HostSet, describe_partition, keep_reachable
 from hvdlite.runner.agent.poller import DiscoveryPoller
 from hvdlite.runner.agent.registry import WorkerRecord, WorkerRegistry, WorkerState
 from hvdlite.runner.agent.settings import JobSettings
@@ -458,7 +458,7 @@ class Agent:
         """Elastic jobs: once members of a multi-host round ask for a new one and no member
         exited (that would explain it), probe the round's hosts for cut links (once per
         round); when some cannot reach each other,
-        keep the largest set that can (``partition``), blacklist the rest and open the next
+        keep the largest set that can (``hostset.keep_reachable``), blacklist the rest and open the next
         round without them.  True when it did."""
         hosts = self._round_hosts()
         if self.settings.static or self._probed_round == self.round or len(hosts) < 2 \
@@ -469,8 +469,8 @@ class Agent:
         if not cut:
             return False
         slots = collections.Counter(sid[0] for sid in self.round_ids)
-        _, out = partition.keep_reachable(hosts, slots, cut)
-        why = partition.describe(cut, out)
+        _, out = keep_reachable(hosts, slots, cut)
+        why = describe_partition(cut, out)
         log.warning("round %d: the round's hosts probed each other: %s", self.round, why)
         self._blacklist_hosts({h: "cannot reach " + ", ".join(
             sorted({b if a == h else a for a, b in cut if h in (a, b)})) for h in out},

@@ -4,6 +4,7 @@ test cluster the launcher would otherwise start local children): run inside sall
 
 import sys
 
+from hvdlite.runner.agent import rank_env
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.processes.rank_output import OutputSink
@@ -20,7 +21,7 @@ def main() -> int:
 
     def starter(job):
         return TaskStarter(job.key, job.job_id, job.spec.command,
-                           lambda: job.job_env(local=False), job.spec.forward_env(),
+                           lambda: job.job_env(local=False), rank_env.forward_env(job.spec),
                            SSHOptions(), job.spec.start_timeout_s, sink, on_exit=job.wake,
                            open_task=task_opener(local_too=True))
 
