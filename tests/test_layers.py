@@ -166,7 +166,8 @@ _COMMON_LAYERS = (
     ("set-up", ("hvdlite.common.basics", "hvdlite.common.process_sets",
                 "hvdlite.common.slurm")),
     ("op layer", ("hvdlite.common.ops",)),
-    ("over the op layer", ("hvdlite.common.objects", "hvdlite.common.elastic_state",
+    ("over the op layer", ("hvdlite.common.rank_setup", "hvdlite.common.objects",
+                           "hvdlite.common.elastic_state",
                            "hvdlite.common.compression",
                            "hvdlite.common.powersgd_settings")),
 )

@@ -150,7 +150,7 @@ def _require_torch_for_gloo(config: Config) -> None:
 def start_runtime(config: Optional[Config] = None, recorder: Recorder = NULL,
                   comm=None) -> None:
     """Start the runtime (idempotent while it runs): the part of ``hvd.init()``
-    (:func:`hvdlite.common.ops.init`, the only ``init``) below process sets.
+    (:func:`hvdlite.common.rank_setup.init`, the only ``init``) below process sets.
 
     ``recorder`` receives the background thread's phase boundaries (default: none).
     ``comm`` (MPI only) picks the job's processes: an mpi4py communicator or a list of

@@ -49,8 +49,8 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    rocm_built, shutdown, size, start_timeline,
                                    stop_timeline)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
-                                Sum, add_process_set, global_process_set, init,
-                                remove_process_set)
+                                Sum, global_process_set)
+from hvdlite.common.rank_setup import add_process_set, init, remove_process_set  # noqa: F401
 from hvdlite.tensorflow.graph import nodes as graph_nodes
 from hvdlite.tensorflow.errors import as_tf_errors, raise_reported, report_mismatch
 

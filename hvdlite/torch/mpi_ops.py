@@ -21,8 +21,8 @@ from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                    rocm_built, shutdown, size)
 from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
-                                Sum, add_process_set, global_process_set, init, poll,
-                                remove_process_set, synchronize)
+                                Sum, global_process_set, poll, synchronize)
+from hvdlite.common.rank_setup import add_process_set, init, remove_process_set  # noqa: F401
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.engine.tensor_queue import Handle
 

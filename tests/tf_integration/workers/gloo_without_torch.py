@@ -4,7 +4,7 @@ from tests.tf_integration.no_torch import block_torch
 
 block_torch()
 
-from hvdlite.common import ops  # noqa: E402
+from hvdlite.common import rank_setup  # noqa: E402
 
-ops.init()
+rank_setup.init()
 print("init returned: Gloo started without torch", flush=True)
