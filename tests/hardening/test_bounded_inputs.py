@@ -92,7 +92,7 @@ def test_elastic_job_without_max_np_is_capped_at_the_ceiling(tmp_path):
     args = launch.parse_args(["-np", "1", "--host-discovery-script", str(script),
                               "--max-workers", "64", "true"])
     settings = launch.spec_from_args(args)
-    assert settings.elastic.max_np == 64 and settings.max_workers == 64
+    assert settings.elastic.max_np == 64 and settings.tunables.max_workers == 64
 
 
 def test_discovered_slots_over_the_ceiling_are_a_failed_discovery():
