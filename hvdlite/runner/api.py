@@ -11,7 +11,6 @@ environment, a task's stdin over SSH, or by name through mpiexec), never on a
 command line.
 """
 
-import argparse
 import logging
 import socket
 import sys
@@ -26,7 +25,8 @@ from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Header, Service, ServiceError
 from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.spec import JobSpec
-from hvdlite.runner.cli import flags, launch
+from hvdlite.runner.cli import launch
+from hvdlite.runner.cli.options import LaunchOptions
 from hvdlite.runner.hosts import is_local
 from hvdlite.runner.tasks.function_rank import MODULE as TASK_MODULE
 from hvdlite.runner.tasks.function_rank import dumps, loads
@@ -171,23 +171,19 @@ def _refuse(min_np, max_np, slots, reset_limit, cooldown_range, hosts, hostfile,
 
 def _options(np: int, hosts, hostfile, start_timeout, ssh_port, ssh_identity_file,
              disable_cache, output_filename, verbose, use_gloo, use_mpi, use_jsrun, mpi_args,
-             nics, env, command: List[str]) -> argparse.Namespace:
-    """``run``'s arguments as hvdlite-run's options (every flag at its default but these),
-    so that every value goes through the checks a command line gets -- without making
-    or parsing a command line."""
+             nics, env, command: List[str]) -> LaunchOptions:
+    """``run``'s arguments as hvdlite-run's options (every other flag at its default), so
+    that every value goes through the checks a command line gets -- without making or
+    parsing a command line."""
     if isinstance(np, bool) or not isinstance(np, int):
         raise HvdliteConfigError(f"hvdlite.run: np={np!r} is not a number of processes")
-    options = flags.defaults()
-    options.np = np
-    options.hosts, options.hostfile = hosts, hostfile
-    options.start_timeout, options.ssh_port = start_timeout, ssh_port
-    options.ssh_identity_file, options.output_filename = ssh_identity_file, output_filename
-    options.network_interfaces, options.mpi_args = nics, mpi_args
-    options.disable_cache, options.verbose = bool(disable_cache), bool(verbose)
-    options.gloo, options.mpi, options.jsrun = bool(use_gloo), bool(use_mpi), bool(use_jsrun)
-    options.env = [f"{name}={value}" for name, value in (env or {}).items()]
-    options.command = command
-    return options
+    return LaunchOptions(
+        np=np, hosts=hosts, hostfile=hostfile, ssh_port=ssh_port,
+        ssh_identity_file=ssh_identity_file, output_filename=output_filename,
+        network_interfaces=nics, mpi_args=mpi_args, disable_cache=bool(disable_cache),
+        verbose=bool(verbose), gloo=bool(use_gloo), mpi=bool(use_mpi), jsrun=bool(use_jsrun),
+        env=[f"{name}={value}" for name, value in (env or {}).items()], command=command,
+        tunable_values={} if start_timeout is None else {"start_timeout": start_timeout})
 
 
 def _addresses(local: bool, nics: Optional[List[str]]) -> List[str]:

@@ -74,3 +74,36 @@ def test_the_controller_is_stored_once_and_reaches_the_ranks_from_there(monkeypa
     platform = JobSpec(np=1, hosts=[], command=[])       # Ray's, Spark's, a srun step's
     assert platform.controller == "gloo" and platform.tunables.cycle_time_ms == 4.0
     assert platform.tunable_env() == {cfg.CPU_OPERATIONS: "gloo"}
+
+
+def test_the_launch_options_are_the_parsers_flags():
+    """LaunchOptions has a field for every flag that is not a tunable, at the parser's
+    default, and keeps the tunable flags by dest: a flag added to one and not the other
+    fails here (and ``from_namespace`` would refuse it)."""
+    from hvdlite.runner.cli import flags
+    from hvdlite.runner.cli.options import LaunchOptions
+    parser = flags.shared_parser()
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    fields = {f.name for f in dataclasses.fields(LaunchOptions)}
+    assert dests - set(flags.TUNABLE_FLAGS) == fields - {"tunable_values", "config_file_keys"}
+    blank = LaunchOptions.from_namespace(parser.parse_args([]))
+    assert blank == LaunchOptions()
+    parsed = launch.parse_args(["-np", "3", "--fusion-threshold-mb", "8", "--mpi", "t.py"])
+    assert (parsed.np, parsed.mpi, parsed.command) == (3, True, ["t.py"])
+    assert parsed.tunable_values == {"fusion_threshold_mb": 8.0}
+    assert parsed.value("fusion_threshold_mb") == 8.0 and parsed.value("cycle_time_ms") is None
+
+
+def test_launch_options_built_in_code_are_checked_like_flags():
+    """hvdlite.run's path: options made without a command line get the command line's
+    checks and messages, and the caller's options are left as they were."""
+    import pytest
+    from hvdlite.common.exceptions import HvdliteConfigError
+    from hvdlite.runner.cli.options import LaunchOptions
+    options = LaunchOptions(min_np=1, command=[sys.executable, KV],
+                            tunable_values={"op_timeout_seconds": 9.0})
+    spec = launch.spec_from_args(options)
+    assert (spec.np, spec.tunables.op_timeout_s, options.np) == (1, 9.0, None)
+    with pytest.raises(HvdliteConfigError, match="--fusion-threshold-mb -1"):
+        launch.spec_from_args(LaunchOptions(np=1, command=[sys.executable, KV],
+                                            tunable_values={"fusion_threshold_mb": -1.0}))

@@ -61,10 +61,11 @@ NO_OP_FLAGS: Dict[str, str] = {
 }
 
 
-def refusal(args: argparse.Namespace) -> Optional[str]:
-    """The error for the first refused flag the parsed ``args`` ask for, else None."""
+def refusal(args: Any) -> Optional[str]:
+    """The error for the first refused flag the parsed ``args`` (``LaunchOptions``) ask
+    for, else None."""
     for dest, (flag, reason) in REFUSED_FLAGS.items():
-        value = getattr(args, dest, None)
+        value = getattr(args, dest)
         if value is not None and value is not False:           # 0 is a value, too
             return f"{flag}: {reason}; remove the flag"
     return None
@@ -359,12 +360,3 @@ def shared_parser() -> argparse.ArgumentParser:
     ``--config-file`` and for naming flags in messages.  Never changed: a config file's
     values become the defaults of a parser of its own (:func:`build_parser`)."""
     return build_parser()
-
-
-def defaults() -> argparse.Namespace:
-    """Every flag at its default, as ``parse_args`` would leave a command line that gives
-    none: what ``hvdlite.run`` starts from before it sets its arguments (argparse has no
-    public list of its actions, hence ``_actions``)."""
-    parser = shared_parser()
-    return argparse.Namespace(**{a.dest: parser.get_default(a.dest) for a in parser._actions
-                                 if a.dest != argparse.SUPPRESS})

@@ -14,7 +14,7 @@ import os
 import shlex
 import shutil
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hvdlite.common import config as cfg
 from hvdlite.common.config import tunables
@@ -25,6 +25,7 @@ from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.settings import JobSettings, validate
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli.config_file import config_file_defaults
+from hvdlite.runner.cli.options import LaunchOptions
 from hvdlite.runner.hosts import (HostSlots, assign_slots, hosts_used, is_local,
                                   parse_hostfile, parse_hosts)
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
@@ -37,20 +38,20 @@ from hvdlite.version import __version__
 
 log = logging.getLogger("hvdlite.runner")
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Optional[List[str]] = None) -> LaunchOptions:
     """Parse the flags; --config-file's values become defaults that the flags override."""
     args = flags.shared_parser().parse_args(argv)
-    if args.config_file:
-        given = args.gloo or args.mpi or args.jsrun
-        keys: Dict[str, str] = {}
-        parser = flags.build_parser()           # the file's values become its defaults
-        parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
-        cli = args
-        args = parser.parse_args(argv)
-        # the file's key for each value the command line did not give (for messages)
-        args.config_file_keys = {d: k for d, k in keys.items()
-                                 if getattr(cli, d, None) in (None, False)}
-    return args
+    if not args.config_file:
+        return LaunchOptions.from_namespace(args)
+    given = args.gloo or args.mpi or args.jsrun
+    keys: Dict[str, str] = {}
+    parser = flags.build_parser()               # the file's values become its defaults
+    parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
+    cli = args
+    # the file's key for each value the command line did not give (for messages)
+    return LaunchOptions.from_namespace(
+        parser.parse_args(argv),
+        {d: k for d, k in keys.items() if getattr(cli, d, None) in (None, False)})
 
 
 def _resolve_command(command: List[str]) -> List[str]:
@@ -139,15 +140,16 @@ def check_build() -> str:
     return "\n".join(lines)
 
 
-def spec_from_args(args: argparse.Namespace) -> JobSpec:
+def spec_from_args(args: LaunchOptions) -> JobSpec:
     """Validate the flags into the job's spec.
 
     Raises:
         HvdliteConfigError: any bad flag value, host list or command, or a flag for a
             feature hvdlite does not offer (names the flag and why).
     """
+    args = dataclasses.replace(args)            # -np is settled below: not in the caller's
     elastic = _is_elastic(args)
-    allocation = _check_size_and_combinations(args, elastic)
+    allocation, np = _check_size_and_combinations(args, elastic)
     parser = flags.shared_parser()
     validation.check_finite_numbers(args, parser)
     flag_env = _tunable_env(args)
@@ -159,20 +161,20 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
                                        environ={**os.environ, **user_env})
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
-    elastic_settings = _elastic_settings(args, elastic, config)
+    elastic_settings = _elastic_settings(args, np, elastic, config)
     if elastic_settings is not None:
         if elastic_settings.max_np is None:
             elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
         config = config.replace(elastic_timeout_s=elastic_settings.elastic_timeout_s)
     command = _resolve_command(list(args.command))
-    hosts = _hosts(args, allocation, static=not elastic)
+    hosts = _hosts(args, np, allocation, static=not elastic)
     _check_interpreter(command, hosts, config.allow_other_interpreter)
     _check_ssh(args)
     nics = None
     if args.network_interfaces:
         nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
     return JobSpec(
-        np=args.np, hosts=hosts, command=command, tunables=config,
+        np=np, hosts=hosts, command=command, tunables=config,
         verbose=args.verbose,
         output_dir=args.output_filename, timestamp_output=args.prefix_output_with_timestamp,
         ssh_port=args.ssh_port or 22,
@@ -186,11 +188,11 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         slots_per_host=args.slots_per_host or 1)
 
 
-def _check_size_and_combinations(args: argparse.Namespace,
-                                 elastic: bool) -> Optional[List[HostSlots]]:
+def _check_size_and_combinations(
+        args: LaunchOptions, elastic: bool) -> Tuple[Optional[List[HostSlots]], int]:
     """Refuse what hvdlite does not offer and flags that exclude each other; settle -np
     (from --min-np, or a Slurm allocation's tasks).  Returns the allocation's hosts, if
-    they are the job's.
+    they are the job's, and -np.
 
     Raises:
         HvdliteConfigError: names the flag and why.
@@ -214,10 +216,10 @@ def _check_size_and_combinations(args: argparse.Namespace,
         raise HvdliteConfigError(
             "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
             "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
-    return allocation
+    return allocation, args.np
 
 
-def _check_ceiling(args: argparse.Namespace, ceiling: int,
+def _check_ceiling(args: LaunchOptions, ceiling: int,
                    parser: argparse.ArgumentParser) -> None:
     """-np, --min-np and --max-np are at most --max-workers (HVDLITE_MAX_WORKERS).
 
@@ -229,9 +231,8 @@ def _check_ceiling(args: argparse.Namespace, ceiling: int,
         HvdliteConfigError: names the flag, its value and the ceiling (and how to raise it).
     """
     for dest, flag in (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np")):
-        value = getattr(args, dest, None)
-        keys = getattr(args, "config_file_keys", None) or {}
-        if dest in keys:
+        value = args.value(dest)
+        if dest in args.config_file_keys:
             flag = validation.setting_name(args, parser, dest)
         if value is not None and value > ceiling:
             raise HvdliteConfigError(
@@ -240,7 +241,7 @@ def _check_ceiling(args: argparse.Namespace, ceiling: int,
                 f"--max-workers if the hosts can hold {value} processes")
 
 
-def _slurm_defaults(args: argparse.Namespace) -> Optional[List[HostSlots]]:
+def _slurm_defaults(args: LaunchOptions) -> Optional[List[HostSlots]]:
     """Inside a Slurm allocation, with neither -H nor --hostfile (nor a discovery script):
     the allocation's nodes and tasks are the hosts, and -np defaults to their total.
 
@@ -266,7 +267,7 @@ def _slurm_defaults(args: argparse.Namespace) -> Optional[List[HostSlots]]:
     return hosts
 
 
-def _hosts(args: argparse.Namespace, allocation: Optional[List[HostSlots]],
+def _hosts(args: LaunchOptions, np: int, allocation: Optional[List[HostSlots]],
            static: bool) -> List[HostSlots]:
     """-H or --hostfile, else the Slurm ``allocation``, else a cluster's host list from the
     environment, else this host (none with a discovery script); checked to hold -np
@@ -282,19 +283,19 @@ def _hosts(args: argparse.Namespace, allocation: Optional[List[HostSlots]],
         hosts, where = found
         log.info("hosts from %s: %s", where, ", ".join(f"{h.hostname}:{h.slots}" for h in hosts))
     else:
-        hosts = parse_hosts(args.hosts or f"localhost:{args.np}")
+        hosts = parse_hosts(args.hosts or f"localhost:{np}")
     if hosts and static:
-        return hosts_used(hosts, args.np)  # -np > slots is an error before anything starts
+        return hosts_used(hosts, np)       # -np > slots is an error before anything starts
     if hosts:
-        assign_slots(hosts, args.np)
+        assign_slots(hosts, np)
     return hosts
 
 
-def _tunable_env(args: argparse.Namespace) -> Dict[str, str]:
+def _tunable_env(args: LaunchOptions) -> Dict[str, str]:
     """The HVDLITE_* variables the tunable flags given (or --config-file keys) set."""
     env = {}
     for dest, (var, conv) in flags.TUNABLE_FLAGS.items():
-        value = getattr(args, dest, None)
+        value = args.value(dest)
         try:
             text = conv(value) if value is not None else None
         except OverflowError:              # 1e308 MiB in bytes is infinite
@@ -312,7 +313,7 @@ def _range_words(variable: str) -> str:
     return row.range.words if row.range is not None else "a finite number"
 
 
-def _controller(args: argparse.Namespace, elastic: bool) -> str:
+def _controller(args: LaunchOptions, elastic: bool) -> str:
     """"gloo" or "mpi": the flag's, else Gloo unless only MPI is available."""
     if args.mpi:
         return "mpi"
@@ -322,7 +323,7 @@ def _controller(args: argparse.Namespace, elastic: bool) -> str:
     return "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
 
 
-def _elastic_settings(args: argparse.Namespace, elastic: bool,
+def _elastic_settings(args: LaunchOptions, np: int, elastic: bool,
                       config: cfg.Config) -> Optional[JobSettings]:
     """The elastic flags checked (None for a static job, which must not use them).
 
@@ -331,7 +332,7 @@ def _elastic_settings(args: argparse.Namespace, elastic: bool,
     """
     if not elastic:
         for dest, flag in _ELASTIC_ONLY.items():
-            if getattr(args, dest, None) is not None:
+            if args.value(dest) is not None:
                 raise HvdliteConfigError(
                     f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
                     f"--host-discovery-script, or drop it")
@@ -340,14 +341,14 @@ def _elastic_settings(args: argparse.Namespace, elastic: bool,
     timeout = args.elastic_timeout if args.elastic_timeout is not None \
         else config.elastic_timeout_s
     return validate(
-        np=args.np, min_np=args.min_np, max_np=args.max_np,
+        np=np, min_np=args.min_np, max_np=args.max_np,
         elastic_timeout_s=timeout, reset_limit=args.reset_limit,
         cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
         discovery_script=args.host_discovery_script,
         fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
 
 
-def _check_ssh(args: argparse.Namespace) -> None:
+def _check_ssh(args: LaunchOptions) -> None:
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         raise HvdliteConfigError(f"-p/--ssh-port {args.ssh_port}: not a port number")
     if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
@@ -355,8 +356,8 @@ def _check_ssh(args: argparse.Namespace) -> None:
             f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
 
 
-def _is_elastic(args: argparse.Namespace) -> bool:
-    return any(getattr(args, f, None) is not None
+def _is_elastic(args: LaunchOptions) -> bool:
+    return any(args.value(f) is not None
                for f in ("min_np", "max_np", "host_discovery_script"))
 
 
@@ -368,7 +369,7 @@ _ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--ela
 
 
 
-def _check_hosts(args: argparse.Namespace) -> int:
+def _check_hosts(args: LaunchOptions) -> int:
     """``--check-hosts``: the hosts of -H/--hostfile, checked for what a job needs.
 
     Raises:
@@ -380,7 +381,7 @@ def _check_hosts(args: argparse.Namespace) -> int:
         raise HvdliteConfigError("--check-hosts checks SSH hosts; with --launcher-agent, run "
                                  "the agent's own check")
     _check_ssh(args)
-    hosts = parse_hostfile(args.hostfile) if args.hostfile else parse_hosts(args.hosts)
+    hosts = parse_hostfile(args.hostfile) if args.hostfile else parse_hosts(args.hosts or "")
     opts = SSHOptions(port=args.ssh_port or 22, identity_file=args.ssh_identity_file,
                       known_hosts_file=args.ssh_known_hosts,
                       strict_host_key_checking=args.ssh_strict_host_key_checking)
@@ -406,8 +407,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.dump_stacks is not None:
             print(signal_launcher(args.dump_stacks))
             return 0
-        if args.log_level:
-            logging.getLogger("hvdlite").setLevel(cfg.log_level_name(args.log_level))
+        if args.value("log_level"):
+            logging.getLogger("hvdlite").setLevel(cfg.log_level_name(args.value("log_level")))
         elif args.verbose:
             logging.getLogger("hvdlite").setLevel(logging.INFO)
         return run_job(spec_from_args(args)).exit_code

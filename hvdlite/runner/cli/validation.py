@@ -16,6 +16,7 @@ from typing import Dict, Mapping, Optional
 
 from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError
+from hvdlite.runner.cli.options import LaunchOptions
 
 
 def flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
@@ -26,11 +27,10 @@ def flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
     return dest
 
 
-def setting_name(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> str:
+def setting_name(args: LaunchOptions, parser: argparse.ArgumentParser, dest: str) -> str:
     """``--flag`` or ``--config-file FILE: key`` for the setting ``dest``."""
-    keys: Mapping[str, str] = getattr(args, "config_file_keys", None) or {}
-    if dest in keys:
-        return f"--config-file {args.config_file}: {keys[dest]}"
+    if dest in args.config_file_keys:
+        return f"--config-file {args.config_file}: {args.config_file_keys[dest]}"
     return flag_name(parser, dest)
 
 
@@ -40,7 +40,7 @@ def _show(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def check_finite_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def check_finite_numbers(args: LaunchOptions, parser: argparse.ArgumentParser) -> None:
     """Every number-valued flag given is a finite number (argparse's ``float`` takes
     ``nan`` and ``inf``; so does YAML's ``.nan``).
 
@@ -50,7 +50,7 @@ def check_finite_numbers(args: argparse.Namespace, parser: argparse.ArgumentPars
     for action in parser._actions:
         if action.type not in (int, float):
             continue
-        value = getattr(args, action.dest, None)
+        value = args.value(action.dest) if action.dest != "help" else None
         values = value if isinstance(value, (list, tuple)) else [value]
         for v in values:
             if isinstance(v, float) and not math.isfinite(v):
@@ -59,7 +59,7 @@ def check_finite_numbers(args: argparse.Namespace, parser: argparse.ArgumentPars
                     f"number")
 
 
-def check_tunables(args: argparse.Namespace, parser: argparse.ArgumentParser,
+def check_tunables(args: LaunchOptions, parser: argparse.ArgumentParser,
                    tunable_flags: Mapping[str, tuple], tunable_env: Mapping[str, str],
                    environ: Optional[Mapping[str, str]] = None) -> cfg.Config:
     """Build the ranks' Config from the launcher's side and refuse it as the ranks would.
@@ -80,7 +80,7 @@ def check_tunables(args: argparse.Namespace, parser: argparse.ArgumentParser,
         return cfg.Config.from_env(merged, warn=False)
     except cfg.HvdliteSettingError as exc:
         for dest, (var, _) in tunable_flags.items():
-            value = getattr(args, dest, None)
+            value = args.value(dest)
             if var == exc.variable and value is not None:
                 raise HvdliteConfigError(
                     f"{setting_name(args, parser, dest)} {_show(value)}: the value must be "
