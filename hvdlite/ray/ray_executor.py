@@ -118,12 +118,14 @@ class RayExecutor:
                  gpus_per_worker: Optional[int] = None, min_workers: Optional[int] = None,
                  max_workers: Optional[int] = None, reset_limit: Optional[int] = None,
                  cooldown_range=None,
-                 elastic_timeout: float = elastic_settings.DEFAULT_ELASTIC_TIMEOUT_S,
+                 elastic_timeout: Optional[float] = None,
                  override_discovery: bool = True):
         if use_gpu or gpus_per_worker:
             raise ValueError("RayExecutor: use_gpu / gpus_per_worker: hvdlite works on CPU "
                              "tensors")
         self._elastic = None
+        self._elastic_timeout = elastic_settings.check_elastic_timeout(
+            elastic_timeout, "RayExecutor: elastic_timeout")
         if min_workers is not None or max_workers is not None:
             if num_hosts is not None:
                 raise ValueError("RayExecutor: an elastic job (min_workers / max_workers) "
@@ -131,7 +133,7 @@ class RayExecutor:
             first = num_workers if num_workers is not None else (min_workers or 1)
             self._elastic = elastic_settings.validate(
                 np=first, min_np=min_workers, max_np=max_workers,
-                elastic_timeout_s=elastic_timeout, reset_limit=reset_limit,
+                reset_limit=reset_limit,
                 cooldown_range=cooldown_range, slots_per_host=None, discovery_script=None,
                 fixed_hosts=False, mpi=False)
             num_workers = first
@@ -387,7 +389,7 @@ class RayExecutor:
                                                 lambda: job.job_env(False, with_key=True),
                                                 self._cpus, job.wake),
             store_address=driver_ip, name="RayExecutor.run",
-        ).with_start_timeout(self.settings.timeout_s)
+        ).with_start_timeout(self.settings.timeout_s).with_elastic_timeout(self._elastic_timeout)
         result = run_job(spec)
         if not result.ok:
             why = "; ".join(f"{h}:{lr}: {w.splitlines()[0] if w else '?'}"

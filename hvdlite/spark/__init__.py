@@ -130,8 +130,11 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
     timeout = _start_timeout(start_timeout)
     sc = spark_job.spark_context()
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
+    elastic_timeout = _settings.check_elastic_timeout(elastic_timeout,
+                                                      "hvdlite.spark.run_elastic: elastic_timeout")
     settings = _settings.validate(
         np=count, min_np=min_num_proc, max_np=count if max_num_proc is None else max_num_proc,
-        elastic_timeout_s=elastic_timeout, reset_limit=reset_limit, cooldown_range=None,
+        reset_limit=reset_limit, cooldown_range=None,
         slots_per_host=None, discovery_script=None, fixed_hosts=False, mpi=False)
-    return spark_job.run_elastic_job(sc, fn, args, kwargs, settings, timeout, env)
+    return spark_job.run_elastic_job(sc, fn, args, kwargs, settings, timeout, env,
+                                     elastic_timeout)

@@ -237,14 +237,15 @@ def run_static(sc, fn, args, kwargs, num_proc: int, start_timeout_s: float,
 
 
 def run_elastic_job(sc, fn, args, kwargs, settings: JobSettings, start_timeout_s: float,
-                    env: Optional[Dict[str, str]]) -> List[Any]:
+                    env: Optional[Dict[str, str]],
+                    elastic_timeout_s: Optional[float] = None) -> List[Any]:
     """Single-task Spark jobs kept alive under the elastic agent (see
-    :func:`hvdlite.spark.run_elastic`)."""
+    :func:`hvdlite.spark.run_elastic`; ``elastic_timeout_s`` None: the tunable's)."""
     target = settings.max_np or settings.np
     job = SparkJob(sc, fn, args, kwargs, env, start_timeout_s, target)
     job.pool.number_slots = True
     spec = job.spec(settings.np, "hvdlite.spark.run_elastic", hosts=[], elastic=settings,
-                    host_source=SparkTaskHosts(job.pool))
+                    host_source=SparkTaskHosts(job.pool)).with_elastic_timeout(elastic_timeout_s)
     make_tasks = spec.starter
     keeper: Optional[_Keeper] = None
 

@@ -236,15 +236,15 @@ def test_elastic_flags_to_settings(tmp_path, monkeypatch):
                   script, "--slots-per-host", "2", "--elastic-timeout", "30", "--reset-limit",
                   "5", "--blacklist-cooldown-range", "10", "20", KV])
     e = s.elastic
-    assert (e.np, e.min_np, e.max_np, e.elastic_timeout_s, e.reset_limit, e.cooldown_range) \
-        == (3, 2, 4, 30.0, 5, (10.0, 20.0))
+    assert (e.np, e.min_np, e.max_np, s.tunables.elastic_timeout_s, e.reset_limit,
+            e.cooldown_range) == (3, 2, 4, 30.0, 5, (10.0, 20.0))
     assert s.discovery_script == script and s.slots_per_host == 2 and s.hosts == []
     assert s.tunable_env()[cfg.CPU_OPERATIONS] == "gloo"
     # Horovod's defaults: 600 s, no reset limit, no cooldown; -np from --min-np
     s = settings(["--min-num-proc", "2", "--max-num-proc", "3", "-H", "localhost:3", KV])
     e = s.elastic
-    assert (e.np, e.min_np, e.max_np, e.elastic_timeout_s, e.reset_limit, e.cooldown_range) \
-        == (2, 2, 3, 600.0, None, None)
+    assert (e.np, e.min_np, e.max_np, s.tunables.elastic_timeout_s, e.reset_limit,
+            e.cooldown_range) == (2, 2, 3, 600.0, None, None)
     assert s.discovery_script is None and s.hosts[0].slots == 3
     # static jobs stay static; the job's own HVDLITE_ELASTIC never travels
     assert settings(["-np", "2", KV]).elastic is None

@@ -181,10 +181,9 @@ class Job:
         self.workers = workers or FakeWorkers()
         self.rounds = FakeRounds()
         settings = JobSettings(np=np, min_np=min_np or np, max_np=max_np,
-                                   elastic_timeout_s=timeout, reset_limit=reset_limit,
-                                   cooldown_range=cooldown)
+                               reset_limit=reset_limit, cooldown_range=cooldown)
         self.driver = Agent(settings, discovery, self.workers, self.rounds,
-                            discovery_interval_s=INTERVAL)
+                            discovery_interval_s=INTERVAL, elastic_timeout_s=timeout)
         self.workers.on_exit = self.driver.wake
         self.code = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -802,8 +801,8 @@ def test_task_workers_through_local_tasks(capfd, caplog):
 
     spec = JobSpec(np=3, hosts=hosts, command=[sys.executable, worker, "--fail",
                                                "localhost:1", "--done-after", "1"],
-                   elastic=JobSettings(np=3, min_np=1, elastic_timeout_s=20),
-                   host_source=FixedHosts(hosts), starter=starter)
+                   elastic=JobSettings(np=3, min_np=1),
+                   host_source=FixedHosts(hosts), starter=starter).with_elastic_timeout(20)
     try:
         code = run_job(spec).exit_code
     finally:

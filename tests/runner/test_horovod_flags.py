@@ -164,9 +164,9 @@ def test_launcher_reads_horovod_timeouts_and_flags_win(monkeypatch):
     monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "77")
     assert settings(["-np", "1", KV]).start_timeout_s == 45.0
     assert settings(["--start-timeout", "9", "-np", "1", KV]).start_timeout_s == 9.0
-    assert settings(["--min-np", "1", "-np", "1", KV]).elastic.elastic_timeout_s == 77.0
+    assert settings(["--min-np", "1", "-np", "1", KV]).tunables.elastic_timeout_s == 77.0
     assert settings(["--min-np", "1", "--elastic-timeout", "5", "-np", "1",
-                     KV]).elastic.elastic_timeout_s == 5.0
+                     KV]).tunables.elastic_timeout_s == 5.0
     monkeypatch.setenv(cfg.START_TIMEOUT, "50")                # ours wins over Horovod's
     assert settings(["-np", "1", KV]).start_timeout_s == 50.0
     monkeypatch.setenv("HOROVOD_START_TIMEOUT", "soon")

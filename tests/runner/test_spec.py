@@ -6,6 +6,7 @@ import sys
 
 from hvdlite.common import config as cfg
 from hvdlite.common.config import tunables
+from hvdlite.runner.agent.settings import JobSettings, check_elastic_timeout
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli import launch
 
@@ -25,6 +26,9 @@ def test_the_spec_stores_no_setting_its_config_holds():
     config_fields = {f.name for f in dataclasses.fields(cfg.Config)}
     assert {t.field for t in tunables.TUNABLES} <= config_fields
     assert spec_fields & {t.field for t in tunables.TUNABLES} == set()
+    # nor the elastic settings it carries (the elastic timeout was once kept in both)
+    settings_fields = {f.name for f in dataclasses.fields(JobSettings)}
+    assert settings_fields & {t.field for t in tunables.TUNABLES} == set()
     spec = _spec("--cycle-time-ms", "3", "--start-timeout", "12", "--mpi")
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
@@ -107,3 +111,18 @@ def test_launch_options_built_in_code_are_checked_like_flags():
     with pytest.raises(HvdliteConfigError, match="--fusion-threshold-mb -1"):
         launch.spec_from_args(LaunchOptions(np=1, command=[sys.executable, KV],
                                             tunable_values={"fusion_threshold_mb": -1.0}))
+
+
+def test_an_elastic_timeout_is_kept_in_the_tunables_alone():
+    """--elastic-timeout is the tunable's flag: the spec's Config holds it, the ranks'
+    variable is derived from it, and a platform's argument is checked by the same rule."""
+    import pytest
+    from hvdlite.common.exceptions import HvdliteConfigError
+    spec = _spec("--min-np", "1", "--elastic-timeout", "42")
+    assert spec.tunables.elastic_timeout_s == 42.0
+    assert spec.tunable_env()[cfg.ELASTIC_TIMEOUT] == "42.0"
+    assert JobSpec(np=1, hosts=[], command=[]).with_elastic_timeout(7).tunables \
+        .elastic_timeout_s == 7.0
+    assert check_elastic_timeout(None, "x") is None
+    with pytest.raises(HvdliteConfigError, match=r"RayExecutor: elastic_timeout=-1: "):
+        check_elastic_timeout(-1, "RayExecutor: elastic_timeout")

@@ -223,8 +223,11 @@ TUNABLES: Tuple[Tunable, ...] = (
         "elastic jobs: how long to wait for --min-np slots (and a worker for its next "
         "rendezvous round) before failing", unit="s",
         horovod=("HOROVOD_ELASTIC_TIMEOUT",), range=_POSITIVE_S,
+        flags=(Option(("--elastic-timeout",), "SECONDS",
+                      help="how long to wait for --min-np slots before failing"),),
+        group="elastic arguments", launcher_reads_env=True,
         readme_flags="`--elastic-timeout` (elastic jobs)",
-        note="the launcher reads it too and sets it for the workers"),
+        note="the launcher's wait for slots, and each worker's for its next round"),
     Tunable(
         "discovery_settle_s", float, 5.0, "HVDLITE_DISCOVERY_SETTLE_SECONDS",
         "elastic jobs with --host-discovery-script: a host that appears (new, back after it "

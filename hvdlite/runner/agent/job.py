@@ -153,7 +153,8 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter,
                         stack_lines=outside_stack_lines, op_timeout_s=spec.tunables.op_timeout_s,
                         write=to_stderr) if starter.needs_rendezvous else None
     job.agent = Agent(spec.settings, _damped(spec, source), starter, job.rounds,
-                      op_timeout_s=spec.tunables.op_timeout_s, wedges=wedges)
+                      op_timeout_s=spec.tunables.op_timeout_s, wedges=wedges,
+                      elastic_timeout_s=spec.tunables.elastic_timeout_s)
     _take_outside_stacks(job, starter)
     metrics = None
     try:

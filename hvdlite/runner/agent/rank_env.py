@@ -21,7 +21,7 @@ FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 #: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
 _JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
               cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC, cfg.ELASTIC_TIMEOUT,
+              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC,
               cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS}
 _HOROVOD_IDENTITY = set(cfg.HOROVOD_ALIASES.values())
 
@@ -64,8 +64,6 @@ def shared_env(spec: JobSpec, store: Tuple[str, int], job_id: str, key: bytes,
                 cfg.JOB_ID: job_id})
     if not spec.settings.static:
         env[cfg.ELASTIC] = "1"
-        # a survivor waits this long for the round after a failure (as the agent does)
-        env[cfg.ELASTIC_TIMEOUT] = repr(float(spec.settings.elastic_timeout_s))
     if local or with_key:
         env[cfg.SECRET_KEY] = key.hex()
     if local:

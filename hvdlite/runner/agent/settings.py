@@ -10,11 +10,8 @@ import dataclasses
 import os
 from typing import Optional, Sequence, Tuple
 
-from hvdlite.common.config import tunables
+from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteConfigError
-
-#: Horovod's default for --elastic-timeout, from the tunables' table
-DEFAULT_ELASTIC_TIMEOUT_S = tunables.BY_FIELD["elastic_timeout_s"].default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +21,6 @@ class JobSettings:
     np: int                                     # -np: the first round waits for this many
     min_np: int                                 # --min-np
     max_np: Optional[int] = None                # --max-np (None: no cap)
-    elastic_timeout_s: float = DEFAULT_ELASTIC_TIMEOUT_S
     reset_limit: Optional[int] = None           # --reset-limit (None: unlimited)
     cooldown_range: Optional[Tuple[float, float]] = None   # --blacklist-cooldown-range
     #: a static job: exactly ``np`` ranks, no rounds after the first, and a failed rank
@@ -37,8 +33,24 @@ class JobSettings:
         return cls(np=np, min_np=np, max_np=np, reset_limit=0, static=True)
 
 
+def check_elastic_timeout(seconds: Optional[float], name: str) -> Optional[float]:
+    """A platform's elastic-timeout argument ``name``, checked by the tunable's own rule
+    before anything starts (the job stores it in its tunables: ``JobSpec.with_elastic_timeout``).
+
+    Raises:
+        HvdliteConfigError: names the argument, its value and the allowed range.
+    """
+    if seconds is None:
+        return None
+    try:
+        cfg.Config().replace(elastic_timeout_s=float(seconds))
+    except cfg.HvdliteSettingError as exc:
+        raise HvdliteConfigError(f"{name}={seconds!r}: {exc.reason}") from None
+    return float(seconds)
+
+
 def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
-             elastic_timeout_s: Optional[float], reset_limit: Optional[int],
+             reset_limit: Optional[int],
              cooldown_range: Optional[Sequence[float]], slots_per_host: Optional[int],
              discovery_script: Optional[str], fixed_hosts: bool, mpi: bool) -> JobSettings:
     """Check the elastic flags of one launch (``np`` >= 1 is already checked).
@@ -66,9 +78,6 @@ def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
             f"{'unlimited' if max_np is None else max_np}")
     if slots_per_host is not None and slots_per_host < 1:
         raise HvdliteConfigError(f"--slots-per-host {slots_per_host}: must be at least 1")
-    timeout = DEFAULT_ELASTIC_TIMEOUT_S if elastic_timeout_s is None else elastic_timeout_s
-    if timeout < 0:
-        raise HvdliteConfigError(f"--elastic-timeout {timeout:g}: must be >= 0 seconds")
     if reset_limit is not None and reset_limit < 0:
         raise HvdliteConfigError(f"--reset-limit {reset_limit}: must be >= 0")
     cooldown = None
@@ -84,5 +93,5 @@ def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
         if not os.access(discovery_script, os.X_OK):
             raise HvdliteConfigError(
                 f"--host-discovery-script {discovery_script}: not executable (chmod +x it)")
-    return JobSettings(np=np, min_np=min_np, max_np=max_np, elastic_timeout_s=timeout,
-                           reset_limit=reset_limit, cooldown_range=cooldown)
+    return JobSettings(np=np, min_np=min_np, max_np=max_np, reset_limit=reset_limit,
+                       cooldown_range=cooldown)

@@ -98,6 +98,16 @@ class JobSpec:
         self.tunables = self.tunables.replace(start_timeout_s=float(seconds))
         return self
 
+    def with_elastic_timeout(self, seconds: Optional[float]) -> "JobSpec":
+        """This spec with ``seconds`` as the elastic timeout (None: as it is).
+
+        Raises:
+            HvdliteConfigError: not a number of seconds in the tunable's range.
+        """
+        if seconds is not None:
+            self.tunables = self.tunables.replace(elastic_timeout_s=float(seconds))
+        return self
+
     def tunable_env(self) -> Dict[str, str]:
         """The ``HVDLITE_*`` variables that give the ranks :attr:`tunables`, beside what
         they inherit (this process's environment and ``-x``); derived, never stored."""

@@ -80,6 +80,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
+from hvdlite.common.config import tunables
 from hvdlite.common.exceptions import HvdliteLaunchError
 from hvdlite.runner.agent import blame
 from hvdlite.runner.agent.hostset import HostSet, describe_partition, keep_reachable
@@ -199,8 +200,11 @@ class Agent:
                  starter: Starter, rounds: Publisher,
                  discovery_interval_s: Optional[float] = None,
                  op_timeout_s: Optional[float] = None,
-                 wedges: Optional[WedgeWatch] = None):
+                 wedges: Optional[WedgeWatch] = None,
+                 elastic_timeout_s: float = tunables.BY_FIELD["elastic_timeout_s"].default):
         self.settings = settings
+        #: --elastic-timeout: the longest wait for --min-np slots, and for a worker's round
+        self.elastic_timeout_s = elastic_timeout_s
         #: members alive but not progressing (None: no liveness, e.g. no store)
         self._wedges = wedges
         self._starter = starter
@@ -257,7 +261,7 @@ class Agent:
         if not self.settings.static:
             log.info("elastic job: -np %d, --min-np %d, --max-np %s, --elastic-timeout %gs, "
                      "--reset-limit %s", self.settings.np, self.settings.min_np,
-                     self.settings.max_np or "none", self.settings.elastic_timeout_s,
+                     self.settings.max_np or "none", self.elastic_timeout_s,
                      "none" if self.settings.reset_limit is None else self.settings.reset_limit)
         try:
             while self.state not in FINAL:
@@ -310,7 +314,7 @@ class Agent:
         if back is not None:
             waits.append(back)
         if self.state is JobState.WAITING_FOR_SLOTS and self._wait_since is not None:
-            waits.append(self._wait_since + self.settings.elastic_timeout_s - time.monotonic())
+            waits.append(self._wait_since + self.elastic_timeout_s - time.monotonic())
         return max(0.0, min(waits))
 
     def _set_state(self, new: JobState, why: str) -> None:
@@ -402,10 +406,10 @@ class Agent:
         ready = self._rounds.ready()
         now = time.monotonic()
         late = [sid for sid, w in standby if sid not in ready
-                and now - w.since > self.settings.elastic_timeout_s]
+                and now - w.since > self.elastic_timeout_s]
         for sid in late:
             self._standby_failed(sid, f"did not reach init() within --elastic-timeout "
-                                      f"{self.settings.elastic_timeout_s:g}s")
+                                      f"{self.elastic_timeout_s:g}s")
         self._stop(late)
 
     def _end_frozen(self) -> None:
@@ -685,7 +689,7 @@ class Agent:
 
     def _timed_out(self) -> bool:
         return (self._wait_since is not None
-                and time.monotonic() - self._wait_since >= self.settings.elastic_timeout_s)
+                and time.monotonic() - self._wait_since >= self.elastic_timeout_s)
 
     def _step_waiting(self) -> None:
         plan = self._plan()
@@ -696,7 +700,7 @@ class Agent:
         have = 0 if plan is None else len(plan)
         if self._timed_out():
             self._fail(f"{self._shortage(have)}, and no more became available within "
-                       f"--elastic-timeout {self.settings.elastic_timeout_s:g}s", FAILED_EXIT)
+                       f"--elastic-timeout {self.elastic_timeout_s:g}s", FAILED_EXIT)
         elif self._poller.hosts is not None and not self._may_get_more():
             why = "a fixed host list" + ("" if self.settings.cooldown_range
                                          else " and no --blacklist-cooldown-range")
@@ -713,7 +717,7 @@ class Agent:
         self._last_wait_log = now
         left = ("" if self._wait_since is None else
                 f"; --elastic-timeout ends the job in "
-                f"{max(0.0, self._wait_since + self.settings.elastic_timeout_s - now):.0f}s")
+                f"{max(0.0, self._wait_since + self.elastic_timeout_s - now):.0f}s")
         source = ("waiting for the host source's first answer" if self._poller.hosts is None
                   else self._shortage(have))
         log.warning("round %d: waiting for %s: %s%s", self.round,

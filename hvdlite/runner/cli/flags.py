@@ -16,9 +16,7 @@ import dataclasses
 import functools
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
-from hvdlite.common import config as cfg
 from hvdlite.common.config import tunables
-from hvdlite.runner.agent.settings import DEFAULT_ELASTIC_TIMEOUT_S
 
 
 #: flag dest -> (HVDLITE_* variable, parsed value -> the variable's text, None: sets nothing),
@@ -111,9 +109,6 @@ class Group:
 
 _SWITCH = {"action": "store_true"}
 _CONTROLLER_DEFAULT = "--gloo, or --mpi where only MPI is available"
-_ELASTIC_TIMEOUT_DEFAULT = (
-    f"{' or '.join((cfg.ELASTIC_TIMEOUT,) + cfg.horovod_twins(cfg.ELASTIC_TIMEOUT))}, else "
-    f"{DEFAULT_ELASTIC_TIMEOUT_S:.0f}")
 
 #: every flag that is not a tunable, section by section, in --help's order
 GROUPS: Tuple[Group, ...] = (
@@ -225,8 +220,6 @@ GROUPS: Tuple[Group, ...] = (
         Flag(("--host-discovery-script",), "executable printing the available hosts, one "
              "'host[:slots]' per line; run about once a second",
              "none: the -H/--hostfile list is fixed", {"metavar": "FILE"}),
-        Flag(("--elastic-timeout",), "how long to wait for --min-np slots before failing",
-             _ELASTIC_TIMEOUT_DEFAULT, {"type": float, "metavar": "SECONDS"}),
         Flag(("--reset-limit",), "fail once the job would need more than N resets",
              "no limit", {"type": int, "metavar": "N"}),
         Flag(("--blacklist-cooldown-range",),

@@ -162,10 +162,8 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
     elastic_settings = _elastic_settings(args, np, elastic, config)
-    if elastic_settings is not None:
-        if elastic_settings.max_np is None:
-            elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
-        config = config.replace(elastic_timeout_s=elastic_settings.elastic_timeout_s)
+    if elastic_settings is not None and elastic_settings.max_np is None:
+        elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
     command = _resolve_command(list(args.command))
     hosts = _hosts(args, np, allocation, static=not elastic)
     _check_interpreter(command, hosts, config.allow_other_interpreter)
@@ -337,12 +335,8 @@ def _elastic_settings(args: LaunchOptions, np: int, elastic: bool,
                     f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
                     f"--host-discovery-script, or drop it")
         return None
-    # the flag, else the variable (horovodrun reads it too) as the Config already read it
-    timeout = args.elastic_timeout if args.elastic_timeout is not None \
-        else config.elastic_timeout_s
     return validate(
-        np=np, min_np=args.min_np, max_np=args.max_np,
-        elastic_timeout_s=timeout, reset_limit=args.reset_limit,
+        np=np, min_np=args.min_np, max_np=args.max_np, reset_limit=args.reset_limit,
         cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
         discovery_script=args.host_discovery_script,
         fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)

@@ -58,7 +58,6 @@ class LaunchOptions:
     max_np: Optional[int] = None
     slots_per_host: Optional[int] = None
     host_discovery_script: Optional[str] = None
-    elastic_timeout: Optional[float] = None
     reset_limit: Optional[int] = None
     blacklist_cooldown_range: Optional[List[float]] = None
     command: List[str] = dataclasses.field(default_factory=list)
