@@ -1,9 +1,9 @@
 """What the agent's loop needs to know about a job's size and failures: :class:`JobSettings`.
 
-A static job is :meth:`JobSettings.static` (``-np`` slots, no resets: the first
-failure ends it); an elastic job's flags are checked once at launch by
-:func:`validate`.  Kept apart from ``launch.py`` (which only maps argparse onto
-:func:`validate`) so the launcher stays a thin dispatcher.
+A static job is :meth:`JobSettings.static_job` (``-np`` slots, no resets: the first
+failure ends it); an elastic job's flags are checked once at launch by :func:`validate`.
+The elastic timeout is a tunable: it lives in the job's ``Config`` (a platform's argument
+is checked by :func:`check_elastic_timeout`), not here.
 """
 
 import dataclasses
