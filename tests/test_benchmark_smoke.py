@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import launching
+
 REPO = Path(__file__).resolve().parent.parent
 IMPLS = {"hvdlite_fusion", "hvdlite_optimizer", "hvdlite_nofusion", "hvdlite_noshm", "torch_per_tensor",
          "torch_per_tensor_sync", "torch_flat", "memcpy_floor"}
@@ -19,13 +21,9 @@ WORKLOADS = {"resnet50", "bert", "tiny1000", "big64mb"}
 @pytest.mark.timeout(120)
 def test_allreduce_benchmark_smoke(tmp_path):
     out_json = tmp_path / "allreduce.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
-           str(REPO / "benchmarks" / "allreduce.py"), "--iters", "1", "--warmup", "1",
-           "--rounds", "1", "--bert-layers", "1", "--json", str(out_json)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=110)
+    proc = launching.run(["-np", "2", sys.executable, REPO / "benchmarks" / "allreduce.py",
+                          "--iters", "1", "--warmup", "1", "--rounds", "1", "--bert-layers", "1",
+                          "--json", out_json], timeout=110, pythonpath=[REPO])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "x flat" in out, out[-4000:]          # rank 0 printed the table

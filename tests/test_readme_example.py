@@ -2,10 +2,11 @@
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests import launching
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,8 +22,7 @@ def _example() -> str:
 def test_the_readme_example_learns(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_example())
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable,
-                        str(script)], capture_output=True, text=True, timeout=170, cwd=REPO)
+    r = launching.run(["-np", "2", sys.executable, script], timeout=170)
     assert r.returncode == 0, r.stdout + r.stderr
     losses = [float(x) for x in re.findall(r"^\[0\]<stdout>:epoch \d: loss ([\d.]+)$",
                                            r.stdout, re.M)]

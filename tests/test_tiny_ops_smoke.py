@@ -3,12 +3,12 @@ torch baseline), writes its rows with their ratios to the baseline and the machi
 and every rank's tensors hold the right averages afterwards."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import launching
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,13 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(90)
 def test_tiny_ops_benchmark_smoke(tmp_path):
     out_json = tmp_path / "tiny.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
-           str(REPO / "benchmarks" / "tiny_ops.py"), "--tensors", "50", "--floats", "8",
-           "--steps", "2", "--warmup", "1", "--rounds", "1", "--json", str(out_json)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=80)
+    proc = launching.run(["-np", "2", sys.executable, REPO / "benchmarks" / "tiny_ops.py",
+                          "--tensors", "50", "--floats", "8", "--steps", "2", "--warmup", "1",
+                          "--rounds", "1", "--json", out_json], timeout=80, pythonpath=[REPO])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     data = json.loads(out_json.read_text())

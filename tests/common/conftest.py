@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(ROOT, "tests", "common", "workers")
 BIN = os.path.dirname(sys.executable)
@@ -14,22 +16,17 @@ BIN = os.path.dirname(sys.executable)
 
 def worker_env(extra=None):
     """This environment for a worker process: the repository importable, no stale rank."""
-    env = dict(os.environ)
-    env.pop("HVDLITE_RANK", None)
-    env.pop("HVDLITE_SIZE", None)
-    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra or {})
-    return env
+    return launching.environment({"PYTHONUNBUFFERED": "1", **(extra or {})},
+                                 pythonpath=[ROOT])
 
 
 def run_job(np, script, *args, env=None, timeout=180, launcher="hvdlite"):
     """Run ``script`` on ``np`` ranks through hvdlite-run, mpiexec, or as one plain process."""
     path = os.path.join(WORKERS, script)
     if launcher == "hvdlite":
-        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np), sys.executable,
-               path, *args]
+        return launching.run(["-np", np, sys.executable, path, *args],
+                             env={"PYTHONUNBUFFERED": "1", **(env or {})}, timeout=timeout,
+                             pythonpath=[ROOT])
     elif launcher == "mpiexec":
         mpiexec = shutil.which("mpiexec", path=BIN) or shutil.which("mpiexec")
         if mpiexec is None:

@@ -11,11 +11,11 @@ import sys
 import time
 import uuid
 
-import psutil
 import pytest
 
 from hvdlite.common.backend import shm, shm_leftovers
-from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
+from tests import launching
+from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job
 
 CHECKS = ["allreduce", "scaling", "many_fused", "broadcast_allgather_alltoall"]
 SMALL_SLOTS = {"HVDLITE_FUSION_CHUNK_BYTES": "4096", "HVDLITE_INPLACE_THRESHOLD": "0"}
@@ -62,28 +62,24 @@ def test_turned_off_runs_over_gloo():
 @pytest.mark.timeout(200)
 def test_two_hosts_hierarchical(sshd):
     before = set(shm_leftovers.leftover_segments())
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "4",
-           "-H", "127.0.0.1:2,127.0.0.2:2", *sshd.ssh_args(),
-           sys.executable, os.path.join(WORKERS, "shm_worker.py")]
-    proc = subprocess.run(cmd, env=worker_env(HOST_SLOTS), cwd=ROOT, capture_output=True,
-                          text=True, timeout=180)
+    proc = launching.run(["-np", "4", "-H", "127.0.0.1:2,127.0.0.2:2", *sshd.ssh_args(),
+                          sys.executable, os.path.join(WORKERS, "shm_worker.py")],
+                         env={"PYTHONUNBUFFERED": "1", **HOST_SLOTS}, pythonpath=[ROOT],
+                         cwd=ROOT, timeout=180)
     assert_ok(proc, CHECKS, [0, 1, 2, 3])
     assert _transports(proc.stdout) == [(str(r), "1", "1") for r in range(4)]
     assert _new_segments(before) == []
 
 
 def _launch_sleeping(np_, tag):
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np_), sys.executable,
-           os.path.join(WORKERS, "shm_worker.py"), "--only", "many_fused", "--sleep", "60",
-           "--tag", tag]
-    return subprocess.Popen(cmd, env=worker_env(SMALL_SLOTS), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return launching.start(["-np", np_, sys.executable, os.path.join(WORKERS, "shm_worker.py"),
+                            "--only", "many_fused", "--sleep", "60", "--tag", tag],
+                           env={"PYTHONUNBUFFERED": "1", **SMALL_SLOTS}, pythonpath=[ROOT],
+                           cwd=ROOT, stderr=subprocess.STDOUT)
 
 
 def _ranks_of(tag):
-    return [p for p in psutil.process_iter(["cmdline"])
-            if tag in (p.info["cmdline"] or []) and "shm_worker.py" in " ".join(
-                p.info["cmdline"] or []) and "hvdlite.runner.cli.launch" not in p.info["cmdline"]]
+    return [p for p in launching.leftovers(tag) if "shm_worker.py" in " ".join(p.info["cmdline"])]
 
 
 def _wait_for(cond, timeout_s):

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from hvdlite.common.backend import shm, shm_leftovers
-from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job, worker_env
+from tests import launching
+from tests.common.conftest import ROOT, WORKERS, assert_ok, run_job
 
 
 class _Job:
@@ -24,11 +25,10 @@ class _Job:
 
     def __init__(self, *args):
         self.tag = uuid.uuid4().hex
-        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
-               os.path.join(WORKERS, "shm_worker.py"), "--only", "many_fused", "--tag",
-               self.tag, *args]
-        self.proc = subprocess.Popen(cmd, env=worker_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = launching.start(
+            ["-np", "2", sys.executable, os.path.join(WORKERS, "shm_worker.py"), "--only",
+             "many_fused", "--tag", self.tag, *args], env={"PYTHONUNBUFFERED": "1"},
+            pythonpath=[ROOT], cwd=ROOT, stderr=subprocess.STDOUT)
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -46,13 +46,11 @@ class _Job:
     def ranks(self):
         """The job's rank processes by local rank."""
         found = {}
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = p.info["cmdline"] or []
-            if self.tag in cmd and "hvdlite.runner.cli.launch" not in cmd:
-                try:
-                    found[int(p.environ()["HVDLITE_LOCAL_RANK"])] = p
-                except (psutil.Error, KeyError):
-                    continue
+        for p in launching.leftovers(self.tag):
+            try:
+                found[int(p.environ()["HVDLITE_LOCAL_RANK"])] = p
+            except (psutil.Error, KeyError):
+                continue
         return found
 
     def end(self):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests import launching
 from tests.testbed import Testbed, TestbedUnavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,13 +32,12 @@ class Job:
     """``hvdlite-run`` started on a testbed host, its output lines timestamped."""
 
     def __init__(self, tb, host, launcher_args, script, script_args=(), env=None):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get(
-            "PYTHONPATH", "")]), **(env or {}))
-        self.proc = tb.popen(host, [sys.executable, "-m", "hvdlite.runner.cli.launch",
-                                    *launcher_args, *tb.ssh_args(), sys.executable,
-                                    os.path.join(WORKERS, script), *script_args],
+        self.proc = tb.popen(host, launching.command(*launcher_args, *tb.ssh_args(),
+                                                     sys.executable,
+                                                     os.path.join(WORKERS, script),
+                                                     *script_args),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             cwd=REPO, env=env)
+                             cwd=REPO, env=launching.environment(env, pythonpath=[REPO]))
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

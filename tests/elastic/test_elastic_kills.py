@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from tests import launching
 from tests.elastic.conftest import check_result
 from tests.elastic.test_elastic_launch import TRAIN, job_factory  # noqa: F401 (fixture)
 
@@ -50,7 +51,7 @@ def _workers():
         try:
             cmd = p.info["cmdline"] or []
             if p.info["status"] != psutil.STATUS_ZOMBIE and any(TRAIN in c for c in cmd) \
-                    and "hvdlite.runner.cli.launch" not in cmd:
+                    and launching.LAUNCHER[-1] not in cmd:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -62,7 +63,7 @@ def _worker_of(host):
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
-            if p.info["status"] == psutil.STATUS_ZOMBIE or "hvdlite.runner.cli.launch" in cmd \
+            if p.info["status"] == psutil.STATUS_ZOMBIE or launching.LAUNCHER[-1] in cmd \
                     or not any(TRAIN in c for c in cmd):
                 continue
             if p.environ().get("HVDLITE_HOSTNAME") == host:

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tests.common.conftest import ROOT, worker_env
+from tests import launching
+from tests.common.conftest import ROOT
 from tests.elastic.conftest import WORKERS, check_result
 from tests.runner.conftest import procs_with, wait_gone
 
@@ -39,13 +40,14 @@ class Job:
         script.chmod(0o755)
         self.result = tmp_path / "result.json"
         self.out = tmp_path / "launcher.out"
-        full_env = worker_env({"ELASTIC_STEPS": str(steps), "ELASTIC_OUT": str(self.result)})
-        full_env.update(env or {})
-        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", *flags,
-               "--host-discovery-script", str(script), *(command or [sys.executable, TRAIN])]
+        full_env = {"PYTHONUNBUFFERED": "1", "ELASTIC_STEPS": str(steps),
+                    "ELASTIC_OUT": str(self.result), **(env or {})}
         with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = launching.start(
+                [*flags, "--host-discovery-script", script,
+                 *(command or [sys.executable, TRAIN])], env=full_env, pythonpath=[ROOT],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=False,
+                start_new_session=True)
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")

@@ -2,12 +2,13 @@
 
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
 
 from hvdlite.runner.starters.mpiexec import find_mpiexec
+
+from tests import launching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEAVE = os.path.join(ROOT, "tests", "hardening", "workers", "leave_worker.py")
@@ -19,11 +20,8 @@ pytestmark = [pytest.mark.timeout(90),
 
 
 def _run(mode, hosts=()):
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
-               os.environ.get("PATH", ""))
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", *hosts,
-                        "--op-timeout-seconds", "3", sys.executable, LEAVE, mode],
-                       capture_output=True, text=True, timeout=80, env=env, cwd=ROOT)
+    r = launching.run(["-np", "2", *hosts, "--op-timeout-seconds", "3", sys.executable, LEAVE,
+                       mode], timeout=80, cwd=ROOT)
     last = [ln for ln in r.stderr.splitlines() if ln.startswith("hvdlite-run:")]
     return r.returncode, last[-1] if last else r.stderr
 
@@ -85,11 +83,7 @@ def test_remote_rank_that_left_or_stopped_is_named(sshd, mode, seen):
 
 def test_over_long_name_is_refused_and_the_runtime_keeps_working():
     worker = os.path.join(ROOT, "tests", "hardening", "workers", "long_name_worker.py")
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep +
-               os.environ.get("PATH", ""))
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
-                        sys.executable, worker], capture_output=True, text=True, timeout=80,
-                       env=env, cwd=ROOT)
+    r = launching.run(["-np", "2", sys.executable, worker], timeout=80, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     for rank in (0, 1):
         assert f"[{rank}]<stdout>:REFUSED" in r.stdout and "limited to 4096" in r.stdout

@@ -4,7 +4,6 @@ printable."""
 
 import os
 import resource
-import subprocess
 import sys
 import textwrap
 import time
@@ -21,17 +20,16 @@ from hvdlite.runner.hosts.slots import HostSlots
 from hvdlite.runner.hosts.source import HostDiscoveryError
 from hvdlite.runner.tasks.ssh import SSHOptions, agent_task
 
+from tests import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(60)
 
 
 def _launch(args, env=None, timeout=30):
     """Run the launcher; returns (result, seconds)."""
-    full = dict(os.environ, PYTHONPATH=ROOT)
-    full.update(env or {})
     started = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", *args],
-                       capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
+    r = launching.run(args, env=env, timeout=timeout, pythonpath=[ROOT], cwd=ROOT)
     return r, time.monotonic() - started
 
 

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from tests import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(ROOT, "tests", "hardening", "workers")
 FLOOD = os.path.join(WORKERS, "flood.py")
@@ -34,10 +36,8 @@ def _attacked_job(tmp_path, hosts=(), conns=1000, fuzz_seed=None, steps=3, secon
     """Run ``hvdlite-run -np 2`` under attack; return (launcher result, attacker stats, s)."""
     ready = str(tmp_path / "attack-on")
     t0 = time.monotonic()
-    job = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", *hosts,
-                            "--start-timeout", "30", sys.executable, RANK, ready, str(steps)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=_env(), cwd=str(tmp_path))
+    job = launching.start(["-np", "2", *hosts, "--start-timeout", "30", sys.executable, RANK,
+                           ready, steps], pythonpath=[ROOT], cwd=str(tmp_path))
     fuzz = ["--fuzz", str(fuzz_seed)] if fuzz_seed is not None else []
     attacker = subprocess.Popen([sys.executable, FLOOD, "--pid", str(job.pid), "--cwd",
                                  os.path.realpath(str(tmp_path)), "--ready", ready,

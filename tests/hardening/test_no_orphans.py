@@ -11,6 +11,8 @@ import uuid
 import psutil
 import pytest
 
+from tests import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SILENT = os.path.join(ROOT, "tests", "hardening", "workers", "silent.py")
 BIN = os.path.dirname(sys.executable)
@@ -33,10 +35,8 @@ def _kill_launcher_and_count_survivors(flags, n_ranks, rank_marker=SILENT):
     """Start ``hvdlite-run FLAGS python silent.py TOKEN``, wait for its ranks, SIGKILL it;
     returns the processes with the token still alive 10 s later."""
     token = uuid.uuid4().hex
-    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "hvdlite.runner.cli.launch", *flags, sys.executable, SILENT, token,
-         "300"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    launcher = launching.start([*flags, sys.executable, SILENT, token, "300"],
+                               stdout=subprocess.DEVNULL, text=False, cwd=ROOT)
     survivors = []
     try:
         deadline = time.monotonic() + 40

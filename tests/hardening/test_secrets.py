@@ -12,6 +12,8 @@ import pytest
 
 from hvdlite.common import config as cfg
 
+from tests import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(ROOT, "tests", "hardening", "workers")
 BIN = os.path.dirname(sys.executable)
@@ -30,11 +32,15 @@ def _env(**extra):
     return env
 
 
+def _ours():
+    """This environment's HVDLITE_* names: a job here starts without them."""
+    return [k for k in os.environ if k.startswith(cfg.PREFIX)]
+
+
 def _launch(flags):
-    return subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", *flags, "-np", "2",
-                           "-x", "SECRET_X=hunter2", sys.executable,
-                           os.path.join(WORKERS, "secrets_worker.py")],
-                          capture_output=True, text=True, timeout=110, env=_env(), cwd=ROOT)
+    return launching.run([*flags, "-np", "2", "-x", "SECRET_X=hunter2", sys.executable,
+                          os.path.join(WORKERS, "secrets_worker.py")], timeout=110,
+                         unset=_ours(), cwd=ROOT)
 
 
 @pytest.mark.parametrize("flags", [[], ["--mpi", "--verbose"]], ids=["gloo", "mpi"])
@@ -69,9 +75,8 @@ def test_local_job_binds_gloo_listeners_to_loopback():
     from hvdlite.runner.tasks.nics import loopback_interface
     lo = loopback_interface()
     assert lo
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
-                        sys.executable, os.path.join(WORKERS, "listen_worker.py")],
-                       capture_output=True, text=True, timeout=110, env=_env(), cwd=ROOT)
+    r = launching.run(["-np", "2", sys.executable, os.path.join(WORKERS, "listen_worker.py")],
+                      timeout=110, unset=_ours(), cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     for rank in (0, 1):
         assert f"LISTEN rank={rank} iface={lo} ['127.0.0.1']" in r.stdout, r.stdout

@@ -9,15 +9,14 @@ import threading
 
 import pytest
 
+from tests import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(60)
 
 
 def _launch(args, env=None, timeout=30):
-    full = dict(os.environ)
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", *args],
-                          capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
+    return launching.run(args, env=env, timeout=timeout, cwd=ROOT)
 
 
 def _one_line_error(r):

@@ -5,10 +5,11 @@ whole batches (Lightning, accelerate) or ends with equal weights on both ranks (
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests import launching
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
@@ -18,12 +19,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _launch(*args, timeout=220):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO, WORKERS, env.get("PYTHONPATH", "")])
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable,
-                        *args], capture_output=True, text=True, timeout=timeout, env=env,
-                       cwd=REPO)
+    r = launching.run(["-np", "2", sys.executable, *args], timeout=timeout,
+                      pythonpath=[REPO, WORKERS])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return r
 

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests import launching
 from tests.conftest import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,9 +78,10 @@ def test_torchrun_standalone_reaches_the_weights_of_hvdlite_run(reference):
     under_torchrun = _weights(out)
     assert len(under_torchrun) == 2 and under_torchrun[0] == under_torchrun[1]
 
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner", "-np", "2", sys.executable,
-                        SCRIPT], capture_output=True, text=True, timeout=150, env=_env(),
-                       cwd=REPO)
+    r = launching.run(["-np", "2", sys.executable, SCRIPT], timeout=150,
+                      env={"OMP_NUM_THREADS": "1"}, pythonpath=[REPO],
+                      unset=[k for k in os.environ if k.startswith(("HVDLITE_", "HOROVOD_"))]
+                      + ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     under_hvdlite_run = _weights(r.stdout)
     assert len(under_hvdlite_run) == 2

@@ -1,12 +1,11 @@
 """Helpers for the launcher tests (the real sshd fixture is in tests/conftest.py)."""
 
 import os
-import subprocess
-import sys
 import time
 
 import psutil
 
+from tests import launching
 from tests.conftest import free_port  # noqa: F401  (the launcher tests import it from here)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -16,12 +15,7 @@ WORKERS = os.path.join(HERE, "workers")
 
 def run_launcher(args, timeout=60, env=None, **kw):
     """Run hvdlite-run as a real process; returns CompletedProcess (text)."""
-    full_env = dict(os.environ)
-    full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch"] + list(args),
-                          capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=REPO, **kw)
+    return launching.run(args, env=env, timeout=timeout, **kw)
 
 
 def worker(name: str) -> str:

@@ -9,14 +9,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 
 import pytest
 
-from conftest import REPO, wait_gone, worker
+from conftest import wait_gone, worker
+from tests import launching
 
 EW = worker("elastic_worker.py")
 ANY_TASK = "hvdlite.runner.tasks.task_service"
@@ -26,11 +26,7 @@ class Launch:
     """hvdlite-run as a real process; its lines are collected as they come."""
 
     def __init__(self, args):
-        env = dict(os.environ)
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=REPO, env=env, start_new_session=True)
+        self.proc = launching.start(args, start_new_session=True)
         self.out, self.err = [], []
         self._threads = [threading.Thread(target=self._read, args=(s, dest), daemon=True)
                          for s, dest in ((self.proc.stdout, self.out),

@@ -4,7 +4,6 @@ import importlib.util
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -12,7 +11,9 @@ import uuid
 import psutil
 import pytest
 
-from conftest import REPO, procs_with, run_launcher, wait_gone, worker
+from conftest import procs_with, run_launcher, wait_gone, worker
+
+from tests import launching
 
 KV = worker("kv_worker.py")
 ANY_TASK = "hvdlite.runner.tasks.task_service"
@@ -56,9 +57,7 @@ def _start_and_interrupt(args, tag, n_ready, while_running=None):
     """Start hvdlite-run, wait for ``n_ready`` READY lines, call ``while_running(launcher)``
     (if given, with the launcher's Popen), then SIGINT it and check that every worker is
     gone; returns its stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO, start_new_session=True)
+    proc = launching.start(args, start_new_session=True)
     ready = set()
     lines = []
     done = threading.Event()
@@ -268,10 +267,8 @@ def test_ssh_trains_with_the_runtime(sshd):
 @pytest.mark.timeout(60)
 def test_math_threads_split_between_local_ranks_unless_set():
     import os
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", KV,
-                        "--print-env", "OMP_NUM_THREADS"], capture_output=True, text=True,
-                       timeout=50, env=env, cwd=REPO)
+    r = launching.run(["-np", "2", KV, "--print-env", "OMP_NUM_THREADS"], timeout=50,
+                      unset=["OMP_NUM_THREADS"])
     assert r.returncode == 0, r.stderr
     expect = max(1, (os.cpu_count() or 1) // 2)
     assert r.stdout.count(f"ENV OMP_NUM_THREADS={expect}") == 2, r.stdout

@@ -1,7 +1,6 @@
 """The straggler report and ``--metrics-port`` end to end: real launcher, two ranks."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,8 @@ import urllib.request
 import pytest
 
 from hvdlite.runner.starters.mpiexec import find_mpiexec
-from tests.runner.conftest import REPO, free_port, run_launcher, worker
+from tests import launching
+from tests.runner.conftest import free_port, run_launcher, worker
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -22,11 +22,7 @@ PROMETHEUS = shutil.which("prometheus")
 
 
 def _launch(args):
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=REPO)
+    return launching.start(args, stderr=subprocess.STDOUT)
 
 
 def _get(url: str, timeout: float = 2.0) -> str:

@@ -24,6 +24,7 @@ from hvdlite.runner.starters.mpiexec import (HYDRA, INTEL, OPENMPI, build_comman
 from hvdlite.runner.processes.rank_output import MODULE, mpi_rank, wrapper_command
 
 from conftest import REPO, procs_with, run_launcher, wait_gone, worker
+from tests import launching
 
 pytestmark = pytest.mark.timeout(90)
 HOSTS = [HostSlots("a", 2), HostSlots("b", 1)]
@@ -212,12 +213,8 @@ def _drain(lines: "queue.Queue", timeout_s: float = 10.0):
 def test_mpi_mode_output_is_live_and_tagged(tmp_path):
     script = tmp_path / "slow_printer.py"
     script.write_text(SLOW_PRINTER)
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.pop("PYTHONUNBUFFERED", None)
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch", "--mpi", "-np",
-                             "2", sys.executable, str(script), "-1"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = launching.start(["--mpi", "-np", "2", sys.executable, script, "-1"],
+                           unset=["PYTHONUNBUFFERED"])
     try:
         out_lines, err_lines = _lines_of(proc.stdout), _lines_of(proc.stderr)
         early = []
@@ -249,11 +246,8 @@ def test_mpi_mode_failing_rank_exit_code_and_output_dir(tmp_path):
     script = tmp_path / "slow_printer.py"
     script.write_text(SLOW_PRINTER)
     out_dir = tmp_path / "logs"
-    code = [sys.executable, "-m", "hvdlite.runner", "--mpi", "-np", "2", "--output-filename",
-            str(out_dir), sys.executable, str(script), "1"]
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    r = subprocess.run(code, cwd=REPO, env=env, capture_output=True, text=True, timeout=50)
+    r = launching.run(["--mpi", "-np", "2", "--output-filename", out_dir, sys.executable,
+                       script, "1"], timeout=50)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "rank 1 on host" in r.stderr and "exited with code 3" in r.stderr
     for rank in range(2):
@@ -323,9 +317,7 @@ def test_mpi_job_over_ssh_with_port_and_key(sshd, tmp_path):
 def _run_bounded(cmd, timeout_s, token):
     """``cmd`` in a session of its own, killed whole (and reported as a hang) when it runs
     past ``timeout_s``; returns (returncode, stdout, stderr)."""
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=REPO, env=launching.environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -365,8 +357,8 @@ def test_mpi_stopped_rank_ends_the_job_with_the_named_timeout_error():
     the job ends with a summary and no process left."""
     start = time.monotonic()
     code, out, err = _run_bounded(
-        [sys.executable, "-m", "hvdlite.runner.cli.launch", "--mpi", "-np", "2",
-         "--op-timeout-seconds", "3", worker("mpi_stop_worker.py"), "1"], 60, "mpi_stop_worker")
+        launching.command("--mpi", "-np", "2", "--op-timeout-seconds", "3",
+                          worker("mpi_stop_worker.py"), "1"), 60, "mpi_stop_worker")
     took = time.monotonic() - start
     assert code != 0, out + err
     waited = re.search(r"WAITED rank=0 s=([\d.]+)", out)

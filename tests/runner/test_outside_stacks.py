@@ -26,6 +26,8 @@ from hvdlite.runner.tasks.task_service import TaskService, fit_reply
 
 from conftest import REPO, worker
 
+from tests import launching
+
 needs_py_spy = pytest.mark.skipif(py_spy.find_py_spy() is None,
                                   reason="py-spy is not installed (pip install py-spy)")
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
@@ -312,11 +314,7 @@ class _Launch:
     """hvdlite-run as a child process; its output lines collected as they arrive."""
 
     def __init__(self, args):
-        env = dict(os.environ)
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=REPO, env=env)
+        self.proc = launching.start(args, stderr=subprocess.STDOUT)
         self.lines = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -363,9 +361,7 @@ def _check_outside_report(args, tmp_path, use_signal):
         if use_signal:
             os.kill(job.proc.pid, signal.SIGUSR1)
         else:
-            asked = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch",
-                                    "--dump-stacks", str(job.proc.pid)], capture_output=True,
-                                   text=True, cwd=REPO, timeout=60)
+            asked = launching.run(["--dump-stacks", job.proc.pid], timeout=60)
             assert asked.returncode == 0, asked.stderr
         job.wait_for(r"^hvdlite-run: stacks of every rank, on request 1: no rank asked for it",
                      60)

@@ -22,6 +22,8 @@ from hvdlite.runner.starters.mpiexec import find_mpiexec
 
 from conftest import REPO, worker
 
+from tests import launching
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch is not installed")
 WORKER = worker("stall_worker.py")
@@ -120,12 +122,7 @@ class Launch:
     """hvdlite-run as a child process, each output line timestamped as it arrives."""
 
     def __init__(self, args, env=None):
-        full_env = dict(os.environ)
-        full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env["PATH"]
-        full_env.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch"] + args,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=REPO, env=full_env)
+        self.proc = launching.start(args, env=env)
         self.lines = []                 # (arrival time, line)
         self._cond = threading.Condition()
         self._readers = [threading.Thread(target=self._read, args=(s,), daemon=True)
@@ -255,9 +252,7 @@ def test_dump_stacks_prints_every_ranks_stacks(tmp_path):
     try:
         job.wait_for(r"DAWDLING rank=0", 40)
         job.wait_for(r"DAWDLING rank=1", 10)
-        asked = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "--dump-stacks",
-                                str(job.proc.pid)], capture_output=True, text=True, cwd=REPO,
-                               timeout=30)
+        asked = launching.run(["--dump-stacks", job.proc.pid], timeout=30)
         assert asked.returncode == 0, asked.stderr
         assert "the report appears in that launcher's output" in asked.stdout
         job.wait_for(r"^hvdlite-run: stacks of every rank, on request", 15)

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.common.conftest import ROOT, worker_env
+from tests import launching
+from tests.common.conftest import ROOT
 
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make "
@@ -30,12 +31,12 @@ def test_tf_worker_killed_in_tf_function_allreduce_job_finishes_from_last_commit
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     result = tmp_path / "result.json"
-    env = worker_env({"ELASTIC_STEPS": str(STEPS), "ELASTIC_OUT": str(result),
-                      "ELASTIC_KILL_AT": "127.0.0.1:0:5", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "3", "--min-np", "2",
-           "--max-np", "3", "--host-discovery-script", str(script), sys.executable, TRAIN]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {"PYTHONUNBUFFERED": "1", "ELASTIC_STEPS": str(STEPS), "ELASTIC_OUT": str(result),
+           "ELASTIC_KILL_AT": "127.0.0.1:0:5", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = launching.start(["-np", "3", "--min-np", "2", "--max-np", "3",
+                            "--host-discovery-script", script, sys.executable, TRAIN],
+                           env=env, pythonpath=[ROOT], cwd=ROOT, stderr=subprocess.STDOUT,
+                           start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=220)
     except subprocess.TimeoutExpired:

@@ -1,12 +1,12 @@
 """The allreduce benchmark's opt-in rows run end to end (so the report's numbers cannot rot)."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import launching
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -14,16 +14,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 @pytest.mark.timeout(150)
 def test_timeline_and_autotune_rows(tmp_path):
     out_json, trace = tmp_path / "rows.json", tmp_path / "bench_trace.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", sys.executable,
-           str(REPO / "benchmarks" / "allreduce.py"), "--workloads", "tiny1000",
-           "--impls", "hvdlite_fusion,hvdlite_timeline,hvdlite_autotune", "--iters", "2",
-           "--warmup", "1", "--rounds", "1", "--autotune-workload", "tiny1000",
-           "--autotune-samples", "1", "--autotune-steps", "1", "--timeline-file", str(trace),
-           "--json", str(out_json)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=140)
+    proc = launching.run(
+        ["-np", "2", sys.executable, REPO / "benchmarks" / "allreduce.py", "--workloads",
+         "tiny1000", "--impls", "hvdlite_fusion,hvdlite_timeline,hvdlite_autotune", "--iters",
+         "2", "--warmup", "1", "--rounds", "1", "--autotune-workload", "tiny1000",
+         "--autotune-samples", "1", "--autotune-steps", "1", "--timeline-file", trace,
+         "--json", out_json], timeout=140, pythonpath=[REPO])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     data = json.loads(out_json.read_text())
     impls = {r["impl"] for r in data["rows"]}

@@ -12,6 +12,7 @@ from hvdlite.common.diagnostics import flight_recorder as fr
 from hvdlite.common.engine.message import OpType, Request, Response
 from hvdlite.common.engine.tensor_queue import Entry, Handle
 from hvdlite.timeline import doctor
+from tests import launching
 from tests.runner.conftest import REPO, run_launcher
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
@@ -161,9 +162,8 @@ def test_size_zero_turns_the_recorder_off(tmp_path):
 def test_no_flight_recorder_line_when_no_rank_ran_the_runtime(tmp_path):
     """A failed job whose ranks never started hvdlite's runtime (an import error, a plain
     torch.distributed program) wrote no dump: the launcher does not talk about one."""
-    r = subprocess.run([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
-                        sys.executable, "-c", "import no_such_module_here"],
-                       capture_output=True, text=True, timeout=50, cwd=str(tmp_path))
+    r = launching.run(["-np", "2", sys.executable, "-c", "import no_such_module_here"],
+                      timeout=50, cwd=str(tmp_path))
     assert r.returncode != 0 and "No module named 'no_such_module_here'" in r.stderr, r.stderr
     assert "flight recorder" not in r.stderr, r.stderr
 

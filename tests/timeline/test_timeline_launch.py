@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hvdlite.common.diagnostics.timeline_writer import load_events
+from tests import launching
 from tests.runner.conftest import REPO, run_launcher
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
@@ -82,12 +83,8 @@ def test_timeline_file_flags_runtime_start_stop_and_summary(tmp_path):
 @pytest.mark.timeout(150)
 def test_timeline_survives_sigkill_of_rank_0(tmp_path):
     trace, pidfile = tmp_path / "k.json", tmp_path / "pid"
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2",
-                             "--timeline-filename", str(trace), sys.executable, WORKER,
-                             "forever", str(pidfile)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = launching.start(["-np", "2", "--timeline-filename", trace, sys.executable, WORKER,
+                            "forever", pidfile], stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
         while not (pidfile.exists() and pidfile.read_text()):

@@ -1,12 +1,12 @@
 """Runs worker scripts under the real launcher (2 ranks) and parses their OK/FAIL lines."""
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import launching
 
 HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "workers"
@@ -15,20 +15,8 @@ REPO = HERE.parent.parent
 
 def launch(script, args=(), np=2, timeout_s=150, env=None, launcher_args=()):
     """Run ``script`` on ``np`` ranks through ``hvdlite.runner.cli.launch``; return (rc, output)."""
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", *launcher_args, "-np", str(np),
-           sys.executable, str(script), *args]
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(WORKERS), str(REPO), full_env.get("PYTHONPATH", "")])
-    full_env.update(env or {})
-    try:
-        proc = subprocess.run(cmd, cwd=str(REPO), env=full_env, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
-            else (e.stdout or "")
-        pytest.fail(f"{os.path.basename(str(script))} did not finish within {timeout_s}s; "
-                    f"output:\n{out[-4000:]}")
+    proc = launching.run([*launcher_args, "-np", np, sys.executable, script, *args], env=env,
+                         timeout=timeout_s, pythonpath=[WORKERS, REPO])
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -5,8 +5,6 @@ and elastic state, refusals (workers/grad_compression_worker.py); benchmarks/com
 runs."""
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from hvdlite.runner.starters.mpiexec import find_mpiexec
 
 from .conftest import REPO, WORKERS, CaseResults, launch
+from tests import launching
 
 CASES = ["powersgd_matches_reference", "powersgd_backward_passes_and_process_set",
          "topk_matches_reference", "topk_dense_matches_reference",
@@ -61,14 +60,11 @@ def test_gloo_exit_code(gloo):
 def test_compression_benchmark_smoke(tmp_path):
     """benchmarks/compression.py runs end to end (tiny sizes) and counts PowerSGD's bytes."""
     out_json = tmp_path / "compression.json"
-    cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", "2", "--no-shared-memory",
-           sys.executable, str(REPO / "benchmarks" / "compression.py"), "--workloads", "mlp",
-           "--width", "256", "--rounds", "1", "--steps", "1", "--warmup", "1",
-           "--train-steps", "25", "--json", str(out_json)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
-        "PYTHONPATH", "")]))
-    proc = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=110)
+    proc = launching.run(
+        ["-np", "2", "--no-shared-memory", sys.executable,
+         REPO / "benchmarks" / "compression.py", "--workloads", "mlp", "--width", "256",
+         "--rounds", "1", "--steps", "1", "--warmup", "1", "--train-steps", "25",
+         "--json", out_json], timeout=110, pythonpath=[REPO])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     data = json.loads(out_json.read_text())
     rows = data["timing"]["mlp"]["rows"]
