@@ -76,7 +76,8 @@ class RayExecutor:
         reset_limit: an elastic job fails once it needs more resets (``None``: no limit).
         cooldown_range: ``(min_s, max_s)``: a failed node rejoins after a cooldown drawn
             from this range (``None``: it stays out).
-        elastic_timeout: seconds an elastic job waits for ``min_workers`` slots.
+        elastic_timeout: seconds an elastic job waits for ``min_workers`` slots (``None``:
+            ``HVDLITE_ELASTIC_TIMEOUT`` or Horovod's twin, else 600).
         override_discovery: accepted for Horovod compatibility (Ray's live nodes are
             always the hosts).
 

@@ -161,7 +161,7 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
                                        environ={**os.environ, **user_env})
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
-    elastic_settings = _elastic_settings(args, np, elastic, config)
+    elastic_settings = _elastic_settings(args, np, elastic)
     if elastic_settings is not None and elastic_settings.max_np is None:
         elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
     command = _resolve_command(list(args.command))
@@ -321,8 +321,7 @@ def _controller(args: LaunchOptions, elastic: bool) -> str:
     return "mpi" if (avail["mpi"] and not avail["gloo"]) else "gloo"
 
 
-def _elastic_settings(args: LaunchOptions, np: int, elastic: bool,
-                      config: cfg.Config) -> Optional[JobSettings]:
+def _elastic_settings(args: LaunchOptions, np: int, elastic: bool) -> Optional[JobSettings]:
     """The elastic flags checked (None for a static job, which must not use them).
 
     Raises:
