@@ -151,3 +151,25 @@ def test_no_merge_rank_output_prints_each_ranks_line():
     same = sorted(line for line in r.stderr.splitlines() if "the same words" in line)
     assert same == [f"[{rank}]<stderr>:UserWarning: the same words from every rank"
                     for rank in (0, 1)], r.stderr
+
+
+def test_the_cpp_runtimes_last_words_are_what_a_rank_died_of():
+    """std::terminate's line (with the uncaught exception's what()) is kept as the rank's
+    last words; a Python exception after a traceback still counts as well."""
+    sink = OutputSink(out=open(os.devnull, "wb"), err=open(os.devnull, "wb"))
+    try:
+        for line in (b"terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+                     b"  what():  [enforce fail at pair.cc:446] 10 vs 4",
+                     b"an unrelated line"):
+            sink.write(0, "stderr", line)
+        for line in (b"Traceback (most recent call last):", b'  File "x.py", line 1',
+                     b"RuntimeError: boom", b"terminate called without an active exception"):
+            sink.write(1, "stderr", line)
+        sink.write(2, "stdout", b"terminate called without an active exception")
+        raised = {rank: said for rank, (said, _) in sink.raised().items()}
+    finally:
+        sink.close()
+    assert raised[0] == ("terminate called after throwing an instance of "
+                         "'gloo::EnforceNotMet': [enforce fail at pair.cc:446] 10 vs 4")
+    assert raised[1].startswith("terminate called without an active exception (a C++ thread")
+    assert 2 not in raised          # stdout is the program's own

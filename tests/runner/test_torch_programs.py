@@ -79,6 +79,30 @@ def test_a_rank_that_raises_in_a_ddp_program_is_named():
         r.stderr
 
 
+ABORTS = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    time.sleep(60)
+sys.stderr.write("terminate called after throwing an instance of 'gloo::EnforceNotMet'\\n")
+sys.stderr.write("  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes\\n")
+sys.stderr.write("terminate called without an active exception\\n")
+sys.stderr.flush()
+os.abort()
+"""
+
+
+def test_a_rank_that_the_cpp_runtime_aborts_is_named_with_its_last_words():
+    """No Python traceback, only std::terminate's line before SIGABRT (as torch's Gloo
+    threads at exit): the summary quotes it and says what that one usually means."""
+    r = run_launcher(["-np", "2", sys.executable, "-c", ABORTS], timeout=60)
+    assert r.returncode == 128 + 6, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("hvdlite-run: rank 0 on host localhost was killed by signal "
+                           "SIGABRT: terminate called without an active exception (a C++ "
+                           "thread was still running as the process ended;"), r.stderr
+    assert "gc.collect() before dist.destroy_process_group()" in last, r.stderr
+
+
 def test_the_off_switch_leaves_torchruns_variables_unset():
     """--no-torch-env: no variables, no store; the program's own init then fails, and the
     summary carries its exception line though the rank never reached hvdlite."""

@@ -56,6 +56,17 @@ _TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 #: the line of a traceback that names the exception (``RuntimeError: boom``); group 1 is
 #: the exception's (possibly dotted) name
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed))\b")
+#: how the C++ runtime announces std::terminate (then SIGABRT): a native library's last
+#: words, printed with no Python traceback
+_TERMINATE = "terminate called "
+#: what the summary adds to last words that say little by themselves
+_EXPLAINED = {
+    "terminate called without an active exception":
+        "a C++ thread was still running as the process ended; under torch.distributed "
+        "that is usually a Gloo process group freed only at exit (e.g. a "
+        "DistributedDataParallel model still alive): call gc.collect() before "
+        "dist.destroy_process_group()",
+}
 
 
 class OutputSink:
@@ -64,9 +75,10 @@ class OutputSink:
     ``write`` takes one whole line; a lock keeps lines from interleaving.
     With ``output_dir``, each line (without the tag) also goes to
     ``output_dir/rank.N/stdout`` or ``.../stderr``.  The sink also remembers the last
-    exception each rank printed after a traceback (:meth:`raised`): what a rank that
-    never reached ``hvd.init()`` -- or never imports hvdlite, as a plain DDP program --
-    died of, for the failure summary.
+    exception each rank printed after a traceback, or the C++ runtime's ``terminate
+    called ...`` before an abort (:meth:`raised`): what a rank that never reached
+    ``hvd.init()`` -- or never imports hvdlite, as a plain DDP program -- died of, for
+    the failure summary.
     """
 
     def __init__(self, out=None, err=None, output_dir: Optional[str] = None,
@@ -81,6 +93,8 @@ class OutputSink:
         #: rank -> (its last exception line after a traceback, when it came)
         self._raised: Dict[int, Tuple[str, float]] = {}
         self._in_traceback: Dict[int, bool] = {}
+        #: ranks whose last stderr line was the C++ runtime's "terminate called ..."
+        self._terminating: Dict[int, bool] = {}
         #: (rank, stream) whose progress update ends the terminal's current line (no \n)
         self._open_progress: Optional[Tuple[int, str]] = None
         #: stderr lines that every one of ``merge_ranks`` ranks prints are printed once
@@ -160,15 +174,25 @@ class OutputSink:
     def _note_exception(self, rank: int, line: bytes) -> None:
         # torch.distributed's exception hook prefixes each line with "[rankN]: "
         text = _TORCH_PREFIX.sub("", line.decode("utf-8", "replace").rstrip(), count=1)
+        terminating = self._terminating.pop(rank, False)
         if text.startswith(_TRACEBACK):
             self._in_traceback[rank] = True
         elif self._in_traceback.get(rank) and EXCEPTION_LINE.match(text):
             self._raised[rank] = (text, time.monotonic())
             self._in_traceback[rank] = False
+        elif text.startswith(_TERMINATE):
+            explained = _EXPLAINED.get(text)
+            self._raised[rank] = (f"{text} ({explained})" if explained else text,
+                                  time.monotonic())
+            self._terminating[rank] = True
+        elif terminating and text.strip().startswith("what():"):
+            said, at = self._raised[rank]          # the exception C++ did not catch
+            self._raised[rank] = (f"{said}: {text.strip()[len('what():'):].strip()}", at)
 
     def raised(self) -> Dict[int, Tuple[str, float]]:
-        """Each rank's last exception line printed after a traceback, with when it came
-        (``time.monotonic()``), by the rank the worker started with."""
+        """Each rank's last exception line printed after a traceback (or the C++
+        runtime's ``terminate called ...``), with when it came (``time.monotonic()``), by
+        the rank the worker started with."""
         with self._lock:
             return dict(self._raised)
 

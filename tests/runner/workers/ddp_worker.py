@@ -8,6 +8,7 @@ process then also runs ``hvdlite.torch.init()`` and one allreduce.
 """
 
 import argparse
+import gc
 import json
 import os
 
@@ -64,6 +65,11 @@ def main():
         total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
         print(f"HVD rank={hvd.rank()} size={hvd.size()} total={total}", flush=True)
         hvd.shutdown()
+    # DDP's hooks hold the model in reference cycles, so without a collection its Gloo
+    # process group outlives destroy_process_group() and is freed as the interpreter
+    # ends, where torch 2.13 aborts now and then ("terminate called without an active
+    # exception", SIGABRT) -- under torchrun too
+    gc.collect()
     dist.destroy_process_group()
 
 
