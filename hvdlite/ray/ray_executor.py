@@ -16,9 +16,11 @@ runs one elastic job per :meth:`~RayExecutor.run` with Ray's live nodes as hosts
 
 import dataclasses
 import logging
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
+from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.ray import placement
 from hvdlite.ray.calls import ActorCallStarter
@@ -29,6 +31,10 @@ from hvdlite.runner.agent.job import run_job
 from hvdlite.runner.agent.spec import JobResult, JobSpec
 from hvdlite.runner.hosts import HostSlots, SlotInfo, slot_id, slots_by_node
 from hvdlite.runner.hosts.fixed import FixedHosts
+
+#: RayExecutor's arguments, as its messages name them
+SIZES = elastic_settings.SizeNames(np="num_workers", min_np="min_workers",
+                                   max_np="max_workers", reset_limit="reset_limit", joiner="=")
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +90,8 @@ class RayExecutor:
     Raises:
         ValueError: GPUs requested, both or neither of ``num_workers`` and ``num_hosts``,
             ``num_hosts`` in an elastic job, or counts that are not positive.
-        HvdliteConfigError: bad elastic bounds (a ``ValueError`` too).
+        HvdliteConfigError: bad elastic bounds, or a size above ``HVDLITE_MAX_WORKERS``
+            (a ``ValueError`` too).
     """
 
     @staticmethod
@@ -136,7 +143,7 @@ class RayExecutor:
                 np=first, min_np=min_workers, max_np=max_workers,
                 reset_limit=reset_limit,
                 cooldown_range=cooldown_range, slots_per_host=None, discovery_script=None,
-                fixed_hosts=False, mpi=False)
+                fixed_hosts=False, mpi=False, names=SIZES)
             num_workers = first
         if (num_workers is None) == (num_hosts is None):
             raise ValueError("RayExecutor: give either num_workers, or num_hosts with "
@@ -146,6 +153,9 @@ class RayExecutor:
             raise ValueError(f"RayExecutor: num_workers={num_workers}, num_hosts={num_hosts}, "
                              f"num_workers_per_host={num_workers_per_host}, cpus_per_worker="
                              f"{cpus_per_worker}: the counts must be positive")
+        elastic_settings.check_sizes(   # the job checks again; before a placement group
+            count, min_workers, max_workers, names=SIZES,
+            ceiling=cfg.Config.tunables_of(os.environ).max_workers)
         self.settings = settings or RaySettings()
         self.num_workers = count
         self._num_hosts = num_hosts or 0
@@ -341,7 +351,7 @@ class RayExecutor:
             starter=lambda job: ActorCallStarter(
                 actors, submit, job_env=lambda: job.job_env(False, with_key=True),
                 on_exit=job.wake),
-            store_address=self._driver_ip, name=f"RayExecutor.{what}",
+            store_address=self._driver_ip, name=f"RayExecutor.{what}", size_names=SIZES,
         ).with_start_timeout(self.settings.timeout_s)
 
     def _run_job(self, submit: Callable[[Any, Dict[str, str]], Any], what: str) -> List[Any]:
@@ -389,7 +399,7 @@ class RayExecutor:
             starter=lambda job: RayActorStarter(discovery, fn, args, kwargs,
                                                 lambda: job.job_env(False, with_key=True),
                                                 self._cpus, job.wake),
-            store_address=driver_ip, name="RayExecutor.run",
+            store_address=driver_ip, name="RayExecutor.run", size_names=SIZES,
         ).with_start_timeout(self.settings.timeout_s).with_elastic_timeout(self._elastic_timeout)
         result = run_job(spec)
         if not result.ok:

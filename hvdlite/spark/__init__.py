@@ -7,8 +7,10 @@ authenticated services; the results come back to it in rank order.  How the job 
 run is in :mod:`hvdlite.spark.spark_job`.
 """
 
+import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from hvdlite.common import config as _config
 from hvdlite.runner.agent import settings as _settings
 from hvdlite.spark.pool import HvdliteSparkError
 from hvdlite.spark import spark_job
@@ -77,7 +79,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
         The ranks' results, in rank order.
 
     Raises:
-        ValueError: a refused argument, a ``num_proc`` below 1 or a bad ``start_timeout``.
+        ValueError: a refused argument, a ``num_proc`` below 1 or above ``--max-workers``
+            (``HVDLITE_MAX_WORKERS``), or a bad ``start_timeout``.
         HvdliteSparkError: no Spark session, the tasks did not start in time, or a rank
             failed (its rank, host and traceback are named; the Spark job is cancelled).
     """
@@ -85,8 +88,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     timeout = _start_timeout(start_timeout)
     sc = spark_job.spark_context()
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
-    if count < 1:
-        raise ValueError(f"hvdlite.spark.run: num_proc={num_proc}: must be at least 1")
+    _settings.check_sizes(count, names=spark_job.SIZES, ceiling=_ceiling())
     return spark_job.run_static(sc, fn, args, kwargs, count, timeout, env)
 
 
@@ -123,7 +125,8 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
         The results of the last round's ranks, in rank order.
 
     Raises:
-        ValueError: bad bounds (``HvdliteConfigError``) or a bad ``start_timeout``.
+        ValueError: bad bounds (``HvdliteConfigError``; above ``HVDLITE_MAX_WORKERS``
+            too) or a bad ``start_timeout``.
         HvdliteSparkError: no Spark session, or the job failed for good (too few ranks
             within ``elastic_timeout``, the reset limit; names the rank and host).
     """
@@ -132,9 +135,17 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
     elastic_timeout = _settings.check_elastic_timeout(elastic_timeout,
                                                       "hvdlite.spark.run_elastic: elastic_timeout")
+    max_np = count if max_num_proc is None else max_num_proc
+    _settings.check_sizes(count, min_num_proc, max_np, names=spark_job.SIZES,
+                          ceiling=_ceiling())
     settings = _settings.validate(
-        np=count, min_np=min_num_proc, max_np=count if max_num_proc is None else max_num_proc,
-        reset_limit=reset_limit, cooldown_range=None,
-        slots_per_host=None, discovery_script=None, fixed_hosts=False, mpi=False)
+        np=count, min_np=min_num_proc, max_np=max_np,
+        reset_limit=reset_limit, cooldown_range=None, slots_per_host=None,
+        discovery_script=None, fixed_hosts=False, mpi=False, names=spark_job.SIZES)
     return spark_job.run_elastic_job(sc, fn, args, kwargs, settings, timeout, env,
                                      elastic_timeout)
+
+
+def _ceiling() -> int:
+    """--max-workers as this process's environment sets it (a Spark job has no flags)."""
+    return _config.Config.tunables_of(os.environ).max_workers

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from hvdlite.common.net.framing import new_key
 from hvdlite.runner.agent.job import JobContext, run_job
-from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.settings import JobSettings, SizeNames
 from hvdlite.runner.agent.spec import JobResult, JobSpec
 from hvdlite.runner.hosts import HostSlots, slots_by_node
 from hvdlite.runner.hosts.fixed import FixedHosts
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: Horovod's default bound on the tasks starting
 DEFAULT_START_TIMEOUT_S = 600.0
+#: hvdlite.spark.run's and run_elastic's arguments, as their messages name them
+SIZES = SizeNames(np="num_proc", min_np="min_num_proc", max_np="max_num_proc",
+                  reset_limit="reset_limit", joiner="=")
 #: bound on the Spark job threads ending after the job group was cancelled
 JOB_END_WAIT_S = 30.0
 #: how often the elastic job checks that enough tasks are alive
@@ -152,7 +155,7 @@ class SparkJob:
                               missing_is_exit=missing_is_exit)
 
         return JobSpec(np=np, command=[], user_env=dict(self.user_env), starter=starter,
-                       store_address=self.addr, key=self.key, name=name,
+                       store_address=self.addr, key=self.key, name=name, size_names=SIZES,
                        **fields).with_start_timeout(self.start_timeout_s)
 
     def close(self) -> None:

@@ -93,6 +93,42 @@ def test_elastic_job_without_max_np_is_capped_at_the_ceiling(tmp_path):
     assert settings.elastic.max_np == 64 and settings.tunables.max_workers == 64
 
 
+def test_a_spec_built_without_the_cli_is_held_to_the_ceiling_before_anything_starts():
+    """A platform's spec (a plain srun step's, one built by hand) skips the CLI's checks:
+    ``run_job`` holds it to --max-workers itself, naming the sizes as the caller does."""
+    from hvdlite.runner.agent.job import run_job
+    from hvdlite.runner.agent.settings import SizeNames
+    from hvdlite.runner.agent.spec import JobSpec
+
+    def spec(np, **fields):
+        started = []
+        return JobSpec(np=np, hosts=[HostSlots("localhost", np)], command=[],
+                       starter=lambda job: started.append(job), **fields), started
+
+    big, started = spec(5000)
+    with pytest.raises(HvdliteConfigError, match=r"^-np 5000: more than the 1024 worker "
+                                                 r"processes one job may run"):
+        run_job(big)
+    named, _ = spec(3, size_names=SizeNames(np="num_proc", joiner="="))
+    named.tunables = named.tunables.replace(max_workers=2)
+    with pytest.raises(HvdliteConfigError, match=r"^num_proc=3: more than the 2 worker "
+                                                 r"processes .*; lower num_proc, or raise"):
+        run_job(named)
+    assert started == [], "a starter was made despite the refusal"
+
+
+def test_ray_executor_names_its_own_arguments_in_size_errors(monkeypatch):
+    pytest.importorskip("ray")
+    from hvdlite.ray.ray_executor import RayExecutor
+    monkeypatch.setenv("HVDLITE_MAX_WORKERS", "4")
+    with pytest.raises(HvdliteConfigError, match=r"^num_workers=8: more than the 4 worker"):
+        RayExecutor(num_workers=8)
+    with pytest.raises(HvdliteConfigError, match=r"^max_workers=6: more than the 4 worker"):
+        RayExecutor(min_workers=1, max_workers=6)
+    with pytest.raises(HvdliteConfigError, match=r"^min_workers=3 is more than max_workers=2$"):
+        RayExecutor(min_workers=3, max_workers=2)
+
+
 def test_discovered_slots_over_the_ceiling_are_a_failed_discovery():
     with pytest.raises(HostDiscoveryError, match=r"host 'localhost' has 100000 slots, more "
                                                  r"than the 1024"):

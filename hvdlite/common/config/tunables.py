@@ -211,8 +211,9 @@ TUNABLES: Tuple[Tunable, ...] = (
         launcher_reads_env=True, note="also the launcher's default"),
     Tunable(
         "max_workers", int, 1024, "HVDLITE_MAX_WORKERS",
-        "the most worker processes one job may run: -np, --min-np, --max-np and a "
-        "discovered host's slots above it are refused before anything is placed, and an "
+        "the most worker processes one job may run: -np, --min-np, --max-np (and the "
+        "sizes given to RayExecutor and hvdlite.spark) and a discovered host's slots above "
+        "it are refused before anything is placed, and an "
         "elastic job without --max-np grows to it at most (a guard against a typo such as "
         "-np 10000)",
         range=Range(1, 1 << 20, f"1..{1 << 20} processes"), group="host arguments",

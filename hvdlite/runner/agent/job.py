@@ -98,10 +98,12 @@ def run_job(spec: JobSpec) -> JobResult:
     """Run the job ``spec`` describes to its end; prints why it failed, if it did.
 
     Raises:
-        HvdliteConfigError: a host name that does not resolve, or no mpiexec for --mpi.
+        HvdliteConfigError: a size above --max-workers, a host name that does not
+            resolve, or no mpiexec for --mpi.
         HvdliteLaunchError: a static job's hosts or workers could not be started (after
             everything that did start was ended).
     """
+    spec.within_ceiling()
     source = spec.host_source or host_source(spec)
     given = {name: value for name, value in (("key", spec.key), ("job_id", spec.job_id))
              if value is not None}

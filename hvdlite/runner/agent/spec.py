@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional
 
 from hvdlite.common import config as cfg
-from hvdlite.runner.agent.settings import JobSettings
+from hvdlite.runner.agent.settings import FLAGS, JobSettings, SizeNames, check_sizes
 from hvdlite.runner.hosts import HostSlots, SlotId
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.starters.base import Starter
@@ -76,6 +76,8 @@ class JobSpec:
     job_id: Optional[str] = None
     #: the port the store listens on when the workers already know it (0: any free one)
     store_port: int = 0
+    #: what the caller calls the job's sizes in its messages (a platform's arguments)
+    size_names: SizeNames = FLAGS
 
     @property
     def settings(self) -> JobSettings:
@@ -106,6 +108,22 @@ class JobSpec:
         """
         if seconds is not None:
             self.tunables = self.tunables.replace(elastic_timeout_s=float(seconds))
+        return self
+
+    def within_ceiling(self) -> "JobSpec":
+        """This spec, its sizes checked against ``--max-workers`` (``settings.check_sizes``)
+        and an elastic job without a maximum capped there; ``run_job`` holds every spec to
+        it, whoever built it.
+
+        Raises:
+            HvdliteConfigError: a size out of range, named as the caller gave it.
+        """
+        ceiling, elastic = self.tunables.max_workers, self.elastic
+        check_sizes(self.np, elastic.min_np if elastic else None,
+                    elastic.max_np if elastic else None, ceiling=ceiling,
+                    names=self.size_names)
+        if elastic is not None and elastic.max_np is None:
+            self.elastic = dataclasses.replace(elastic, max_np=ceiling)
         return self
 
     def tunable_env(self) -> Dict[str, str]:

@@ -22,7 +22,7 @@ from hvdlite.common.exceptions import HvdliteConfigError, HvdliteError
 from hvdlite.runner.cli import flags, interpreter
 from hvdlite.runner.cli import validation
 from hvdlite.runner.agent.job import run_job
-from hvdlite.runner.agent.settings import JobSettings, validate
+from hvdlite.runner.agent.settings import FLAGS, JobSettings, check_sizes, validate
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli.config_file import config_file_defaults
 from hvdlite.runner.cli.options import LaunchOptions
@@ -162,8 +162,6 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
     elastic_settings = _elastic_settings(args, np, elastic)
-    if elastic_settings is not None and elastic_settings.max_np is None:
-        elastic_settings = dataclasses.replace(elastic_settings, max_np=config.max_workers)
     command = _resolve_command(list(args.command))
     hosts = _hosts(args, np, allocation, static=not elastic)
     _check_interpreter(command, hosts, config.allow_other_interpreter)
@@ -183,7 +181,7 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
         binding_args=shlex.split(args.binding_args) if args.binding_args else None,
         user_env=user_env, elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
-        slots_per_host=args.slots_per_host or 1)
+        slots_per_host=args.slots_per_host or 1).within_ceiling()
 
 
 def _check_size_and_combinations(
@@ -204,8 +202,6 @@ def _check_size_and_combinations(
     if args.np is None:
         raise HvdliteConfigError("-np is required (the number of processes)"
                                  + (" or --min-np" if elastic else ""))
-    if args.np < 1:
-        raise HvdliteConfigError(f"-np {args.np}: the number of processes must be at least 1")
     if args.binding_args and not args.mpi:
         raise HvdliteConfigError(
             "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
@@ -219,24 +215,18 @@ def _check_size_and_combinations(
 
 def _check_ceiling(args: LaunchOptions, ceiling: int,
                    parser: argparse.ArgumentParser) -> None:
-    """-np, --min-np and --max-np are at most --max-workers (HVDLITE_MAX_WORKERS).
-
-    Checked before the hosts are parsed or slots placed: without -H the host list is
-    ``localhost:NP``, and placing 10**20 slots fills the memory before any check on
-    the hosts could run.
+    """-np >= 1, and -np, --min-np and --max-np at most --max-workers (``check_sizes``),
+    before the hosts are parsed or slots placed; a size from --config-file is named as
+    its key there.
 
     Raises:
         HvdliteConfigError: names the flag, its value and the ceiling (and how to raise it).
     """
-    for dest, flag in (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np")):
-        value = args.value(dest)
-        if dest in args.config_file_keys:
-            flag = validation.setting_name(args, parser, dest)
-        if value is not None and value > ceiling:
-            raise HvdliteConfigError(
-                f"{flag} {value}: more than the {ceiling} worker processes one job may run "
-                f"(--max-workers / {cfg.MAX_WORKERS}); lower {flag}, or raise "
-                f"--max-workers if the hosts can hold {value} processes")
+    sizes = ("np", "min_np", "max_np")
+    names = dataclasses.replace(FLAGS, **{
+        dest: validation.setting_name(args, parser, dest)
+        for dest in sizes if dest in args.config_file_keys})
+    check_sizes(*(args.value(dest) for dest in sizes), ceiling=ceiling, names=names)
 
 
 def _slurm_defaults(args: LaunchOptions) -> Optional[List[HostSlots]]:
