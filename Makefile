@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install install-core demo lint test test-slow bench docs clean
+.PHONY: install install-core demo lint format test test-slow bench docs clean
 
 install-core: $(VENV)/.installed-core
 
@@ -36,11 +36,16 @@ $(VENV)/.installed: setup.cfg requirements.txt pyproject.toml
 demo: install-core
 	$(VENV)/bin/hvdlite-run -np 2 $(PY) examples/pytorch_mnist.py --epochs 2
 
-# ruff with the rules of pyproject.toml's [tool.ruff] (pyflakes and pycodestyle's errors), and
+# ruff with the rules of pyproject.toml's [tool.ruff] (pyflakes and pycodestyle's errors),
+# ruff's formatter as a check (every module but [tool.ruff.format]'s exclude list), and
 # mypy on the packages [tool.mypy] lists; CI runs it before the suite
 lint: install
 	$(VENV)/bin/ruff check hvdlite tests benchmarks examples
+	$(VENV)/bin/ruff format --check hvdlite tests benchmarks examples
 	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff format hvdlite tests benchmarks examples
 
 # the suite but its `slow` tests (long scenarios another test covers in part, benchmark smoke
 # runs, the docs build): under 20 minutes on the 2-core machine; CI runs test-slow after it

@@ -50,9 +50,13 @@ VARIANTS = {
 #: the row of steps without communication: the compute every variant shares
 LOCAL = "local"
 #: the classifier keeps PowerSGD's default warm-up (uncompressed steps first)
-TRAIN_VARIANTS = dict(VARIANTS, **{
-    "powersgd-r1": lambda: hvd.Compression.powersgd(rank=1, start_iter=10),
-    "powersgd-r4": lambda: hvd.Compression.powersgd(rank=4, start_iter=10)})
+TRAIN_VARIANTS = dict(
+    VARIANTS,
+    **{
+        "powersgd-r1": lambda: hvd.Compression.powersgd(rank=1, start_iter=10),
+        "powersgd-r4": lambda: hvd.Compression.powersgd(rank=4, start_iter=10),
+    },
+)
 
 
 def payload_bytes(spec, shapes, itemsize=4) -> int:
@@ -69,8 +73,9 @@ def payload_bytes(spec, shapes, itemsize=4) -> int:
             mat = spec.matrix_shape(p)
             total += itemsize * (numel if mat is None else (mat[0] + mat[1]) * mat[2])
         else:
-            total += numel * itemsize if numel < spec.min_numel \
-                else spec.k_of(numel) * (itemsize + 4)
+            total += (
+                numel * itemsize if numel < spec.min_numel else spec.k_of(numel) * (itemsize + 4)
+            )
     return total
 
 
@@ -107,8 +112,9 @@ def make_step(model, loss_fn, spec, lr=1e-4):
     """One training step with ``spec`` (``None``: no DistributedOptimizer, no communication)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     if spec is not None:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=spec)
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), compression=spec
+        )
 
     def step():
         opt.zero_grad()
@@ -116,6 +122,7 @@ def make_step(model, loss_fn, spec, lr=1e-4):
         loss.backward()
         opt.step()
         return loss.item()
+
     return step
 
 
@@ -139,12 +146,15 @@ def time_workload(name, build, args, variants):
                 hvd.barrier()
                 t0 = time.perf_counter()
                 steps[v]()
-                hvd.barrier()       # a step is done when every rank is done
+                hvd.barrier()  # a step is done when every rank is done
                 times[v].append((time.perf_counter() - t0) * 1000)
     rows = {}
     for v in variants:
-        rows[v] = {"bytes": 0 if v == LOCAL else payload_bytes(specs[v], shapes),
-                   "step_ms": statistics.median(times[v]), "samples": len(times[v])}
+        rows[v] = {
+            "bytes": 0 if v == LOCAL else payload_bytes(specs[v], shapes),
+            "step_ms": statistics.median(times[v]),
+            "samples": len(times[v]),
+        }
     return {"params": sum(torch.Size(s).numel() for s in shapes), "rows": rows}
 
 
@@ -154,9 +164,13 @@ def train_classifier(args, variants):
     teacher = torch.randn(64, 10, generator=gen)
     data = torch.Generator().manual_seed(100 + hvd.rank())
     torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                               torch.nn.Linear(256, 10))
+    base = torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 10),
+    )
     batches = []
     for _ in range(args.train_steps):
         x = torch.randn(64, 64, generator=data)
@@ -166,7 +180,9 @@ def train_classifier(args, variants):
         model = copy.deepcopy(base)
         opt = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-            named_parameters=model.named_parameters(), compression=TRAIN_VARIANTS[v]())
+            named_parameters=model.named_parameters(),
+            compression=TRAIN_VARIANTS[v](),
+        )
         losses = []
         for x, y in batches:
             opt.zero_grad()
@@ -175,8 +191,10 @@ def train_classifier(args, variants):
             opt.step()
             losses.append(loss.item())
         mine = torch.tensor(losses[-20:]).mean()
-        out[v] = {"final_loss": hvd.allreduce(mine, name=f"loss.{v}").item(),
-                  "first_loss": losses[0]}
+        out[v] = {
+            "final_loss": hvd.allreduce(mine, name=f"loss.{v}").item(),
+            "first_loss": losses[0],
+        }
     return out
 
 
@@ -184,20 +202,30 @@ def print_tables(results):
     for name, res in results["timing"].items():
         base = res["rows"]["none"]
         local = res["rows"][LOCAL]["step_ms"]
-        print(f"\n{name} ({res['params'] / 1e6:.1f} M parameters), np={results['size']}, "
-              f"medians of {base['samples']} steps; exchange = step - local step")
-        print(f"{'variant':<13}{'MiB/step':>10}{'bytes vs none':>15}{'step ms':>10}"
-              f"{'speed-up':>10}{'exchange ms':>13}")
+        print(
+            f"\n{name} ({res['params'] / 1e6:.1f} M parameters), np={results['size']}, "
+            f"medians of {base['samples']} steps; exchange = step - local step"
+        )
+        print(
+            f"{'variant':<13}{'MiB/step':>10}{'bytes vs none':>15}{'step ms':>10}"
+            f"{'speed-up':>10}{'exchange ms':>13}"
+        )
         for v, row in res["rows"].items():
-            print(f"{v:<13}{row['bytes'] / 2**20:>10.2f}{row['bytes'] / base['bytes']:>15.4f}"
-                  f"{row['step_ms']:>10.1f}{base['step_ms'] / row['step_ms']:>10.2f}"
-                  f"{row['step_ms'] - local:>13.1f}")
+            print(
+                f"{v:<13}{row['bytes'] / 2**20:>10.2f}{row['bytes'] / base['bytes']:>15.4f}"
+                f"{row['step_ms']:>10.1f}{base['step_ms'] / row['step_ms']:>10.2f}"
+                f"{row['step_ms'] - local:>13.1f}"
+            )
     if results.get("classifier"):
         base = results["classifier"]["none"]["final_loss"]
-        print("\nclassifier: final loss (mean of the last 20 of "
-              f"{results['train_steps']} steps, averaged over ranks)")
+        print(
+            "\nclassifier: final loss (mean of the last 20 of "
+            f"{results['train_steps']} steps, averaged over ranks)"
+        )
         for v, row in results["classifier"].items():
-            print(f"{v:<13}{row['final_loss']:>10.4f}  ratio to none {row['final_loss'] / base:.3f}")
+            print(
+                f"{v:<13}{row['final_loss']:>10.4f}  ratio to none {row['final_loss'] / base:.3f}"
+            )
 
 
 def main(argv=None):
@@ -210,8 +238,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--train-steps", type=int, default=300)
-    p.add_argument("--threads", type=int, default=0, help="torch threads per rank "
-                   "(0: cores / local ranks)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)"
+    )
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     args = p.parse_args(argv)
     hvd.init()

@@ -35,11 +35,13 @@ VARIANTS = {
 
 #: collectives of a job of one rank: the result is the input, at once
 ALONE = SimpleNamespace(
-    Sum=mpi_ops.Sum, Average=mpi_ops.Average,
+    Sum=mpi_ops.Sum,
+    Average=mpi_ops.Average,
     grouped_allreduce_async_=lambda tensors, **_kw: tensors,
     allreduce_async_=lambda tensor, **_kw: tensor,
     allgather_async=lambda tensor, **_kw: tensor,
-    synchronize=lambda handle: handle)
+    synchronize=lambda handle: handle,
+)
 
 
 def shapes_of(which: str, width: int):
@@ -57,10 +59,12 @@ def run_variant(name, shapes, args):
     grads = [torch.randn(s, generator=gen) for s in shapes]
     work = [g.clone() for g in grads]
     kw = {"op": mpi_ops.Average, "process_set": None}
-    with mock.patch("hvdlite.torch.powersgd.mpi_ops", ALONE), \
-            mock.patch("hvdlite.torch.grad_compression.mpi_ops", ALONE), \
-            mock.patch("hvdlite.torch.topk.mpi_ops", ALONE), \
-            mock.patch("hvdlite.common.ops.process_set_size", lambda *_a: 1):
+    with (
+        mock.patch("hvdlite.torch.powersgd.mpi_ops", ALONE),
+        mock.patch("hvdlite.torch.grad_compression.mpi_ops", ALONE),
+        mock.patch("hvdlite.torch.topk.mpi_ops", ALONE),
+        mock.patch("hvdlite.common.ops.process_set_size", lambda *_a: 1),
+    ):
         exchange = VARIANTS[name]().make_exchange(params, names, kw)
         times = []
         for i in range(args.warmup + args.steps):
@@ -94,8 +98,10 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     shapes = shapes_of(args.shapes, args.width)
     numel = sum(torch.Size(s).numel() for s in shapes)
-    print(f"{args.shapes}: {len(shapes)} gradients, {numel * 4 / 2**20:.0f} MiB, "
-          f"{args.threads} thread(s)")
+    print(
+        f"{args.shapes}: {len(shapes)} gradients, {numel * 4 / 2**20:.0f} MiB, "
+        f"{args.threads} thread(s)"
+    )
     for v in [v for v in args.variants.split(",") if v]:
         t = run_variant(v, shapes, args)
         print(f"{v:<13} median {statistics.median(t):8.1f} ms   best {min(t):8.1f} ms")

@@ -75,20 +75,25 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:          # for tests.common.loopback (the thread harness)
+if REPO not in sys.path:  # for tests.common.loopback (the thread harness)
     sys.path.insert(0, REPO)
 
-import numpy as np                                           # noqa: E402
+import numpy as np  # noqa: E402
 
-from hvdlite.common.engine import control_vector as cv              # noqa: E402
-from hvdlite.common.backend.base import Backend              # noqa: E402
-from hvdlite.common.config import Config                     # noqa: E402
-from hvdlite.common.engine.controller import Controller             # noqa: E402
-from hvdlite.common.engine.message import (OpType, ReduceOp, Request,  # noqa: E402
-                                    decode_requests, encode_requests)
-from hvdlite.common.engine.parameters import Parameters             # noqa: E402
-from hvdlite.common.engine.runtime import Runtime                   # noqa: E402
-from hvdlite.common.engine.tensor_queue import Entry, Handle        # noqa: E402
+from hvdlite.common.engine import control_vector as cv  # noqa: E402
+from hvdlite.common.backend.base import Backend  # noqa: E402
+from hvdlite.common.config import Config  # noqa: E402
+from hvdlite.common.engine.controller import Controller  # noqa: E402
+from hvdlite.common.engine.message import (  # noqa: E402
+    OpType,
+    ReduceOp,
+    Request,
+    decode_requests,
+    encode_requests,
+)
+from hvdlite.common.engine.parameters import Parameters  # noqa: E402
+from hvdlite.common.engine.runtime import Runtime  # noqa: E402
+from hvdlite.common.engine.tensor_queue import Entry, Handle  # noqa: E402
 
 #: the int32 fields in front of the per-rank alive flags (need, -len, stall, version, params)
 HEADER_INTS = 6 + Parameters.WIDTH
@@ -101,6 +106,7 @@ FIT_MAX_NP = 64
 
 # --------------------------------------------------------------------------------------------
 # exact sizes (from the vector layout; nothing measured)
+
 
 def control_vector_bytes(size: int, cache_capacity: int) -> int:
     """Bytes of hvdlite's per-cycle control vector (every rank contributes one); the same at
@@ -121,6 +127,7 @@ def horovod_bitvector_bytes(active_entries: int) -> int:
 # --------------------------------------------------------------------------------------------
 # instrumentation: a backend proxy and a controller subclass (no runtime code changed)
 
+
 class CycleLog:
     """Rank 0's per-cycle measurements, written by its background thread only."""
 
@@ -138,9 +145,17 @@ class CycleLog:
             self.cycles.append(self._open)
             self._open = None
         if self.recording:
-            self._open = {"phase": self.phase, "wall0": wall, "cpu0": cpu, "ar_s": 0.0,
-                          "ag_s": None, "ag_bytes": 0, "ingest_s": None, "decode_s": None,
-                          "data": 0}
+            self._open = {
+                "phase": self.phase,
+                "wall0": wall,
+                "cpu0": cpu,
+                "ar_s": 0.0,
+                "ag_s": None,
+                "ag_bytes": 0,
+                "ingest_s": None,
+                "decode_s": None,
+                "data": 0,
+            }
 
 
 class TimedBackend:
@@ -150,7 +165,7 @@ class TimedBackend:
         self._inner = inner
         self._log = log
         self._ag_end = 0.0
-        self.vec_len = -1        # the control vector's length; shorter: a second round
+        self.vec_len = -1  # the control vector's length; shorter: a second round
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -160,7 +175,7 @@ class TimedBackend:
         if log is None:
             return self._inner.control_allreduce_min(vec)
         t0 = time.perf_counter()
-        second = len(vec) != self.vec_len    # the cache bits' second round: same cycle
+        second = len(vec) != self.vec_len  # the cache bits' second round: same cycle
         if not second:
             log.begin(t0, time.thread_time())
         out = self._inner.control_allreduce_min(vec)
@@ -175,7 +190,7 @@ class TimedBackend:
         self._ag_end = t1 = time.perf_counter()
         if log is not None and log._open is not None:
             log._open["ag_s"] = t1 - t0
-            log._open["ag_bytes"] = self.size * (max_len + 4)   # what every rank receives
+            log._open["ag_bytes"] = self.size * (max_len + 4)  # what every rank receives
         return out
 
     def _count_data(self) -> None:
@@ -227,7 +242,7 @@ class TimedController(Controller):
         log = self._log
         if log is not None and log._open is not None:
             log._open["ingest_s"] = time.perf_counter() - t0
-            log._open["decode_s"] = 0.0      # nothing gathered, nothing decoded
+            log._open["decode_s"] = 0.0  # nothing gathered, nothing decoded
         return out
 
 
@@ -243,13 +258,14 @@ def instrument(runtime: Runtime, log: Optional[CycleLog]) -> None:
 # --------------------------------------------------------------------------------------------
 # what every rank does (both harnesses)
 
+
 def lockstep(backend, vec_len: int, payload_len: int, reps: int) -> Dict[str, float]:
     """The two control collectives back to back on an idle backend (before the runtime
     starts), so the transport's own latency is seen without the ranks' skew; medians, ms."""
     vec = np.ones(vec_len, dtype=np.int32)
     payload = b"x" * payload_len
     ar, ag = [], []
-    for i in range(reps + 2):               # two warm-up rounds
+    for i in range(reps + 2):  # two warm-up rounds
         t0 = time.perf_counter()
         backend.control_allreduce_min(vec.copy())
         t1 = time.perf_counter()
@@ -258,9 +274,11 @@ def lockstep(backend, vec_len: int, payload_len: int, reps: int) -> Dict[str, fl
         if i >= 2:
             ar.append(t1 - t0)
             ag.append(t2 - t1)
-    return {"lockstep_control_allreduce_ms": statistics.median(ar) * 1e3,
-            "lockstep_control_allreduce_p90_ms": p90(ar),
-            "lockstep_allgather_ms": statistics.median(ag) * 1e3}
+    return {
+        "lockstep_control_allreduce_ms": statistics.median(ar) * 1e3,
+        "lockstep_control_allreduce_p90_ms": p90(ar),
+        "lockstep_allgather_ms": statistics.median(ag) * 1e3,
+    }
 
 
 def p90(xs) -> Optional[float]:
@@ -271,24 +289,41 @@ def p90(xs) -> Optional[float]:
 
 def _step(rt: Runtime, names: List[str], bufs, timeout_s: float) -> float:
     handle = Handle(len(names))
-    entries = [Entry(Request(n, OpType.ALLREDUCE, "float32", (4,), reduce_op=int(ReduceOp.SUM)),
-                     bufs[i], bufs[i], handle, i) for i, n in enumerate(names)]
+    entries = [
+        Entry(
+            Request(n, OpType.ALLREDUCE, "float32", (4,), reduce_op=int(ReduceOp.SUM)),
+            bufs[i],
+            bufs[i],
+            handle,
+            i,
+        )
+        for i, n in enumerate(names)
+    ]
     t0 = time.perf_counter()
     rt.enqueue(entries)
     if not handle.wait(timeout_s):
-        raise TimeoutError(f"rank {rt.rank}: a step of {len(names)} allreduces did not "
-                           f"complete within {timeout_s:g}s")
-    handle.value()                      # raises the step's error, if any
+        raise TimeoutError(
+            f"rank {rt.rank}: a step of {len(names)} allreduces did not "
+            f"complete within {timeout_s:g}s"
+        )
+    handle.value()  # raises the step's error, if any
     return time.perf_counter() - t0
 
 
-def run_rank(rt: Runtime, log: Optional[CycleLog], tensors: int, hit_steps: int,
-             miss_steps: int, timeout_s: float) -> Dict[str, List[float]]:
+def run_rank(
+    rt: Runtime,
+    log: Optional[CycleLog],
+    tensors: int,
+    hit_steps: int,
+    miss_steps: int,
+    timeout_s: float,
+) -> Dict[str, List[float]]:
     """The benchmark body on one rank; returns this rank's step times by phase."""
     import torch
+
     bufs = [torch.ones(4) for _ in range(tensors)]
     hit_names = [f"grad.layer{i}.weight" for i in range(tensors)]
-    for _ in range(2):                                   # negotiate once, then one cache hit
+    for _ in range(2):  # negotiate once, then one cache hit
         _step(rt, hit_names, bufs, timeout_s)
     times = {"hit": [], "miss": []}
     if log is not None:
@@ -305,9 +340,11 @@ def run_rank(rt: Runtime, log: Optional[CycleLog], tensors: int, hit_steps: int,
     return times
 
 
-def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_capacity: int,
-              harness: str) -> dict:
+def summarize(
+    log: CycleLog, times: Dict[str, List[float]], size: int, cache_capacity: int, harness: str
+) -> dict:
     """One table row from rank 0's cycle log and step times (medians, ms)."""
+
     def med(xs):
         xs = [x for x in xs if x is not None]
         return statistics.median(xs) * 1e3 if xs else None
@@ -319,22 +356,29 @@ def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_cap
     hit_phase = [c for c in cycles if c["phase"] == "hit"]
     miss_phase = [c for c in cycles if c["phase"] == "miss"]
     return {
-        "harness": harness, "np": size,
+        "harness": harness,
+        "np": size,
         "vector_bytes": control_vector_bytes(size, cache_capacity),
-        "miss_cycles": len(miss), "hit_cycles": len(hit),
-        "hit_steps": len(times["hit"]), "miss_steps": len(times["miss"]),
+        "miss_cycles": len(miss),
+        "hit_cycles": len(hit),
+        "hit_steps": len(times["hit"]),
+        "miss_steps": len(times["miss"]),
         "cycles_per_hit_step": len(hit_phase) / max(1, len(times["hit"])),
         "cycles_per_miss_step": len(miss_phase) / max(1, len(times["miss"])),
         # negotiation on a cache miss: control allreduce + allgather + decode + controller
-        "miss_negotiation_ms": med([c["ar_s"] + (c["ag_s"] or 0) + (c["decode_s"] or 0)
-                                    + (c["ingest_s"] or 0) for c in miss]),
+        "miss_negotiation_ms": med(
+            [
+                c["ar_s"] + (c["ag_s"] or 0) + (c["decode_s"] or 0) + (c["ingest_s"] or 0)
+                for c in miss
+            ]
+        ),
         "uniform_negotiations": sum(1 for c in miss if c["ag_s"] is None),
         "miss_control_allreduce_ms": med([c["ar_s"] for c in miss]),
         "miss_allgather_ms": med([c["ag_s"] for c in miss]),
-        "miss_decode_ingest_ms": med([(c["decode_s"] or 0) + (c["ingest_s"] or 0)
-                                      for c in miss]),
+        "miss_decode_ingest_ms": med([(c["decode_s"] or 0) + (c["ingest_s"] or 0) for c in miss]),
         "miss_allgather_bytes": int(statistics.median([c["ag_bytes"] for c in miss]))
-        if miss else None,
+        if miss
+        else None,
         "vector_bytes_before": control_vector_bytes_before(size, cache_capacity),
         "rank0_miss_cycle_cpu_ms": med([c.get("cpu_s") for c in miss]),
         # steady state: the cache answers, one control allreduce per cycle
@@ -350,26 +394,36 @@ def summarize(log: CycleLog, times: Dict[str, List[float]], size: int, cache_cap
 # --------------------------------------------------------------------------------------------
 # harness 1: real processes (worker mode runs on every rank under hvdlite-run)
 
+
 def worker_main(args) -> int:
     from hvdlite.common.backend.gloo import GlooBackend
+
     config = Config.from_env()
     backend = GlooBackend.for_job(config, -1)
-    config = config.replace(rank=backend.rank, size=backend.size,
-                            local_rank=backend.local_rank, local_size=backend.local_size,
-                            cross_rank=backend.cross_rank, cross_size=backend.cross_size)
+    config = config.replace(
+        rank=backend.rank,
+        size=backend.size,
+        local_rank=backend.local_rank,
+        local_size=backend.local_size,
+        cross_rank=backend.cross_rank,
+        cross_size=backend.cross_size,
+    )
     if args.cross_min == "ring":
         backend.cross_min_by_dissemination = False
     hierarchical = backend._shm is not None and backend._cross_pg is not None
     rt = Runtime(config, backend)
-    ls = lockstep(backend, control_vector_bytes(backend.size, config.cache_capacity) // 4,
-                  args.payload_len, args.lockstep_reps)
+    ls = lockstep(
+        backend,
+        control_vector_bytes(backend.size, config.cache_capacity) // 4,
+        args.payload_len,
+        args.lockstep_reps,
+    )
     log = CycleLog() if backend.rank == 0 else None
     instrument(rt, log)
     rt.start()
     t0 = time.perf_counter()
     try:
-        times = run_rank(rt, log, args.tensors, args.hit_steps, args.miss_steps,
-                         args.step_timeout)
+        times = run_rank(rt, log, args.tensors, args.hit_steps, args.miss_steps, args.step_timeout)
     finally:
         stopped = rt.stop(30)
     if backend.rank == 0:
@@ -383,8 +437,9 @@ def worker_main(args) -> int:
     return 0
 
 
-def run_process_job(size: int, args, hosts: Optional[str] = None,
-                    cross_min: str = "dissemination") -> dict:
+def run_process_job(
+    size: int, args, hosts: Optional[str] = None, cross_min: str = "dissemination"
+) -> dict:
     """``hvdlite-run -np size --no-shared-memory`` this script in worker mode; rank 0's row.
     With ``hosts`` ("HxS"): ``-np H*S -H 127.0.0.1:S,...`` with shared memory on, the
     cross-host MIN run as ``cross_min`` says."""
@@ -399,13 +454,35 @@ def run_process_job(size: int, args, hosts: Optional[str] = None,
                 where += ["--ssh-port", str(args.ssh_port)]
             if args.ssh_identity:
                 where += ["--ssh-identity-file", args.ssh_identity]
-        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(size), *where,
-               "--start-timeout", str(int(args.run_timeout)),
-               sys.executable, os.path.abspath(__file__), "--worker",
-               "--out", out, "--tensors", str(args.tensors), "--hit-steps", str(args.hit_steps),
-               "--miss-steps", str(args.miss_steps), "--step-timeout", str(args.step_timeout),
-               "--payload-len", str(args.payload_len),
-               "--lockstep-reps", str(args.lockstep_reps), "--cross-min", cross_min]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hvdlite.runner.cli.launch",
+            "-np",
+            str(size),
+            *where,
+            "--start-timeout",
+            str(int(args.run_timeout)),
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--out",
+            out,
+            "--tensors",
+            str(args.tensors),
+            "--hit-steps",
+            str(args.hit_steps),
+            "--miss-steps",
+            str(args.miss_steps),
+            "--step-timeout",
+            str(args.step_timeout),
+            "--payload-len",
+            str(args.payload_len),
+            "--lockstep-reps",
+            str(args.lockstep_reps),
+            "--cross-min",
+            cross_min,
+        ]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
         label = {"harness": harness, "np": size}
@@ -413,8 +490,9 @@ def run_process_job(size: int, args, hosts: Optional[str] = None,
             label.update(layout=hosts, cross_min=cross_min)
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                                  timeout=args.run_timeout)
+            proc = subprocess.run(
+                cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.run_timeout
+            )
         except subprocess.TimeoutExpired:
             return dict(label, error=f"timed out after {args.run_timeout:g}s (--run-timeout)")
         if proc.returncode != 0 or not os.path.exists(out):
@@ -428,7 +506,7 @@ def run_process_job(size: int, args, hosts: Optional[str] = None,
 
 
 def parse_layout(text: str) -> Tuple[int, int]:
-    """"HxS" -> (hosts, slots per host)."""
+    """ "HxS" -> (hosts, slots per host)."""
     hosts, _, slots = text.partition("x")
     if not (hosts.isdigit() and slots.isdigit() and int(hosts) >= 1 and int(slots) >= 1):
         raise SystemExit(f"--process-hosts: {text!r} is not HOSTSxSLOTS (e.g. 2x2)")
@@ -454,8 +532,11 @@ def run_host_jobs(args) -> List[dict]:
         for layout in [x for x in args.process_hosts.split(",") if x]:
             hosts, slots = parse_layout(layout)
             for kind in kinds:
-                print(f"# hosts {layout} cross-min {kind} (repeat {rep + 1} of "
-                      f"{args.repeats}) ...", file=sys.stderr, flush=True)
+                print(
+                    f"# hosts {layout} cross-min {kind} (repeat {rep + 1} of {args.repeats}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 row = run_process_job(hosts * slots, args, layout, kind)
                 row["repeat"] = rep
                 rows.append(row)
@@ -463,9 +544,13 @@ def run_host_jobs(args) -> List[dict]:
 
 
 #: what the cross-min ratios compare (rank 0's medians per job)
-CROSS_MIN_METRICS = ("hit_control_allreduce_ms", "hit_control_allreduce_p90_ms",
-                     "lockstep_control_allreduce_ms", "lockstep_control_allreduce_p90_ms",
-                     "hit_step_ms")
+CROSS_MIN_METRICS = (
+    "hit_control_allreduce_ms",
+    "hit_control_allreduce_p90_ms",
+    "lockstep_control_allreduce_ms",
+    "lockstep_control_allreduce_p90_ms",
+    "hit_step_ms",
+)
 
 
 def cross_min_ratios(rows: List[dict]) -> List[dict]:
@@ -493,8 +578,10 @@ def cross_min_ratios(rows: List[dict]) -> List[dict]:
 # --------------------------------------------------------------------------------------------
 # harness 2: runtimes as threads of this process over the loopback backend
 
+
 def run_thread_job(size: int, args) -> dict:
     from tests.common.loopback import Hub, LoopbackBackend
+
     hub = Hub(size, timeout_s=args.step_timeout)
     log = CycleLog()
     rts = []
@@ -508,11 +595,15 @@ def run_thread_job(size: int, args) -> dict:
 
     def pre(r):
         try:
-            out = lockstep(rts[r].backend, control_vector_bytes(size, rts[r].config.cache_capacity)
-                           // 4, args.payload_len, args.lockstep_reps)
+            out = lockstep(
+                rts[r].backend,
+                control_vector_bytes(size, rts[r].config.cache_capacity) // 4,
+                args.payload_len,
+                args.lockstep_reps,
+            )
             if r == 0:
                 lock.update(out)
-        except BaseException as exc:          # reported in the row, with the rank
+        except BaseException as exc:  # reported in the row, with the rank
             errors.append(f"rank {r} (lockstep): {type(exc).__name__}: {exc}")
 
     pre_threads = [threading.Thread(target=pre, args=(r,), daemon=True) for r in range(size)]
@@ -522,21 +613,32 @@ def run_thread_job(size: int, args) -> dict:
         t.join(args.run_timeout)
     if errors or any(t.is_alive() for t in pre_threads):
         hub.barrier.abort()
-        return {"harness": "thread", "np": size,
-                "error": errors[0] if errors else "lockstep timed out"}
+        return {
+            "harness": "thread",
+            "np": size,
+            "error": errors[0] if errors else "lockstep timed out",
+        }
     for rt in rts:
         rt.start()
 
     def body(r):
         try:
-            results[r] = run_rank(rts[r], log if r == 0 else None, args.tensors,
-                                  args.hit_steps, args.miss_steps, args.step_timeout)
-        except BaseException as exc:          # reported in the row, with the rank
+            results[r] = run_rank(
+                rts[r],
+                log if r == 0 else None,
+                args.tensors,
+                args.hit_steps,
+                args.miss_steps,
+                args.step_timeout,
+            )
+        except BaseException as exc:  # reported in the row, with the rank
             errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=body, args=(r,), name=f"cp-rank{r}", daemon=True)
-               for r in range(size)]
+    threads = [
+        threading.Thread(target=body, args=(r,), name=f"cp-rank{r}", daemon=True)
+        for r in range(size)
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + args.run_timeout
@@ -544,13 +646,16 @@ def run_thread_job(size: int, args) -> dict:
         t.join(max(0.0, deadline - time.monotonic()))
     timed_out = any(t.is_alive() for t in threads)
     if timed_out or errors:
-        hub.barrier.abort()                   # every runtime's pending collective fails
+        hub.barrier.abort()  # every runtime's pending collective fails
     for rt in rts:
         rt.stop(10)
     wall = time.perf_counter() - t0
     if timed_out:
-        return {"harness": "thread", "np": size,
-                "error": f"timed out after {args.run_timeout:g}s (--run-timeout)"}
+        return {
+            "harness": "thread",
+            "np": size,
+            "error": f"timed out after {args.run_timeout:g}s (--run-timeout)",
+        }
     if errors:
         return {"harness": "thread", "np": size, "error": errors[0]}
     row = summarize(log, results[0], size, Config().cache_capacity, "thread")
@@ -561,6 +666,7 @@ def run_thread_job(size: int, args) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # harness 3: one rank whose n-1 peers mirror it (per-rank CPU at any size, no transport)
+
 
 class MirrorBackend(Backend):
     """Rank 0 of ``size`` ranks whose peers all send exactly what it sends.
@@ -606,9 +712,10 @@ def run_mirror_job(size: int, args) -> dict:
 
     def body():
         try:
-            result["times"] = run_rank(rt, log, args.tensors, args.hit_steps, args.miss_steps,
-                                       args.step_timeout)
-        except BaseException as exc:          # reported in the row
+            result["times"] = run_rank(
+                rt, log, args.tensors, args.hit_steps, args.miss_steps, args.step_timeout
+            )
+        except BaseException as exc:  # reported in the row
             result["error"] = f"{type(exc).__name__}: {exc}"
 
     t = threading.Thread(target=body, name="cp-mirror", daemon=True)
@@ -616,8 +723,11 @@ def run_mirror_job(size: int, args) -> dict:
     t.join(args.run_timeout)
     rt.stop(10)
     if t.is_alive():
-        return {"harness": "mirror", "np": size,
-                "error": f"timed out after {args.run_timeout:g}s (--run-timeout)"}
+        return {
+            "harness": "mirror",
+            "np": size,
+            "error": f"timed out after {args.run_timeout:g}s (--run-timeout)",
+        }
     if "error" in result:
         return {"harness": "mirror", "np": size, "error": result["error"]}
     row = summarize(log, result["times"], size, Config().cache_capacity, "mirror")
@@ -628,11 +738,20 @@ def run_mirror_job(size: int, args) -> dict:
 # --------------------------------------------------------------------------------------------
 # harness 4: the controller alone (CPU work of one negotiation), no transport
 
+
 def controller_row(size: int, tensors: int, reps: int) -> dict:
     payloads = []
     for r in range(size):
-        reqs = [Request(f"step0.grad.layer{i}.weight", OpType.ALLREDUCE, "float32", (4,),
-                        reduce_op=int(ReduceOp.SUM)) for i in range(tensors)]
+        reqs = [
+            Request(
+                f"step0.grad.layer{i}.weight",
+                OpType.ALLREDUCE,
+                "float32",
+                (4,),
+                reduce_op=int(ReduceOp.SUM),
+            )
+            for i in range(tensors)
+        ]
         payloads.append(encode_requests(reqs))
     wall, cpu = [], []
     for rep in range(reps):
@@ -653,18 +772,23 @@ def controller_row(size: int, tensors: int, reps: int) -> dict:
         uniform.append(time.thread_time() - c0)
         assert len(responses) == tensors, (size, len(responses))
     max_len = max(len(p) for p in payloads)
-    return {"harness": "controller", "np": size, "requests": size * tensors,
-            "uniform_cpu_ms": statistics.median(uniform) * 1e3,
-            "payload_bytes_per_rank": max_len,
-            "gathered_bytes_per_rank": size * (max_len + 4),
-            # CPU time is the number to use on a loaded machine; wall includes preemption
-            "decode_ingest_cpu_ms": statistics.median(cpu) * 1e3,
-            "decode_ingest_ms": statistics.median(wall) * 1e3,
-            "decode_ingest_min_ms": min(wall) * 1e3}
+    return {
+        "harness": "controller",
+        "np": size,
+        "requests": size * tensors,
+        "uniform_cpu_ms": statistics.median(uniform) * 1e3,
+        "payload_bytes_per_rank": max_len,
+        "gathered_bytes_per_rank": size * (max_len + 4),
+        # CPU time is the number to use on a loaded machine; wall includes preemption
+        "decode_ingest_cpu_ms": statistics.median(cpu) * 1e3,
+        "decode_ingest_ms": statistics.median(wall) * 1e3,
+        "decode_ingest_min_ms": min(wall) * 1e3,
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # fits and predictions
+
 
 def fit(xs: List[float], ys: List[float]) -> Optional[dict]:
     """Least squares of y = a + b*n (linear) and of log y = log c + k log n (power law).
@@ -683,29 +807,42 @@ def fit(xs: List[float], ys: List[float]) -> Optional[dict]:
     def rel_rms(pred):
         return float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
 
-    lin_err, pow_err = rel_rms(a + b * x), rel_rms(c * x ** k)
+    lin_err, pow_err = rel_rms(a + b * x), rel_rms(c * x**k)
     # a line that goes negative before the predicted sizes describes noise, not growth
     lin_ok = all(a + b * n > 0 for n in PREDICT_AT)
-    out = {"points": len(pts), "n_range": [int(x.min()), int(x.max())],
-           "linear": {"a": float(a), "b": float(b), "rel_rms": lin_err},
-           "power": {"c": c, "k": float(k), "rel_rms": pow_err},
-           "preferred": "linear" if lin_ok and lin_err <= pow_err else "power", "predict": {}}
+    out = {
+        "points": len(pts),
+        "n_range": [int(x.min()), int(x.max())],
+        "linear": {"a": float(a), "b": float(b), "rel_rms": lin_err},
+        "power": {"c": c, "k": float(k), "rel_rms": pow_err},
+        "preferred": "linear" if lin_ok and lin_err <= pow_err else "power",
+        "predict": {},
+    }
     for n in PREDICT_AT:
-        out["predict"][str(n)] = {"linear": float(a + b * n), "power": float(c * n ** k)}
+        out["predict"][str(n)] = {"linear": float(a + b * n), "power": float(c * n**k)}
     return out
 
 
 #: (row source, metric) pairs that are fitted
 FIT_METRICS = [
-    ("process", "miss_negotiation_ms"), ("process", "miss_control_allreduce_ms"),
-    ("process", "miss_allgather_ms"), ("process", "rank0_miss_cycle_cpu_ms"),
-    ("process", "hit_control_allreduce_ms"), ("process", "rank0_hit_cycle_cpu_ms"),
-    ("process", "hit_step_ms"), ("process", "miss_step_ms"),
-    ("process", "lockstep_control_allreduce_ms"), ("process", "lockstep_allgather_ms"),
-    ("thread", "miss_negotiation_ms"), ("thread", "rank0_miss_cycle_cpu_ms"),
-    ("thread", "rank0_hit_cycle_cpu_ms"), ("thread", "hit_step_ms"), ("thread", "miss_step_ms"),
+    ("process", "miss_negotiation_ms"),
+    ("process", "miss_control_allreduce_ms"),
+    ("process", "miss_allgather_ms"),
+    ("process", "rank0_miss_cycle_cpu_ms"),
+    ("process", "hit_control_allreduce_ms"),
+    ("process", "rank0_hit_cycle_cpu_ms"),
+    ("process", "hit_step_ms"),
+    ("process", "miss_step_ms"),
+    ("process", "lockstep_control_allreduce_ms"),
+    ("process", "lockstep_allgather_ms"),
+    ("thread", "miss_negotiation_ms"),
+    ("thread", "rank0_miss_cycle_cpu_ms"),
+    ("thread", "rank0_hit_cycle_cpu_ms"),
+    ("thread", "hit_step_ms"),
+    ("thread", "miss_step_ms"),
     ("thread", "lockstep_control_allreduce_ms"),
-    ("mirror", "rank0_miss_cycle_cpu_ms"), ("mirror", "rank0_hit_cycle_cpu_ms"),
+    ("mirror", "rank0_miss_cycle_cpu_ms"),
+    ("mirror", "rank0_hit_cycle_cpu_ms"),
     ("mirror", "miss_decode_ingest_ms"),
     ("controller", "decode_ingest_cpu_ms"),
 ]
@@ -714,8 +851,11 @@ FIT_METRICS = [
 def all_fits(rows: List[dict]) -> Dict[str, dict]:
     fits = {}
     for harness, metric in FIT_METRICS:
-        good = [r for r in rows if r["harness"] == harness and "error" not in r
-                and r.get(metric) is not None]
+        good = [
+            r
+            for r in rows
+            if r["harness"] == harness and "error" not in r and r.get(metric) is not None
+        ]
         if harness in ("controller", "mirror"):
             # fit the sizes the jobs reach; sizes beyond are measured, not predicted, and
             # are kept next to the prediction to check the extrapolation
@@ -736,26 +876,28 @@ def exact_model(cache_capacity: int, tensors: int, payload_bytes: int) -> List[d
     out = []
     for n in (2, 4, 8, 16, 32, 64) + PREDICT_AT:
         v = control_vector_bytes(n, cache_capacity)
-        out.append({
-            "np": n,
-            "hvdlite_vector_bytes": v,
-            # ring allreduce (Gloo's default): each rank sends and receives 2(n-1)/n of it,
-            # in at least 2(n-1) neighbour hops one after the other (reduce-scatter, allgather)
-            "hvdlite_vector_bytes_on_wire_per_rank": int(2 * (n - 1) / n * v),
-            "ring_sequential_hops": 2 * (n - 1),
-            # latency-optimal alternatives: recursive doubling, or a binomial reduce + broadcast
-            "recursive_doubling_rounds": math.ceil(math.log2(n)),
-            "tree_reduce_broadcast_rounds": 2 * math.ceil(math.log2(n)),
-            "horovod_bitvector_bytes": horovod_bitvector_bytes(min(tensors, cache_capacity)),
-            "horovod_bitvector_bytes_full_cache": horovod_bitvector_bytes(cache_capacity),
-            # a miss: hvdlite allgathers every rank's padded payload to every rank
-            "hvdlite_miss_bytes_received_per_rank": n * (payload_bytes + 4),
-            "hvdlite_miss_bytes_total": n * n * (payload_bytes + 4),
-            # Horovod: rank 0 receives every ready list, sends the response list back (under
-            # MPI a gather; its Gloo controller uses allgatherv, so every rank receives them)
-            "horovod_miss_bytes_received_rank0": (n - 1) * payload_bytes,
-            "horovod_gloo_miss_bytes_received_per_rank": n * payload_bytes,
-        })
+        out.append(
+            {
+                "np": n,
+                "hvdlite_vector_bytes": v,
+                # ring allreduce (Gloo's default): each rank sends and receives 2(n-1)/n of it,
+                # in at least 2(n-1) neighbour hops one after the other (reduce-scatter, allgather)
+                "hvdlite_vector_bytes_on_wire_per_rank": int(2 * (n - 1) / n * v),
+                "ring_sequential_hops": 2 * (n - 1),
+                # latency-optimal alternatives: recursive doubling, or a binomial reduce + broadcast
+                "recursive_doubling_rounds": math.ceil(math.log2(n)),
+                "tree_reduce_broadcast_rounds": 2 * math.ceil(math.log2(n)),
+                "horovod_bitvector_bytes": horovod_bitvector_bytes(min(tensors, cache_capacity)),
+                "horovod_bitvector_bytes_full_cache": horovod_bitvector_bytes(cache_capacity),
+                # a miss: hvdlite allgathers every rank's padded payload to every rank
+                "hvdlite_miss_bytes_received_per_rank": n * (payload_bytes + 4),
+                "hvdlite_miss_bytes_total": n * n * (payload_bytes + 4),
+                # Horovod: rank 0 receives every ready list, sends the response list back (under
+                # MPI a gather; its Gloo controller uses allgatherv, so every rank receives them)
+                "horovod_miss_bytes_received_rank0": (n - 1) * payload_bytes,
+                "horovod_gloo_miss_bytes_received_per_rank": n * payload_bytes,
+            }
+        )
     return out
 
 
@@ -763,17 +905,22 @@ def exact_model(cache_capacity: int, tensors: int, payload_bytes: int) -> List[d
 # output
 
 COLUMNS = [
-    ("harness", "src", "{}"), ("np", "np", "{}"), ("layout", "hosts x slots", "{}"),
-    ("cross_min", "cross MIN", "{}"), ("vector_bytes", "vec B", "{}"),
+    ("harness", "src", "{}"),
+    ("np", "np", "{}"),
+    ("layout", "hosts x slots", "{}"),
+    ("cross_min", "cross MIN", "{}"),
+    ("vector_bytes", "vec B", "{}"),
     ("uniform_negotiations", "uniform", "{}"),
     ("miss_negotiation_ms", "miss negot ms", "{:.3f}"),
     ("miss_control_allreduce_ms", "ctl AR ms", "{:.3f}"),
-    ("miss_allgather_ms", "AG ms", "{:.3f}"), ("miss_allgather_bytes", "AG B/rank", "{}"),
+    ("miss_allgather_ms", "AG ms", "{:.3f}"),
+    ("miss_allgather_bytes", "AG B/rank", "{}"),
     ("miss_decode_ingest_ms", "dec+ctl ms", "{:.3f}"),
     ("rank0_miss_cycle_cpu_ms", "r0 CPU miss", "{:.3f}"),
     ("hit_control_allreduce_ms", "hit ctl AR ms", "{:.3f}"),
     ("rank0_hit_cycle_cpu_ms", "r0 CPU hit", "{:.3f}"),
-    ("hit_step_ms", "hit step ms", "{:.2f}"), ("miss_step_ms", "miss step ms", "{:.2f}"),
+    ("hit_step_ms", "hit step ms", "{:.2f}"),
+    ("miss_step_ms", "miss step ms", "{:.2f}"),
     ("lockstep_control_allreduce_ms", "lockstep AR ms", "{:.3f}"),
     ("lockstep_allgather_ms", "lockstep AG ms", "{:.3f}"),
 ]
@@ -784,18 +931,27 @@ def fmt(value, spec):
 
 
 def print_cross_min(ratios: List[dict]) -> None:
-    print("\ncross-host MIN with shared memory on, medians over repeats (ms), "
-          "dissemination / ring:")
-    print("| hosts x slots | np | runs (ring, diss) | "
-          + " | ".join(f"{m} ring | diss | ratio" for m in CROSS_MIN_METRICS) + " |")
+    print(
+        "\ncross-host MIN with shared memory on, medians over repeats (ms), dissemination / ring:"
+    )
+    print(
+        "| hosts x slots | np | runs (ring, diss) | "
+        + " | ".join(f"{m} ring | diss | ratio" for m in CROSS_MIN_METRICS)
+        + " |"
+    )
     print("|---|---|---|" + "---|---|---|" * len(CROSS_MIN_METRICS))
     for e in ratios:
         cells = []
         for m in CROSS_MIN_METRICS:
-            cells += [fmt(e[f"ring:{m}"], "{:.3f}"), fmt(e[f"dissemination:{m}"], "{:.3f}"),
-                      fmt(e[f"ratio:{m}"], "{:.2f}")]
-        print(f"| {e['layout']} | {e['np']} | {e['repeats']['ring']}, "
-              f"{e['repeats']['dissemination']} | " + " | ".join(cells) + " |")
+            cells += [
+                fmt(e[f"ring:{m}"], "{:.3f}"),
+                fmt(e[f"dissemination:{m}"], "{:.3f}"),
+                fmt(e[f"ratio:{m}"], "{:.2f}"),
+            ]
+        print(
+            f"| {e['layout']} | {e['np']} | {e['repeats']['ring']}, "
+            f"{e['repeats']['dissemination']} | " + " | ".join(cells) + " |"
+        )
 
 
 def print_table(rows: List[dict], controller: List[dict], fits: Dict[str, dict]) -> None:
@@ -807,19 +963,30 @@ def print_table(rows: List[dict], controller: List[dict], fits: Dict[str, dict])
             continue
         print("| " + " | ".join(fmt(r.get(k), s) for k, _, s in COLUMNS) + " |")
     if controller:
-        print("\ncontroller alone (decode every rank's payload + Controller.ingest; uniform: "
-              "encode + digest + Controller.ingest_uniform), ms:")
-        print("| np | requests | gathered B/rank | CPU median | wall median | wall min | "
-              "uniform CPU |\n|---|---|---|---|---|---|---|")
+        print(
+            "\ncontroller alone (decode every rank's payload + Controller.ingest; uniform: "
+            "encode + digest + Controller.ingest_uniform), ms:"
+        )
+        print(
+            "| np | requests | gathered B/rank | CPU median | wall median | wall min | "
+            "uniform CPU |\n|---|---|---|---|---|---|---|"
+        )
         for c in controller:
-            print(f"| {c['np']} | {c['requests']} | {c['gathered_bytes_per_rank']} | "
-                  f"{c['decode_ingest_cpu_ms']:.3f} | {c['decode_ingest_ms']:.3f} | "
-                  f"{c['decode_ingest_min_ms']:.3f} | {fmt(c.get('uniform_cpu_ms'), '{:.3f}')} |")
+            print(
+                f"| {c['np']} | {c['requests']} | {c['gathered_bytes_per_rank']} | "
+                f"{c['decode_ingest_cpu_ms']:.3f} | {c['decode_ingest_ms']:.3f} | "
+                f"{c['decode_ingest_min_ms']:.3f} | {fmt(c.get('uniform_cpu_ms'), '{:.3f}')} |"
+            )
     if fits:
-        print("\nfits (linear: a + b*n; power: c * n^k, least squares on log-log); "
-              "predictions at " + ", ".join(map(str, PREDICT_AT)) + " ranks:")
-        print("| metric | linear a, b (rel rms) | power c, k (rel rms) | preferred | "
-              + " | ".join(f"@{n}" for n in PREDICT_AT) + " |")
+        print(
+            "\nfits (linear: a + b*n; power: c * n^k, least squares on log-log); "
+            "predictions at " + ", ".join(map(str, PREDICT_AT)) + " ranks:"
+        )
+        print(
+            "| metric | linear a, b (rel rms) | power c, k (rel rms) | preferred | "
+            + " | ".join(f"@{n}" for n in PREDICT_AT)
+            + " |"
+        )
         print("|---|---|---|---|" + "---|" * len(PREDICT_AT))
         for key, f in fits.items():
             lin, pw = f["linear"], f["power"]
@@ -830,38 +997,67 @@ def print_table(rows: List[dict], controller: List[dict], fits: Dict[str, dict])
                 if "measured" in pred:
                     cell += f" (measured {pred['measured']:.3g})"
                 cells.append(cell)
-            print(f"| {key} | {lin['a']:.3g}, {lin['b']:.3g} ({lin['rel_rms']:.2f}) | "
-                  f"{pw['c']:.3g}, {pw['k']:.2f} ({pw['rel_rms']:.2f}) | {f['preferred']} | "
-                  + " | ".join(cells) + " |")
+            print(
+                f"| {key} | {lin['a']:.3g}, {lin['b']:.3g} ({lin['rel_rms']:.2f}) | "
+                f"{pw['c']:.3g}, {pw['k']:.2f} ({pw['rel_rms']:.2f}) | {f['preferred']} | "
+                + " | ".join(cells)
+                + " |"
+            )
 
 
 def plot(path: str, rows: List[dict], controller: List[dict], model: List[dict]) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     panels = [
-        (axes[0][0], "negotiation on a cache miss (rank 0, wall ms)",
-         [("process", "miss_negotiation_ms"), ("thread", "miss_negotiation_ms")]),
-        (axes[0][1], "steady state, cache hitting (ms)",
-         [("process", "hit_control_allreduce_ms"), ("process", "lockstep_control_allreduce_ms"),
-          ("process", "hit_step_ms"), ("thread", "hit_step_ms")]),
-        (axes[1][0], "rank 0's work per cycle (background-thread CPU ms)",
-         [("process", "rank0_miss_cycle_cpu_ms"), ("process", "rank0_hit_cycle_cpu_ms"),
-          ("thread", "rank0_miss_cycle_cpu_ms"), ("thread", "rank0_hit_cycle_cpu_ms"),
-          ("mirror", "rank0_miss_cycle_cpu_ms"), ("mirror", "rank0_hit_cycle_cpu_ms")]),
+        (
+            axes[0][0],
+            "negotiation on a cache miss (rank 0, wall ms)",
+            [("process", "miss_negotiation_ms"), ("thread", "miss_negotiation_ms")],
+        ),
+        (
+            axes[0][1],
+            "steady state, cache hitting (ms)",
+            [
+                ("process", "hit_control_allreduce_ms"),
+                ("process", "lockstep_control_allreduce_ms"),
+                ("process", "hit_step_ms"),
+                ("thread", "hit_step_ms"),
+            ],
+        ),
+        (
+            axes[1][0],
+            "rank 0's work per cycle (background-thread CPU ms)",
+            [
+                ("process", "rank0_miss_cycle_cpu_ms"),
+                ("process", "rank0_hit_cycle_cpu_ms"),
+                ("thread", "rank0_miss_cycle_cpu_ms"),
+                ("thread", "rank0_hit_cycle_cpu_ms"),
+                ("mirror", "rank0_miss_cycle_cpu_ms"),
+                ("mirror", "rank0_hit_cycle_cpu_ms"),
+            ],
+        ),
     ]
     for ax, title, series in panels:
         for harness, metric in series:
-            pts = [(r["np"], r[metric]) for r in rows if r["harness"] == harness
-                   and "error" not in r and r.get(metric)]
+            pts = [
+                (r["np"], r[metric])
+                for r in rows
+                if r["harness"] == harness and "error" not in r and r.get(metric)
+            ]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=f"{harness}: {metric}")
         if ax is axes[1][0] and controller:
-            ax.plot([c["np"] for c in controller],
-                    [c["decode_ingest_cpu_ms"] for c in controller], marker="s",
-                    linestyle="--", label="controller alone: decode+ingest CPU")
+            ax.plot(
+                [c["np"] for c in controller],
+                [c["decode_ingest_cpu_ms"] for c in controller],
+                marker="s",
+                linestyle="--",
+                label="controller alone: decode+ingest CPU",
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -870,14 +1066,30 @@ def plot(path: str, rows: List[dict], controller: List[dict], model: List[dict])
         ax.legend(fontsize=7)
     ax = axes[1][1]
     ns = [m["np"] for m in model]
-    ax.plot(ns, [m["hvdlite_vector_bytes"] for m in model], marker="o",
-            label="hvdlite control vector (per rank)")
-    ax.plot(ns, [m["hvdlite_miss_bytes_received_per_rank"] for m in model], marker="o",
-            label="hvdlite miss: allgather received per rank")
-    ax.plot(ns, [m["horovod_miss_bytes_received_rank0"] for m in model], marker="^",
-            label="Horovod miss: gathered at rank 0 (MPI; Gloo: at every rank)")
-    ax.plot(ns, [m["horovod_bitvector_bytes_full_cache"] for m in model], marker="^",
-            label="Horovod cache bit vector (1024 entries)")
+    ax.plot(
+        ns,
+        [m["hvdlite_vector_bytes"] for m in model],
+        marker="o",
+        label="hvdlite control vector (per rank)",
+    )
+    ax.plot(
+        ns,
+        [m["hvdlite_miss_bytes_received_per_rank"] for m in model],
+        marker="o",
+        label="hvdlite miss: allgather received per rank",
+    )
+    ax.plot(
+        ns,
+        [m["horovod_miss_bytes_received_rank0"] for m in model],
+        marker="^",
+        label="Horovod miss: gathered at rank 0 (MPI; Gloo: at every rank)",
+    )
+    ax.plot(
+        ns,
+        [m["horovod_bitvector_bytes_full_cache"] for m in model],
+        marker="^",
+        label="Horovod cache bit vector (1024 entries)",
+    )
     ax.set_title("bytes per cycle (exact, from the layouts)", fontsize=10)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -892,49 +1104,86 @@ def plot(path: str, rows: List[dict], controller: List[dict], model: List[dict])
 
 # --------------------------------------------------------------------------------------------
 
+
 def parse_sizes(text: str) -> List[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--process-np", help="sizes run as real processes (hvdlite-run "
-                   "--no-shared-memory); default 2,4,8,16")
-    p.add_argument("--thread-np", help="sizes run as threads over the loopback harness; "
-                   "default 2,4,8,16,32,64")
-    p.add_argument("--mirror-np", help="sizes run as one rank whose peers mirror it "
-                   "(per-rank CPU, no transport); default 2,4,...,1024")
-    p.add_argument("--controller-np", help="sizes for the controller-alone CPU measurement; "
-                   "default 2,4,...,1024")
+    p.add_argument(
+        "--process-np",
+        help="sizes run as real processes (hvdlite-run --no-shared-memory); default 2,4,8,16",
+    )
+    p.add_argument(
+        "--thread-np", help="sizes run as threads over the loopback harness; default 2,4,8,16,32,64"
+    )
+    p.add_argument(
+        "--mirror-np",
+        help="sizes run as one rank whose peers mirror it "
+        "(per-rank CPU, no transport); default 2,4,...,1024",
+    )
+    p.add_argument(
+        "--controller-np",
+        help="sizes for the controller-alone CPU measurement; default 2,4,...,1024",
+    )
     p.add_argument("--tensors", type=int, default=16, help="allreduces per step (4 floats each)")
     p.add_argument("--hit-steps", type=int, help="steps answered by the cache (default 30)")
     p.add_argument("--miss-steps", type=int, help="steps with fresh names (default 15)")
     p.add_argument("--controller-reps", type=int, help="repetitions per size (default 7)")
-    p.add_argument("--lockstep-reps", type=int,
-                   help="back-to-back control collectives timed before the runtime starts "
-                        "(default 30)")
-    p.add_argument("--payload-len", type=int, default=1015,
-                   help="bytes per rank in the lockstep allgather (16 requests encode to "
-                        "1015 bytes)")
-    p.add_argument("--step-timeout", type=float, default=60.0,
-                   help="seconds one step may take before the job is failed")
-    p.add_argument("--run-timeout", type=float,
-                   help="seconds one job (one size of one harness) may take (default 240)")
-    p.add_argument("--process-hosts", default="",
-                   help="layouts HOSTSxSLOTS (e.g. 2x2,4x2) run as real processes on loopback "
-                        "hosts 127.0.0.1..H with shared memory on (needs an sshd listening on "
-                        "127.0.0.2.. : --ssh-port, --ssh-identity)")
+    p.add_argument(
+        "--lockstep-reps",
+        type=int,
+        help="back-to-back control collectives timed before the runtime starts (default 30)",
+    )
+    p.add_argument(
+        "--payload-len",
+        type=int,
+        default=1015,
+        help="bytes per rank in the lockstep allgather (16 requests encode to 1015 bytes)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=60.0,
+        help="seconds one step may take before the job is failed",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        help="seconds one job (one size of one harness) may take (default 240)",
+    )
+    p.add_argument(
+        "--process-hosts",
+        default="",
+        help="layouts HOSTSxSLOTS (e.g. 2x2,4x2) run as real processes on loopback "
+        "hosts 127.0.0.1..H with shared memory on (needs an sshd listening on "
+        "127.0.0.2.. : --ssh-port, --ssh-identity)",
+    )
     p.add_argument("--ssh-port", type=int, help="passed to hvdlite-run as --ssh-port")
     p.add_argument("--ssh-identity", help="passed to hvdlite-run as --ssh-identity-file")
-    p.add_argument("--cross-min", default="dissemination",
-                   help="how --process-hosts jobs reduce the control vector across hosts: "
-                        "dissemination, ring, or both (ring,dissemination), each in turn")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="times every --process-hosts layout and --cross-min kind runs")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke-test defaults: thread harness at np=2, no processes, few steps")
-    p.add_argument("--from-json", metavar="FILE",
-                   help="measure nothing: reprint, refit and replot the rows of an earlier --json")
+    p.add_argument(
+        "--cross-min",
+        default="dissemination",
+        help="how --process-hosts jobs reduce the control vector across hosts: "
+        "dissemination, ring, or both (ring,dissemination), each in turn",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="times every --process-hosts layout and --cross-min kind runs",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke-test defaults: thread harness at np=2, no processes, few steps",
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="measure nothing: reprint, refit and replot the rows of an earlier --json",
+    )
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -942,14 +1191,29 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    defaults = dict(process_np="2,4,8,16", thread_np="2,4,8,16,32,64",
-                    mirror_np="2,4,8,16,32,64,128,256,512,1024",
-                    controller_np="2,4,8,16,32,64,128,256,512,1024", hit_steps=30,
-                    miss_steps=15, controller_reps=7, lockstep_reps=30, run_timeout=240.0)
+    defaults = dict(
+        process_np="2,4,8,16",
+        thread_np="2,4,8,16,32,64",
+        mirror_np="2,4,8,16,32,64,128,256,512,1024",
+        controller_np="2,4,8,16,32,64,128,256,512,1024",
+        hit_steps=30,
+        miss_steps=15,
+        controller_reps=7,
+        lockstep_reps=30,
+        run_timeout=240.0,
+    )
     if args.quick:
-        defaults.update(process_np="", thread_np="2", mirror_np="2,8", controller_np="2,4,8",
-                        hit_steps=4,
-                        miss_steps=3, controller_reps=2, lockstep_reps=3, run_timeout=60.0)
+        defaults.update(
+            process_np="",
+            thread_np="2",
+            mirror_np="2,8",
+            controller_np="2,4,8",
+            hit_steps=4,
+            miss_steps=3,
+            controller_reps=2,
+            lockstep_reps=3,
+            run_timeout=60.0,
+        )
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -972,20 +1236,28 @@ def main(argv=None) -> int:
     for n in parse_sizes(args.mirror_np):
         print(f"# mirror harness np={n} ...", file=sys.stderr, flush=True)
         rows.append(run_mirror_job(n, args))
-    controller = [controller_row(n, args.tensors, args.controller_reps)
-                  for n in parse_sizes(args.controller_np)]
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "host": platform.node(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "tensors_per_step": args.tensors,
-            "hit_steps": args.hit_steps, "miss_steps": args.miss_steps,
-            "cache_capacity": Config().cache_capacity,
-            "cycle_time_ms": Config().cycle_time_ms,
-            "process_np": parse_sizes(args.process_np),
-            "process_hosts": args.process_hosts, "cross_min": args.cross_min,
-            "repeats": args.repeats,
-            "thread_np": parse_sizes(args.thread_np),
-            "mirror_np": parse_sizes(args.mirror_np),
-            "seconds": time.perf_counter() - started}
+    controller = [
+        controller_row(n, args.tensors, args.controller_reps)
+        for n in parse_sizes(args.controller_np)
+    ]
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "tensors_per_step": args.tensors,
+        "hit_steps": args.hit_steps,
+        "miss_steps": args.miss_steps,
+        "cache_capacity": Config().cache_capacity,
+        "cycle_time_ms": Config().cycle_time_ms,
+        "process_np": parse_sizes(args.process_np),
+        "process_hosts": args.process_hosts,
+        "cross_min": args.cross_min,
+        "repeats": args.repeats,
+        "thread_np": parse_sizes(args.thread_np),
+        "mirror_np": parse_sizes(args.mirror_np),
+        "seconds": time.perf_counter() - started,
+    }
     return _report(args, rows, controller, meta)
 
 
@@ -993,14 +1265,23 @@ def _report(args, rows: List[dict], controller: List[dict], meta: dict) -> int:
     """Fit, print, and write the JSON and the plot; the exit status."""
     fits = all_fits(rows + controller)
     payload = controller[0]["payload_bytes_per_rank"] if controller else args.payload_len
-    model = exact_model(meta.get("cache_capacity", Config().cache_capacity),
-                        meta.get("tensors_per_step", args.tensors), payload)
+    model = exact_model(
+        meta.get("cache_capacity", Config().cache_capacity),
+        meta.get("tensors_per_step", args.tensors),
+        payload,
+    )
     print_table(rows, controller, fits)
     ratios = cross_min_ratios(rows)
     if ratios:
         print_cross_min(ratios)
-    result = {"meta": meta, "rows": rows, "controller": controller, "fits": fits,
-              "model": model, "cross_min": ratios}
+    result = {
+        "meta": meta,
+        "rows": rows,
+        "controller": controller,
+        "fits": fits,
+        "model": model,
+        "cross_min": ratios,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

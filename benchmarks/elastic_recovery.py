@@ -44,13 +44,15 @@ def worker(kill_at: int, steps: int, sleep_s: float) -> None:
     torch.set_num_threads(1)
     hvd.init()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters())
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
     state = hvd.elastic.TorchState(model, opt, step=0)
-    victim = (os.environ.get("HVDLITE_HOSTNAME"), os.environ.get("HVDLITE_LOCAL_RANK")) == \
-        ("127.0.0.1", "0")
+    victim = (os.environ.get("HVDLITE_HOSTNAME"), os.environ.get("HVDLITE_LOCAL_RANK")) == (
+        "127.0.0.1",
+        "0",
+    )
 
     @hvd.elastic.run
     def train(state):
@@ -63,8 +65,7 @@ def worker(kill_at: int, steps: int, sleep_s: float) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.step()
             if hvd.rank() == 0:
-                print(f"STEP t={time.time():.6f} size={hvd.size()} step={state.step}",
-                      flush=True)
+                print(f"STEP t={time.time():.6f} size={hvd.size()} step={state.step}", flush=True)
             state.step += 1
             time.sleep(sleep_s)
             state.commit()
@@ -84,23 +85,41 @@ class _Job:
             f.write(f"#!/bin/sh\ncat {self.hosts}\n")
         os.chmod(script, 0o755)
         self.log = os.path.join(workdir, f"job{time.monotonic_ns()}.out")
-        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(np), "--min-np", "1",
-               "--max-np", str(max_np), "--host-discovery-script", script,
-               # the mechanism's own time: a new host is not held back to settle first
-               "--discovery-settle-seconds", "0",
-               sys.executable, HERE, "--worker", *worker_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hvdlite.runner.cli.launch",
+            "-np",
+            str(np),
+            "--min-np",
+            "1",
+            "--max-np",
+            str(max_np),
+            "--host-discovery-script",
+            script,
+            # the mechanism's own time: a new host is not held back to settle first
+            "--discovery-settle-seconds",
+            "0",
+            sys.executable,
+            HERE,
+            "--worker",
+            *worker_args,
+        ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
 
     def text(self) -> str:
         with open(self.log, errors="replace") as f:
             return f.read()
 
     def steps(self):
-        return [(float(t), int(n)) for t, n in
-                re.findall(r"STEP t=([\d.]+) size=(\d+) step=\d+", self.text())]
+        return [
+            (float(t), int(n))
+            for t, n in re.findall(r"STEP t=([\d.]+) size=(\d+) step=\d+", self.text())
+        ]
 
     def wait(self, predicate, timeout_s: float, what: str):
         deadline = time.monotonic() + timeout_s
@@ -122,27 +141,36 @@ class _Job:
 
 
 def measure_death(workdir: str, np: int) -> float:
-    job = _Job(workdir, f"localhost:{np - 1}\n127.0.0.1:1\n", np, np,
-               ["--kill-at", "20", "--steps", "60"])
+    job = _Job(
+        workdir, f"localhost:{np - 1}\n127.0.0.1:1\n", np, np, ["--kill-at", "20", "--steps", "60"]
+    )
     job.wait(lambda: "DYING" in job.text(), 120, "the worker's death")
     died = float(re.search(r"DYING t=([\d.]+)", job.text()).group(1))
-    job.wait(lambda: any(t > died and n == np - 1 for t, n in job.steps()), 60,
-             "a step in the smaller world")
+    job.wait(
+        lambda: any(t > died and n == np - 1 for t, n in job.steps()),
+        60,
+        "a step in the smaller world",
+    )
     first = min(t for t, n in job.steps() if t > died and n == np - 1)
     job.finish()
     return first - died
 
 
 def measure_growth(workdir: str, np: int) -> float:
-    job = _Job(workdir, f"localhost:{np - 1}\n", np - 1, np,
-               ["--kill-at", "-1", "--steps", "400", "--sleep", "0.01"])
+    job = _Job(
+        workdir,
+        f"localhost:{np - 1}\n",
+        np - 1,
+        np,
+        ["--kill-at", "-1", "--steps", "400", "--sleep", "0.01"],
+    )
     job.wait(lambda: len(job.steps()) >= 20, 120, "20 steps")
     added = time.time()
     with open(job.hosts, "w") as f:
         f.write(f"localhost:{np - 1}\n127.0.0.1:1\n")
     job.wait(lambda: any(n == np for _, n in job.steps()), 60, "a step in the larger world")
     first = min(t for t, n in job.steps() if n == np)
-    os.killpg(job.proc.pid, signal.SIGTERM)          # the rest of the run is not needed
+    os.killpg(job.proc.pid, signal.SIGTERM)  # the rest of the run is not needed
     job.proc.wait(30)
     return first - added
 
@@ -165,19 +193,27 @@ def main(argv=None) -> int:
         for run in range(args.runs):
             results["death_to_first_step_s"].append(measure_death(workdir, args.np))
             results["new_host_to_first_step_s"].append(measure_growth(workdir, args.np))
-            print(f"run {run + 1}/{args.runs}: death {results['death_to_first_step_s'][-1]:.2f}s"
-                  f", new host {results['new_host_to_first_step_s'][-1]:.2f}s", flush=True)
+            print(
+                f"run {run + 1}/{args.runs}: death {results['death_to_first_step_s'][-1]:.2f}s"
+                f", new host {results['new_host_to_first_step_s'][-1]:.2f}s",
+                flush=True,
+            )
     print(f"\nnp={args.np}, {args.runs} runs each (seconds)")
     print(f"{'measurement':28} {'median':>7} {'min':>7} {'max':>7}   target")
     for name, values in results.items():
         med = statistics.median(values)
         verdict = "MET" if med < TARGET_S else "MISSED"
-        print(f"{name:28} {med:7.2f} {min(values):7.2f} {max(values):7.2f}   "
-              f"< {TARGET_S:g} s -> {verdict}")
+        print(
+            f"{name:28} {med:7.2f} {min(values):7.2f} {max(values):7.2f}   "
+            f"< {TARGET_S:g} s -> {verdict}"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "runs": args.runs, "target_s": TARGET_S,
-                       "results": results}, f, indent=2)
+            json.dump(
+                {"np": args.np, "runs": args.runs, "target_s": TARGET_S, "results": results},
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -25,8 +25,7 @@ import time
 import xml.etree.ElementTree as ET
 
 #: the files a parallel test imports besides itself (from test/parallel and test/utils)
-_HELPERS = {"test_tensorflow.py": ["test/parallel/base_test_tensorflow.py"],
-            "test_torch.py": []}
+_HELPERS = {"test_tensorflow.py": ["test/parallel/base_test_tensorflow.py"], "test_torch.py": []}
 _UTILS = ["test/utils/common.py"]
 
 
@@ -35,27 +34,35 @@ def _read(horovod: str, rel: str) -> str:
     if os.path.isfile(path):
         with open(path) as f:
             return f.read()
-    return subprocess.run(["git", "--git-dir", horovod, "show", f"HEAD:{rel}"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", horovod, "show", f"HEAD:{rel}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 #: Horovod's private helper the TensorFlow test files import at module level (hvdlite has no
 #: ``tensorflow.util`` module: it is not API); defined in the copied file instead.  (The
 #: ``mock`` package test/utils/common.py imports is the standard library's ``unittest.mock``.)
 _PRIVATE_IMPORT = "from horovod.tensorflow.util import _executing_eagerly\n"
-_PRIVATE_STANDIN = ("def _executing_eagerly():  # Horovod's private helper, as the suite defines it\n"
-                    "    import tensorflow\n"
-                    "    return tensorflow.executing_eagerly()\n")
+_PRIVATE_STANDIN = (
+    "def _executing_eagerly():  # Horovod's private helper, as the suite defines it\n"
+    "    import tensorflow\n"
+    "    return tensorflow.executing_eagerly()\n"
+)
 
 #: test/utils/common.py's import of a launcher helper hvdlite has no twin of (its helpers that
 #: use it start launchers; the parallel tests never call them): a plain thread instead
 _THREADS_IMPORT = "from horovod.runner.util.threads import in_thread\n"
-_THREADS_STANDIN = ("def in_thread(target, args=(), name=None, daemon=True, silent=False):\n"
-                    "    import threading\n"
-                    "    t = threading.Thread(target=target, args=args, name=name, "
-                    "daemon=daemon)\n"
-                    "    t.start()\n"
-                    "    return t\n")
+_THREADS_STANDIN = (
+    "def in_thread(target, args=(), name=None, daemon=True, silent=False):\n"
+    "    import threading\n"
+    "    t = threading.Thread(target=target, args=args, name=name, "
+    "daemon=daemon)\n"
+    "    t.start()\n"
+    "    return t\n"
+)
 
 
 def _point_at_hvdlite(text: str) -> str:
@@ -71,8 +78,9 @@ def prepare(horovod: str, name: str, where: str) -> str:
     os.makedirs(os.path.join(where, "parallel"), exist_ok=True)
     os.makedirs(os.path.join(where, "utils"), exist_ok=True)
     for rel in [f"test/parallel/{name}"] + _HELPERS.get(name, []) + _UTILS:
-        dest = os.path.join(where, "parallel" if "/parallel/" in rel else "utils",
-                            os.path.basename(rel))
+        dest = os.path.join(
+            where, "parallel" if "/parallel/" in rel else "utils", os.path.basename(rel)
+        )
         with open(dest, "w") as f:
             f.write(_point_at_hvdlite(_read(horovod, rel)))
     return os.path.join(where, "parallel", name)
@@ -88,11 +96,18 @@ def summarize(junit: str) -> dict:
             node = case.find(kind)
             if node is not None:
                 outcome = "skipped" if kind == "skipped" else "failed"
-                message = (node.get("message") or "").splitlines()[0][:200] if \
-                    node.get("message") else ""
+                message = (
+                    (node.get("message") or "").splitlines()[0][:200] if node.get("message") else ""
+                )
                 break
-        cases.append({"name": case.get("name"), "outcome": outcome,
-                      "seconds": float(case.get("time") or 0), "message": message})
+        cases.append(
+            {
+                "name": case.get("name"),
+                "outcome": outcome,
+                "seconds": float(case.get("time") or 0),
+                "message": message,
+            }
+        )
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
     return {"counts": counts, "cases": cases}
 
@@ -113,20 +128,33 @@ def main(argv=None) -> int:
     test = prepare(args.horovod, args.file, scratch)
     junit = os.path.join(scratch, "junit-rank0.xml")
     # each rank writes its own report; rank 0's is read
-    inner = (f"import os, sys, pytest; r = os.environ.get('HOROVOD_RANK', '0'); "
-             f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-o', 'addopts=', "
-             f"'--timeout={args.test_timeout}', '--junitxml={scratch}/junit-rank' + r + '.xml', "
-             f"{test!r}] + ({['-k', args.k]!r} if {args.k is not None} else [])))")
-    cmd = [shutil.which("hvdlite-run") or "hvdlite-run", "-np", str(args.np),
-           sys.executable, "-c", inner]
+    inner = (
+        f"import os, sys, pytest; r = os.environ.get('HOROVOD_RANK', '0'); "
+        f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-o', 'addopts=', "
+        f"'--timeout={args.test_timeout}', '--junitxml={scratch}/junit-rank' + r + '.xml', "
+        f"{test!r}] + ({['-k', args.k]!r} if {args.k is not None} else [])))"
+    )
+    cmd = [
+        shutil.which("hvdlite-run") or "hvdlite-run",
+        "-np",
+        str(args.np),
+        sys.executable,
+        "-c",
+        inner,
+    ]
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=os.path.dirname(test), timeout=args.timeout,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            cmd, cwd=os.path.dirname(test), timeout=args.timeout, capture_output=True, text=True
+        )
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
-        rc, out = None, (e.stdout or b"").decode(errors="replace") if isinstance(
-            e.stdout, bytes) else (e.stdout or "")
+        rc, out = (
+            None,
+            (e.stdout or b"").decode(errors="replace")
+            if isinstance(e.stdout, bytes)
+            else (e.stdout or ""),
+        )
     wall = time.monotonic() - start
     if not os.path.exists(junit):
         print(out[-6000:])
@@ -135,8 +163,10 @@ def main(argv=None) -> int:
     result = summarize(junit)
     result.update(file=args.file, np=args.np, rc=rc, wall_s=round(wall, 1))
     c = result["counts"]
-    print(f"{args.file} at np={args.np}: {c['passed']} passed, {c['failed']} failed, "
-          f"{c['skipped']} skipped in {wall:.0f} s (launcher rc {rc})")
+    print(
+        f"{args.file} at np={args.np}: {c['passed']} passed, {c['failed']} failed, "
+        f"{c['skipped']} skipped in {wall:.0f} s (launcher rc {rc})"
+    )
     for case in result["cases"]:
         if case["outcome"] == "failed":
             print(f"  FAILED {case['name']} ({case['seconds']:.1f} s): {case['message']}")

@@ -52,8 +52,11 @@ def commands(np_: int, folder: str) -> dict:
     hvdlite_run = shutil.which("hvdlite-run", path=bindir) or "hvdlite-run"
     torchrun = shutil.which("torchrun", path=bindir) or "torchrun"
     scripts = {}
-    for name, text in (("noop", "pass\n"), ("hvdlite_init", HVDLITE_INIT),
-                       ("torch_init", TORCH_INIT)):
+    for name, text in (
+        ("noop", "pass\n"),
+        ("hvdlite_init", HVDLITE_INIT),
+        ("torch_init", TORCH_INIT),
+    ):
         path = os.path.join(folder, name + ".py")
         with open(path, "w") as f:
             f.write(text)
@@ -74,8 +77,10 @@ def time_once(argv) -> float:
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     took = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n"
-                         f"{proc.stdout.decode(errors='replace')[-3000:]}")
+        raise SystemExit(
+            f"{' '.join(argv)} failed ({proc.returncode}):\n"
+            f"{proc.stdout.decode(errors='replace')[-3000:]}"
+        )
     return took
 
 
@@ -89,7 +94,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hvdlite-launch-") as folder:
         cmds = commands(args.np, folder)
         times = {key: [] for key in cmds}
-        for key, argv in cmds.items():                   # one untimed warm-up each
+        for key, argv in cmds.items():  # one untimed warm-up each
             time_once(argv)
         for _ in range(args.repeats):
             for key, argv in cmds.items():
@@ -98,22 +103,46 @@ def main() -> int:
     for (group, launcher), ts in times.items():
         median = statistics.median(ts)
         base = statistics.median(times[(group, "torchrun")])
-        rows.append({"work": group, "launcher": launcher, "s_median": median,
-                     "s_min": min(ts), "x_torchrun": median / base, "repeats": len(ts)})
-    print(f"np={args.np}, {args.repeats} launches per row (interleaved), median seconds from "
-          f"the command to its exit")
+        rows.append(
+            {
+                "work": group,
+                "launcher": launcher,
+                "s_median": median,
+                "s_min": min(ts),
+                "x_torchrun": median / base,
+                "repeats": len(ts),
+            }
+        )
+    print(
+        f"np={args.np}, {args.repeats} launches per row (interleaved), median seconds from "
+        f"the command to its exit"
+    )
     print(f"{'work':6} {'launcher':12} {'median s':>9} {'min s':>7} {'x torchrun':>11}")
     for r in rows:
-        print(f"{r['work']:6} {r['launcher']:12} {r['s_median']:9.2f} {r['s_min']:7.2f} "
-              f"{r['x_torchrun']:11.2f}")
+        print(
+            f"{r['work']:6} {r['launcher']:12} {r['s_median']:9.2f} {r['s_min']:7.2f} "
+            f"{r['x_torchrun']:11.2f}"
+        )
     load_after = os.getloadavg()[0]
-    print(f"machine load (1-min average) {load_before:.2f} before, {load_after:.2f} after, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"machine load (1-min average) {load_before:.2f} before, {load_after:.2f} after, "
+        f"{os.cpu_count()} cores"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": {"np": args.np, "repeats": args.repeats,
-                                "load_before": load_before, "load_after": load_after},
-                       "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "meta": {
+                        "np": args.np,
+                        "repeats": args.repeats,
+                        "load_before": load_before,
+                        "load_after": load_after,
+                    },
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

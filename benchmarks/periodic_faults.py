@@ -69,11 +69,11 @@ import threading
 import time
 
 HERE = os.path.abspath(__file__)
-GLOBAL_BATCH = 12                 # divisible by every world size 1..4
+GLOBAL_BATCH = 12  # divisible by every world size 1..4
 NUM_HOSTS = 4
 IN_FEATURES, CLASSES = 256, 10
 EQUAL_ATOL = 1e-5
-NO_KILL_LAST_S = 10.0             # no kill this close to the end: the replacement must join
+NO_KILL_LAST_S = 10.0  # no kill this close to the end: the replacement must join
 TARGETS = {30.0: 0.98, 10.0: 0.90}
 
 
@@ -117,7 +117,7 @@ def _save_final(model, outdir: str, host: str) -> None:
     path = os.path.join(outdir, f"final-{host}.pt")
     tmp = f"{path}.{os.getpid()}.tmp"
     torch.save(flat, tmp)
-    os.replace(tmp, path)                    # a reader never sees half a file
+    os.replace(tmp, path)  # a reader never sees half a file
 
 
 def _fingerprint(model):
@@ -131,8 +131,9 @@ def _fingerprint(model):
     for p in model.parameters():
         idx = torch.arange(0, p.numel(), 997)
         picks.append((p, idx, torch.randint(0, 2, (len(idx),), generator=gen).double() * 2 - 1))
-    return lambda: sum(float((p.detach().flatten()[i].double() * sign).sum())
-                       for p, i, sign in picks)
+    return lambda: sum(
+        float((p.detach().flatten()[i].double() * sign).sum()) for p, i, sign in picks
+    )
 
 
 def worker(args) -> None:
@@ -143,17 +144,20 @@ def worker(args) -> None:
     from hvdlite.common.exceptions import HostsUpdatedInterrupt, HvdliteInternalError
 
     host = os.environ.get("HVDLITE_HOSTNAME", socket.gethostname())
-    faulthandler.register(signal.SIGUSR2, all_threads=True)     # the orchestrator's StallWatch
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # the orchestrator's StallWatch
     _say("WORKER", pid=os.getpid(), host=host)
     torch.set_num_threads(1)
     hvd.init()
     model = _model(args.seed, args.hidden, args.layers)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     state = hvd.elastic.TorchState(model, opt, step=0)
     fingerprint = _fingerprint(model)
     state.register_reset_callbacks(
-        [lambda: hvd.rank() == 0 and _say("RESET", size=hvd.size(), pid=os.getpid())])
+        [lambda: hvd.rank() == 0 and _say("RESET", size=hvd.size(), pid=os.getpid())]
+    )
 
     def commit_and_report():
         # commit() saves first and may raise afterwards (new hosts, a peer lost in its
@@ -162,8 +166,13 @@ def worker(args) -> None:
             state.commit()
         finally:
             if hvd.rank() == 0:
-                _say("STEP", size=hvd.size(), step=state.step - 1, pid=os.getpid(),
-                     sum=f"{fingerprint():.12e}")
+                _say(
+                    "STEP",
+                    size=hvd.size(),
+                    step=state.step - 1,
+                    pid=os.getpid(),
+                    sum=f"{fingerprint():.12e}",
+                )
 
     @hvd.elastic.run
     def train(state):
@@ -196,16 +205,21 @@ def pick_hosts() -> list:
 
     names = local_addresses()
     ipv4 = sorted(n for n in names if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", n))
-    preferred = ["localhost", "127.0.0.1", socket.gethostname()] + \
-        [a for a in ipv4 if a != "127.0.0.1"] + sorted(names)
+    preferred = (
+        ["localhost", "127.0.0.1", socket.gethostname()]
+        + [a for a in ipv4 if a != "127.0.0.1"]
+        + sorted(names)
+    )
     hosts = []
     for name in preferred:
-        if name in names and ":" not in name and name not in hosts:    # no IPv6
+        if name in names and ":" not in name and name not in hosts:  # no IPv6
             hosts.append(name)
     if len(hosts) < NUM_HOSTS:
-        sys.exit(f"periodic_faults: need {NUM_HOSTS} distinct names for this machine "
-                 f"(host names or IPv4 addresses), found only {hosts}; add an address to "
-                 f"an interface (e.g. 'ip addr add 127.0.0.2/8 dev lo') and retry")
+        sys.exit(
+            f"periodic_faults: need {NUM_HOSTS} distinct names for this machine "
+            f"(host names or IPv4 addresses), found only {hosts}; add an address to "
+            f"an interface (e.g. 'ip addr add 127.0.0.2/8 dev lo') and retry"
+        )
     return hosts[:NUM_HOSTS]
 
 
@@ -223,8 +237,9 @@ _DRIVER = re.compile(r"^hvdlite-run: .*(blacklisting|cooldown over|->)")
 class Job:
     """One launcher run; a reader thread keeps its log and what its lines say."""
 
-    def __init__(self, workdir: str, hosts: list, worker_args: list, name: str,
-                 log_level: str = "WARNING"):
+    def __init__(
+        self, workdir: str, hosts: list, worker_args: list, name: str, log_level: str = "WARNING"
+    ):
         self.outdir = os.path.join(workdir, name)
         os.makedirs(self.outdir)
         script = os.path.join(workdir, "discover.sh")
@@ -235,14 +250,41 @@ class Job:
         self.lock = threading.Lock()
         self.steps, self.faults, self.resets, self.driver, self.enters0 = [], [], [], [], []
         self.hosts_of, self.entered, self.done, self.sums = {}, set(), False, {}
-        cmd = [sys.executable, "-m", "hvdlite.runner.cli.launch", "-np", str(NUM_HOSTS),
-               "--min-np", "2", "--max-np", str(NUM_HOSTS), "--host-discovery-script", script,
-               "--blacklist-cooldown-range", "1", "2", "--reset-limit", "10000",
-               "--log-level", log_level,
-               sys.executable, HERE, "--worker", "--outdir", self.outdir, *worker_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hvdlite.runner.cli.launch",
+            "-np",
+            str(NUM_HOSTS),
+            "--min-np",
+            "2",
+            "--max-np",
+            str(NUM_HOSTS),
+            "--host-discovery-script",
+            script,
+            "--blacklist-cooldown-range",
+            "1",
+            "2",
+            "--reset-limit",
+            "10000",
+            "--log-level",
+            log_level,
+            sys.executable,
+            HERE,
+            "--worker",
+            "--outdir",
+            self.outdir,
+            *worker_args,
+        ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -301,12 +343,13 @@ class Job:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             pass
-        finally:                      # also on Ctrl-C: nothing may outlive the run
+        finally:  # also on Ctrl-C: nothing may outlive the run
             self.kill_all()
         self.reader.join(10)
         if code is None:
-            raise RuntimeError(f"the job did not finish within {timeout_s:.0f}s; log tail:\n"
-                               f"{self.tail()}")
+            raise RuntimeError(
+                f"the job did not finish within {timeout_s:.0f}s; log tail:\n{self.tail()}"
+            )
         return code
 
     def kill_all(self) -> None:
@@ -379,7 +422,7 @@ class Killer(threading.Thread):
             if self.job.done or self._near_end():
                 return
             victims = self._victims()
-            if not victims:               # everyone but rank 0 still joining: try shortly
+            if not victims:  # everyone but rank 0 still joining: try shortly
                 due = time.time() + 0.2
                 continue
             pid = self.rng.choice(victims)
@@ -390,8 +433,9 @@ class Killer(threading.Thread):
             except ProcessLookupError:
                 due = time.time() + 0.2
                 continue
-            self.kills.append({"t": time.time(), "pid": pid, "host": host,
-                               "size": last[1], "last_step": last[2]})
+            self.kills.append(
+                {"t": time.time(), "pid": pid, "host": host, "size": last[1], "last_step": last[2]}
+            )
             due += self.interval
 
 
@@ -407,7 +451,7 @@ class StallWatch(threading.Thread):
         self.dumps, self.stop = [], threading.Event()
 
     def run(self) -> None:
-        asked_for = None                  # the last step before the stall already reported
+        asked_for = None  # the last step before the stall already reported
         while not self.stop.wait(0.5):
             with self.job.lock:
                 last = self.job.steps[-1][0] if self.job.steps else None
@@ -420,8 +464,9 @@ class StallWatch(threading.Thread):
                         os.kill(pid, signal.SIGUSR2)
                     except ProcessLookupError:
                         pass
-                self.dumps.append({"t": time.time(), "since_last_step_s": time.time() - last,
-                                   "pids": pids})
+                self.dumps.append(
+                    {"t": time.time(), "since_last_step_s": time.time() - last, "pids": pids}
+                )
                 asked_for = last
 
 
@@ -449,15 +494,23 @@ def fault_breakdown(job: Job, kills: list) -> list:
         fault = _first_after(faults, t, lambda e: reset is None or e[0] <= reset[0])
         enter = _first_after(enters, reset[0]) if reset else None
         first = _first_after(steps, enter[0]) if enter else None
-        regrow = _first_after(steps, first[0] - 1e-9, lambda e: e[1] == NUM_HOSTS) \
-            if first else None
+        regrow = (
+            _first_after(steps, first[0] - 1e-9, lambda e: e[1] == NUM_HOSTS) if first else None
+        )
         driver = _first_after(job.driver, t, lambda e: "blacklisting" in e[1])
-        row = dict(k, recovery_s=_diff(first, t), work_lost_s=_diff(t, prev),
-                   detect_s=_diff(fault, t), driver_saw_s=_diff(driver, t),
-                   reset_s=_diff(reset, fault or t), sync_s=_diff(enter, reset),
-                   redo_s=_diff(first, enter), size_after=enter[1] if enter else None,
-                   regrow_s=_diff(regrow, t) if regrow and regrow[0] < nxt else None)
-        if row["regrow_s"] is not None:     # the growth reset's own pause
+        row = dict(
+            k,
+            recovery_s=_diff(first, t),
+            work_lost_s=_diff(t, prev),
+            detect_s=_diff(fault, t),
+            driver_saw_s=_diff(driver, t),
+            reset_s=_diff(reset, fault or t),
+            sync_s=_diff(enter, reset),
+            redo_s=_diff(first, enter),
+            size_after=enter[1] if enter else None,
+            regrow_s=_diff(regrow, t) if regrow and regrow[0] < nxt else None,
+        )
+        if row["regrow_s"] is not None:  # the growth reset's own pause
             before = max(s for s in steps if s[0] < regrow[0])
             row["regrow_pause_s"] = regrow[0] - before[0]
         out.append(row)
@@ -470,8 +523,12 @@ def first_divergence(run: dict, base: dict, atol: float = EQUAL_ATOL):
     for step in sorted(run["sums"]):
         ref = base["sums"].get(step)
         if ref is not None and abs(run["sums"][step] - ref) > atol:
-            return {"step": step, "size": run["step_sizes"].get(step),
-                    "sum": run["sums"][step], "ref": ref}
+            return {
+                "step": step,
+                "size": run["step_sizes"].get(step),
+                "sum": run["sums"][step],
+                "ref": ref,
+            }
     return None
 
 
@@ -492,9 +549,10 @@ def compare_params(outdir: str, reference) -> dict:
     for name in sorted(os.listdir(outdir)):
         if name.startswith("final-") and name.endswith(".pt"):
             flat = torch.load(os.path.join(outdir, name)).double()
-            host = name[len("final-"):-len(".pt")]
-            result[host] = (float((flat - reference).abs().max())
-                            if flat.shape == reference.shape else math.inf)
+            host = name[len("final-") : -len(".pt")]
+            result[host] = (
+                float((flat - reference).abs().max()) if flat.shape == reference.shape else math.inf
+            )
     return result
 
 
@@ -517,28 +575,41 @@ def summarize(job: Job, steps: int, kills: list) -> dict:
     times = sorted(s[0] for s in job.steps)
     wall = times[-1] - times[0] if len(times) > 1 else math.nan
     ordered = sorted(job.steps)
-    gaps = {}                             # step times at each size, from back-to-back steps
+    gaps = {}  # step times at each size, from back-to-back steps
     for a, b in zip(ordered, ordered[1:]):
         if a[1] == b[1] and b[2] == a[2] + 1:
             gaps.setdefault(b[1], []).append(b[0] - a[0])
     medians = {n: statistics.median(g) for n, g in sorted(gaps.items())}
     return {
-        "wall_s": wall, "steps_per_s": (len(times) - 1) / wall if wall > 0 else math.nan,
-        "kills": len(kills), "paused_s": paused_s(ordered, medians),
+        "wall_s": wall,
+        "steps_per_s": (len(times) - 1) / wall if wall > 0 else math.nan,
+        "kills": len(kills),
+        "paused_s": paused_s(ordered, medians),
         "steps_lost": sorted(set(range(steps)) - set(counts)),
         "steps_repeated": sorted(s for s, c in counts.items() if c > 1),
         "median_step_s": medians,
         "max_gap_s": max((b - a for a, b in zip(times, times[1:])), default=None),
-        "sizes": {n: sum(1 for s in job.steps if s[1] == n)
-                  for n in sorted({s[1] for s in job.steps})},
+        "sizes": {
+            n: sum(1 for s in job.steps if s[1] == n) for n in sorted({s[1] for s in job.steps})
+        },
         "faults": fault_breakdown(job, kills),
     }
 
 
 def run_one(workdir, hosts, args, interval, name) -> dict:
     """Launch one job (with a killer if ``interval``), wait for it, and summarize it."""
-    worker_args = ["--steps", str(args.steps), "--seed", str(args.seed), "--hidden",
-                   str(args.hidden), "--layers", str(args.layers), "--lr", str(args.lr)]
+    worker_args = [
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--hidden",
+        str(args.hidden),
+        "--layers",
+        str(args.layers),
+        "--lr",
+        str(args.lr),
+    ]
     started = time.time()
     job = Job(workdir, hosts, worker_args, name, args.log_level)
     killer = Killer(job, interval, random.Random(args.seed), args.steps) if interval else None
@@ -553,13 +624,21 @@ def run_one(workdir, hosts, args, interval, name) -> dict:
             helper.stop.set()
             helper.join(5)
     if code != 0 or not job.done:
-        raise RuntimeError(f"run {name}: the launcher exited with {code} "
-                           f"(DONE {'seen' if job.done else 'not seen'}); log tail:\n{job.tail()}")
+        raise RuntimeError(
+            f"run {name}: the launcher exited with {code} "
+            f"(DONE {'seen' if job.done else 'not seen'}); log tail:\n{job.tail()}"
+        )
     result = summarize(job, args.steps, killer.kills if killer else [])
-    result.update(name=name, interval_s=interval, elapsed_s=time.time() - started,
-                  log=job.log_path, outdir=job.outdir, sums=job.sums,
-                  step_sizes={s[2]: s[1] for s in job.steps},
-                  stack_dumps=watch.dumps if watch else [])
+    result.update(
+        name=name,
+        interval_s=interval,
+        elapsed_s=time.time() - started,
+        log=job.log_path,
+        outdir=job.outdir,
+        sums=job.sums,
+        step_sizes={s[2]: s[1] for s in job.steps},
+        stack_dumps=watch.dumps if watch else [],
+    )
     return result
 
 
@@ -571,11 +650,15 @@ def _fmt(v, spec=".2f"):
 def print_report(runs: list, hosts: list) -> None:
     """The table, the per-fault times and the determinism note."""
     base = runs[0]
-    print(f"\nhosts {', '.join(hosts)}; {len(base['params'])} final files per run compared "
-          f"with the fault-free run's {hosts[0]} (rank 0) file")
-    print(f"{'run':>12} {'wall s':>7} {'steps/s':>8} {'ratio':>6} {'target':>7} {'kills':>5} "
-          f"{'paused s':>8} {'proj':>6} {'lost':>4} {'rep':>4} {'step@4 ms':>9} {'max gap s':>9} "
-          f"{'max |dp|':>9} params")
+    print(
+        f"\nhosts {', '.join(hosts)}; {len(base['params'])} final files per run compared "
+        f"with the fault-free run's {hosts[0]} (rank 0) file"
+    )
+    print(
+        f"{'run':>12} {'wall s':>7} {'steps/s':>8} {'ratio':>6} {'target':>7} {'kills':>5} "
+        f"{'paused s':>8} {'proj':>6} {'lost':>4} {'rep':>4} {'step@4 ms':>9} {'max gap s':>9} "
+        f"{'max |dp|':>9} params"
+    )
     for r in runs:
         target = TARGETS.get(r["interval_s"])
         ratio = r["steps_per_s"] / base["steps_per_s"]
@@ -583,51 +666,70 @@ def print_report(runs: list, hosts: list) -> None:
         proj = _projected(r)
         dp = max(r["params"].values(), default=math.inf)
         missing = sorted(set(hosts) - set(r["params"]))
-        equal = ("equal" if dp <= EQUAL_ATOL else "DIFFER") + \
-            (f" (no final file from {', '.join(missing)})" if missing else "")
+        equal = ("equal" if dp <= EQUAL_ATOL else "DIFFER") + (
+            f" (no final file from {', '.join(missing)})" if missing else ""
+        )
         step4 = _ms(r["median_step_s"].get(NUM_HOSTS))
-        print(f"{r['name']:>12} {r['wall_s']:7.1f} {r['steps_per_s']:8.3f} {ratio:6.3f} "
-              f"{_fmt(target, '.2f'):>7}{verdict:7} {r['kills']:5d} {r['paused_s']:8.2f} "
-              f"{_fmt(proj, '.3f'):>6} {len(r['steps_lost']):4d} "
-              f"{len(r['steps_repeated']):4d} {_fmt(step4, '.0f'):>9} "
-              f"{_fmt(r['max_gap_s']):>9} {dp:9.2e} {equal}")
+        print(
+            f"{r['name']:>12} {r['wall_s']:7.1f} {r['steps_per_s']:8.3f} {ratio:6.3f} "
+            f"{_fmt(target, '.2f'):>7}{verdict:7} {r['kills']:5d} {r['paused_s']:8.2f} "
+            f"{_fmt(proj, '.3f'):>6} {len(r['steps_lost']):4d} "
+            f"{len(r['steps_repeated']):4d} {_fmt(step4, '.0f'):>9} "
+            f"{_fmt(r['max_gap_s']):>9} {dp:9.2e} {equal}"
+        )
     for r in runs[1:]:
-        print(f"\n{r['name']}: per fault (s): kill -> rank 0 sees the error (detect), -> it is "
-              f"in the next round (reset), -> state broadcast (sync), -> step committed (redo); "
-              f"driver = kill -> the launcher's blacklisting line; lost = last commit -> kill; "
-              f"regrow = kill -> first step at {NUM_HOSTS} ranks; grow pause = the step gap "
-              f"around that growth")
-        print(f"  {'#':>2} {'host':>10} {'size':>7} {'recovery':>8} {'detect':>6} "
-              f"{'driver':>6} {'reset':>6} {'sync':>6} {'redo':>6} {'lost':>6} {'regrow':>7} "
-              f"{'grow pause':>10}")
+        print(
+            f"\n{r['name']}: per fault (s): kill -> rank 0 sees the error (detect), -> it is "
+            f"in the next round (reset), -> state broadcast (sync), -> step committed (redo); "
+            f"driver = kill -> the launcher's blacklisting line; lost = last commit -> kill; "
+            f"regrow = kill -> first step at {NUM_HOSTS} ranks; grow pause = the step gap "
+            f"around that growth"
+        )
+        print(
+            f"  {'#':>2} {'host':>10} {'size':>7} {'recovery':>8} {'detect':>6} "
+            f"{'driver':>6} {'reset':>6} {'sync':>6} {'redo':>6} {'lost':>6} {'regrow':>7} "
+            f"{'grow pause':>10}"
+        )
         for i, f in enumerate(r["faults"]):
             sizes = f"{f['size']}->{_fmt(f['size_after'], 'd')}"
-            print(f"  {i + 1:2d} {str(f['host']):>10} {sizes:>7} {_fmt(f['recovery_s']):>8} "
-                  f"{_fmt(f['detect_s']):>6} {_fmt(f['driver_saw_s']):>6} {_fmt(f['reset_s']):>6} "
-                  f"{_fmt(f['sync_s']):>6} {_fmt(f['redo_s']):>6} {_fmt(f['work_lost_s']):>6} "
-                  f"{_fmt(f['regrow_s']):>7} {_fmt(f.get('regrow_pause_s')):>10}")
+            print(
+                f"  {i + 1:2d} {str(f['host']):>10} {sizes:>7} {_fmt(f['recovery_s']):>8} "
+                f"{_fmt(f['detect_s']):>6} {_fmt(f['driver_saw_s']):>6} {_fmt(f['reset_s']):>6} "
+                f"{_fmt(f['sync_s']):>6} {_fmt(f['redo_s']):>6} {_fmt(f['work_lost_s']):>6} "
+                f"{_fmt(f['regrow_s']):>7} {_fmt(f.get('regrow_pause_s')):>10}"
+            )
         if r["stack_dumps"]:
-            print(f"  STALLS: {len(r['stack_dumps'])} times no step for "
-                  f"{r['stack_dumps'][0]['since_last_step_s']:.0f}+ s; every worker's stacks "
-                  f"(faulthandler, on stderr) are in {r['log']}")
-        print(f"  first step whose weights part from the fault-free run's (fingerprint): "
-              f"{r['first_divergence'] or 'none'}")
+            print(
+                f"  STALLS: {len(r['stack_dumps'])} times no step for "
+                f"{r['stack_dumps'][0]['since_last_step_s']:.0f}+ s; every worker's stacks "
+                f"(faulthandler, on stderr) are in {r['log']}"
+            )
+        print(
+            f"  first step whose weights part from the fault-free run's (fingerprint): "
+            f"{r['first_divergence'] or 'none'}"
+        )
         rec = [f["recovery_s"] for f in r["faults"] if f["recovery_s"] is not None]
         grow = [f["regrow_s"] for f in r["faults"] if f["regrow_s"] is not None]
         per_kill = r["paused_s"] / r["kills"] if r["kills"] else None
-        print(f"  recovery median {_fmt(_median(rec))} s, max {_fmt(max(rec, default=None))} s; "
-              f"regrow median {_fmt(_median(grow))} s; paused {r['paused_s']:.2f} s in all "
-              f"({_fmt(per_kill)} s per kill); wall time {r['wall_s'] - base['wall_s']:+.1f} s "
-              f"against the fault-free run; steps at each size {r['sizes']}, median step ms "
-              f"at each size { {n: round(v * 1000) for n, v in r['median_step_s'].items()} }")
-    print("\nratio = steps/s over the fault-free run's (moves with the machine's load: compare "
-          "the step@4 column); proj = 1 - (pause per kill) / interval, the same ratio from the "
-          "pauses alone; paused = step gaps beyond 1.5x the median step, less the median.")
-    print("Determinism: data, sharding, initial weights and the committed steps are fixed by the "
-          "seed; the world size at each step is not (it depends on when kills land and "
-          "replacements join), so the float summation order differs and final parameters agree "
-          f"to rounding (atol {EQUAL_ATOL:g}), not bitwise.  The MLP uses tanh: with ReLU, "
-          "rounding-sized differences flip units and runs at different sizes part by ~1e-3.")
+        print(
+            f"  recovery median {_fmt(_median(rec))} s, max {_fmt(max(rec, default=None))} s; "
+            f"regrow median {_fmt(_median(grow))} s; paused {r['paused_s']:.2f} s in all "
+            f"({_fmt(per_kill)} s per kill); wall time {r['wall_s'] - base['wall_s']:+.1f} s "
+            f"against the fault-free run; steps at each size {r['sizes']}, median step ms "
+            f"at each size { {n: round(v * 1000) for n, v in r['median_step_s'].items()} }"
+        )
+    print(
+        "\nratio = steps/s over the fault-free run's (moves with the machine's load: compare "
+        "the step@4 column); proj = 1 - (pause per kill) / interval, the same ratio from the "
+        "pauses alone; paused = step gaps beyond 1.5x the median step, less the median."
+    )
+    print(
+        "Determinism: data, sharding, initial weights and the committed steps are fixed by the "
+        "seed; the world size at each step is not (it depends on when kills land and "
+        "replacements join), so the float summation order differs and final parameters agree "
+        f"to rounding (atol {EQUAL_ATOL:g}), not bitwise.  The MLP uses tanh: with ReLU, "
+        "rounding-sized differences flip units and runs at different sizes part by ~1e-3."
+    )
 
 
 def _projected(run: dict):
@@ -648,19 +750,32 @@ def _median(values):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300, help="committed steps per run")
-    p.add_argument("--intervals", type=float, nargs="*", default=[30.0, 10.0],
-                   help="seconds between kills, one faulty run each (none: fault-free only)")
+    p.add_argument(
+        "--intervals",
+        type=float,
+        nargs="*",
+        default=[30.0, 10.0],
+        help="seconds between kills, one faulty run each (none: fault-free only)",
+    )
     p.add_argument("--interval", type=float, help="one interval: --intervals X")
     p.add_argument("--seed", type=int, default=1234, help="data, weights and victim choice")
     p.add_argument("--hidden", type=int, default=2048, help="MLP width")
     p.add_argument("--layers", type=int, default=6, help="MLP hidden layers")
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds per run before it is killed (default 120 + 1 s per step)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per run before it is killed (default 120 + 1 s per step)",
+    )
     p.add_argument("--log-level", default="WARNING", help="the launcher's --log-level")
-    p.add_argument("--stall-dump-s", type=float, default=5.0,
-                   help="after this long without a committed step, make every worker print its "
-                        "stacks (into the log; use --keep to read it); 0: never")
+    p.add_argument(
+        "--stall-dump-s",
+        type=float,
+        default=5.0,
+        help="after this long without a committed step, make every worker print its "
+        "stacks (into the log; use --keep to read it); 0: never",
+    )
     p.add_argument("--json", metavar="FILE", help="write everything as JSON")
     p.add_argument("--keep", action="store_true", help="keep the logs and final files")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -673,23 +788,38 @@ def main(argv=None) -> int:
     if args.interval:
         args.intervals = [args.interval]
     hosts = pick_hosts()
-    print(f"periodic_faults: {args.steps} steps, kills every {args.intervals} s, seed "
-          f"{args.seed}, hosts {hosts}", flush=True)
+    print(
+        f"periodic_faults: {args.steps} steps, kills every {args.intervals} s, seed "
+        f"{args.seed}, hosts {hosts}",
+        flush=True,
+    )
     workdir = tempfile.mkdtemp(prefix="periodic_faults-")
     started, runs, error = time.time(), [], None
     try:
         runs = run_all(workdir, hosts, args)
         print_report(runs, hosts)
-    except RuntimeError as exc:              # a run failed or hung: its log tail says why
+    except RuntimeError as exc:  # a run failed or hung: its log tail says why
         error = str(exc)
         print(f"\nperiodic_faults: {error}", file=sys.stderr)
     finally:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"hosts": hosts, "steps": args.steps, "seed": args.seed,
-                           "hidden": args.hidden, "layers": args.layers, "lr": args.lr,
-                           "targets": TARGETS, "runs": runs, "error": error}, f, indent=2,
-                          default=str)
+                json.dump(
+                    {
+                        "hosts": hosts,
+                        "steps": args.steps,
+                        "seed": args.seed,
+                        "hidden": args.hidden,
+                        "layers": args.layers,
+                        "lr": args.lr,
+                        "targets": TARGETS,
+                        "runs": runs,
+                        "error": error,
+                    },
+                    f,
+                    indent=2,
+                    default=str,
+                )
         if args.keep or error:
             print(f"\ntotal {time.time() - started:.0f} s; logs and final files in {workdir}")
         else:
@@ -705,16 +835,22 @@ def run_all(workdir: str, hosts: list, args) -> list:
     runs = []
     plan = [("fault-free", 0.0)] + [(f"every {i:g}s", i) for i in args.intervals]
     for n, (name, interval) in enumerate(plan):
-        if [p[0] for p in plan].count(name) > 1:         # the same interval twice
+        if [p[0] for p in plan].count(name) > 1:  # the same interval twice
             name = f"{name} #{n}"
         r = run_one(workdir, hosts, args, interval, re.sub(r"[ #]+", "_", name))
         r["name"] = name
         runs.append(r)
-        print(f"{name}: {r['wall_s']:.1f} s training, {r['steps_per_s']:.3f} steps/s, "
-              f"{r['kills']} kills ({r['elapsed_s']:.0f} s with start-up)", flush=True)
+        print(
+            f"{name}: {r['wall_s']:.1f} s training, {r['steps_per_s']:.3f} steps/s, "
+            f"{r['kills']} kills ({r['elapsed_s']:.0f} s with start-up)",
+            flush=True,
+        )
         if interval and not r["kills"]:
-            print(f"  (no kill: the first is due {interval:g} s after the first step and none "
-                  f"comes in the last {NO_KILL_LAST_S:g} s; use more --steps)", flush=True)
+            print(
+                f"  (no kill: the first is due {interval:g} s after the first step and none "
+                f"comes in the last {NO_KILL_LAST_S:g} s; use more --steps)",
+                flush=True,
+            )
     reference = torch.load(os.path.join(runs[0]["outdir"], f"final-{hosts[0]}.pt")).double()
     for r in runs:
         r["params"] = compare_params(r["outdir"], reference)

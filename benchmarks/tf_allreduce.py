@@ -80,8 +80,7 @@ def main(argv=None):
 
         def torch_step():
             outs = [torch.empty_like(b) for b in bufs]
-            ops.synchronize(ops.allreduce_async(bufs, outs, None, True, ops.Sum,
-                                                finish=list))
+            ops.synchronize(ops.allreduce_async(bufs, outs, None, True, ops.Sum, finish=list))
 
         def tf_eager():
             hvd.grouped_allreduce(tfs, op=hvd.Sum)
@@ -100,11 +99,15 @@ def main(argv=None):
                 mpi_ops.to_buffer(t)
                 mpi_ops.from_buffer(b)
 
-        rows = [("torch_buffers", torch_step), ("tf_eager", tf_eager),
-                ("tf_function", tf_function), ("to_buffer_only", to_buffers),
-                ("crossing_only", crossing)]
+        rows = [
+            ("torch_buffers", torch_step),
+            ("tf_eager", tf_eager),
+            ("tf_function", tf_function),
+            ("to_buffer_only", to_buffers),
+            ("crossing_only", crossing),
+        ]
         for _, step in rows:
-            step()                                              # warm-up / trace
+            step()  # warm-up / trace
         res = timed(rows, args.iters)
         if hvd.rank() == 0:
             print(f"{w}: {len(shapes)} tensors, {mb:.1f} MiB, np={hvd.size()}")

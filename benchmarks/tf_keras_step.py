@@ -43,9 +43,12 @@ def main():
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     size = int(os.environ.get("HOROVOD_SIZE", "1"))
     if args.impl == "mwms":
-        os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"localhost:{args.port + i}" for i in range(size)]},
-            "task": {"type": "worker", "index": rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"localhost:{args.port + i}" for i in range(size)]},
+                "task": {"type": "worker", "index": rank},
+            }
+        )
     # one thread per op and between ops, for every impl; read by TensorFlow at startup
     # (tf.config.threading would initialise the context before MWMS may configure it)
     os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
@@ -58,6 +61,7 @@ def main():
     hvd = None
     if args.impl == "hvdlite":
         import hvdlite.tensorflow as hvd
+
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     elif args.impl == "local":
@@ -66,14 +70,22 @@ def main():
     def build():
         keras.utils.set_random_seed(0)
         if args.model == "mlp":
-            layers = [keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
-                      keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)]
+            layers = [
+                keras.Input((256,)),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(10),
+            ]
         else:
-            layers = [keras.Input((32, 32, 3)),
-                      keras.layers.Conv2D(32, 3, activation="relu"),
-                      keras.layers.Conv2D(64, 3, activation="relu"),
-                      keras.layers.MaxPooling2D(), keras.layers.Flatten(),
-                      keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)]
+            layers = [
+                keras.Input((32, 32, 3)),
+                keras.layers.Conv2D(32, 3, activation="relu"),
+                keras.layers.Conv2D(64, 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dense(10),
+            ]
         return keras.Sequential(layers), keras.optimizers.SGD(0.01)
 
     shape = (256,) if args.model == "mlp" else (32, 32, 3)
@@ -117,10 +129,13 @@ def main():
         t0 = time.perf_counter()
         step(x, y)
         times.append(time.perf_counter() - t0)
-    ms = statistics.median(times[args.warmup:]) * 1e3
+    ms = statistics.median(times[args.warmup :]) * 1e3
     if rank == 0:
-        print(f"STEP_MS {args.impl} {ms:.2f} (model {args.model}, global batch {args.batch}, "
-              f"{size} rank(s), median of {args.steps} steps)", flush=True)
+        print(
+            f"STEP_MS {args.impl} {ms:.2f} (model {args.model}, global batch {args.batch}, "
+            f"{size} rank(s), median of {args.steps} steps)",
+            flush=True,
+        )
     if hvd is not None:
         hvd.shutdown()
     sys.stdout.flush()

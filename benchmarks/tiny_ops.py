@@ -54,6 +54,7 @@ def step_torch_flat(tensors, names):
     """The baseline: one raw ``torch.distributed`` allreduce of all the bytes, pre-flattened
     (``names`` is that flat tensor here)."""
     import torch.distributed as dist
+
     dist.all_reduce(names)
 
 
@@ -66,7 +67,8 @@ def raw_barrier():
     """A barrier that leaves hvdlite alone: a torch.distributed Gloo group of its own (set up
     by ``allreduce.py``'s :func:`init_raw_group`, on a port of its own)."""
     import torch.distributed as dist
-    from allreduce import init_raw_group     # benchmarks/ is the script's directory
+    from allreduce import init_raw_group  # benchmarks/ is the script's directory
+
     init_raw_group(hvd.rank(), hvd.size())
     flag = torch.ones(1)
     return lambda: dist.all_reduce(flag)
@@ -91,12 +93,19 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=20, help="timed steps per kind per round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per kind first")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    p.add_argument("--kinds", default="separate,grouped,torch_flat",
-                   help="comma-separated step kinds (torch_flat: the baseline every row is "
-                        "divided by, always run)")
-    p.add_argument("--barrier", choices=("raw", "hvd"), default="raw",
-                   help="what the ranks meet in before each step: a Gloo group outside hvdlite "
-                        "(raw, default) or hvd.barrier() (see the module docstring)")
+    p.add_argument(
+        "--kinds",
+        default="separate,grouped,torch_flat",
+        help="comma-separated step kinds (torch_flat: the baseline every row is "
+        "divided by, always run)",
+    )
+    p.add_argument(
+        "--barrier",
+        choices=("raw", "hvd"),
+        default="raw",
+        help="what the ranks meet in before each step: a Gloo group outside hvdlite "
+        "(raw, default) or hvd.barrier() (see the module docstring)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     return p.parse_args(argv)
 
@@ -113,7 +122,7 @@ def main(argv=None):
     hvd.init()
     tensors = [torch.ones(args.floats) for _ in range(args.tensors)]
     names = [f"tiny.{i}" for i in range(args.tensors)]
-    raw = raw_barrier()               # the raw group also runs the torch_flat baseline
+    raw = raw_barrier()  # the raw group also runs the torch_flat baseline
     barrier = raw if args.barrier == "raw" else hvd.barrier
     flat = torch.ones(args.tensors * args.floats)
     step_args = {k: (tensors, flat if k == "torch_flat" else names) for k in kinds}
@@ -126,41 +135,66 @@ def main(argv=None):
             times = time_steps(k, *step_args[k], args.steps, barrier)
             per_round[k].append(statistics.median(times) * 1e3)
             pooled[k] += times
-    rows = {k: {"median_ms": statistics.median(pooled[k]) * 1e3,
-                "min_ms": min(pooled[k]) * 1e3, "mean_ms": statistics.mean(pooled[k]) * 1e3,
-                "round_medians_ms": [round(v, 3) for v in per_round[k]]} for k in kinds}
+    rows = {
+        k: {
+            "median_ms": statistics.median(pooled[k]) * 1e3,
+            "min_ms": min(pooled[k]) * 1e3,
+            "mean_ms": statistics.mean(pooled[k]) * 1e3,
+            "round_medians_ms": [round(v, 3) for v in per_round[k]],
+        }
+        for k in kinds
+    }
     # the ratio to the flat baseline: its median, and the median of per-round ratios
     base = rows["torch_flat"]
     for k, r in rows.items():
         r["x_flat"] = r["median_ms"] / base["median_ms"]
         r["x_flat_rounds"] = statistics.median(
-            a / b for a, b in zip(r["round_medians_ms"], base["round_medians_ms"]))
+            a / b for a, b in zip(r["round_medians_ms"], base["round_medians_ms"])
+        )
     targets = {}
     if "separate" in rows:
         v = rows["separate"]["x_flat"]
-        targets["separate_x_torch_flat"] = {"value": v, "target": f"<= {TARGET_X_FLAT:g}",
-                                            "met": v <= TARGET_X_FLAT}
+        targets["separate_x_torch_flat"] = {
+            "value": v,
+            "target": f"<= {TARGET_X_FLAT:g}",
+            "met": v <= TARGET_X_FLAT,
+        }
     load_end = os.getloadavg()
     # every rank starts from ones and averages: anything else is a wrong result
     values_ok = bool(torch.cat(tensors).eq(1).all().item())
     if hvd.rank() == 0:
-        print(f"np={hvd.size()} tensors={args.tensors} floats={args.floats} "
-              f"steps={args.steps}x{args.rounds} barrier={args.barrier} values_ok={values_ok} "
-              f"load {load_start[0]:.2f} -> {load_end[0]:.2f} on {os.cpu_count()} cores")
+        print(
+            f"np={hvd.size()} tensors={args.tensors} floats={args.floats} "
+            f"steps={args.steps}x{args.rounds} barrier={args.barrier} values_ok={values_ok} "
+            f"load {load_start[0]:.2f} -> {load_end[0]:.2f} on {os.cpu_count()} cores"
+        )
         for k, r in rows.items():
-            print(f"{k:10s} median {r['median_ms']:7.3f} ms  min {r['min_ms']:7.3f}  "
-                  f"mean {r['mean_ms']:7.3f}  x flat {r['x_flat']:5.2f} "
-                  f"(per round {r['x_flat_rounds']:5.2f})  rounds {r['round_medians_ms']}")
+            print(
+                f"{k:10s} median {r['median_ms']:7.3f} ms  min {r['min_ms']:7.3f}  "
+                f"mean {r['mean_ms']:7.3f}  x flat {r['x_flat']:5.2f} "
+                f"(per round {r['x_flat_rounds']:5.2f})  rounds {r['round_medians_ms']}"
+            )
         for name, t in targets.items():
-            print(f"target {name}: {t['value']:.2f} (want {t['target']}) -> "
-                  f"{'MET' if t['met'] else 'MISSED'}")
+            print(
+                f"target {name}: {t['value']:.2f} (want {t['target']}) -> "
+                f"{'MET' if t['met'] else 'MISSED'}"
+            )
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"np": hvd.size(), "args": vars(args), "rows": rows,
-                           "targets": targets, "values_ok": values_ok,
-                           "load": {"start": load_start, "end": load_end,
-                                    "cores": os.cpu_count()}}, f, indent=1)
+                json.dump(
+                    {
+                        "np": hvd.size(),
+                        "args": vars(args),
+                        "rows": rows,
+                        "targets": targets,
+                        "values_ok": values_ok,
+                        "load": {"start": load_start, "end": load_end, "cores": os.cpu_count()},
+                    },
+                    f,
+                    indent=1,
+                )
     import torch.distributed as dist
+
     dist.destroy_process_group()
     hvd.shutdown()
     return 0 if values_ok else 1

@@ -67,19 +67,22 @@ def make_runner(impl, model, loss_fn):
             opt.zero_grad()
             loss_fn(ddp).backward()
             opt.step()
+
         return step
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if impl == "hvdlite":
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     elif impl == "hvdlite-per-param":
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       bucket_cap_mb=0)
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), bucket_cap_mb=0
+        )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def step():
         opt.zero_grad()
         loss_fn(model).backward()
         opt.step()
+
     return step
 
 
@@ -92,8 +95,11 @@ def main():
     p.add_argument("--resnet-batch", type=int, default=16)
     p.add_argument("--tf-batch", type=int, default=8)
     p.add_argument("--models", default="resnet,transformer")
-    p.add_argument("--channels-last", action="store_true",
-                   help="the CNN's weights and input in channels_last memory format")
+    p.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="the CNN's weights and input in channels_last memory format",
+    )
     p.add_argument("--impls", default="local,hvdlite,ddp,hvdlite-per-param")
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores/ranks)")
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
@@ -104,12 +110,14 @@ def main():
     threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
     if os.environ.get("MASTER_PORT"):
-        dist.init_process_group("gloo")       # hvdlite-run gave torchrun's variables
+        dist.init_process_group("gloo")  # hvdlite-run gave torchrun's variables
     else:
-        port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
-                                    name="ddp_port")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=hvd.rank(), world_size=hvd.size())
+        port = hvd.broadcast_object(
+            free_port() if hvd.rank() == 0 else None, root_rank=0, name="ddp_port"
+        )
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size()
+        )
     impls = args.impls.split(",")
     results = {}
     for wname in args.models.split(","):
@@ -129,15 +137,19 @@ def main():
                 # a step is finished when every rank finished it
                 hvd.barrier()
                 per_round[impl].append((time.perf_counter() - t0) / args.steps * 1000)
-        results[wname] = {"params": nparams,
-                          "ms_per_step": {i: statistics.median(v) for i, v in per_round.items()},
-                          "best_ms_per_step": {i: min(v) for i, v in per_round.items()},
-                          "rounds_ms": per_round}
+        results[wname] = {
+            "params": nparams,
+            "ms_per_step": {i: statistics.median(v) for i, v in per_round.items()},
+            "best_ms_per_step": {i: min(v) for i, v in per_round.items()},
+            "rounds_ms": per_round,
+        }
         del runners
 
     if hvd.rank() == 0:
-        print(f"\nnp={hvd.size()}, {threads} torch thread(s) per rank, {args.rounds} interleaved "
-              f"rounds x {args.steps} steps; ms per step as median / best round")
+        print(
+            f"\nnp={hvd.size()}, {threads} torch thread(s) per rank, {args.rounds} interleaved "
+            f"rounds x {args.steps} steps; ms per step as median / best round"
+        )
         both = "ddp" in impls and "hvdlite" in impls
         vs_local = "local" in impls and "hvdlite" in impls
         head = f"{'model':<12} {'params':>8} " + " ".join(f"{i:>19}" for i in impls)
@@ -149,7 +161,8 @@ def main():
         for wname, r in results.items():
             med, best = r["ms_per_step"], r["best_ms_per_step"]
             line = f"{wname:<12} {r['params'] / 1e6:>7.2f}M " + " ".join(
-                f"{med[i]:>9.1f} /{best[i]:>7.1f}" for i in impls)
+                f"{med[i]:>9.1f} /{best[i]:>7.1f}" for i in impls
+            )
             if both:
                 r["hvdlite_over_ddp"] = med["hvdlite"] / med["ddp"]
                 r["hvdlite_over_ddp_best"] = best["hvdlite"] / best["ddp"]
@@ -159,18 +172,29 @@ def main():
                 # (issue 37's target: <= 1.05); per round, so slow load swings cancel
                 rounds = r["rounds_ms"]
                 r["hvdlite_over_local"] = statistics.median(
-                    h / loc for h, loc in zip(rounds["hvdlite"], rounds["local"]))
+                    h / loc for h, loc in zip(rounds["hvdlite"], rounds["local"])
+                )
                 r["hvdlite_over_local_best"] = best["hvdlite"] / best["local"]
                 line += f" {r['hvdlite_over_local']:>6.3f}/{r['hvdlite_over_local_best']:.3f}"
             print(line, flush=True)
         load = {"before": load_start, "after": os.getloadavg(), "cores": os.cpu_count()}
-        print(f"machine load (1-min average) {load['before'][0]:.2f} before, "
-              f"{load['after'][0]:.2f} after, {load['cores']} cores; hvdlite/local = median "
-              f"of the per-round ratios / ratio of the best rounds (want <= 1.05)")
+        print(
+            f"machine load (1-min average) {load['before'][0]:.2f} before, "
+            f"{load['after'][0]:.2f} after, {load['cores']} cores; hvdlite/local = median "
+            f"of the per-round ratios / ratio of the best rounds (want <= 1.05)"
+        )
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"np": hvd.size(), "threads_per_rank": threads, "results": results,
-                           "load": load}, f, indent=2)
+                json.dump(
+                    {
+                        "np": hvd.size(),
+                        "threads_per_rank": threads,
+                        "results": results,
+                        "load": load,
+                    },
+                    f,
+                    indent=2,
+                )
     dist.destroy_process_group()
     hvd.shutdown()
 

@@ -36,15 +36,28 @@ def launch(np_, mode, workloads, impls, rounds, bert_layers, steps=(), hosts=Non
             cmd.append("--mpi")
         if hosts:
             cmd += ["-H", hosts, *ssh]
-        cmd += [sys.executable, os.path.join(HERE, "allreduce.py"), "--workloads",
-                ",".join(workloads), "--impls", ",".join(impls), "--rounds", str(rounds),
-                "--bert-layers", str(bert_layers), "--json", out, *steps]
+        cmd += [
+            sys.executable,
+            os.path.join(HERE, "allreduce.py"),
+            "--workloads",
+            ",".join(workloads),
+            "--impls",
+            ",".join(impls),
+            "--rounds",
+            str(rounds),
+            "--bert-layers",
+            str(bert_layers),
+            "--json",
+            out,
+            *steps,
+        ]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=1800)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr)[-3000:]}"
+            )
         with open(out) as f:
             return json.load(f)["rows"]
 
@@ -61,25 +74,39 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up steps per cell")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    steps = [f"--{k}={v}" for k, v in (("iters", args.iters), ("warmup", args.warmup))
-             if v is not None]
+    steps = [
+        f"--{k}={v}" for k, v in (("iters", args.iters), ("warmup", args.warmup)) if v is not None
+    ]
     workloads = args.workloads.split(",")
     raw = ["torch_per_tensor", "torch_flat"]
     configs = []
     for n in [int(x) for x in args.np.split(",")]:
-        configs.append((f"np={n}, one host", n, "gloo", ["hvdlite_fusion", "hvdlite_noshm"],
-                        None))
+        configs.append((f"np={n}, one host", n, "gloo", ["hvdlite_fusion", "hvdlite_noshm"], None))
         configs.append((f"np={n}, one host", n, "mpi", ["hvdlite_fusion"], None))
     if args.ssh_port:
-        ssh = ["-p", str(args.ssh_port)] + (["-i", args.ssh_identity] if args.ssh_identity
-                                            else [])
-        configs.append(("2 hosts x 2", 4, "gloo", ["hvdlite_fusion", "hvdlite_noshm"],
-                        ("127.0.0.1:2,127.0.0.2:2", ssh)))
+        ssh = ["-p", str(args.ssh_port)] + (["-i", args.ssh_identity] if args.ssh_identity else [])
+        configs.append(
+            (
+                "2 hosts x 2",
+                4,
+                "gloo",
+                ["hvdlite_fusion", "hvdlite_noshm"],
+                ("127.0.0.1:2,127.0.0.2:2", ssh),
+            )
+        )
     results = []
     for label, n, mode, impls, hosts in configs:
         print(f"running {label} {mode} ...", flush=True)
-        rows = launch(n, mode, workloads, impls + raw, args.rounds, args.bert_layers, steps,
-                      *(hosts or (None, ())))
+        rows = launch(
+            n,
+            mode,
+            workloads,
+            impls + raw,
+            args.rounds,
+            args.bert_layers,
+            steps,
+            *(hosts or (None, ())),
+        )
         for r in rows:
             r.update(setup=label, mode=mode)
         results.extend(rows)
@@ -90,8 +117,11 @@ def main(argv=None):
             json.dump({"rows": results, "table": table, "argv": sys.argv[1:]}, f, indent=2)
 
 
-NAMES = {("gloo", "hvdlite_fusion"): "shared memory", ("gloo", "hvdlite_noshm"): "Gloo TCP",
-         ("mpi", "hvdlite_fusion"): "MPI"}
+NAMES = {
+    ("gloo", "hvdlite_fusion"): "shared memory",
+    ("gloo", "hvdlite_noshm"): "Gloo TCP",
+    ("mpi", "hvdlite_fusion"): "MPI",
+}
 
 
 def summarize(rows):
@@ -108,29 +138,44 @@ def summarize(rows):
         key = (r["setup"], r["mode"], r["workload"])
         flat, per = base[key + ("torch_flat",)], base[key + ("torch_per_tensor",)]
         floor = base[key + ("memcpy_floor",)]
-        table.append({"setup": r["setup"], "workload": r["workload"], "transport": name,
-                      "ms": r["ms_median"], "raw_flat_ms": flat, "raw_per_tensor_ms": per,
-                      "floor_ms": floor, "x_floor": r["ms_median"] / floor,
-                      "paired_x_floor": r.get("paired_ratio_to_floor"),
-                      "x_flat": r["ms_median"] / flat,
-                      "speedup_vs_per_tensor": per / r["ms_median"]})
+        table.append(
+            {
+                "setup": r["setup"],
+                "workload": r["workload"],
+                "transport": name,
+                "ms": r["ms_median"],
+                "raw_flat_ms": flat,
+                "raw_per_tensor_ms": per,
+                "floor_ms": floor,
+                "x_floor": r["ms_median"] / floor,
+                "paired_x_floor": r.get("paired_ratio_to_floor"),
+                "x_flat": r["ms_median"] / flat,
+                "speedup_vs_per_tensor": per / r["ms_median"],
+            }
+        )
     return table
 
 
 def print_table(table):
-    print(f"\n{'setup':<18} {'workload':<10} {'transport':<14} {'ms':>9} {'floor':>8} "
-          f"{'x floor':>7} {'p floor':>7} {'raw flat':>9} {'raw per-t':>10} {'x flat':>7} "
-          f"{'vs per-t':>9}")
+    print(
+        f"\n{'setup':<18} {'workload':<10} {'transport':<14} {'ms':>9} {'floor':>8} "
+        f"{'x floor':>7} {'p floor':>7} {'raw flat':>9} {'raw per-t':>10} {'x flat':>7} "
+        f"{'vs per-t':>9}"
+    )
     for t in table:
         pf = t["paired_x_floor"]
-        print(f"{t['setup']:<18} {t['workload']:<10} {t['transport']:<14} {t['ms']:9.2f} "
-              f"{t['floor_ms']:8.2f} {t['x_floor']:7.2f} {(f'{pf:.2f}' if pf else '-'):>7s} "
-              f"{t['raw_flat_ms']:9.2f} {t['raw_per_tensor_ms']:10.2f} {t['x_flat']:7.2f} "
-              f"{t['speedup_vs_per_tensor']:8.1f}x")
-    print("\nx floor = hvdlite / every rank copying its own bytes at once (same launch; p floor: "
-          "the median of per-step ratios to a floor step timed right after each);\nx flat = "
-          "hvdlite / one raw Gloo allreduce of all the bytes (same launch); vs per-t = raw Gloo "
-          "per-tensor allreduces / hvdlite (same launch)")
+        print(
+            f"{t['setup']:<18} {t['workload']:<10} {t['transport']:<14} {t['ms']:9.2f} "
+            f"{t['floor_ms']:8.2f} {t['x_floor']:7.2f} {(f'{pf:.2f}' if pf else '-'):>7s} "
+            f"{t['raw_flat_ms']:9.2f} {t['raw_per_tensor_ms']:10.2f} {t['x_flat']:7.2f} "
+            f"{t['speedup_vs_per_tensor']:8.1f}x"
+        )
+    print(
+        "\nx floor = hvdlite / every rank copying its own bytes at once (same launch; p floor: "
+        "the median of per-step ratios to a floor step timed right after each);\nx flat = "
+        "hvdlite / one raw Gloo allreduce of all the bytes (same launch); vs per-t = raw Gloo "
+        "per-tensor allreduces / hvdlite (same launch)"
+    )
 
 
 if __name__ == "__main__":

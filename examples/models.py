@@ -16,8 +16,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.short = None
         if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                       nn.BatchNorm2d(cout))
+            self.short = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
@@ -30,11 +31,12 @@ class ResNetish(nn.Module):
 
     def __init__(self, num_classes=10, width=64, blocks=(2, 2, 2, 2)):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False),
-                                  nn.BatchNorm2d(width), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
         layers, cin = [], width
         for i, n in enumerate(blocks):
-            cout = width * 2 ** i
+            cout = width * 2**i
             for j in range(n):
                 layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
                 cin = cout
@@ -53,13 +55,15 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(seq_len, d_model) / math.sqrt(d_model))
-        layer = nn.TransformerEncoderLayer(d_model, nhead, 4 * d_model, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, nhead, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len),
-                             persistent=False)
+        self.register_buffer(
+            "mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False
+        )
 
     def forward(self, idx):
         t = idx.shape[1]

@@ -32,8 +32,9 @@ def make_dataset(n, seed, noise=0.6):
     labels = torch.randint(0, 10, (n,), generator=g)
     images = templates[labels]
     shifts = torch.randint(-2, 3, (n, 2), generator=g)
-    images = torch.stack([torch.roll(img, (int(dy), int(dx)), dims=(1, 2))
-                          for img, (dy, dx) in zip(images, shifts)])
+    images = torch.stack(
+        [torch.roll(img, (int(dy), int(dx)), dims=(1, 2)) for img, (dy, dx) in zip(images, shifts)]
+    )
     images = images + noise * torch.randn(images.shape, generator=g)
     return TensorDataset((images - 0.3) / 0.6, labels)
 
@@ -54,9 +55,11 @@ def main():
     p.add_argument("--test-size", type=int, default=1000)
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--fp16-allreduce", action="store_true")
-    p.add_argument("--checkpoint",
-                   default=os.path.join(tempfile.gettempdir(), "hvdlite_mnist_checkpoint.pt"),
-                   help="written by rank 0 after every epoch ('' disables)")
+    p.add_argument(
+        "--checkpoint",
+        default=os.path.join(tempfile.gettempdir(), "hvdlite_mnist_checkpoint.pt"),
+        help="written by rank 0 after every epoch ('' disables)",
+    )
     args = p.parse_args()
 
     hvd.init()
@@ -67,20 +70,21 @@ def main():
     test_set = make_dataset(args.test_size, seed=2)
     # each rank reads its own shard; rank/size come from hvdlite
     train_sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())
-    test_sampler = DistributedSampler(test_set, num_replicas=hvd.size(), rank=hvd.rank(),
-                                      shuffle=False)
+    test_sampler = DistributedSampler(
+        test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False
+    )
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=test_sampler)
 
     model = MnistNet()
     # scale the learning rate with the number of ranks (the global batch grows with it)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(),
-                                momentum=args.momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), compression=compression
+    )
 
     def train(epoch):
         model.train()
@@ -91,8 +95,11 @@ def main():
             loss.backward()
             optimizer.step()
             if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
-                print(f"Train epoch {epoch} [{batch_idx * len(data)}/{len(train_sampler)}]"
-                      f"\tloss {loss.item():.4f}", flush=True)
+                print(
+                    f"Train epoch {epoch} [{batch_idx * len(data)}/{len(train_sampler)}]"
+                    f"\tloss {loss.item():.4f}",
+                    flush=True,
+                )
 
     def test():
         model.eval()
@@ -113,8 +120,15 @@ def main():
         train(epoch)
         acc = test()
         if hvd.rank() == 0 and args.checkpoint:
-            torch.save({"epoch": epoch, "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(), "accuracy": acc}, args.checkpoint)
+            torch.save(
+                {
+                    "epoch": epoch,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "accuracy": acc,
+                },
+                args.checkpoint,
+            )
             print(f"Checkpoint written to {args.checkpoint} (epoch {epoch})", flush=True)
     if hvd.rank() == 0:
         print(f"FINAL_ACCURACY {acc:.4f}", flush=True)

@@ -30,11 +30,14 @@ def main():
     mine = even if even.included() else odd
     task = 0 if mine is even else 1
 
-    torch.manual_seed(task)                     # same model within a half, different across
+    torch.manual_seed(task)  # same model within a half, different across
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    target = nn.Linear(8, 1)                    # the function this half learns
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
-                                   named_parameters=model.named_parameters(), process_set=mine)
+    target = nn.Linear(8, 1)  # the function this half learns
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr),
+        named_parameters=model.named_parameters(),
+        process_set=mine,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=mine.ranks[0], process_set=mine)
 
     data = torch.Generator().manual_seed(100 + hvd.rank())
@@ -49,7 +52,7 @@ def main():
         if step % 20 == 0 and mine.rank() == 0:
             print(f"task {task} step {step}: loss {loss.item():.4f}", flush=True)
 
-    final = hvd.allreduce(loss.detach(), process_set=mine)          # the half's mean loss
+    final = hvd.allreduce(loss.detach(), process_set=mine)  # the half's mean loss
     losses = hvd.allgather_object((task, round(final.item(), 4)))
     if hvd.rank() == 0:
         for t in (0, 1):

@@ -28,8 +28,11 @@ def main():
     p.add_argument("--num-warmup-batches", type=int, default=2)
     p.add_argument("--num-batches-per-iter", type=int, default=5)
     p.add_argument("--num-iters", type=int, default=5)
-    p.add_argument("--use-adasum", action="store_true",
-                   help="reduce with Adasum (power-of-two ranks; no learning-rate scaling)")
+    p.add_argument(
+        "--use-adasum",
+        action="store_true",
+        help="reduce with Adasum (power-of-two ranks; no learning-rate scaling)",
+    )
     args = p.parse_args()
 
     hvd.init()
@@ -39,9 +42,12 @@ def main():
     # Adasum combines the ranks' updates adaptively, so the learning rate is not scaled
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * (1 if args.use_adasum else hvd.size()))
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=compression,
-                                   op=hvd.Adasum if args.use_adasum else hvd.Average)
+    opt = hvd.DistributedOptimizer(
+        opt,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
@@ -57,8 +63,10 @@ def main():
         if hvd.rank() == 0:
             print(s, flush=True)
 
-    log(f"Model: ResNet-style (width {args.width}), batch size {args.batch_size}, "
-        f"{args.image_size}x{args.image_size} images, {hvd.size()} rank(s)")
+    log(
+        f"Model: ResNet-style (width {args.width}), batch size {args.batch_size}, "
+        f"{args.image_size}x{args.image_size} images, {hvd.size()} rank(s)"
+    )
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     rates = []
     for i in range(args.num_iters):
@@ -69,8 +77,10 @@ def main():
     mean = sum(rates) / len(rates)
     dev = (sum((r - mean) ** 2 for r in rates) / len(rates)) ** 0.5
     log(f"Img/sec per rank: {mean:.1f} +-{1.96 * dev:.1f}")
-    log(f"Total img/sec on {hvd.size()} rank(s): {hvd.size() * mean:.1f} +-"
-        f"{hvd.size() * 1.96 * dev:.1f}")
+    log(
+        f"Total img/sec on {hvd.size()} rank(s): {hvd.size() * mean:.1f} +-"
+        f"{hvd.size() * 1.96 * dev:.1f}"
+    )
     hvd.shutdown()
 
 

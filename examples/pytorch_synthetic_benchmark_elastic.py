@@ -31,8 +31,12 @@ def main():
     p.add_argument("--num-warmup-batches", type=int, default=2)
     p.add_argument("--num-batches-per-iter", type=int, default=5)
     p.add_argument("--num-iters", type=int, default=5)
-    p.add_argument("--num-batches-per-commit", type=int, default=1,
-                   help="batches between commits of the elastic state")
+    p.add_argument(
+        "--num-batches-per-commit",
+        type=int,
+        default=1,
+        help="batches between commits of the elastic state",
+    )
     args = p.parse_args()
 
     hvd.init()
@@ -42,8 +46,9 @@ def main():
     base_lr = 0.01
     opt = torch.optim.SGD(model.parameters(), lr=base_lr * hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=compression)
+    opt = hvd.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters(), compression=compression
+    )
 
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, 1000, (args.batch_size,))
@@ -89,8 +94,10 @@ def main():
     mean = sum(rates) / len(rates)
     dev = (sum((r - mean) ** 2 for r in rates) / len(rates)) ** 0.5
     log(f"Img/sec per rank: {mean:.1f} +-{1.96 * dev:.1f}")
-    log(f"Total img/sec on {hvd.size()} rank(s): {hvd.size() * mean:.1f} +-"
-        f"{hvd.size() * 1.96 * dev:.1f}")
+    log(
+        f"Total img/sec on {hvd.size()} rank(s): {hvd.size() * mean:.1f} +-"
+        f"{hvd.size() * 1.96 * dev:.1f}"
+    )
     hvd.shutdown()
 
 

@@ -23,11 +23,13 @@ def train(epochs, lr):
     hvd.init()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    target = nn.Linear(8, 1)                       # the function to learn, same on every rank
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr * hvd.size()),
-                                   named_parameters=model.named_parameters())
+    target = nn.Linear(8, 1)  # the function to learn, same on every rank
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr * hvd.size()),
+        named_parameters=model.named_parameters(),
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    data = torch.Generator().manual_seed(100 + hvd.rank())   # each rank its own shard
+    data = torch.Generator().manual_seed(100 + hvd.rank())  # each rank its own shard
     losses = []
     for _ in range(epochs):
         x = torch.randn(64, 8, generator=data)
@@ -37,7 +39,7 @@ def train(epochs, lr):
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
-        losses.append(hvd.allreduce(loss.detach()).item())   # the mean over ranks
+        losses.append(hvd.allreduce(loss.detach()).item())  # the mean over ranks
     result = {"rank": hvd.rank(), "size": hvd.size(), "first": losses[0], "last": losses[-1]}
     hvd.shutdown()
     return result
@@ -54,8 +56,9 @@ def main():
         ray.init(address=args.address)
     else:
         ray.init(num_cpus=args.num_workers, include_dashboard=False)
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60),
-                           num_workers=args.num_workers, cpus_per_worker=1)
+    executor = RayExecutor(
+        RayExecutor.create_settings(timeout_s=60), num_workers=args.num_workers, cpus_per_worker=1
+    )
     executor.start()
     try:
         results = executor.run(train, args=[args.epochs, args.lr])

@@ -43,32 +43,44 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     x, y = make_data(args.samples, seed=1)
-    x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]    # this rank's shard
+    x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]  # this rank's shard
     x_test, y_test = make_data(1024, seed=2)
 
-    keras.utils.set_random_seed(hvd.rank())     # different on purpose: the callback syncs
-    model = keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(8, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(16, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    keras.utils.set_random_seed(hvd.rank())  # different on purpose: the callback syncs
+    model = keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     lr = args.lr * hvd.size()
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9))
-    model.compile(optimizer=opt, metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=opt,
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=1,
-                                                 verbose=1 if hvd.rank() == 0 else 0),
+        hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=lr, warmup_epochs=1, verbose=1 if hvd.rank() == 0 else 0
+        ),
     ]
-    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, callbacks=callbacks,
-              verbose=2 if hvd.rank() == 0 else 0)
+    model.fit(
+        x,
+        y,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        callbacks=callbacks,
+        verbose=2 if hvd.rank() == 0 else 0,
+    )
     _, acc = model.evaluate(x_test, y_test, verbose=0)
     acc = float(np.asarray(hvd.allreduce(tf.constant(acc), op=hvd.Average)))
     if hvd.rank() == 0:

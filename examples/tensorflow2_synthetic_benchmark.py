@@ -23,7 +23,7 @@ def make_model(width, classes=1000):
     inputs = keras.Input((None, None, 3))
     h = keras.layers.Conv2D(width, 3, strides=2, padding="same", activation="relu")(inputs)
     for i in range(3):
-        c = width * 2 ** i
+        c = width * 2**i
         r = keras.layers.Conv2D(c, 1, padding="same")(h)
         h = keras.layers.Conv2D(c, 3, padding="same", activation="relu")(h)
         h = keras.layers.Conv2D(c, 3, padding="same")(h)
@@ -72,15 +72,15 @@ def main():
     timeit.timeit(lambda: benchmark_step(first_batch=False), number=args.num_warmup_batches)
     img_secs = []
     for i in range(args.num_iters):
-        t = timeit.timeit(lambda: benchmark_step(first_batch=False),
-                          number=args.num_batches_per_iter)
+        t = timeit.timeit(
+            lambda: benchmark_step(first_batch=False), number=args.num_batches_per_iter
+        )
         img_sec = args.batch_size * args.num_batches_per_iter / t
         log(f"Iter #{i}: {img_sec:.1f} img/sec per rank")
         img_secs.append(img_sec)
     mean, conf = np.mean(img_secs), 1.96 * np.std(img_secs)
     log(f"Img/sec per rank: {mean:.1f} +-{conf:.1f}")
-    log(f"Total img/sec on {hvd.size()} rank(s): {hvd.size() * mean:.1f} "
-        f"+-{hvd.size() * conf:.1f}")
+    log(f"Total img/sec on {hvd.size()} rank(s): {hvd.size() * mean:.1f} +-{hvd.size() * conf:.1f}")
     hvd.shutdown()
 
 

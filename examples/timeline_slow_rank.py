@@ -18,15 +18,20 @@ STEPS = 40
 def main():
     hvd.init()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     for step in range(STEPS):
         if hvd.rank() == 1 and step % 4 == 0:
-            time.sleep(0.02)                     # the slow rank
+            time.sleep(0.02)  # the slow rank
         x = torch.randn(64, 256)
         opt.zero_grad()
         model(x).square().mean().backward()

@@ -13,5 +13,6 @@ def __getattr__(name):
     """Lazily provide :func:`hvdlite.runner.api.run` as ``hvdlite.run``."""
     if name == "run":
         from hvdlite.runner.api import run
+
         return run
     raise AttributeError(f"module 'hvdlite' has no attribute {name!r}")

@@ -16,8 +16,9 @@ __all__ = ["fail_at", "clear_faults", "ACTIONS"]
 ACTIONS = fault_injection.ACTIONS
 
 
-def fail_at(rank: int, commit: int, action: str = "exit", exit_code: int = 1,
-            round: Optional[int] = None) -> None:  # noqa: A002 -- the setting's own name
+def fail_at(
+    rank: int, commit: int, action: str = "exit", exit_code: int = 1, round: Optional[int] = None
+) -> None:  # noqa: A002 -- the setting's own name
     """Make the process that is ``rank`` fail right after its ``commit``-th
     ``state.commit()`` (counted from 1 in this process, from this call on).
 

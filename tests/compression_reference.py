@@ -15,7 +15,7 @@ def orthogonalize(p, eps=1e-8):
     p = p.copy()
     for i in range(p.shape[1]):
         p[:, i] /= np.linalg.norm(p[:, i]) + eps
-        rest = p[:, i + 1:]
+        rest = p[:, i + 1 :]
         rest -= np.outer(p[:, i], p[:, i] @ rest)
     return p
 

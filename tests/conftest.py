@@ -33,8 +33,9 @@ def summary_names(text: str, rank: int, error: str, host=None) -> bool:
     with ``error`` as what it died of?  The summary says "exited with code C: ERROR", or
     "failed first: ERROR" when a peer's exit reached the launcher before it."""
     where = re.escape(host) if host is not None else r"\S+"
-    pattern = re.compile(rf"rank {rank} on host {where} (?:exited with code \d+|failed first): "
-                         + re.escape(error))
+    pattern = re.compile(
+        rf"rank {rank} on host {where} (?:exited with code \d+|failed first): " + re.escape(error)
+    )
     return any(pattern.search(line) for line in text.splitlines())
 
 
@@ -94,8 +95,9 @@ MaxSessions 100
 """)
     os.makedirs("/run/sshd", exist_ok=True)
     log = open(d / "sshd.log", "wb")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, start_new_session=True
+    )
     deadline = time.monotonic() + 15
     while True:
         try:

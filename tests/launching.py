@@ -27,8 +27,11 @@ def command(*args) -> List[str]:
     return [*LAUNCHER, *(str(a) for a in args)]
 
 
-def environment(extra: Optional[Mapping[str, str]] = None,
-                pythonpath: Iterable[str] = (), unset: Iterable[str] = ()) -> Dict[str, str]:
+def environment(
+    extra: Optional[Mapping[str, str]] = None,
+    pythonpath: Iterable[str] = (),
+    unset: Iterable[str] = (),
+) -> Dict[str, str]:
     """This environment for a launch: this interpreter's bin folder first on PATH, no
     rank identity left over from the test process nor the variables ``unset`` names,
     ``pythonpath`` before the inherited PYTHONPATH, then ``extra``."""
@@ -49,30 +52,52 @@ def _text(stream) -> str:
     return stream or ""
 
 
-def run(args: Iterable, env: Optional[Mapping[str, str]] = None, timeout: float = 60,
-        cwd: str = REPO, pythonpath: Iterable[str] = (), unset: Iterable[str] = (),
-        **kw) -> "subprocess.CompletedProcess[str]":
+def run(
+    args: Iterable,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 60,
+    cwd: str = REPO,
+    pythonpath: Iterable[str] = (),
+    unset: Iterable[str] = (),
+    **kw,
+) -> "subprocess.CompletedProcess[str]":
     """Run ``hvdlite-run ARGS`` to its end; its exit code and output (text).  A job that
     outlives ``timeout`` seconds fails the test with what it printed."""
     argv = command(*args)
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=environment(env, pythonpath, unset), cwd=cwd, **kw)
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=environment(env, pythonpath, unset),
+            cwd=cwd,
+            **kw,
+        )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"hvdlite-run {' '.join(argv[len(LAUNCHER):])} did not finish within "
-                    f"{timeout:g}s; output so far:\n{_text(exc.stdout)[-6000:]}\n"
-                    f"{_text(exc.stderr)[-6000:]}")
+        pytest.fail(
+            f"hvdlite-run {' '.join(argv[len(LAUNCHER) :])} did not finish within "
+            f"{timeout:g}s; output so far:\n{_text(exc.stdout)[-6000:]}\n"
+            f"{_text(exc.stderr)[-6000:]}"
+        )
 
 
-def start(args: Iterable, env: Optional[Mapping[str, str]] = None, cwd: str = REPO,
-          pythonpath: Iterable[str] = (), unset: Iterable[str] = (), **popen_kw) -> subprocess.Popen:
+def start(
+    args: Iterable,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: str = REPO,
+    pythonpath: Iterable[str] = (),
+    unset: Iterable[str] = (),
+    **popen_kw,
+) -> subprocess.Popen:
     """Start ``hvdlite-run ARGS`` and return it running (the caller waits, reads, signals);
     stdout and stderr are pipes of text unless ``popen_kw`` says otherwise."""
     popen_kw.setdefault("stdout", subprocess.PIPE)
     popen_kw.setdefault("stderr", subprocess.PIPE)
     popen_kw.setdefault("text", True)
-    return subprocess.Popen(command(*args), env=environment(env, pythonpath, unset), cwd=cwd,
-                            **popen_kw)
+    return subprocess.Popen(
+        command(*args), env=environment(env, pythonpath, unset), cwd=cwd, **popen_kw
+    )
 
 
 def leftovers(token: str) -> List[psutil.Process]:

@@ -22,9 +22,14 @@ def _functions(path: pathlib.Path):
 
 
 def _lengths():
-    return sorted(((node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT)}:{node.name}")
-                   for path in (ROOT / "hvdlite").rglob("*.py") for node in _functions(path)),
-                  reverse=True)
+    return sorted(
+        (
+            (node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT)}:{node.name}")
+            for path in (ROOT / "hvdlite").rglob("*.py")
+            for node in _functions(path)
+        ),
+        reverse=True,
+    )
 
 
 def test_function_lengths():
@@ -54,9 +59,11 @@ def _swallowing_tries(tree: ast.AST):
 
 
 def test_no_assertion_swallowed_by_a_broad_except():
-    found = [f"{path.relative_to(ROOT)}:{line}"
-             for path in (ROOT / "tests").rglob("*.py")
-             for line in _swallowing_tries(ast.parse(path.read_text()))]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in (ROOT / "tests").rglob("*.py")
+        for line in _swallowing_tries(ast.parse(path.read_text()))
+    ]
     assert not found, found
 
 
@@ -106,28 +113,40 @@ def _private_reaches(tree: ast.AST):
     for node in ast.walk(tree):
         if _from_hvdlite(node):
             yield from ((node.lineno, a.name) for a in node.names if _is_private(a.name))
-        elif (isinstance(node, ast.Attribute) and _is_private(node.attr)
-              and _root_name(node.value) in imported):
+        elif (
+            isinstance(node, ast.Attribute)
+            and _is_private(node.attr)
+            and _root_name(node.value) in imported
+        ):
             yield node.lineno, ast.unparse(node)
 
 
 def test_no_private_reach_into_another_module():
-    found = [f"{path.relative_to(ROOT)}:{line}: {what}"
-             for path in sorted((ROOT / "hvdlite").rglob("*.py"))
-             for line, what in _private_reaches(ast.parse(path.read_text()))]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in sorted((ROOT / "hvdlite").rglob("*.py"))
+        for line, what in _private_reaches(ast.parse(path.read_text()))
+    ]
     assert not found, found
 
 
 def test_the_reach_check_finds_what_it_looks_for():
-    bad = ast.parse("from hvdlite.common.basics import _STATE, runtime\n"
-                    "from hvdlite.tensorflow import mpi_ops\n"
-                    "import hvdlite.common.ops\n"
-                    "mpi_ops._check(x)\n"
-                    "hvdlite.common.ops._REQUESTS.clear()\n"
-                    "from .objects import _verify\n")
-    fine = ast.parse("import os\nfrom hvdlite.tensorflow import mpi_ops\n"
-                     "os._exit(0)\nmpi_ops.__name__\nself._own()\n_local._x\n")
-    assert sorted(_private_reaches(bad)) == [(1, "_STATE"), (4, "mpi_ops._check"),
-                                             (5, "hvdlite.common.ops._REQUESTS"),
-                                             (6, "_verify")]
+    bad = ast.parse(
+        "from hvdlite.common.basics import _STATE, runtime\n"
+        "from hvdlite.tensorflow import mpi_ops\n"
+        "import hvdlite.common.ops\n"
+        "mpi_ops._check(x)\n"
+        "hvdlite.common.ops._REQUESTS.clear()\n"
+        "from .objects import _verify\n"
+    )
+    fine = ast.parse(
+        "import os\nfrom hvdlite.tensorflow import mpi_ops\n"
+        "os._exit(0)\nmpi_ops.__name__\nself._own()\n_local._x\n"
+    )
+    assert sorted(_private_reaches(bad)) == [
+        (1, "_STATE"),
+        (4, "mpi_ops._check"),
+        (5, "hvdlite.common.ops._REQUESTS"),
+        (6, "_verify"),
+    ]
     assert list(_private_reaches(fine)) == []

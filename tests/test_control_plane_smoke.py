@@ -15,10 +15,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 #: the control vector with the default 1,024-slot cache, at any number of ranks
 VECTOR_BYTES = 352
-ROW_FIELDS = ("vector_bytes", "miss_negotiation_ms", "miss_control_allreduce_ms",
-              "rank0_miss_cycle_cpu_ms",
-              "hit_control_allreduce_ms", "rank0_hit_cycle_cpu_ms", "hit_step_ms",
-              "miss_step_ms", "lockstep_control_allreduce_ms", "lockstep_allgather_ms")
+ROW_FIELDS = (
+    "vector_bytes",
+    "miss_negotiation_ms",
+    "miss_control_allreduce_ms",
+    "rank0_miss_cycle_cpu_ms",
+    "hit_control_allreduce_ms",
+    "rank0_hit_cycle_cpu_ms",
+    "hit_step_ms",
+    "miss_step_ms",
+    "lockstep_control_allreduce_ms",
+    "lockstep_allgather_ms",
+)
 
 
 def _run(tmp_path, *args):
@@ -26,9 +34,21 @@ def _run(tmp_path, *args):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "control_plane.py"),
-                           "--quick", "--json", str(out_json), *args], cwd=str(REPO), env=env,
-                          capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "control_plane.py"),
+            "--quick",
+            "--json",
+            str(out_json),
+            *args,
+        ],
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     return json.loads(out_json.read_text()), out
@@ -49,16 +69,22 @@ def _check_row(row, harness, np_):
 
 @pytest.mark.timeout(90)
 def test_control_plane_benchmark_thread_harness(tmp_path):
-    data, out = _run(tmp_path, "--thread-np", "2,4", "--mirror-np", "2,8,256",
-                     "--controller-np", "2,4,8")
-    assert "miss negot ms" in out                  # the table was printed
+    data, out = _run(
+        tmp_path, "--thread-np", "2,4", "--mirror-np", "2,8,256", "--controller-np", "2,4,8"
+    )
+    assert "miss negot ms" in out  # the table was printed
     rows = data["rows"]
     assert [(r["harness"], r["np"]) for r in rows] == [
-        ("thread", 2), ("thread", 4), ("mirror", 2), ("mirror", 8), ("mirror", 256)]
+        ("thread", 2),
+        ("thread", 4),
+        ("mirror", 2),
+        ("mirror", 8),
+        ("mirror", 256),
+    ]
     for r in rows:
         if r["harness"] == "thread":
             _check_row(r, "thread", r["np"])
-        else:   # no transport: no lockstep columns, but the same per-cycle work
+        else:  # no transport: no lockstep columns, but the same per-cycle work
             assert "error" not in r, r
             assert r["vector_bytes"] == VECTOR_BYTES
             # the mirror's peers ask for what rank 0 asks for: every negotiation is uniform
@@ -82,8 +108,19 @@ def test_control_plane_benchmark_thread_harness(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_control_plane_benchmark_real_processes(tmp_path):
-    data, _ = _run(tmp_path, "--thread-np", "", "--mirror-np", "", "--process-np", "2",
-                   "--controller-np", "", "--run-timeout", "90")
+    data, _ = _run(
+        tmp_path,
+        "--thread-np",
+        "",
+        "--mirror-np",
+        "",
+        "--process-np",
+        "2",
+        "--controller-np",
+        "",
+        "--run-timeout",
+        "90",
+    )
     (row,) = data["rows"]
     _check_row(row, "process", 2)
     assert row["stopped_cleanly"] is True

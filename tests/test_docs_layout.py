@@ -33,7 +33,8 @@ _FENCE = re.compile(r"^\s*```")
 
 def _pages() -> List[str]:
     pages = ["README.md", "CONTRIBUTING.md"] + sorted(
-        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    )
     assert len(pages) > 3, pages
     return pages
 
@@ -91,23 +92,32 @@ def module_names(source_file: str) -> Set[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
                 if node.name == "__getattr__":
-                    names.update(c.value for c in ast.walk(node)
-                                 if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                    names.update(
+                        c.value
+                        for c in ast.walk(node)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                    )
             elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
                     names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) \
-                        and node.value is not None:
-                    names.update(c.value for c in ast.walk(node.value)
-                                 if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                if (
+                    any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)
+                    and node.value is not None
+                ):
+                    names.update(
+                        c.value
+                        for c in ast.walk(node.value)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                    )
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 names.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif isinstance(node, (ast.If, ast.Try)):        # TYPE_CHECKING, optional imports
+            elif isinstance(node, (ast.If, ast.Try)):  # TYPE_CHECKING, optional imports
                 visit(node.body)
                 visit(getattr(node, "orelse", []))
                 for handler in getattr(node, "handlers", []):
                     visit(handler.body)
+
     visit(tree.body)
     return names
 
@@ -146,16 +156,22 @@ def _named(pattern: re.Pattern) -> Dict[str, List[str]]:
 def test_every_module_path_in_the_docs_exists():
     paths = _named(_PATH)
     assert paths, "the docs name no hvdlite/ path: is the pattern right?"
-    bad = [f"{p} ({', '.join(where)}): {path_problem(p)}"
-           for p, where in sorted(paths.items()) if path_problem(p)]
+    bad = [
+        f"{p} ({', '.join(where)}): {path_problem(p)}"
+        for p, where in sorted(paths.items())
+        if path_problem(p)
+    ]
     assert not bad, "the docs name paths that do not exist:\n" + "\n".join(bad)
 
 
 def test_every_dotted_module_name_in_the_docs_exists():
     names = _named(_DOTTED)
     assert names, "the docs name no hvdlite.x module: is the pattern right?"
-    bad = [f"{n} ({', '.join(where)}): {dotted_problem(n)}"
-           for n, where in sorted(names.items()) if dotted_problem(n)]
+    bad = [
+        f"{n} ({', '.join(where)}): {dotted_problem(n)}"
+        for n, where in sorted(names.items())
+        if dotted_problem(n)
+    ]
     assert not bad, "the docs name modules that do not exist:\n" + "\n".join(bad)
 
 
@@ -170,8 +186,11 @@ def _tree() -> Tuple[Set[str], Set[str]]:
     virtualenv left out."""
     files, folders = set(), set()
     for folder, dirs, names in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"
-                   and not d.endswith(".egg-info")]
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".") and d != "__pycache__" and not d.endswith(".egg-info")
+        ]
         rel = os.path.relpath(folder, ROOT).replace(os.sep, "/")
         if rel != ".":
             folders.add(rel)
@@ -196,8 +215,11 @@ def test_every_short_path_in_the_docs_exists():
     tree = _tree()
     found = _named(_SHORT_PATH)
     assert found, "the docs name no short path: is the pattern right?"
-    bad = [f"{p} ({', '.join(where)})" for p, where in sorted(found.items())
-           if short_path_problem(p, tree)]
+    bad = [
+        f"{p} ({', '.join(where)})"
+        for p, where in sorted(found.items())
+        if short_path_problem(p, tree)
+    ]
     assert not bad, "the docs name files or folders that do not exist:\n" + "\n".join(bad)
 
 
@@ -214,16 +236,23 @@ def test_the_checks_see_old_names():
     assert dotted_problem("hvdlite.nothing")
     assert dotted_problem("hvdlite.common.diagnostics.timeline_writer.load_events") is None
     assert dotted_problem("hvdlite.torch") is None
-    assert dotted_problem("hvdlite.run") is None          # an attribute of the package
+    assert dotted_problem("hvdlite.run") is None  # an attribute of the package
     assert _PATH.findall("see tests/hvdlite/x.py and `hvdlite/torch/`.") == ["hvdlite/torch"]
     tree = _tree()
-    for old in ("procs.py", "runner/services/", "common/runtime.py",
-                "stack_reports.py", "ray/elastic.py"):
+    for old in (
+        "procs.py",
+        "runner/services/",
+        "common/runtime.py",
+        "stack_reports.py",
+        "ray/elastic.py",
+    ):
         assert short_path_problem(old, tree), old
     for new in ("agent/job.py", "store/", "engine/runtime.py", "tests/test_layers.py"):
         assert short_path_problem(new, tree) is None, new
     assert _SHORT_PATH.findall("`agent/job.py`, `store/`, `job.run_job`") == [
-        "agent/job.py", "store/"]
+        "agent/job.py",
+        "store/",
+    ]
     assert _DOTTED.findall("`hvdlite.run`, hvdlite.torch.") == ["hvdlite.run", "hvdlite.torch"]
 
 
@@ -253,9 +282,9 @@ def test_links_between_the_pages_resolve():
     bad = []
     for page in _pages():
         prose = _prose(_read(page))
-        for match in _LINK.finditer(prose):               # link text may span lines
+        for match in _LINK.finditer(prose):  # link text may span lines
             target = match.group(1)
-            if re.match(r"[a-z]+:", target):              # http:, https:, mailto:
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
                 continue
             file, _, anchor = target.partition("#")
             rel = os.path.normpath(os.path.join(os.path.dirname(page), file)) if file else page
@@ -270,19 +299,25 @@ def test_links_between_the_pages_resolve():
 def test_slugs_and_links_are_read_as_github_does():
     assert _slug("horovodrun's flags") == "horovodruns-flags"
     assert _LINK.findall("see [One\ncycle](architecture.md#one-cycle) and [x](y.md)") == [
-        "architecture.md#one-cycle", "y.md"]
+        "architecture.md#one-cycle",
+        "y.md",
+    ]
     assert _slug("Running a function: `hvdlite.run`") == "running-a-function-hvdliterun"
-    assert _slug("Monitoring: stragglers and live metrics") == \
-        "monitoring-stragglers-and-live-metrics"
-    assert _slug("Stateful compression (`hvdlite/torch/grad_compression.py`)") == \
-        "stateful-compression-hvdlitetorchgrad_compressionpy"
+    assert (
+        _slug("Monitoring: stragglers and live metrics") == "monitoring-stragglers-and-live-metrics"
+    )
+    assert (
+        _slug("Stateful compression (`hvdlite/torch/grad_compression.py`)")
+        == "stateful-compression-hvdlitetorchgrad_compressionpy"
+    )
 
 
 def test_architecture_is_read_in_one_sitting():
     lines = _read(ARCHITECTURE).count("\n")
     assert lines <= MAX_ARCHITECTURE_LINES, (
         f"{ARCHITECTURE} has {lines} lines (at most {MAX_ARCHITECTURE_LINES}): move details "
-        "into the docstrings of the modules they describe")
+        "into the docstrings of the modules they describe"
+    )
 
 
 def test_architecture_stands_alone():

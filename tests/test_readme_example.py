@@ -24,7 +24,8 @@ def test_the_readme_example_learns(tmp_path):
     script.write_text(_example())
     r = launching.run(["-np", "2", sys.executable, script], timeout=170)
     assert r.returncode == 0, r.stdout + r.stderr
-    losses = [float(x) for x in re.findall(r"^\[0\]<stdout>:epoch \d: loss ([\d.]+)$",
-                                           r.stdout, re.M)]
+    losses = [
+        float(x) for x in re.findall(r"^\[0\]<stdout>:epoch \d: loss ([\d.]+)$", r.stdout, re.M)
+    ]
     assert len(losses) == 5, r.stdout
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] / 2, losses

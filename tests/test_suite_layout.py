@@ -32,12 +32,14 @@ def _map() -> Dict[str, List[str]]:
 
 def test_every_package_has_a_row_with_tests_that_exist():
     rows = _map()
-    packages = sorted(os.path.relpath(os.path.dirname(p), ROOT) for p in
-                      glob.glob(os.path.join(ROOT, "hvdlite", "**", "__init__.py"),
-                                recursive=True))
+    packages = sorted(
+        os.path.relpath(os.path.dirname(p), ROOT)
+        for p in glob.glob(os.path.join(ROOT, "hvdlite", "**", "__init__.py"), recursive=True)
+    )
     assert packages and set(packages) == set(rows), (
         f"rows missing: {sorted(set(packages) - set(rows))}; "
-        f"rows for no package: {sorted(set(rows) - set(packages))}")
+        f"rows for no package: {sorted(set(rows) - set(packages))}"
+    )
     for package, tests in rows.items():
         assert tests, f"{package}: no test listed"
         missing = [t for t in tests if not os.path.isfile(os.path.join(ROOT, t))]
@@ -46,10 +48,13 @@ def test_every_package_has_a_row_with_tests_that_exist():
 
 def test_every_test_file_is_on_the_map():
     listed = {t for tests in _map().values() for t in tests}
-    files = {os.path.relpath(p, ROOT) for p in
-             glob.glob(os.path.join(ROOT, "tests", "**", "test_*.py"), recursive=True)}
+    files = {
+        os.path.relpath(p, ROOT)
+        for p in glob.glob(os.path.join(ROOT, "tests", "**", "test_*.py"), recursive=True)
+    }
     assert files - listed == set(), (
-        f"add these to CONTRIBUTING.md's test map: {sorted(files - listed)}")
+        f"add these to CONTRIBUTING.md's test map: {sorted(files - listed)}"
+    )
 
 
 #: the launcher's modules a test could run with ``python -m``
@@ -98,6 +103,8 @@ def test_every_job_is_started_through_tests_launching():
 def test_the_launch_check_finds_a_hand_built_command(tmp_path):
     """The check above is not blind: a hand-built launcher command is found."""
     sample = tmp_path / "test_sample.py"
-    sample.write_text("import sys\ndef test_x():\n"
-                      "    cmd = [sys.executable, '-m', 'hvdlite.runner', '-np', '2']\n")
+    sample.write_text(
+        "import sys\ndef test_x():\n"
+        "    cmd = [sys.executable, '-m', 'hvdlite.runner', '-np', '2']\n"
+    )
     assert [f for f, _ in _own_launches(str(sample))] == ["test_x"]

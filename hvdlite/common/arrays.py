@@ -26,14 +26,38 @@ import numpy as np
 
 from hvdlite.common.engine.message import ReduceOp
 
-_SUM, _MIN, _MAX, _PRODUCT = (int(ReduceOp.SUM), int(ReduceOp.MIN), int(ReduceOp.MAX),
-                              int(ReduceOp.PRODUCT))
+_SUM, _MIN, _MAX, _PRODUCT = (
+    int(ReduceOp.SUM),
+    int(ReduceOp.MIN),
+    int(ReduceOp.MAX),
+    int(ReduceOp.PRODUCT),
+)
 
 #: the dtypes a buffer may have, by their wire names
-DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-               "uint8", "bool")
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2,
-             "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+DTYPE_NAMES = (
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+)
+_ITEMSIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "bool": 1,
+}
 
 
 def dtype_name(dtype) -> str:
@@ -60,7 +84,7 @@ def _np_bf16():
     imported on the first call, not with this module."""
     try:
         from ml_dtypes import bfloat16
-    except ImportError:                # pragma: no cover - TensorFlow always brings it
+    except ImportError:  # pragma: no cover - TensorFlow always brings it
         return None
     return bfloat16
 
@@ -80,8 +104,10 @@ def numpy_dtype(name: str):
     if name == "bfloat16":
         bf16 = _np_bf16()
         if bf16 is None:
-            raise TypeError("bfloat16 buffers without torch need the ml_dtypes package "
-                            "(pip install ml_dtypes; TensorFlow installs it)")
+            raise TypeError(
+                "bfloat16 buffers without torch need the ml_dtypes package "
+                "(pip install ml_dtypes; TensorFlow installs it)"
+            )
         return np.dtype(bf16)
     return np.dtype(name)
 
@@ -232,6 +258,7 @@ class TorchArrays(ArrayKind):
 
     def __init__(self):
         import torch
+
         self.torch = torch
         self._dtypes = {n: getattr(torch, n) for n in DTYPE_NAMES}
         self._names = {v: k for k, v in self._dtypes.items()}
@@ -369,6 +396,7 @@ class TorchArrays(ArrayKind):
 
     def dlpack(self, buf):
         from torch.utils.dlpack import to_dlpack
+
         return to_dlpack(buf)
 
     def enter_thread(self):
@@ -385,11 +413,10 @@ class NumpyArrays(ArrayKind):
         for n in DTYPE_NAMES:
             try:
                 self._dtypes[n] = numpy_dtype(n)
-            except TypeError:          # no ml_dtypes: bfloat16 is refused when used
+            except TypeError:  # no ml_dtypes: bfloat16 is refused when used
                 pass
         self._names = {v: k for k, v in self._dtypes.items()}
-        self._half = tuple(self._dtypes[n] for n in ("float16", "bfloat16")
-                           if n in self._dtypes)
+        self._half = tuple(self._dtypes[n] for n in ("float16", "bfloat16") if n in self._dtypes)
         self.flat = operator.methodcaller("reshape", -1)
         self.numel = operator.attrgetter("size")
         self.clone = operator.methodcaller("copy")
@@ -445,7 +472,7 @@ class NumpyArrays(ArrayKind):
     def pieces(self, buf, sizes):
         out, offset = [], 0
         for n in sizes:
-            out.append(buf[offset:offset + n])
+            out.append(buf[offset : offset + n])
             offset += n
         return out
 
@@ -486,8 +513,7 @@ class NumpyArrays(ArrayKind):
         elif op == _MAX:
             np.maximum(acc, other, out=acc)
         elif op == _PRODUCT:
-            np.logical_and(acc, other, out=acc) if is_bool else \
-                np.multiply(acc, other, out=acc)
+            np.logical_and(acc, other, out=acc) if is_bool else np.multiply(acc, other, out=acc)
         else:
             raise ValueError(f"combine_: reduce op {op!r} is not SUM, MIN, MAX or PRODUCT")
 
@@ -517,7 +543,7 @@ class NumpyArrays(ArrayKind):
 
     def dlpack(self, buf):
         if _is_np_bf16(buf.dtype):
-            return None                 # DLPack has bfloat16, numpy's exporter does not
+            return None  # DLPack has bfloat16, numpy's exporter does not
         return buf.__dlpack__()
 
 
@@ -559,5 +585,6 @@ def lazy_torch():
     global _torch
     if _torch is None:
         import torch
+
         _torch = torch
     return _torch

@@ -38,8 +38,11 @@ from hvdlite.common.slurm import srun_step
 from hvdlite.common.backend.local import LocalBackend
 from hvdlite.common.backend.mpi import launched_by_mpi, mpi_available
 from hvdlite.common.config import Config
-from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
-                                       HvdliteNotInitializedError)
+from hvdlite.common.exceptions import (
+    HvdliteConfigError,
+    HvdliteInternalError,
+    HvdliteNotInitializedError,
+)
 from hvdlite.common.diagnostics.recorder import NULL, Recorder
 from hvdlite.common.engine.runtime import Runtime
 
@@ -120,14 +123,18 @@ def _make_backend(config: Config, comm=None):
             choice = "local"
     if choice == "mpi":
         from hvdlite.common.backend.mpi import MPIBackend
+
         return MPIBackend.for_job(config.op_timeout_s, comm)
     if comm is not None:
-        raise ValueError(f"hvd.init(comm=...) chooses MPI processes, but this job runs "
-                         f"{choice!r} (start it with hvdlite-run --mpi or mpiexec; under Gloo "
-                         f"use process sets for subsets of ranks)")
+        raise ValueError(
+            f"hvd.init(comm=...) chooses MPI processes, but this job runs "
+            f"{choice!r} (start it with hvdlite-run --mpi or mpiexec; under Gloo "
+            f"use process sets for subsets of ranks)"
+        )
     if choice == "gloo" and (config.size > 1 or config.rendezvous_addr is not None):
         _require_torch_for_gloo(config)
         from hvdlite.common.backend.gloo import GlooBackend
+
         return GlooBackend.for_job(config, _STATE.last_round)
     return LocalBackend(config)
 
@@ -144,11 +151,11 @@ def _require_torch_for_gloo(config: Config) -> None:
     raise HvdliteConfigError(
         f"rank {config.rank}: the Gloo transport comes from torch.distributed, and torch is "
         f"not installed here; install torch (pip install torch), or run the job on MPI "
-        f"(hvdlite-run --mpi ..., or mpiexec)")
+        f"(hvdlite-run --mpi ..., or mpiexec)"
+    )
 
 
-def start_runtime(config: Optional[Config] = None, recorder: Recorder = NULL,
-                  comm=None) -> None:
+def start_runtime(config: Optional[Config] = None, recorder: Recorder = NULL, comm=None) -> None:
     """Start the runtime (idempotent while it runs): the part of ``hvd.init()``
     (:func:`hvdlite.common.rank_setup.init`, the only ``init``) below process sets.
 
@@ -159,7 +166,7 @@ def start_runtime(config: Optional[Config] = None, recorder: Recorder = NULL,
     with _STATE.lock:
         if _STATE.runtime is not None and _STATE.runtime.running():
             return
-        if _STATE.runtime is not None:      # stopped by a peer or a failure: start over
+        if _STATE.runtime is not None:  # stopped by a peer or a failure: start over
             _shutdown_locked()
         if config is None:
             srun_step.adopt()
@@ -168,20 +175,31 @@ def start_runtime(config: Optional[Config] = None, recorder: Recorder = NULL,
         _run_reset_hooks()
         _warm_up(config)
         # the slot this process joins rounds with, before the round renumbers it
-        exit_report.install(config.rendezvous_addr, config.rendezvous_port, config.secret_key,
-                            config.hostname, config.local_rank)
+        exit_report.install(
+            config.rendezvous_addr,
+            config.rendezvous_port,
+            config.secret_key,
+            config.hostname,
+            config.local_rank,
+        )
         if config.job_id != _STATE.last_job:
             # a process reused by a new job (a Ray actor, a Spark Python worker) joins the
             # new job's store from its first round
             _STATE.last_round = -1
         if config.torch_store_addr is not None and config.secret_key is None:
             from hvdlite.common.backend.torch_store_client import job_key
+
             config = config.replace(secret_key=job_key(config))
         backend = _make_backend(config, comm)
         _STATE.last_job = config.job_id
-        config = config.replace(rank=backend.rank, size=backend.size,
-                                local_rank=backend.local_rank, local_size=backend.local_size,
-                                cross_rank=backend.cross_rank, cross_size=backend.cross_size)
+        config = config.replace(
+            rank=backend.rank,
+            size=backend.size,
+            local_rank=backend.local_rank,
+            local_size=backend.local_size,
+            cross_rank=backend.cross_rank,
+            cross_size=backend.cross_size,
+        )
         exit_report.name_rank(backend.rank)
         _STATE.last_round = getattr(backend, "round", _STATE.last_round)
         flight_recorder.configure(config)
@@ -209,7 +227,8 @@ def _shutdown_locked() -> None:
     if not stopped:
         raise HvdliteInternalError(
             f"rank {runtime.rank}: the background thread did not exit within {wait_s:.0f}s of "
-            f"shutdown(); a peer may be hung (see --op-timeout-seconds)")
+            f"shutdown(); a peer may be hung (see --op-timeout-seconds)"
+        )
 
 
 def shutdown() -> None:
@@ -271,8 +290,7 @@ def runtime():
     """The live runtime; raises if init() was not called (or shutdown() was)."""
     rt = _STATE.runtime
     if rt is None:
-        raise HvdliteNotInitializedError(
-            "hvdlite has not been initialized; call hvd.init() first")
+        raise HvdliteNotInitializedError("hvdlite has not been initialized; call hvd.init() first")
     return rt
 
 
@@ -280,10 +298,9 @@ def config() -> Config:
     """The configuration this rank's runtime was started with."""
     runtime()
     started = _STATE.config
-    if started is None:                 # never: init() sets both together
+    if started is None:  # never: init() sets both together
         raise HvdliteNotInitializedError("hvdlite has no configuration; call hvd.init() first")
     return started
-
 
 
 def rank() -> int:
@@ -391,6 +408,7 @@ def gloo_built() -> bool:
     """Whether Gloo is available here (torch with torch.distributed's Gloo)."""
     try:
         import torch.distributed as dist
+
         return dist.is_gloo_available()
     except ImportError:
         return False
@@ -412,7 +430,8 @@ ddl_built = ccl_built = cuda_built = rocm_built = nccl_built
 def mpi_threads_supported() -> bool:
     """Whether MPI runs with full thread support (MPI_THREAD_MULTIPLE); False off MPI."""
     if not mpi_enabled():
-        runtime()                           # raises the not-initialized error
+        runtime()  # raises the not-initialized error
         return False
     from mpi4py import MPI
+
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE

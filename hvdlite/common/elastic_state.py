@@ -23,8 +23,11 @@ import logging
 from typing import Any, Callable, Dict, List
 
 from hvdlite.common import arrays, basics, fault_injection, ops
-from hvdlite.common.exceptions import (HostsUpdatedInterrupt, HvdliteInternalError,
-                                       HvdliteRemovedError)
+from hvdlite.common.exceptions import (
+    HostsUpdatedInterrupt,
+    HvdliteInternalError,
+    HvdliteRemovedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,9 @@ class State:
             HostsUpdatedInterrupt: the job's membership changed; ``run`` resets.
         """
         self.save()
-        fault_injection.on_commit(basics.config().fault_at, basics.rank(),
-                                  basics.rendezvous_round())
+        fault_injection.on_commit(
+            basics.config().fault_at, basics.rank(), basics.rendezvous_round()
+        )
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -85,8 +89,12 @@ class State:
         ops.synchronize(ops.allreduce_one(buf, buf, "elastic.check_host_updates", ops.Max))
         newest = int(buf.item())
         if newest > mine:
-            log.info("rank %d: rendezvous round %d is open (this rank is in round %d): "
-                     "resetting", basics.rank(), newest, mine)
+            log.info(
+                "rank %d: rendezvous round %d is open (this rank is in round %d): resetting",
+                basics.rank(),
+                newest,
+                mine,
+            )
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
@@ -124,8 +132,7 @@ class ObjectState(State):
 
     def save(self) -> None:
         """Keep a deep copy of every value."""
-        self._saved_state = {name: copy.deepcopy(getattr(self, name))
-                             for name in self._saved_state}
+        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
 
     def restore(self) -> None:
         """Set every value back to the last :meth:`save`'s copy."""
@@ -157,8 +164,13 @@ def _reset_into_next_round(reset: Callable[[], None]) -> None:
         except HvdliteInternalError as exc:
             if attempt == _RESET_ATTEMPTS:
                 raise
-            log.warning("joining the next rendezvous round failed (%s); trying the round "
-                        "after it (attempt %d of %d)", exc, attempt + 1, _RESET_ATTEMPTS)
+            log.warning(
+                "joining the next rendezvous round failed (%s); trying the round "
+                "after it (attempt %d of %d)",
+                exc,
+                attempt + 1,
+                _RESET_ATTEMPTS,
+            )
 
 
 def run_fn(func: Callable, reset: Callable[[], None] = _reset) -> Callable:

@@ -47,14 +47,16 @@ class FaultPlan:
 
     def __post_init__(self):
         if self.rank < 0 or self.commit < 1:
-            raise HvdliteConfigError(f"{WHERE}: rank must be >= 0 and commit >= 1, got rank="
-                                     f"{self.rank}, commit={self.commit}")
+            raise HvdliteConfigError(
+                f"{WHERE}: rank must be >= 0 and commit >= 1, got rank="
+                f"{self.rank}, commit={self.commit}"
+            )
         if self.action not in ACTIONS:
-            raise HvdliteConfigError(f"{WHERE}: action {self.action!r} is not one of "
-                                     f"{', '.join(ACTIONS)}")
+            raise HvdliteConfigError(
+                f"{WHERE}: action {self.action!r} is not one of {', '.join(ACTIONS)}"
+            )
         if not 0 <= self.exit_code <= 255:
-            raise HvdliteConfigError(f"{WHERE}: exit_code must be 0..255, got "
-                                     f"{self.exit_code}")
+            raise HvdliteConfigError(f"{WHERE}: exit_code must be 0..255, got {self.exit_code}")
 
 
 def parse(spec: str) -> Optional[FaultPlan]:
@@ -69,8 +71,11 @@ def parse(spec: str) -> Optional[FaultPlan]:
     for part in spec.split(","):
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or key not in ("rank", "commit", "action", "exit_code", "round") \
-                or key in fields:
+        if (
+            not sep
+            or key not in ("rank", "commit", "action", "exit_code", "round")
+            or key in fields
+        ):
             raise HvdliteConfigError(f"{WHERE}={spec!r}: expected {FORMAT}")
         fields[key] = value
     if "rank" not in fields or "commit" not in fields:
@@ -78,8 +83,9 @@ def parse(spec: str) -> Optional[FaultPlan]:
     try:
         numbers = {k: int(v) for k, v in fields.items() if k != "action"}
     except ValueError:
-        raise HvdliteConfigError(f"{WHERE}={spec!r}: rank, commit, exit_code and round are "
-                                 f"whole numbers ({FORMAT})") from None
+        raise HvdliteConfigError(
+            f"{WHERE}={spec!r}: rank, commit, exit_code and round are whole numbers ({FORMAT})"
+        ) from None
     return FaultPlan(action=fields.get("action", "exit"), **numbers)
 
 
@@ -91,7 +97,7 @@ class _Injector:
     """This process's plan and commit count."""
 
     def __init__(self):
-        self.plan: Optional[FaultPlan] = None       # set by arm(); else the config's
+        self.plan: Optional[FaultPlan] = None  # set by arm(); else the config's
         self.commits = 0
         self.fired = False
 
@@ -117,13 +123,18 @@ def on_commit(configured: str, rank: int, round_: int) -> None:
     if plan is None or _INJECTOR.fired:
         return
     _INJECTOR.commits += 1
-    if rank != plan.rank or _INJECTOR.commits != plan.commit or \
-            (plan.round is not None and round_ != plan.round):
+    if (
+        rank != plan.rank
+        or _INJECTOR.commits != plan.commit
+        or (plan.round is not None and round_ != plan.round)
+    ):
         return
     _INJECTOR.fired = True
     sys.stdout.flush()
-    sys.stderr.write(f"hvdlite: injected fault ({WHERE}): rank {rank} {plan.action} after "
-                     f"commit {plan.commit} (round {round_})\n")
+    sys.stderr.write(
+        f"hvdlite: injected fault ({WHERE}): rank {rank} {plan.action} after "
+        f"commit {plan.commit} (round {round_})\n"
+    )
     sys.stderr.flush()
     if plan.action == "exit":
         os._exit(plan.exit_code)
@@ -131,5 +142,5 @@ def on_commit(configured: str, rank: int, round_: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if plan.action == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
-        return                                  # continued (SIGCONT): carry on
+        return  # continued (SIGCONT): carry on
     raise HvdliteInternalError(f"rank {rank}: injected fault after commit {plan.commit}")

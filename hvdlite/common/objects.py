@@ -61,7 +61,8 @@ def require_key(what: str) -> None:
             f"{what}: this job has no secret key, so objects from other ranks cannot be "
             f"authenticated and are never unpickled; launch with hvdlite-run (--mpi for MPI), "
             f"or give every rank the same random hex key in {cfg.SECRET_KEY} through the "
-            f"environment (not on a command line)")
+            f"environment (not on a command line)"
+        )
 
 
 def _verify(blob: bytes, what: str, sender: int) -> bytes:
@@ -73,7 +74,8 @@ def _verify(blob: bytes, what: str, sender: int) -> bytes:
         if not hmac.compare_digest(mac, want):
             raise HvdliteAuthError(
                 f"{what}: the payload from rank {sender} failed HMAC verification under this "
-                f"job's key (rank {basics.rank()}); refusing to unpickle it")
+                f"job's key (rank {basics.rank()}); refusing to unpickle it"
+            )
     return payload
 
 
@@ -86,14 +88,15 @@ def _dumps(obj: Any) -> Tuple[bytes, Optional[BaseException]]:
     pickled; cloudpickle handles lambdas and locally defined classes."""
     try:
         return _sign(cloudpickle.dumps(obj)), None
-    except Exception as exc:              # reported to every rank, then raised here
+    except Exception as exc:  # reported to every rank, then raised here
         return f"{type(exc).__name__}: {exc}".encode(), exc
 
 
 def _failed(what: str, ranks: List[int], messages: List[str], cause=None):
     err = HvdliteSerializationError(
         f"{what}: rank(s) {ranks} could not pickle their object ({'; '.join(messages)}); "
-        f"no rank received anything")
+        f"no rank received anything"
+    )
     err.__cause__ = cause
     return err
 
@@ -102,8 +105,9 @@ def _broadcast_(buf, root_rank: int, name: str, process_set) -> None:
     ops.synchronize(ops.broadcast_async(buf, buf, root_rank, name, process_set))
 
 
-def broadcast_bytes(data: Optional[bytes], root_rank: int, name: str, process_set,
-                    failed: bool = False) -> Tuple[bytes, bool]:
+def broadcast_bytes(
+    data: Optional[bytes], root_rank: int, name: str, process_set, failed: bool = False
+) -> Tuple[bytes, bool]:
     """Send ``data`` (given on the root only) to every rank, as ``(data, failed)``; with
     ``failed`` the root's ``data`` is its error text instead of a payload (a negative length
     tells the others).  It signs nothing: ``broadcast_object`` signs its pickle first, and
@@ -121,8 +125,9 @@ def broadcast_bytes(data: Optional[bytes], root_rank: int, name: str, process_se
     return k.to_numpy(buf).tobytes(), code < 0
 
 
-def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
-                     process_set=global_process_set) -> Any:
+def broadcast_object(
+    obj: Any = None, root_rank: int = 0, name: Optional[str] = None, process_set=global_process_set
+) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (cloudpickled; signed with the job key).
 
     Args:
@@ -154,8 +159,9 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     return pickle.loads(_verify(blob, "broadcast_object", root_rank))
 
 
-def allgather_object(obj: Any, name: Optional[str] = None,
-                     process_set=global_process_set) -> List[Any]:
+def allgather_object(
+    obj: Any, name: Optional[str] = None, process_set=global_process_set
+) -> List[Any]:
     """Return the list of every member's ``obj``, in set-rank order (cloudpickled, signed).
 
     Args:
@@ -175,18 +181,23 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     name = name or "allgather_object"
     mine, error = _dumps(obj)
     me = ops.process_set_rank(process_set)
-    job = list(range(basics.size())) if process_sets.is_global(process_set) \
-        else process_set.ranks
-    sizes = ops.synchronize(ops.allgather_async(
-        [k.tensor([-len(mine) - 1 if error else len(mine)], "int64")],
-        name + ".sizes", False, process_set))
-    data = ops.synchronize(ops.allgather_async([_bytes_to_buffer(mine)], name + ".data",
-                                               False, process_set))
+    job = list(range(basics.size())) if process_sets.is_global(process_set) else process_set.ranks
+    sizes = ops.synchronize(
+        ops.allgather_async(
+            [k.tensor([-len(mine) - 1 if error else len(mine)], "int64")],
+            name + ".sizes",
+            False,
+            process_set,
+        )
+    )
+    data = ops.synchronize(
+        ops.allgather_async([_bytes_to_buffer(mine)], name + ".data", False, process_set)
+    )
     raw = k.to_numpy(data).tobytes()
     out, offset, bad, messages = [], 0, [], []
     for sender, code in enumerate(sizes.tolist()):
         n = -code - 1 if code < 0 else code
-        blob = raw[offset:offset + n]
+        blob = raw[offset : offset + n]
         offset += n
         if code < 0:
             bad.append(job[sender])

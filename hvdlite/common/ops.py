@@ -67,8 +67,9 @@ def auto_name(op: OpType, set_id: int = 0) -> str:
         return f"{op.name.lower()}.noname.{next(counter)}"
 
 
-def op_names(op: OpType, name: Optional[str], count: int, grouped: bool,
-             set_id: int = 0) -> List[str]:
+def op_names(
+    op: OpType, name: Optional[str], count: int, grouped: bool, set_id: int = 0
+) -> List[str]:
     """The request names of one call: ``name`` (or an automatic one), ``.i``-suffixed
     per tensor when the call is grouped."""
     base = name if name is not None else auto_name(op, set_id)
@@ -92,8 +93,10 @@ def buffer_dtype(buf, name: str, op: OpType) -> str:
     if dt is None:
         dt = dtype_name(buf.dtype)
         if dt not in DTYPE_NAMES:
-            raise TypeError(f"{op.name.lower()} of tensor {name!r}: dtype {buf.dtype} is not "
-                            f"supported (supported: {', '.join(DTYPE_NAMES)})")
+            raise TypeError(
+                f"{op.name.lower()} of tensor {name!r}: dtype {buf.dtype} is not "
+                f"supported (supported: {', '.join(DTYPE_NAMES)})"
+            )
         _NAME_OF[buf.dtype] = dt
     return dt
 
@@ -109,15 +112,18 @@ def reduce_op(average, op, name: str) -> ReduceOp:
         if fast is not None:
             return fast
     elif op is not None:
-        raise ValueError(f"allreduce of {name!r}: pass either op= or the deprecated average=, "
-                         f"not both")
+        raise ValueError(
+            f"allreduce of {name!r}: pass either op= or the deprecated average=, not both"
+        )
     if op is None:
         op = Sum if average is False else Average
     try:
         op = ReduceOp(op)
     except ValueError:
-        raise ValueError(f"allreduce of {name!r}: unknown reduce op {op!r}; use hvd.Average, "
-                         f"hvd.Sum, hvd.Min, hvd.Max or hvd.Product") from None
+        raise ValueError(
+            f"allreduce of {name!r}: unknown reduce op {op!r}; use hvd.Average, "
+            f"hvd.Sum, hvd.Min, hvd.Max or hvd.Product"
+        ) from None
     return op
 
 
@@ -164,28 +170,39 @@ def check_root(root_rank, name: str, runtime=None) -> int:
     runtime = runtime or basics.runtime()
     ranks = runtime.ranks
     n = basics.size()
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or \
-            not 0 <= root_rank < n:
-        raise ValueError(f"broadcast of tensor {name!r}: root_rank={root_rank!r} is not a rank "
-                         f"of this job (0..{n - 1})")
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or not 0 <= root_rank < n:
+        raise ValueError(
+            f"broadcast of tensor {name!r}: root_rank={root_rank!r} is not a rank "
+            f"of this job (0..{n - 1})"
+        )
     if len(ranks) == n:
         return root_rank
     if root_rank not in ranks:
-        raise ValueError(f"broadcast of tensor {name!r}: root_rank={root_rank} is not a member "
-                         f"of the process set (ranks {ranks})")
+        raise ValueError(
+            f"broadcast of tensor {name!r}: root_rank={root_rank} is not a member "
+            f"of the process set (ranks {ranks})"
+        )
     return ranks.index(root_rank)
 
 
 def _check_has_rows(buf, name: str, op: OpType) -> None:
     if len(buf.shape) == 0:
-        raise ValueError(f"{op.name.lower()} of tensor {name!r}: a scalar has no first "
-                         f"dimension to split or concatenate; reshape it to [1]")
+        raise ValueError(
+            f"{op.name.lower()} of tensor {name!r}: a scalar has no first "
+            f"dimension to split or concatenate; reshape it to [1]"
+        )
 
 
 # -- submission --------------------------------------------------------------------------------
-def _submit(op: OpType, buffers: Sequence, names: Sequence[str], outputs: Sequence,
-            finish: Optional[Callable[[list], object]] = None, runtime=None,
-            **fields) -> Handle:
+def _submit(
+    op: OpType,
+    buffers: Sequence,
+    names: Sequence[str],
+    outputs: Sequence,
+    finish: Optional[Callable[[list], object]] = None,
+    runtime=None,
+    **fields,
+) -> Handle:
     runtime = runtime or basics.runtime()
     handle = Handle(len(buffers), finish, runtime.hurry)
     handle.names = list(names)
@@ -213,16 +230,20 @@ def check_name_length(name: str) -> None:
         ValueError: ``name`` is longer than :data:`MAX_NAME_CHARS`.
     """
     if len(name) > MAX_NAME_CHARS:
-        raise ValueError(f"tensor name {name[:60]!r}... is {len(name)} characters long; names "
-                         f"are limited to {MAX_NAME_CHARS} characters (they are sent to every "
-                         f"rank in each negotiation)")
+        raise ValueError(
+            f"tensor name {name[:60]!r}... is {len(name)} characters long; names "
+            f"are limited to {MAX_NAME_CHARS} characters (they are sent to every "
+            f"rank in each negotiation)"
+        )
 
 
 @noted
 def _check_reducible(dt: str, op: ReduceOp, name: str) -> None:
     if dt == "bool" and op not in _BOOL_OPS:
-        raise TypeError(f"allreduce of bool tensor {name!r}: only op=hvd.Min or hvd.Max "
-                        f"(logical and / or) are defined for bool")
+        raise TypeError(
+            f"allreduce of bool tensor {name!r}: only op=hvd.Min or hvd.Max "
+            f"(logical and / or) are defined for bool"
+        )
 
 
 def shared_bucket(numel: int, dtype, process_set=None):
@@ -232,14 +253,24 @@ def shared_bucket(numel: int, dtype, process_set=None):
     None when that cannot be (``--no-zero-copy``, no shared memory, another set, not
     initialized): the caller allocates the buffer itself."""
     runtime = basics.current_runtime()
-    if runtime is None or not runtime.config.zero_copy or \
-            (process_set is not None and process_set.process_set_id != 0):
+    if (
+        runtime is None
+        or not runtime.config.zero_copy
+        or (process_set is not None and process_set.process_set_id != 0)
+    ):
         return None
     return shared_buckets.allocate(numel, dtype)
 
 
-def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: float = 1.0,
-                  postscale: float = 1.0, finish=None) -> Handle:
+def allreduce_one(
+    buffer,
+    output,
+    name: Optional[str],
+    op: ReduceOp,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    finish=None,
+) -> Handle:
     """Reduce one buffer over all ranks into ``output`` (which may be the buffer itself).
 
     The common case, issued thousands of times per step by an optimizer, so it does the
@@ -251,7 +282,7 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
     """
     runtime = basics.current_runtime()
     if runtime is None:
-        basics.runtime()                    # raises the not-initialized error
+        basics.runtime()  # raises the not-initialized error
     dt = _NAME_OF.get(buffer.dtype)
     if dt is None or dt == "bool":
         dt = buffer_dtype(buffer, name, OpType.ALLREDUCE)
@@ -266,9 +297,16 @@ def allreduce_one(buffer, output, name: Optional[str], op: ReduceOp, prescale: f
     if req is None:
         if len(name) > MAX_NAME_CHARS:
             check_name_length(name)
-        req = Request(name, OpType.ALLREDUCE, dt, tuple(buffer.shape), -1, op,
-                      prescale if type(prescale) is float else float(prescale),
-                      postscale if type(postscale) is float else float(postscale))
+        req = Request(
+            name,
+            OpType.ALLREDUCE,
+            dt,
+            tuple(buffer.shape),
+            -1,
+            op,
+            prescale if type(prescale) is float else float(prescale),
+            postscale if type(postscale) is float else float(postscale),
+        )
         if key is not None:
             if len(_REQUESTS) >= _MAX_REUSED_REQUESTS:
                 _REQUESTS.clear()
@@ -286,9 +324,17 @@ basics.register_reset_hook(_REQUESTS.clear)
 
 
 @noted
-def allreduce_packed(flat, count: int, digest: int, name: Optional[str], op: ReduceOp,
-                     prescale: float = 1.0, postscale: float = 1.0, process_set=None,
-                     finish=None) -> Handle:
+def allreduce_packed(
+    flat,
+    count: int,
+    digest: int,
+    name: Optional[str],
+    op: ReduceOp,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    process_set=None,
+    finish=None,
+) -> Handle:
     """A grouped allreduce of ``count`` same-dtype tensors that the caller packed into the
     one flat buffer ``flat`` (reduced in place): one request, one queue entry and one cache
     slot instead of ``count``.  ``digest`` stands for the tensors' shapes, which every rank
@@ -306,16 +352,33 @@ def allreduce_packed(flat, count: int, digest: int, name: Optional[str], op: Red
     _check_reducible(dt, op, base)
     handle = Handle(1, finish, runtime.hurry)
     handle.names = [base]
-    req = Request(base, OpType.ALLREDUCE, dt, tuple(flat.shape), -1, int(op), float(prescale),
-                  float(postscale), parts=(count, digest))
+    req = Request(
+        base,
+        OpType.ALLREDUCE,
+        dt,
+        tuple(flat.shape),
+        -1,
+        int(op),
+        float(prescale),
+        float(postscale),
+        parts=(count, digest),
+    )
     runtime.enqueue([Entry(req, flat, flat, handle, 0)])
     return handle
 
 
 @noted
-def allreduce_async(buffers: Sequence, outputs: Sequence, name: Optional[str], grouped: bool,
-                    op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
-                    process_set=None, finish=None) -> Handle:
+def allreduce_async(
+    buffers: Sequence,
+    outputs: Sequence,
+    name: Optional[str],
+    grouped: bool,
+    op: ReduceOp,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    process_set=None,
+    finish=None,
+) -> Handle:
     """Reduce each buffer over the set's ranks into its output (which may be the buffer
     itself)."""
     if not grouped and (process_set is None or process_set is global_process_set):
@@ -324,13 +387,23 @@ def allreduce_async(buffers: Sequence, outputs: Sequence, name: Optional[str], g
     names = op_names(OpType.ALLREDUCE, name, len(buffers), grouped, set_id)
     for buf, nm in zip(buffers, names):
         _check_reducible(buffer_dtype(buf, nm, OpType.ALLREDUCE), op, nm)
-    return _submit(OpType.ALLREDUCE, buffers, names, outputs, finish, runtime,
-                   reduce_op=int(op), prescale=float(prescale), postscale=float(postscale))
+    return _submit(
+        OpType.ALLREDUCE,
+        buffers,
+        names,
+        outputs,
+        finish,
+        runtime,
+        reduce_op=int(op),
+        prescale=float(prescale),
+        postscale=float(postscale),
+    )
 
 
 @noted
-def allgather_async(buffers: Sequence, name: Optional[str], grouped: bool,
-                    process_set=None, finish=None) -> Handle:
+def allgather_async(
+    buffers: Sequence, name: Optional[str], grouped: bool, process_set=None, finish=None
+) -> Handle:
     """Concatenate every rank's buffers along dim 0 (first dimensions may differ)."""
     runtime, set_id = _runtime(process_set)
     names = op_names(OpType.ALLGATHER, name, len(buffers), grouped, set_id)
@@ -340,8 +413,9 @@ def allgather_async(buffers: Sequence, name: Optional[str], grouped: bool,
 
 
 @noted
-def broadcast_async(buffer, output, root_rank, name: Optional[str], process_set=None,
-                    finish=None) -> Handle:
+def broadcast_async(
+    buffer, output, root_rank, name: Optional[str], process_set=None, finish=None
+) -> Handle:
     """The root's buffer in ``output`` on every rank (``output`` may be ``buffer``)."""
     runtime, set_id = _runtime(process_set)
     [nm] = op_names(OpType.BROADCAST, name, 1, False, set_id)
@@ -350,8 +424,9 @@ def broadcast_async(buffer, output, root_rank, name: Optional[str], process_set=
 
 
 @noted
-def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
-                   process_set=None, finish=None) -> Handle:
+def alltoall_async(
+    buffer, splits: Optional[Sequence[int]], name: Optional[str], process_set=None, finish=None
+) -> Handle:
     """Send ``splits[r]`` rows to rank r; the result is ``(rows received, received splits)``
     (or ``finish`` of the list holding that pair)."""
     runtime, set_id = _runtime(process_set)
@@ -361,33 +436,54 @@ def alltoall_async(buffer, splits: Optional[Sequence[int]], name: Optional[str],
     rows = buffer.shape[0]
     if splits is None:
         if rows % n:
-            raise ValueError(f"alltoall of tensor {nm!r}: first dimension {rows} does not divide "
-                             f"evenly over {n} ranks; pass splits=")
+            raise ValueError(
+                f"alltoall of tensor {nm!r}: first dimension {rows} does not divide "
+                f"evenly over {n} ranks; pass splits="
+            )
         split_list = [rows // n] * n
     else:
         split_list = [int(s) for s in splits]
         if len(split_list) != n or any(s < 0 for s in split_list) or sum(split_list) != rows:
-            raise ValueError(f"alltoall of tensor {nm!r}: splits {split_list} must have {n} "
-                             f"non-negative entries summing to the first dimension {rows}")
-    return _submit(OpType.ALLTOALL, [buffer], [nm], [None], finish, runtime,
-                   splits=tuple(split_list))
+            raise ValueError(
+                f"alltoall of tensor {nm!r}: splits {split_list} must have {n} "
+                f"non-negative entries summing to the first dimension {rows}"
+            )
+    return _submit(
+        OpType.ALLTOALL, [buffer], [nm], [None], finish, runtime, splits=tuple(split_list)
+    )
 
 
 @noted
-def reducescatter_async(buffers: Sequence, op: ReduceOp, name: Optional[str], grouped: bool,
-                        prescale: float = 1.0, postscale: float = 1.0, process_set=None,
-                        finish=None) -> Handle:
+def reducescatter_async(
+    buffers: Sequence,
+    op: ReduceOp,
+    name: Optional[str],
+    grouped: bool,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    process_set=None,
+    finish=None,
+) -> Handle:
     """Reduce each buffer; each rank gets its slice of dim 0 (earlier ranks get extra rows)."""
     runtime, set_id = _runtime(process_set)
     names = op_names(OpType.REDUCESCATTER, name, len(buffers), grouped, set_id)
     if op not in (Average, Sum):
-        raise ValueError(f"reducescatter of {names[0]!r}: only hvd.Average and hvd.Sum are "
-                         f"supported")
+        raise ValueError(
+            f"reducescatter of {names[0]!r}: only hvd.Average and hvd.Sum are supported"
+        )
     for buf, nm in zip(buffers, names):
         _check_has_rows(buf, nm, OpType.REDUCESCATTER)
-    return _submit(OpType.REDUCESCATTER, buffers, names, [None] * len(buffers), finish,
-                   runtime, reduce_op=int(op), prescale=float(prescale),
-                   postscale=float(postscale))
+    return _submit(
+        OpType.REDUCESCATTER,
+        buffers,
+        names,
+        [None] * len(buffers),
+        finish,
+        runtime,
+        reduce_op=int(op),
+        prescale=float(prescale),
+        postscale=float(postscale),
+    )
 
 
 # -- waiting -----------------------------------------------------------------------------------
@@ -422,13 +518,14 @@ def synchronize(handle: Handle):
         HvdliteMismatchError: the ranks submitted the operation with incompatible
             parameters.
     """
-    if type(handle) is Handle and handle.done():     # the common case after the first wait
+    if type(handle) is Handle and handle.done():  # the common case after the first wait
         return handle.value()
     if callable(handle) and not isinstance(handle, Handle):
         return handle()
     if not isinstance(handle, Handle):
-        raise TypeError(f"synchronize expects a handle returned by an *_async call, got "
-                        f"{type(handle).__name__}")
+        raise TypeError(
+            f"synchronize expects a handle returned by an *_async call, got {type(handle).__name__}"
+        )
     while not handle.wait(_SYNC_POLL_S):
         runtime = basics.current_runtime()
         if runtime is None or not runtime.running():
@@ -436,7 +533,8 @@ def synchronize(handle: Handle):
                 break
             raise HvdliteInternalError(
                 f"operation on {handle.names} cannot complete: hvdlite's background thread has "
-                f"stopped ({runtime.error() if runtime is not None else 'shut down'})")
+                f"stopped ({runtime.error() if runtime is not None else 'shut down'})"
+            )
     return handle.value()
 
 

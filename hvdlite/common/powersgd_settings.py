@@ -25,23 +25,27 @@ class PowerSGDSettings:
 
     kind = "powersgd"
 
-    def __init__(self, rank: int = 4, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 seed: int = 0):
+    def __init__(
+        self, rank: int = 4, start_iter: int = 10, min_compression_rate: float = 2.0, seed: int = 0
+    ):
         if int(rank) < 1:
             raise ValueError(f"hvd.Compression.powersgd: rank={rank} must be >= 1")
         if int(start_iter) < 0:
             raise ValueError(f"hvd.Compression.powersgd: start_iter={start_iter} must be >= 0")
         if min_compression_rate <= 0:
-            raise ValueError(f"hvd.Compression.powersgd: min_compression_rate="
-                             f"{min_compression_rate} must be > 0")
+            raise ValueError(
+                f"hvd.Compression.powersgd: min_compression_rate={min_compression_rate} must be > 0"
+            )
         self.rank = int(rank)
         self.start_iter = int(start_iter)
         self.min_compression_rate = float(min_compression_rate)
         self.seed = int(seed)
 
     def __repr__(self):
-        return (f"hvd.Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
-                f"min_compression_rate={self.min_compression_rate}, seed={self.seed})")
+        return (
+            f"hvd.Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
+            f"min_compression_rate={self.min_compression_rate}, seed={self.seed})"
+        )
 
     def factor_shape(self, n: int, m: int) -> Optional[Tuple[int, int, int]]:
         """``(n, m, rank)`` when a ``n x m`` matrix is worth compressing, else ``None``."""

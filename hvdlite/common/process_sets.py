@@ -55,13 +55,15 @@ class ProcessSet:
         self.mpi_comm = None
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
-            self.ranks: Optional[List[int]] = None      # known once registered
+            self.ranks: Optional[List[int]] = None  # known once registered
             return
         try:
             ranks = [int(r) for r in ranks_or_comm]
         except (TypeError, ValueError):
-            raise TypeError(f"ProcessSet expects a list of ranks or an mpi4py communicator, "
-                            f"got {ranks_or_comm!r}") from None
+            raise TypeError(
+                f"ProcessSet expects a list of ranks or an mpi4py communicator, "
+                f"got {ranks_or_comm!r}"
+            ) from None
         if any(isinstance(r, bool) for r in ranks_or_comm):
             raise TypeError(f"ProcessSet ranks must be ints, got {ranks_or_comm!r}")
         if len(set(ranks)) != len(ranks):
@@ -116,7 +118,7 @@ class _GlobalProcessSet(ProcessSet):
         return True
 
     def _invalidate(self) -> None:
-        pass                                  # the global set never goes away
+        pass  # the global set never goes away
 
     def __repr__(self):
         return "global_process_set"
@@ -155,8 +157,8 @@ class _Registry:
             if reg.runtime is not None:
                 try:
                     _stop(reg.runtime)
-                except HvdliteInternalError as exc:   # shutdown goes on: the global runtime
-                    log.warning("%s", exc)             # must still stop
+                except HvdliteInternalError as exc:  # shutdown goes on: the global runtime
+                    log.warning("%s", exc)  # must still stop
 
 
 _REGISTRY = _Registry()
@@ -168,7 +170,8 @@ def _stop(runtime: Runtime) -> None:
     if not runtime.stop(wait_s):
         raise HvdliteInternalError(
             f"{runtime.label}: its background thread did not exit within {wait_s:.0f}s; a "
-            f"member of the set may be hung (see --op-timeout-seconds)")
+            f"member of the set may be hung (see --op-timeout-seconds)"
+        )
 
 
 def set_dynamic(enabled: bool) -> None:
@@ -180,8 +183,11 @@ def dynamic_enabled() -> bool:
 
 
 def is_global(process_set) -> bool:
-    return process_set is None or process_set is global_process_set or \
-        getattr(process_set, "process_set_id", None) == 0
+    return (
+        process_set is None
+        or process_set is global_process_set
+        or getattr(process_set, "process_set_id", None) == 0
+    )
 
 
 def registered() -> List[ProcessSet]:
@@ -247,16 +253,19 @@ def runtime_of(process_set):
     if is_global(process_set):
         return basics.runtime()
     if not isinstance(process_set, ProcessSet):
-        raise TypeError(f"process_set= expects an hvd.ProcessSet, got "
-                        f"{type(process_set).__name__}")
+        raise TypeError(f"process_set= expects an hvd.ProcessSet, got {type(process_set).__name__}")
     me = basics.runtime().rank
     reg = _REGISTRY.sets.get(process_set.process_set_id)
     if reg is None or reg.process_set is not process_set:
-        raise ValueError(f"rank {me}: {process_set!r} is not registered in this job (add it "
-                         f"with hvd.add_process_set, or pass it to hvd.init(process_sets=...); "
-                         f"a removed set cannot be used)")
+        raise ValueError(
+            f"rank {me}: {process_set!r} is not registered in this job (add it "
+            f"with hvd.add_process_set, or pass it to hvd.init(process_sets=...); "
+            f"a removed set cannot be used)"
+        )
     if reg.runtime is None:
-        raise ValueError(f"rank {me} is not a member of process set "
-                         f"{process_set.process_set_id} (ranks {reg.ranks}); only its members "
-                         f"may call its collectives")
+        raise ValueError(
+            f"rank {me} is not a member of process set "
+            f"{process_set.process_set_id} (ranks {reg.ranks}); only its members "
+            f"may call its collectives"
+        )
     return reg.runtime

@@ -30,8 +30,10 @@ def _set_ranks_seen_here(ps: ProcessSet) -> Optional[List[int]]:
         return list(ps.ranks)
     backend = basics.runtime().backend
     if not hasattr(backend, "job_ranks_of"):
-        raise ValueError(f"a ProcessSet made from an MPI communicator needs the MPI backend; "
-                         f"this job runs {backend.name!r} (give the ranks as a list)")
+        raise ValueError(
+            f"a ProcessSet made from an MPI communicator needs the MPI backend; "
+            f"this job runs {backend.name!r} (give the ranks as a list)"
+        )
     return sorted(backend.job_ranks_of(ps.mpi_comm)) or None
 
 
@@ -48,19 +50,23 @@ def _agree(kind: str, sets: Sequence[ProcessSet]) -> List[List[int]]:
     me, n = basics.rank(), basics.size()
     mine = {"kind": kind, "sets": [_set_ranks_seen_here(ps) for ps in sets]}
     blob = json.dumps(mine).encode()
-    lens = synchronize(allgather_async([k.tensor([len(blob)], "int64")],
-                                       _AGREE_NAME + ".len", False)).tolist()
+    lens = synchronize(
+        allgather_async([k.tensor([len(blob)], "int64")], _AGREE_NAME + ".len", False)
+    ).tolist()
     width = max(lens)
     row = k.zeros((1, width), "uint8")
-    row[0, :len(blob)] = k.from_bytes(blob)
+    row[0, : len(blob)] = k.from_bytes(blob)
     rows = synchronize(allgather_async([row], _AGREE_NAME + ".data", False))
-    asked = [json.loads(k.to_numpy(rows[r, :lens[r]]).tobytes()) for r in range(n)]
+    asked = [json.loads(k.to_numpy(rows[r, : lens[r]]).tobytes()) for r in range(n)]
     shapes = {(a["kind"], len(a["sets"])) for a in asked}
     if len(shapes) > 1:
-        said = "; ".join(f"rank {r}: {a['kind']} {len(a['sets'])} set(s)"
-                         for r, a in enumerate(asked))
-        raise ValueError(f"rank {me}: the ranks disagree on the process-set change ({said}); "
-                         f"every rank must add and remove the same sets in the same order")
+        said = "; ".join(
+            f"rank {r}: {a['kind']} {len(a['sets'])} set(s)" for r, a in enumerate(asked)
+        )
+        raise ValueError(
+            f"rank {me}: the ranks disagree on the process-set change ({said}); "
+            f"every rank must add and remove the same sets in the same order"
+        )
     agreed = []
     for i in range(len(sets)):
         views = {}
@@ -68,14 +74,19 @@ def _agree(kind: str, sets: Sequence[ProcessSet]) -> List[List[int]]:
             if a["sets"][i] is not None:
                 views.setdefault(tuple(a["sets"][i]), []).append(r)
         if len(views) != 1:
-            said = "; ".join(f"ranks {rs} asked for {list(v)}" for v, rs in views.items()) \
+            said = (
+                "; ".join(f"ranks {rs} asked for {list(v)}" for v, rs in views.items())
                 or "no rank is a member"
-            raise ValueError(f"rank {me}: {kind} process set: the ranks disagree on its "
-                             f"members ({said})")
+            )
+            raise ValueError(
+                f"rank {me}: {kind} process set: the ranks disagree on its members ({said})"
+            )
         ranks = list(next(iter(views)))
         if not ranks or ranks[0] < 0 or ranks[-1] >= n:
-            raise ValueError(f"rank {me}: {kind} process set {ranks}: ranks must be a "
-                             f"non-empty subset of 0..{n - 1}")
+            raise ValueError(
+                f"rank {me}: {kind} process set {ranks}: ranks must be a "
+                f"non-empty subset of 0..{n - 1}"
+            )
         agreed.append(ranks)
     return agreed
 
@@ -83,9 +94,11 @@ def _agree(kind: str, sets: Sequence[ProcessSet]) -> List[List[int]]:
 def _dynamic_required(what: str) -> None:
     if not _sets.dynamic_enabled():
         twins = " or ".join(f"{t}=1" for t in cfg.horovod_twins(cfg.DYNAMIC_PROCESS_SETS))
-        raise ValueError(f"{what}: dynamic process sets are off; start with "
-                         f"hvd.init(process_sets='dynamic') or set "
-                         f"{cfg.DYNAMIC_PROCESS_SETS}=1 ({twins})")
+        raise ValueError(
+            f"{what}: dynamic process sets are off; start with "
+            f"hvd.init(process_sets='dynamic') or set "
+            f"{cfg.DYNAMIC_PROCESS_SETS}=1 ({twins})"
+        )
 
 
 @noted
@@ -112,12 +125,14 @@ def add_process_set(process_set) -> ProcessSet:
         raise ValueError(f"add_process_set: {ps!r} is already registered")
     [ranks] = _agree("add", [ps])
     if ranks == list(range(basics.size())):
-        raise ValueError(f"add_process_set: ranks {ranks} are the whole job, which is "
-                         f"hvd.global_process_set")
+        raise ValueError(
+            f"add_process_set: ranks {ranks} are the whole job, which is hvd.global_process_set"
+        )
     existing = _sets.find(ranks)
     if existing is not None:
-        raise ValueError(f"add_process_set: a process set with ranks {ranks} already exists "
-                         f"({existing!r})")
+        raise ValueError(
+            f"add_process_set: a process set with ranks {ranks} already exists ({existing!r})"
+        )
     return _sets.register(ps, ranks)
 
 
@@ -140,16 +155,21 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     _dynamic_required("remove_process_set")
     if _sets.is_global(process_set):
         raise ValueError("remove_process_set: the global process set cannot be removed")
-    if not isinstance(process_set, ProcessSet) or \
-            process_set not in _sets.registered():
+    if not isinstance(process_set, ProcessSet) or process_set not in _sets.registered():
         raise ValueError(f"remove_process_set: {process_set!r} is not a registered process set")
     _agree("remove", [process_set])
     _sets.unregister(process_set)
     return True
 
 
-def init(comm=None, process_sets=None, *, dynamic_process_sets: Optional[bool] = None,
-         config: Optional[Config] = None, recorder: Recorder = NULL) -> None:
+def init(
+    comm=None,
+    process_sets=None,
+    *,
+    dynamic_process_sets: Optional[bool] = None,
+    config: Optional[Config] = None,
+    recorder: Recorder = NULL,
+) -> None:
     """Start hvdlite on this rank, as ``horovod.torch.init``.
 
     Idempotent while the runtime runs.  Every rank of the job must call it; it returns
@@ -172,8 +192,10 @@ def init(comm=None, process_sets=None, *, dynamic_process_sets: Optional[bool] =
     static = []
     if isinstance(process_sets, str):
         if process_sets != "dynamic":
-            raise ValueError(f"hvd.init(process_sets={process_sets!r}): expected a list of "
-                             f"ProcessSet objects or 'dynamic'")
+            raise ValueError(
+                f"hvd.init(process_sets={process_sets!r}): expected a list of "
+                f"ProcessSet objects or 'dynamic'"
+            )
         dynamic_process_sets = True
     elif process_sets is not None:
         static = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets]
@@ -186,8 +208,7 @@ def init(comm=None, process_sets=None, *, dynamic_process_sets: Optional[bool] =
     if static:
         agreed = _agree("add", static)
         if len({tuple(r) for r in agreed}) != len(agreed):
-            raise ValueError(f"hvd.init(process_sets=...): two sets have the same ranks "
-                             f"({agreed})")
+            raise ValueError(f"hvd.init(process_sets=...): two sets have the same ranks ({agreed})")
         for ps, ranks in zip(static, agreed):
             if ranks != list(range(basics.size())):
                 _sets.register(ps, ranks)

@@ -90,9 +90,10 @@ class HvdliteStrategy(ParallelStrategy):
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         passes = trainer.accumulate_grad_batches
         named = list(self.lightning_module.named_parameters())
-        self.optimizers = [hvd.DistributedOptimizer(opt, named_parameters=named,
-                                                    backward_passes_per_step=passes)
-                           for opt in optimizers]
+        self.optimizers = [
+            hvd.DistributedOptimizer(opt, named_parameters=named, backward_passes_per_step=passes)
+            for opt in optimizers
+        ]
         for optimizer in self.optimizers:
             # the reductions are waited for right after backward (post_backward), so a
             # closure-driven optimizer.step() must not wait again
@@ -110,8 +111,9 @@ class HvdliteStrategy(ParallelStrategy):
         super().teardown()
 
     # -- collectives Lightning asks for ----------------------------------------------------
-    def reduce(self, tensor: Any, group: Optional[Any] = None,
-               reduce_op: Optional[Any] = "mean") -> Any:
+    def reduce(
+        self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean"
+    ) -> Any:
         """Average (``"mean"``, the default) or sum a tensor over the ranks; anything else
         passes through, as in Lightning's other strategies."""
         if not isinstance(tensor, Tensor) or self.world_size == 1:
@@ -127,8 +129,9 @@ class HvdliteStrategy(ParallelStrategy):
             return obj
         return hvd.broadcast_object(obj, root_rank=src)
 
-    def all_gather(self, tensor: Tensor, group: Optional[Any] = None,
-                   sync_grads: bool = False) -> Tensor:
+    def all_gather(
+        self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False
+    ) -> Tensor:
         """Every rank's ``tensor`` stacked along a new first dimension (rank order)."""
         if self.world_size == 1:
             return tensor.unsqueeze(0)
@@ -136,8 +139,12 @@ class HvdliteStrategy(ParallelStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(NAME, cls, description="data parallel through hvdlite "
-                                   "(DistributedOptimizer, started by hvdlite-run)")
+        strategy_registry.register(
+            NAME,
+            cls,
+            description="data parallel through hvdlite "
+            "(DistributedOptimizer, started by hvdlite-run)",
+        )
 
 
 def register() -> None:
@@ -157,18 +164,17 @@ def _reduce_op(reduce_op: Any) -> Any:
     Raises:
         ValueError: an op other than mean/average and sum.
     """
-    name = str(getattr(reduce_op, "name", reduce_op)).lower() if reduce_op is not None \
-        else "mean"
+    name = str(getattr(reduce_op, "name", reduce_op)).lower() if reduce_op is not None else "mean"
     if name.endswith(("mean", "avg", "average")):
         return hvd.Average
     if name.endswith("sum"):
         return hvd.Sum
-    raise ValueError(f"HvdliteStrategy.reduce: reduce_op={reduce_op!r}: only 'mean' and "
-                     f"'sum' are supported")
+    raise ValueError(
+        f"HvdliteStrategy.reduce: reduce_op={reduce_op!r}: only 'mean' and 'sum' are supported"
+    )
 
 
-def _scale_learning_rates(optimizers: List[Any], scheduler_configs: List[Any],
-                          factor: int) -> None:
+def _scale_learning_rates(optimizers: List[Any], scheduler_configs: List[Any], factor: int) -> None:
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] *= factor

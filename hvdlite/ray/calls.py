@@ -29,12 +29,13 @@ def outcome(ref) -> Tuple[int, Any, str]:
     returned, 1 when the function raised (its error and traceback), 137 when the actor or
     its node died."""
     import ray
+
     try:
         return 0, ray.get(ref), ""
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         return 1, None, str(cause if isinstance(cause, RankFailed) else exc)
-    except Exception as exc:   # noqa: BLE001 -- any other error: the actor or node died
+    except Exception as exc:  # noqa: BLE001 -- any other error: the actor or node died
         return ACTOR_DIED, None, f"{type(exc).__name__}: {exc}"
 
 
@@ -42,9 +43,13 @@ class ActorCallStarter(Starter):
     """Runs ``submit(actor, env)`` on the actor of each slot, ``env`` the slot's rank
     environment (``job_env()`` and its place); results and failures by slot."""
 
-    def __init__(self, actors: Dict[SlotId, Any], submit: Callable[[Any, Dict[str, str]], Any],
-                 job_env: Callable[[], Dict[str, str]],
-                 on_exit: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        actors: Dict[SlotId, Any],
+        submit: Callable[[Any, Dict[str, str]], Any],
+        job_env: Callable[[], Dict[str, str]],
+        on_exit: Callable[[], None] = lambda: None,
+    ):
         self._actors, self._submit = dict(actors), submit
         self._job_env, self.on_exit = job_env, on_exit
         self._lock = threading.Lock()
@@ -81,8 +86,9 @@ class ActorCallStarter(Starter):
         ref = self._submit(actor, env)
         with self._lock:
             self._running[sid] = actor
-        threading.Thread(target=self._watch, args=(sid, ref), daemon=True,
-                         name=f"ray-call-{sid[0]}-{sid[1]}").start()
+        threading.Thread(
+            target=self._watch, args=(sid, ref), daemon=True, name=f"ray-call-{sid[0]}-{sid[1]}"
+        ).start()
 
     def _watch(self, sid: SlotId, ref) -> None:
         code, result, why = outcome(ref)
@@ -97,12 +103,13 @@ class ActorCallStarter(Starter):
 
     def stop(self, ids: Sequence[SlotId]) -> None:
         import ray
+
         with self._lock:
             actors = [self._running[i] for i in ids if i in self._running]
         for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)
-            except Exception as exc:   # noqa: BLE001 -- already gone
+            except Exception as exc:  # noqa: BLE001 -- already gone
                 log.debug("ray: kill: %s", exc)
 
     def poll(self) -> List[Tuple[SlotId, int]]:

@@ -27,12 +27,13 @@ class RayNodeHosts(HostSource):
     def __init__(self, cpus_per_worker: float, driver_node: str):
         self._cpus = cpus_per_worker
         self._driver_node = driver_node
-        self._names: Dict[str, str] = {}      # node id -> host name, stable for the job
-        self.node_of: Dict[str, str] = {}     # host name -> node id (for pinning actors)
+        self._names: Dict[str, str] = {}  # node id -> host name, stable for the job
+        self.node_of: Dict[str, str] = {}  # host name -> node id (for pinning actors)
         self.address_of: Dict[str, str] = {}
 
     def find(self) -> List[HostSlots]:
         import ray
+
         try:
             nodes = [n for n in ray.nodes() if n.get("Alive")]
         except Exception as exc:
@@ -48,7 +49,7 @@ class RayNodeHosts(HostSource):
                 self._names[node] = ip if ip not in taken else f"{ip}-{node[:8]}"
         names = self._names
         hosts = []
-        for n in nodes:                      # the driver's node first
+        for n in nodes:  # the driver's node first
             slots = int(n.get("Resources", {}).get("CPU", 0) // self._cpus)
             if slots < 1:
                 continue
@@ -63,12 +64,20 @@ class RayActorStarter(ActorCallStarter):
     """Workers as actors pinned to their slot's node, each running the user's function; the
     watching, stopping and exits are :class:`~hvdlite.ray.calls.ActorCallStarter`'."""
 
-    def __init__(self, discovery: RayNodeHosts, fn: Callable, args, kwargs,
-                 job_env: Callable[[], Dict[str, str]], cpus_per_worker: float,
-                 on_exit: Callable[[], None]):
+    def __init__(
+        self,
+        discovery: RayNodeHosts,
+        fn: Callable,
+        args,
+        kwargs,
+        job_env: Callable[[], Dict[str, str]],
+        cpus_per_worker: float,
+        on_exit: Callable[[], None],
+    ):
         args, kwargs = list(args or ()), dict(kwargs or {})
-        super().__init__({}, lambda actor, env: actor.run.remote(fn, args, kwargs, env),
-                         job_env, on_exit)
+        super().__init__(
+            {}, lambda actor, env: actor.run.remote(fn, args, kwargs, env), job_env, on_exit
+        )
         self._discovery = discovery
         self._cpus = cpus_per_worker
 
@@ -76,6 +85,7 @@ class RayActorStarter(ActorCallStarter):
         """A new actor on each slot's node, set up with its environment, then the call."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         failed: Dict[SlotId, str] = {}
         env = self._job_env()
         actor = ray.remote(RankWorker)
@@ -90,4 +100,3 @@ class RayActorStarter(ActorCallStarter):
             worker.setup.remote(self._discovery.address_of.get(slot.hostname, ""))
             self._track(sid, worker, slot_env(slot, {}, env))
         return failed
-

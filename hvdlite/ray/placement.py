@@ -4,8 +4,9 @@ node with ``hvdlite.runner.hosts.slots_by_node``)."""
 from typing import Dict, List
 
 
-def bundles(num_workers: int, num_hosts: int, workers_per_host: int,
-            cpus_per_worker: float) -> List[Dict[str, float]]:
+def bundles(
+    num_workers: int, num_hosts: int, workers_per_host: int, cpus_per_worker: float
+) -> List[Dict[str, float]]:
     """The placement group's bundles: one per worker, or one per host holding its
     workers' CPUs (so Ray must put a host's ranks on one node)."""
     if num_hosts:

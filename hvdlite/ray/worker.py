@@ -28,12 +28,21 @@ class RankWorker:
     def where(self) -> Dict[str, Any]:
         """This actor's node (Ray's id and address), host name and pid."""
         import ray
-        return {"node_id": ray.get_runtime_context().get_node_id(),
-                "node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(),
-                "pid": os.getpid()}
 
-    def setup(self, node_ip: str, executable_cls: Optional[type] = None,
-              executable_args=(), executable_kwargs: Optional[dict] = None) -> None:
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+    def setup(
+        self,
+        node_ip: str,
+        executable_cls: Optional[type] = None,
+        executable_args=(),
+        executable_kwargs: Optional[dict] = None,
+    ) -> None:
         """Remember the Gloo interface (the one holding ``node_ip``) and the user's
         executable class, built at the first call, inside its job's environment."""
         self._iface = _iface_of(node_ip)
@@ -50,16 +59,22 @@ class RankWorker:
                 self._env.setdefault(cfg.GLOO_IFACE, self._iface)
         os.environ.update(self._env)
         if self.executable is None and self._executable_cls is not None:
-            self.executable = self._executable_cls(*self._executable_args,
-                                                   **self._executable_kwargs)
+            self.executable = self._executable_cls(
+                *self._executable_args, **self._executable_kwargs
+            )
 
     def execute(self, fn: Callable[[Any], Any], env: Optional[Dict[str, str]] = None) -> Any:
         """``fn(executable)`` in this rank, in the job environment ``env``."""
         _call(self._enter, env)
         return _call(fn, self.executable)
 
-    def run(self, fn: Callable, args=(), kwargs: Optional[dict] = None,
-            env: Optional[Dict[str, str]] = None) -> Any:
+    def run(
+        self,
+        fn: Callable,
+        args=(),
+        kwargs: Optional[dict] = None,
+        env: Optional[Dict[str, str]] = None,
+    ) -> Any:
         """``fn(*args, **kwargs)`` in this rank, in the job environment ``env``."""
         _call(self._enter, env)
         return _call(fn, *(args or ()), **(kwargs or {}))

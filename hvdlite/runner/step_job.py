@@ -41,8 +41,9 @@ class StepStarter(Starter):
         self._slots: List[SlotId] = []
         self._ended: Set[SlotId] = set()
         self._closed = threading.Event()
-        threading.Thread(target=self._watch, args=(lifeline,), daemon=True,
-                         name="hvdlite-srun-lifeline").start()
+        threading.Thread(
+            target=self._watch, args=(lifeline,), daemon=True, name="hvdlite-srun-lifeline"
+        ).start()
 
     @property
     def rendezvous_addr(self) -> str:
@@ -87,16 +88,23 @@ def main() -> int:
         sys.stdout.write(READY_LINE.format(port=port) + "\n")
         sys.stdout.flush()
 
-    spec = JobSpec(np=sum(h.slots for h in hosts), hosts=hosts, command=[],
-                   host_source=FixedHosts(hosts), key=bytes.fromhex(request["key"]),
-                   job_id=str(request.get("job_id") or "") or None,
-                   store_port=int(request["port"]), name="hvdlite (srun step)",
-                   starter=lambda job: StepStarter(job, sys.stdin.buffer, say_ready))
+    spec = JobSpec(
+        np=sum(h.slots for h in hosts),
+        hosts=hosts,
+        command=[],
+        host_source=FixedHosts(hosts),
+        key=bytes.fromhex(request["key"]),
+        job_id=str(request.get("job_id") or "") or None,
+        store_port=int(request["port"]),
+        name="hvdlite (srun step)",
+        starter=lambda job: StepStarter(job, sys.stdin.buffer, say_ready),
+    )
     try:
         return run_job(spec).exit_code
     except OSError as exc:
-        sys.stderr.write(f"hvdlite srun store: cannot listen on port {request['port']}: "
-                         f"{exc.strerror or exc}\n")
+        sys.stderr.write(
+            f"hvdlite srun store: cannot listen on port {request['port']}: {exc.strerror or exc}\n"
+        )
         return 1
 
 

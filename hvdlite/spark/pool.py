@@ -36,15 +36,15 @@ class Task:
     """One registered Spark task."""
 
     task: int
-    host: str                   # the executor's host name (ranks are grouped by it)
-    address: str                # the address the driver sees it connect from
+    host: str  # the executor's host name (ranks are grouped by it)
+    address: str  # the address the driver sees it connect from
     pid: int
     partition: int
-    tag: int                    # the Spark job that runs it (its end ends the task)
+    tag: int  # the Spark job that runs it (its end ends the task)
     sid: Optional[SlotId] = None
-    order: str = "wait"         # wait | run | stop | exit
+    order: str = "wait"  # wait | run | stop | exit
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
-    state: str = "idle"         # idle | running | ended
+    state: str = "idle"  # idle | running | ended
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -56,8 +56,13 @@ class TaskPool(Service):
     slot id now (elastic jobs); a static job assigns slots later with :meth:`assign`.
     """
 
-    def __init__(self, key: bytes, bind_addr: str, expected: int,
-                 on_change: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        key: bytes,
+        bind_addr: str,
+        expected: int,
+        on_change: Callable[[], None] = lambda: None,
+    ):
         self._lock = threading.Condition()
         self._tasks: Dict[int, Task] = {}
         self._next_index: Dict[str, int] = {}
@@ -70,8 +75,9 @@ class TaskPool(Service):
         self.failures: Dict[SlotId, str] = {}
         #: Spark job tag -> why it ended ("" when it succeeded)
         self.jobs_ended: Dict[int, str] = {}
-        super().__init__("hvdlite.spark task service", key, bind_addr=bind_addr,
-                         expected_peers=max(2, expected))
+        super().__init__(
+            "hvdlite.spark task service", key, bind_addr=bind_addr, expected_peers=max(2, expected)
+        )
 
     # -- the tasks' requests ---------------------------------------------------------------
     def handle(self, header: Header, blob: bytes, client) -> Tuple[Header, bytes]:
@@ -93,7 +99,7 @@ class TaskPool(Service):
                 self._end(task, 0 if op == "result" else 1)
                 return {}, b""
             if op in ("result", "failure"):
-                return {}, b""           # a late report of a task already counted as ended
+                return {}, b""  # a late report of a task already counted as ended
         raise ServiceError(f"unknown request {op!r}")
 
     def _task(self, number) -> Task:
@@ -107,8 +113,14 @@ class TaskPool(Service):
         with self._lock:
             number = len(self._tasks)
             host = str(header.get("host") or address)
-            task = Task(number, host, address, int(header.get("pid", 0)),
-                        int(header.get("partition", -1)), int(header.get("tag", 0)))
+            task = Task(
+                number,
+                host,
+                address,
+                int(header.get("pid", 0)),
+                int(header.get("partition", -1)),
+                int(header.get("tag", 0)),
+            )
             if self.number_slots:
                 index = self._next_index.get(host, 0)
                 self._next_index[host] = index + 1
@@ -142,8 +154,9 @@ class TaskPool(Service):
         with self._lock:
             return list(self._tasks.values())
 
-    def wait_registered(self, count: int, timeout_s: float,
-                        failed: Callable[[], Optional[str]]) -> List[Task]:
+    def wait_registered(
+        self, count: int, timeout_s: float, failed: Callable[[], Optional[str]]
+    ) -> List[Task]:
         """The first ``count`` tasks, once registered.
 
         Raises:
@@ -155,14 +168,17 @@ class TaskPool(Service):
             while len(self._tasks) < count:
                 why = failed()
                 if why is not None:
-                    raise HvdliteSparkError(f"the Spark job ended before its {count} tasks "
-                                            f"started ({len(self._tasks)} did): {why}")
+                    raise HvdliteSparkError(
+                        f"the Spark job ended before its {count} tasks "
+                        f"started ({len(self._tasks)} did): {why}"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise HvdliteSparkError(
                         f"only {len(self._tasks)} of {count} Spark tasks started within "
                         f"start_timeout={timeout_s:g}s; does the cluster have {count} free "
-                        f"task slots (spark.task.cpus each)?")
+                        f"task slots (spark.task.cpus each)?"
+                    )
                 self._lock.wait(min(left, 0.5))
             return [self._tasks[i] for i in range(count)]
 
@@ -188,8 +204,10 @@ class TaskPool(Service):
         with self._lock:
             for t in self._tasks.values():
                 if t.state == "running" and now - t.last_seen > TASK_LOST_S:
-                    self.failures[t.sid] = (f"its heartbeat stopped {now - t.last_seen:.0f}s "
-                                            f"ago (the Python worker died or hangs)")
+                    self.failures[t.sid] = (
+                        f"its heartbeat stopped {now - t.last_seen:.0f}s "
+                        f"ago (the Python worker died or hangs)"
+                    )
                     self._end(t, LOST_EXIT)
             out, self._exits = self._exits, []
         return out
@@ -203,7 +221,8 @@ class TaskPool(Service):
                 if t.tag == tag and t.state != "ended":
                     if t.state == "running" or t.order == "run":
                         self.failures.setdefault(
-                            t.sid, f"its Spark task ended without a result: {why or 'no error'}")
+                            t.sid, f"its Spark task ended without a result: {why or 'no error'}"
+                        )
                     self._end(t, LOST_EXIT)
             self._lock.notify_all()
 
@@ -218,5 +237,8 @@ class TaskPool(Service):
 
     def running(self) -> List[Task]:
         with self._lock:
-            return [t for t in self._tasks.values() if t.state == "running"
-                    or (t.state == "idle" and t.order == "run")]
+            return [
+                t
+                for t in self._tasks.values()
+                if t.state == "running" or (t.state == "idle" and t.order == "run")
+            ]

@@ -39,8 +39,13 @@ log = logging.getLogger(__name__)
 #: Horovod's default bound on the tasks starting
 DEFAULT_START_TIMEOUT_S = 600.0
 #: hvdlite.spark.run's and run_elastic's arguments, as their messages name them
-SIZES = SizeNames(np="num_proc", min_np="min_num_proc", max_np="max_num_proc",
-                  reset_limit="reset_limit", joiner="=")
+SIZES = SizeNames(
+    np="num_proc",
+    min_np="min_num_proc",
+    max_np="max_num_proc",
+    reset_limit="reset_limit",
+    joiner="=",
+)
 #: bound on the Spark job threads ending after the job group was cancelled
 JOB_END_WAIT_S = 30.0
 #: how often the elastic job checks that enough tasks are alive
@@ -56,12 +61,15 @@ def spark_context():
     try:
         from pyspark import SparkContext
     except ImportError:
-        raise HvdliteSparkError("hvdlite.spark needs pyspark (pip install hvdlite[spark])"
-                                ) from None
+        raise HvdliteSparkError(
+            "hvdlite.spark needs pyspark (pip install hvdlite[spark])"
+        ) from None
     sc = SparkContext._active_spark_context
     if sc is None:
-        raise HvdliteSparkError("hvdlite.spark: no active Spark session; create one first "
-                                "(SparkSession.builder.getOrCreate())")
+        raise HvdliteSparkError(
+            "hvdlite.spark: no active Spark session; create one first "
+            "(SparkSession.builder.getOrCreate())"
+        )
     use_driver_python(sc)
     return sc
 
@@ -82,16 +90,22 @@ def use_driver_python(sc) -> None:
     if found is not None and os.path.realpath(found) == os.path.realpath(sys.executable):
         return
     if sc.master.startswith("local"):
-        log.warning("hvdlite.spark: PYSPARK_PYTHON is not set, so Spark would run %s (%s) in "
-                    "its Python workers; running this driver's %s there instead", sc.pythonExec,
-                    found or "not found", sys.executable)
+        log.warning(
+            "hvdlite.spark: PYSPARK_PYTHON is not set, so Spark would run %s (%s) in "
+            "its Python workers; running this driver's %s there instead",
+            sc.pythonExec,
+            found or "not found",
+            sys.executable,
+        )
         sc.pythonExec = sys.executable
         return
-    log.warning("hvdlite.spark: PYSPARK_PYTHON is not set: the executors run %r from their "
-                "PATH, which must import hvdlite, psutil and torch (else every task fails with "
-                "\"No module named ...\"); set PYSPARK_PYTHON (or spark.pyspark.python) to the "
-                "executors' interpreter of that environment before the session starts",
-                sc.pythonExec)
+    log.warning(
+        "hvdlite.spark: PYSPARK_PYTHON is not set: the executors run %r from their "
+        "PATH, which must import hvdlite, psutil and torch (else every task fails with "
+        '"No module named ..."); set PYSPARK_PYTHON (or spark.pyspark.python) to the '
+        "executors' interpreter of that environment before the session starts",
+        sc.pythonExec,
+    )
 
 
 def driver_address(sc) -> str:
@@ -107,8 +121,16 @@ class SparkJob:
     The pool's key is the job's key too (``JobSpec.key``): the tasks get it in their
     closure, Spark's own channel, so it never crosses the pool's connection."""
 
-    def __init__(self, sc, fn: Callable, args, kwargs, env: Optional[Dict[str, str]],
-                 start_timeout_s: float, expected: int):
+    def __init__(
+        self,
+        sc,
+        fn: Callable,
+        args,
+        kwargs,
+        env: Optional[Dict[str, str]],
+        start_timeout_s: float,
+        expected: int,
+    ):
         self.sc = sc
         self.key = new_key()
         self.job_id = uuid.uuid4().hex[:12]
@@ -124,6 +146,7 @@ class SparkJob:
     def submit(self, count: int, barrier: bool, wait_s: float) -> int:
         """Start a Spark job of ``count`` tasks on a thread of its own; returns its tag."""
         from pyspark import InheritableThread
+
         tag, self._tags = self._tags, self._tags + 1
         fn, args, kwargs = self._work
         runner = partition_runner(self.pool.address, self.key, fn, args, kwargs, tag, wait_s)
@@ -131,11 +154,12 @@ class SparkJob:
         def go():
             why = ""
             try:
-                self.sc.setJobGroup(self.group, f"hvdlite job {self.job_id}",
-                                    interruptOnCancel=True)
+                self.sc.setJobGroup(
+                    self.group, f"hvdlite job {self.job_id}", interruptOnCancel=True
+                )
                 rdd = self.sc.parallelize(range(count), count)
                 (rdd.barrier() if barrier else rdd).mapPartitionsWithIndex(runner).collect()
-            except Exception as exc:        # noqa: BLE001 -- Py4J's errors: reported by tag
+            except Exception as exc:  # noqa: BLE001 -- Py4J's errors: reported by tag
                 why = _first_lines(str(exc))
             self.pool.job_ended(tag, why)
 
@@ -151,12 +175,24 @@ class SparkJob:
 
         def starter(job: JobContext) -> SparkTaskStarter:
             self.pool.on_change = job.wake
-            return SparkTaskStarter(self.pool, lambda: job.job_env(local=False), self.addr,
-                              missing_is_exit=missing_is_exit)
+            return SparkTaskStarter(
+                self.pool,
+                lambda: job.job_env(local=False),
+                self.addr,
+                missing_is_exit=missing_is_exit,
+            )
 
-        return JobSpec(np=np, command=[], user_env=dict(self.user_env), starter=starter,
-                       store_address=self.addr, key=self.key, name=name, size_names=SIZES,
-                       **fields).with_start_timeout(self.start_timeout_s)
+        return JobSpec(
+            np=np,
+            command=[],
+            user_env=dict(self.user_env),
+            starter=starter,
+            store_address=self.addr,
+            key=self.key,
+            name=name,
+            size_names=SIZES,
+            **fields,
+        ).with_start_timeout(self.start_timeout_s)
 
     def close(self) -> None:
         """Tell idle tasks to leave, cancel the job group, wait (bounded) for the Spark
@@ -166,14 +202,17 @@ class SparkJob:
                 self.pool.order(task, "exit")
         try:
             self.sc.cancelJobGroup(self.group)
-        except Exception as exc:            # noqa: BLE001 -- the context may be stopped
+        except Exception as exc:  # noqa: BLE001 -- the context may be stopped
             log.debug("hvdlite.spark: cancelJobGroup: %s", exc)
         deadline = time.monotonic() + JOB_END_WAIT_S
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in self._threads):
-            log.warning("hvdlite.spark: Spark jobs of group %s still running %gs after their "
-                        "cancellation", self.group, JOB_END_WAIT_S)
+            log.warning(
+                "hvdlite.spark: Spark jobs of group %s still running %gs after their cancellation",
+                self.group,
+                JOB_END_WAIT_S,
+            )
         self.pool.shutdown()
 
     def failure(self, result: JobResult, what: str) -> HvdliteSparkError:
@@ -183,15 +222,16 @@ class SparkJob:
         raised = [sid for sid in failures if not failures[sid].startswith("its ")]
         sid = (raised or list(failures) or [None])[0]
         why = (result.error or "a rank failed").strip()
-        if why.startswith("hvdlite-run: "):         # the static summary's launcher prefix
-            why = why[len("hvdlite-run: "):]
+        if why.startswith("hvdlite-run: "):  # the static summary's launcher prefix
+            why = why[len("hvdlite-run: ") :]
         head = f"{what}: the job failed: {why}"
         if sid is None:
             return HvdliteSparkError(head)
         rank = result.ranks.index(sid) if sid in result.ranks else -1
         task = next((t for t in self.pool.tasks() if t.sid == sid), None)
         where = f"host {sid[0]}, slot {sid[1]}" + (
-            f", Spark partition {task.partition}, pid {task.pid}" if task else "")
+            f", Spark partition {task.partition}, pid {task.pid}" if task else ""
+        )
         return HvdliteSparkError(f"{head}\nrank {rank} ({where}):\n{failures[sid].rstrip()}")
 
 
@@ -205,7 +245,7 @@ def _first_lines(text: str, count: int = 2) -> str:
     lines = [x.rstrip() for x in text.strip().splitlines() if x.strip()]
     start = next((i for i, x in enumerate(lines) if "Traceback (most recent call" in x), None)
     python = []
-    for line in lines[start + 1:] if start is not None else []:
+    for line in lines[start + 1 :] if start is not None else []:
         if line.lstrip().startswith("at "):
             break
         python.append(line)
@@ -214,14 +254,16 @@ def _first_lines(text: str, count: int = 2) -> str:
     return " | ".join(picked) or "no message"
 
 
-def run_static(sc, fn, args, kwargs, num_proc: int, start_timeout_s: float,
-               env: Optional[Dict[str, str]]) -> List[Any]:
+def run_static(
+    sc, fn, args, kwargs, num_proc: int, start_timeout_s: float, env: Optional[Dict[str, str]]
+) -> List[Any]:
     """One barrier stage of ``num_proc`` tasks through the agent (see :func:`hvdlite.spark.run`)."""
     job = SparkJob(sc, fn, args, kwargs, env, start_timeout_s, num_proc)
     try:
         tag = job.submit(num_proc, barrier=True, wait_s=start_timeout_s)
-        tasks = job.pool.wait_registered(num_proc, start_timeout_s,
-                                         lambda: job.pool.jobs_ended.get(tag))
+        tasks = job.pool.wait_registered(
+            num_proc, start_timeout_s, lambda: job.pool.jobs_ended.get(tag)
+        )
         tasks.sort(key=lambda t: t.partition)
         slots = slots_by_node([t.host for t in tasks])
         for task, slot in zip(tasks, slots):
@@ -230,8 +272,9 @@ def run_static(sc, fn, args, kwargs, num_proc: int, start_timeout_s: float,
         for slot in slots:
             count[slot.hostname] = count.get(slot.hostname, 0) + 1
         hosts = [HostSlots(hostname=h, slots=n) for h, n in count.items()]
-        result = run_job(job.spec(num_proc, "hvdlite.spark.run", hosts=hosts,
-                                  host_source=FixedHosts(hosts)))
+        result = run_job(
+            job.spec(num_proc, "hvdlite.spark.run", hosts=hosts, host_source=FixedHosts(hosts))
+        )
         if result.ok:
             return [loads(r) for r in result.results]
         raise job.failure(result, "hvdlite.spark.run")
@@ -239,16 +282,28 @@ def run_static(sc, fn, args, kwargs, num_proc: int, start_timeout_s: float,
         job.close()
 
 
-def run_elastic_job(sc, fn, args, kwargs, settings: JobSettings, start_timeout_s: float,
-                    env: Optional[Dict[str, str]],
-                    elastic_timeout_s: Optional[float] = None) -> List[Any]:
+def run_elastic_job(
+    sc,
+    fn,
+    args,
+    kwargs,
+    settings: JobSettings,
+    start_timeout_s: float,
+    env: Optional[Dict[str, str]],
+    elastic_timeout_s: Optional[float] = None,
+) -> List[Any]:
     """Single-task Spark jobs kept alive under the elastic agent (see
     :func:`hvdlite.spark.run_elastic`; ``elastic_timeout_s`` None: the tunable's)."""
     target = settings.max_np or settings.np
     job = SparkJob(sc, fn, args, kwargs, env, start_timeout_s, target)
     job.pool.number_slots = True
-    spec = job.spec(settings.np, "hvdlite.spark.run_elastic", hosts=[], elastic=settings,
-                    host_source=SparkTaskHosts(job.pool)).with_elastic_timeout(elastic_timeout_s)
+    spec = job.spec(
+        settings.np,
+        "hvdlite.spark.run_elastic",
+        hosts=[],
+        elastic=settings,
+        host_source=SparkTaskHosts(job.pool),
+    ).with_elastic_timeout(elastic_timeout_s)
     make_tasks = spec.starter
     keeper: Optional[_Keeper] = None
 
@@ -281,8 +336,7 @@ class _Keeper:
         self._target = target
         self._context = context
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name="hvdlite-spark-keeper")
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="hvdlite-spark-keeper")
         self._budget = 5 * target
 
     def start(self) -> None:

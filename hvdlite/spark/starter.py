@@ -46,8 +46,13 @@ class SparkTaskStarter(Starter):
     one that could not start (static: the job fails to start).
     """
 
-    def __init__(self, pool: TaskPool, job_env: Callable[[], Dict[str, str]],
-                 rendezvous_addr: str, missing_is_exit: bool):
+    def __init__(
+        self,
+        pool: TaskPool,
+        job_env: Callable[[], Dict[str, str]],
+        rendezvous_addr: str,
+        missing_is_exit: bool,
+    ):
         self._pool = pool
         self._job_env = job_env
         self._addr = rendezvous_addr
@@ -107,6 +112,9 @@ class SparkTaskStarter(Starter):
             time.sleep(0.2)
         left = self._pool.running()
         if left:
-            log.warning("hvdlite.spark: %d task(s) did not end within %gs of being stopped: %s",
-                        len(left), STOP_WAIT_S,
-                        ", ".join(f"{t.host} pid {t.pid}" for t in left))
+            log.warning(
+                "hvdlite.spark: %d task(s) did not end within %gs of being stopped: %s",
+                len(left),
+                STOP_WAIT_S,
+                ", ".join(f"{t.host} pid {t.pid}" for t in left),
+            )

@@ -50,8 +50,9 @@ class _Beats:
         self._client = client
         self._task = task
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"hvdlite-spark-beat-{task}")
+        self._thread = threading.Thread(
+            target=self._loop, daemon=True, name=f"hvdlite-spark-beat-{task}"
+        )
 
     def __enter__(self):
         self._thread.start()
@@ -65,19 +66,21 @@ class _Beats:
         last_answer = time.monotonic()
         while not self._done.wait(HEARTBEAT_S):
             try:
-                reply, _ = self._client.request({"op": "beat", "task": self._task},
-                                                timeout_s=DRIVER_LOST_S)
+                reply, _ = self._client.request(
+                    {"op": "beat", "task": self._task}, timeout_s=DRIVER_LOST_S
+                )
             except (OSError, HvdliteError):
                 if time.monotonic() - last_answer > DRIVER_LOST_S:
-                    os._exit(STOPPED_EXIT)       # the job is gone: so is this rank
+                    os._exit(STOPPED_EXIT)  # the job is gone: so is this rank
                 continue
             last_answer = time.monotonic()
             if reply.get("order") == "stop" and not self._done.is_set():
-                os._exit(STOPPED_EXIT)           # the driver ended this rank
+                os._exit(STOPPED_EXIT)  # the driver ended this rank
 
 
-def _call(fn: Callable, args: Sequence, kwargs: Dict[str, Any],
-          env: Dict[str, str]) -> Tuple[str, bytes, str]:
+def _call(
+    fn: Callable, args: Sequence, kwargs: Dict[str, Any], env: Dict[str, str]
+) -> Tuple[str, bytes, str]:
     """``fn`` with ``env`` applied to ``os.environ`` (restored afterwards); returns
     ``("result", pickled result, "")`` or ``("failure", b"", traceback text)``."""
     saved = {k: os.environ.get(k) for k in env}
@@ -85,7 +88,7 @@ def _call(fn: Callable, args: Sequence, kwargs: Dict[str, Any],
     try:
         result = fn(*args, **kwargs)
         return "result", dumps(result), ""
-    except (Exception, SystemExit):          # the user's error, reported to the driver
+    except (Exception, SystemExit):  # the user's error, reported to the driver
         return "failure", b"", traceback.format_exc()
     finally:
         for k, v in saved.items():
@@ -100,6 +103,7 @@ def _leave_clean(succeeded: bool) -> None:
     down; one that raised with its runtime still up (its peers may be stuck in a
     collective with it) ends the worker, as a failed process would."""
     from hvdlite.common import basics
+
     if not basics.is_initialized():
         return
     if succeeded:
@@ -113,17 +117,32 @@ def _forget_earlier_jobs() -> None:
     joined belongs to an earlier job's store, so a new job's rank starts from none (the
     round a later ``init()`` asks for is after the one it joined in *this* job)."""
     from hvdlite.common import basics
+
     basics.forget_rendezvous()
 
 
-def serve_task(addr: Tuple[str, int], key: bytes, fn: Callable, args: Sequence,
-               kwargs: Dict[str, Any], partition: int, tag: int, wait_s: float) -> int:
+def serve_task(
+    addr: Tuple[str, int],
+    key: bytes,
+    fn: Callable,
+    args: Sequence,
+    kwargs: Dict[str, Any],
+    partition: int,
+    tag: int,
+    wait_s: float,
+) -> int:
     """Register, wait up to ``wait_s`` for an order, run ``fn`` if told to; returns 0."""
     client = Client(addr, key, timeout_s=REQUEST_TIMEOUT_S, name="hvdlite.spark task service")
     try:
-        reply, _ = client.request({"op": "register", "host": socket.gethostname(),
-                                   "pid": os.getpid(), "partition": partition,
-                                   "tag": tag})
+        reply, _ = client.request(
+            {
+                "op": "register",
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "partition": partition,
+                "tag": tag,
+            }
+        )
         task, seen_as = int(reply["task"]), str(reply["address"])
         deadline = time.monotonic() + wait_s
         while True:
@@ -141,17 +160,24 @@ def serve_task(addr: Tuple[str, int], key: bytes, fn: Callable, args: Sequence,
         _forget_earlier_jobs()
         with _Beats(client, task):
             kind, blob, text = _call(fn, args, kwargs, env)
-            client.request({"op": kind, "task": task, "traceback": text}, blob,
-                           timeout_s=REQUEST_TIMEOUT_S)
+            client.request(
+                {"op": kind, "task": task, "traceback": text}, blob, timeout_s=REQUEST_TIMEOUT_S
+            )
         _leave_clean(kind == "result")
         return 0
     finally:
         client.close()
 
 
-def partition_runner(addr: Tuple[str, int], key: bytes, fn: Callable, args: Sequence,
-                     kwargs: Optional[Dict[str, Any]], tag: int, wait_s: float
-                     ) -> Callable[[int, Iterator], Iterator[int]]:
+def partition_runner(
+    addr: Tuple[str, int],
+    key: bytes,
+    fn: Callable,
+    args: Sequence,
+    kwargs: Optional[Dict[str, Any]],
+    tag: int,
+    wait_s: float,
+) -> Callable[[int, Iterator], Iterator[int]]:
     """The function Spark runs on each partition (``mapPartitionsWithIndex``) of the
     Spark job ``tag``."""
     args, kwargs = tuple(args or ()), dict(kwargs or {})

@@ -25,7 +25,6 @@ from hvdlite.tensorflow.functions import broadcast_object, broadcast_variables
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
 
 
-
 def _internal_names():
     """``HvdliteInternalError`` and the names of its subclasses (a wait given up for a newer
     round, a timeout, a stall): any of them inside a TensorFlow error means a reset."""
@@ -47,7 +46,7 @@ def as_internal_error(text: str):
     for line in text.splitlines():
         for n in names:
             if line.startswith(n + ":"):
-                return HvdliteInternalError(line[len(n) + 1:].strip() or text)
+                return HvdliteInternalError(line[len(n) + 1 :].strip() or text)
     return HvdliteInternalError(text)
 
 
@@ -114,8 +113,10 @@ class TensorFlowState(ObjectState):
 
     def __init__(self, variables=None, session=None, **kwargs):
         if variables is None:
-            raise ValueError("TensorFlowState: pass variables= (a list of tf.Variable); "
-                             "TensorFlow 2 has no global variable collection")
+            raise ValueError(
+                "TensorFlowState: pass variables= (a list of tf.Variable); "
+                "TensorFlow 2 has no global variable collection"
+            )
         self.variables = list(variables)
         self._saved_values = _values(self.variables)
         super().__init__(_bcast, **kwargs)
@@ -155,11 +156,12 @@ class TensorFlowKerasState(ObjectState):
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
         if not model.built:
-            raise ValueError("TensorFlowKerasState: the model must be built first (give it an "
-                             "Input, call model.build(input_shape) or run it on a batch)")
+            raise ValueError(
+                "TensorFlowKerasState: the model must be built first (give it an "
+                "Input, call model.build(input_shape) or run it on a batch)"
+            )
         self.model = model
-        self.optimizer = optimizer if optimizer is not None else \
-            getattr(model, "optimizer", None)
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self._save_model()
         super().__init__(_bcast, **kwargs)
 
@@ -186,6 +188,5 @@ class TensorFlowKerasState(ObjectState):
 
     def sync(self) -> None:
         """Give every rank rank 0's model and optimizer variables and values."""
-        broadcast_variables(list(self.model.variables) + self._optimizer_variables(),
-                            root_rank=0)
+        broadcast_variables(list(self.model.variables) + self._optimizer_variables(), root_rank=0)
         super().sync()

@@ -21,8 +21,13 @@ import tensorflow as tf
 
 from hvdlite.common.exceptions import HvdliteError, HvdliteMismatchError
 
-__all__ = ["TensorMismatchError", "InvalidCollectiveArgument", "as_tf_errors",
-           "report_mismatch", "raise_reported"]
+__all__ = [
+    "TensorMismatchError",
+    "InvalidCollectiveArgument",
+    "as_tf_errors",
+    "report_mismatch",
+    "raise_reported",
+]
 
 
 class TensorMismatchError(tf.errors.FailedPreconditionError, HvdliteMismatchError):
@@ -52,9 +57,10 @@ def as_tf_errors(fn):
         except HvdliteMismatchError as exc:
             raise TensorMismatchError(str(exc)) from exc
         except ValueError as exc:
-            if isinstance(exc, HvdliteError):      # configuration, not an argument
+            if isinstance(exc, HvdliteError):  # configuration, not an argument
                 raise
             raise InvalidCollectiveArgument(str(exc)) from exc
+
     return wrapper
 
 
@@ -83,6 +89,7 @@ def report_mismatch(fn, touts):
             return list(fn(*xs)) + [tf.constant(_NOWHERE)]
         except tf.errors.FailedPreconditionError as exc:
             return [tf.zeros([0], d) for d in touts] + [tf.constant(_report_path(exc.message))]
+
     return reporting
 
 
@@ -95,6 +102,6 @@ def raise_reported(outs, path):
     every new fetch of a TF1 graph slower (tens of ms a collective, in that graph's function
     library).  It writes the path itself, so no constant is added for the contents."""
     with tf.control_dependencies([tf.raw_ops.WriteFile(filename=path, contents=path)]):
-        if len(outs) > 1:           # one node for a grouped op's outputs: each node of a TF1
-            return list(tf.raw_ops.IdentityN(input=list(outs)))   # graph slows new fetches
+        if len(outs) > 1:  # one node for a grouped op's outputs: each node of a TF1
+            return list(tf.raw_ops.IdentityN(input=list(outs)))  # graph slows new fetches
         return [tf.identity(o) for o in outs]

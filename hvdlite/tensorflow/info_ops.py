@@ -16,8 +16,10 @@ from hvdlite.common import process_sets as _sets
 __all__ = ["rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op"]
 
 _ARGS = {
-    "process_set_id": ("the id of a registered process set (``ProcessSet.process_set_id``); "
-                       "0, the default, is every rank."),
+    "process_set_id": (
+        "the id of a registered process set (``ProcessSet.process_set_id``); "
+        "0, the default, is every rank."
+    ),
     "name": "the TensorFlow op's name (``None``: TensorFlow's default).",
 }
 _args = functools.partial(api_docs.documented, _ARGS)
@@ -34,9 +36,11 @@ def _process_set(process_set_id: int):
     for ps in _sets.registered():
         if ps.process_set_id == process_set_id:
             return ps
-    raise ValueError(f"process_set_id={process_set_id}: no registered process set has this "
-                     f"id (registered: 0 and "
-                     f"{sorted(p.process_set_id or 0 for p in _sets.registered())})")
+    raise ValueError(
+        f"process_set_id={process_set_id}: no registered process set has this "
+        f"id (registered: 0 and "
+        f"{sorted(p.process_set_id or 0 for p in _sets.registered())})"
+    )
 
 
 def _read(value_fn, name):
@@ -89,9 +93,11 @@ def size_op(process_set_id=0, name=None):
         ValueError: ``process_set_id`` names no registered set (eagerly; in a graph when
             it runs, as ``tf.errors.InvalidArgumentError``).
     """
+
     def value():
         ps = _process_set(process_set_id)
         return ops.process_set_size(ps) if ps.included() else ps.size()
+
     return _read(value, name)
 
 

@@ -11,8 +11,10 @@ def built_for(optimizer, trainable_variables) -> list:
     """
     if trainable_variables is None:
         if not optimizer.built:
-            raise ValueError("DistributedOptimizer.apply: pass trainable_variables on the "
-                             "first call (the optimizer is not built yet)")
+            raise ValueError(
+                "DistributedOptimizer.apply: pass trainable_variables on the "
+                "first call (the optimizer is not built yet)"
+            )
         trainable_variables = optimizer._trainable_variables
     trainable_variables = list(trainable_variables)
     if not optimizer.built:

@@ -42,27 +42,86 @@ import numpy as np
 import tensorflow as tf
 
 from hvdlite.common import api_docs, arrays, ops
-from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
-                                   ddl_built, gloo_built, gloo_enabled, is_homogeneous,
-                                   is_initialized, local_rank, local_size, mpi_built,
-                                   mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                   rocm_built, shutdown, size, start_timeline,
-                                   stop_timeline)
-from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
-                                Sum, global_process_set)
+from hvdlite.common.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from hvdlite.common.ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ProcessSet,  # noqa: F401
+    Sum,
+    global_process_set,
+)
 from hvdlite.common.rank_setup import add_process_set, init, remove_process_set  # noqa: F401
 from hvdlite.tensorflow.graph import nodes as graph_nodes
 from hvdlite.tensorflow.errors import as_tf_errors, raise_reported, report_mismatch
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "gloo_enabled", "mpi_enabled", "gloo_built",
-    "mpi_built", "mpi_threads_supported", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "is_homogeneous",
+    "gloo_enabled",
+    "mpi_enabled",
+    "gloo_built",
+    "mpi_built",
+    "mpi_threads_supported",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+    "Average",
+    "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+    "join",
+    "barrier",
+    "global_process_set",
+    "ProcessSet",
+    "add_process_set",
+    "remove_process_set",
 ]
 
 #: the ops' argument descriptions: the shared ones and TensorFlow's wording
@@ -70,48 +129,72 @@ _ARGS = {
     **api_docs.ARGS,
     "tensor": "a ``tf.Tensor`` with at least one dimension.",
     "tensors": "a list of ``tf.Tensor`` objects, which may differ in shape and dtype.",
-    "name": api_docs.NAME + ("  ``None`` generates one (inside ``tf.function`` from the graph "
-                             "and the input's name)."),
+    "name": api_docs.NAME
+    + ("  ``None`` generates one (inside ``tf.function`` from the graph and the input's name)."),
 }
-_ALLREDUCE_TENSOR = ("a ``tf.Tensor`` (or a value convertible to one).  A ``tf.IndexedSlices`` "
-                     "is allgathered instead (for ``hvd.Average`` its values divided by the "
-                     "size with true division: integer values come back as float32 or "
-                     "float64), as Horovod does.")
-_ALLREDUCE_TENSORS = (_ARGS["tensors"][:-1] + "; ``IndexedSlices`` among them are reduced as "
-                      "in :func:`allreduce`.")
-_ALLGATHER_TENSOR = ("a ``tf.Tensor`` with at least one dimension; ranks may differ in the "
-                     "first dimension only.  ``IndexedSlices`` are gathered as "
-                     "``IndexedSlices``.")
+_ALLREDUCE_TENSOR = (
+    "a ``tf.Tensor`` (or a value convertible to one).  A ``tf.IndexedSlices`` "
+    "is allgathered instead (for ``hvd.Average`` its values divided by the "
+    "size with true division: integer values come back as float32 or "
+    "float64), as Horovod does."
+)
+_ALLREDUCE_TENSORS = (
+    _ARGS["tensors"][:-1] + "; ``IndexedSlices`` among them are reduced as in :func:`allreduce`."
+)
+_ALLGATHER_TENSOR = (
+    "a ``tf.Tensor`` with at least one dimension; ranks may differ in the "
+    "first dimension only.  ``IndexedSlices`` are gathered as "
+    "``IndexedSlices``."
+)
 _BROADCAST_TENSOR = "a ``tf.Tensor`` (or a value convertible to one) on the CPU."
 #: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
 _args = functools.partial(api_docs.documented, _ARGS)
 
 # Raises entries most ops share (``@_args(raises=...)`` appends them to a docstring)
-_RAISES_DTYPE = ("TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` "
-                 "where only allreduce takes one).")
+_RAISES_DTYPE = (
+    "TypeError: an input has an unsupported dtype (or is an ``IndexedSlices`` "
+    "where only allreduce takes one)."
+)
 _RAISES_MISMATCH = (
     "tf.errors.FailedPreconditionError: ranks submitted ``name`` with different shapes, "
-    "dtypes, operations or roots (eagerly also an ``HvdliteMismatchError``).")
-_RAISES_REFUSED = ("tf.errors.InvalidArgumentError: an argument the runtime refused when the "
-                   "op ran (eagerly also a ``ValueError``).")
-_RAISES_STOPPED = ("HvdliteInternalError: the runtime stopped (a peer died or shut down) "
-                   "first; inside ``tf.function`` it reaches Python wrapped in a TensorFlow "
-                   "error.")
+    "dtypes, operations or roots (eagerly also an ``HvdliteMismatchError``)."
+)
+_RAISES_REFUSED = (
+    "tf.errors.InvalidArgumentError: an argument the runtime refused when the "
+    "op ran (eagerly also a ``ValueError``)."
+)
+_RAISES_STOPPED = (
+    "HvdliteInternalError: the runtime stopped (a peer died or shut down) "
+    "first; inside ``tf.function`` it reaches Python wrapped in a TensorFlow "
+    "error."
+)
 #: an op that starts a collective / one that also waits for its result
 _RAISES_START = (_RAISES_DTYPE,)
 _RAISES_WAIT = (_RAISES_DTYPE, _RAISES_MISMATCH, _RAISES_REFUSED, _RAISES_STOPPED)
 
 # np.asarray of an eager tensor is read-only; the runtime never writes into an input buffer
 # (torch warns when it wraps one).
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
-                        category=UserWarning)
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning
+)
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
 
 
 # -- the crossing ----------------------------------------------------------------------------
-_SUPPORTED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32,
-              tf.int64, tf.uint8, tf.uint16, tf.bool)
+_SUPPORTED = (
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.int8,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.uint8,
+    tf.uint16,
+    tf.bool,
+)
 #: dtypes the runtime has no buffers for (Gloo and torch have no uint16 arithmetic), and what
 #: carries them: (for reductions, a wider integer that holds every value and wraps back the
 #: same; for data movement, a dtype of the same bits)
@@ -131,12 +214,16 @@ def supported_tensor(t, name, what: str):
         TypeError: an unsupported dtype or not a tensor.
     """
     if isinstance(t, tf.IndexedSlices):
-        raise TypeError(f"{what} of {_label(name)}: IndexedSlices are handled by allreduce "
-                        f"only; densify with tf.convert_to_tensor")
+        raise TypeError(
+            f"{what} of {_label(name)}: IndexedSlices are handled by allreduce "
+            f"only; densify with tf.convert_to_tensor"
+        )
     t = tf.convert_to_tensor(t)
     if t.dtype not in _SUPPORTED:
-        raise TypeError(f"{what} of {_label(name)}: dtype {t.dtype.name} is not supported "
-                        f"(supported: {', '.join(d.name for d in _SUPPORTED)})")
+        raise TypeError(
+            f"{what} of {_label(name)}: dtype {t.dtype.name} is not supported "
+            f"(supported: {', '.join(d.name for d in _SUPPORTED)})"
+        )
     return t
 
 
@@ -155,15 +242,18 @@ def carried(tensors, arithmetic: bool):
         return tf.cast(t, wide) if arithmetic else tf.bitcast(t, bits)
 
     def back(outs):
-        return [o if d not in _CARRIED else tf.cast(o, d) if arithmetic else tf.bitcast(o, d)
-                for o, d in zip(outs, dtypes)]
+        return [
+            o if d not in _CARRIED else tf.cast(o, d) if arithmetic else tf.bitcast(o, d)
+            for o, d in zip(outs, dtypes)
+        ]
+
     return [there(t) for t in tensors], back
 
 
 def to_buffer(t):
     """The runtime's buffer over an eager tensor's memory (no copy where TF allows it)."""
     a = np.asarray(t)
-    if not a.flags.c_contiguous:          # never for a TF tensor; numpy scalars are fine
+    if not a.flags.c_contiguous:  # never for a TF tensor; numpy scalars are fine
         a = np.ascontiguousarray(a)
     return arrays.kind().from_numpy(a)
 
@@ -255,9 +345,10 @@ def _grad_name(name):
     return tf.compat.v1.get_default_graph().unique_name(f"{name}.grad")
 
 
-try:                                      # TensorFlow's own test, private: fall back to "yes"
+try:  # TensorFlow's own test, private: fall back to "yes"
     from tensorflow.python.eager.record import could_possibly_record as _could_record
-except ImportError:                       # pragma: no cover
+except ImportError:  # pragma: no cover
+
     def _could_record():
         return True
 
@@ -265,8 +356,10 @@ except ImportError:                       # pragma: no cover
 def _size_now(process_set) -> tf.Tensor:
     """The set's size as an int32 scalar: a constant eagerly, read when the graph runs
     otherwise (an elastic job's size changes under a traced ``tf.function``)."""
+
     def size():
         return tf.constant(ops.process_set_size(process_set), tf.int32)
+
     if tf.executing_eagerly():
         return size()
     out = tf.py_function(size, [], tf.int32)
@@ -312,9 +405,12 @@ def _collective(tensors, name, forward, shape_of, backward):
         outs = compute(*xs)
 
         def grad(*dys):
-            dys = [tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
-                   for d, o in zip(dys, outs)]
+            dys = [
+                tf.zeros_like(o) if d is None else tf.convert_to_tensor(d)
+                for d, o in zip(dys, outs)
+            ]
             return backward(xs, outs, dys)
+
         return outs, grad
 
     return list(op(*tensors))
@@ -329,8 +425,9 @@ def _rows_shape(x):
 def _allreduce_eager(tensors, name, grouped, rop, pre, post, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     outs = [empty_buffer_like(b) for b in bufs]
-    h = ops.allreduce_async(bufs, outs, name, grouped, rop, pre, post, process_set,
-                            list if grouped else None)
+    h = ops.allreduce_async(
+        bufs, outs, name, grouped, rop, pre, post, process_set, list if grouped else None
+    )
     res = ops.synchronize(h)
     return [from_buffer(r) for r in (res if grouped else [res])]
 
@@ -343,10 +440,10 @@ def _allreduce_dense(tensors, name, grouped, rop, pre, post, process_set):
 
     def backward(xs, outs, dys):
         if rop not in (Average, Sum):
-            raise NotImplementedError("the gradient of allreduce is defined for "
-                                      "hvd.Average and hvd.Sum only")
-        return _allreduce_dense(dys, _grad_name(name), grouped, rop, pre, post,
-                                process_set)
+            raise NotImplementedError(
+                "the gradient of allreduce is defined for hvd.Average and hvd.Sum only"
+            )
+        return _allreduce_dense(dys, _grad_name(name), grouped, rop, pre, post, process_set)
 
     return _collective(tensors, name, forward, lambda x: x.shape, backward)
 
@@ -360,11 +457,13 @@ def _check_sparse(rop, pre, post, name):
     if rop not in (Average, Sum):
         raise NotImplementedError(
             f"allreduce of IndexedSlices {_label(name)}: only hvd.Sum and hvd.Average are "
-            f"supported with tf.IndexedSlices (or densify with sparse_as_dense=True)")
+            f"supported with tf.IndexedSlices (or densify with sparse_as_dense=True)"
+        )
     if pre != 1.0 or post != 1.0:
         raise NotImplementedError(
             f"allreduce of IndexedSlices {_label(name)}: prescale_factor and "
-            f"postscale_factor are not supported with tf.IndexedSlices")
+            f"postscale_factor are not supported with tf.IndexedSlices"
+        )
 
 
 def _divided_by_size(values, process_set, name):
@@ -376,8 +475,10 @@ def _divided_by_size(values, process_set, name):
         TypeError: boolean values, which have no average.
     """
     if values.dtype == tf.bool:
-        raise TypeError(f"allreduce of IndexedSlices {_label(name)}: hvd.Average of bool "
-                        f"values is undefined; use hvd.Sum or cast the values")
+        raise TypeError(
+            f"allreduce of IndexedSlices {_label(name)}: hvd.Average of bool "
+            f"values is undefined; use hvd.Sum or cast the values"
+        )
     return tf.math.truediv(values, tf.cast(_size_now(process_set), values.dtype))
 
 
@@ -402,9 +503,19 @@ def _compressed(compression, tensors, run):
 
 
 @_args(tensor=_ALLREDUCE_TENSOR, raises=_RAISES_WAIT)
-def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
-              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
-              process_set=global_process_set, ignore_name_scope=False):
+def allreduce(
+    tensor,
+    average=None,
+    device_dense="",
+    device_sparse="",
+    compression=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    name=None,
+    process_set=global_process_set,
+    ignore_name_scope=False,
+):
     """Reduce ``tensor`` over the ranks (by default: average it) into a new tensor.
 
     Differentiable for ``hvd.Average`` and ``hvd.Sum``: the gradient is the same
@@ -427,15 +538,30 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         return _allreduce_sparse(tensor, name, rop, process_set)
     [tensor], back = carried([supported_tensor(tensor, name, "allreduce")], True)
     name = _name("allreduce", name, tensor)
-    out = _compressed(compression, [tensor], lambda ts: _allreduce_dense(
-        ts, name, False, rop, prescale_factor, postscale_factor, process_set))
+    out = _compressed(
+        compression,
+        [tensor],
+        lambda ts: _allreduce_dense(
+            ts, name, False, rop, prescale_factor, postscale_factor, process_set
+        ),
+    )
     return back(out)[0]
 
 
 @_args(tensors=_ALLREDUCE_TENSORS, raises=_RAISES_WAIT)
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set, ignore_name_scope=False, name=None):
+def grouped_allreduce(
+    tensors,
+    average=None,
+    device_dense="",
+    device_sparse="",
+    compression=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+    ignore_name_scope=False,
+    name=None,
+):
     """Reduce a list of tensors as one operation (fused together); a list of new tensors.
 
     Differentiable for ``hvd.Average`` and ``hvd.Sum``.
@@ -455,15 +581,21 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if len(dense_at) < len(tensors):
         _check_sparse(rop, prescale_factor, postscale_factor, name)
-    dense, back = carried([supported_tensor(tensors[i], name, "grouped_allreduce")
-                           for i in dense_at], True)
+    dense, back = carried(
+        [supported_tensor(tensors[i], name, "grouped_allreduce") for i in dense_at], True
+    )
     out: list = [None] * len(tensors)
     if not tf.executing_eagerly() and name is None:
         first = dense[0] if dense else tensors[0].values
         name = _graph_name("grouped_allreduce", first)
     if dense:
-        reduced = _compressed(compression, dense, lambda ts: _allreduce_dense(
-            ts, name, True, rop, prescale_factor, postscale_factor, process_set))
+        reduced = _compressed(
+            compression,
+            dense,
+            lambda ts: _allreduce_dense(
+                ts, name, True, rop, prescale_factor, postscale_factor, process_set
+            ),
+        )
         for i, r in zip(dense_at, back(reduced)):
             out[i] = r
     for i, t in enumerate(tensors):
@@ -478,10 +610,13 @@ def _allgather_eager(tensors, name, grouped, process_set) -> List[tf.Tensor]:
     bufs = [to_buffer(t) for t in tensors]
     for b, t in zip(bufs, tensors):
         if len(b.shape) == 0:
-            raise ValueError(f"allgather of {_label(name)}: a scalar has no first dimension to "
-                             f"concatenate; reshape it to [1]")
-    res = ops.synchronize(ops.allgather_async(bufs, name, grouped, process_set,
-                                              list if grouped else None))
+            raise ValueError(
+                f"allgather of {_label(name)}: a scalar has no first dimension to "
+                f"concatenate; reshape it to [1]"
+            )
+    res = ops.synchronize(
+        ops.allgather_async(bufs, name, grouped, process_set, list if grouped else None)
+    )
     return [from_buffer(r) for r in (res if grouped else [res])]
 
 
@@ -503,8 +638,7 @@ def _allgather(tensors, name, grouped, process_set):
             allrows = _rows_before_me(rows, _sub(gname, "rows"), process_set)
             me = ops.process_set_rank(process_set)
             offsets = allrows[:me].sum(0)
-            return [s[int(o):int(o) + int(n)]
-                    for s, o, n in zip(summed, offsets, allrows[me])]
+            return [s[int(o) : int(o) + int(n)] for s, o, n in zip(summed, offsets, allrows[me])]
 
         res = _run(gradients, [rows] + dys, [d.dtype for d in dys], gname)
         for r, x in zip(res, xs):
@@ -533,15 +667,14 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
         return tf.IndexedSlices(
             allgather(tensor.values, _sub(name, "values"), process_set=process_set),
             allgather(tensor.indices, _sub(name, "indices"), process_set=process_set),
-            dense_shape=tensor.dense_shape)
+            dense_shape=tensor.dense_shape,
+        )
     [tensor], back = carried([supported_tensor(tensor, name, "allgather")], False)
-    return back(_allgather([tensor], _name("allgather", name, tensor), False,
-                           process_set))[0]
+    return back(_allgather([tensor], _name("allgather", name, tensor), False, process_set))[0]
 
 
 @_args(raises=_RAISES_WAIT)
-def grouped_allgather(tensors, name=None, ignore_name_scope=False,
-                      process_set=global_process_set):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """:func:`allgather` of several tensors as one operation (differentiable).
 
     Returns:
@@ -550,12 +683,14 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     Raises:
         ValueError: an input is a scalar, or ``name`` is too long.
     """
-    tensors, back = carried([supported_tensor(t, name, "grouped_allgather") for t in tensors],
-                            False)
+    tensors, back = carried(
+        [supported_tensor(t, name, "grouped_allgather") for t in tensors], False
+    )
     if not tensors:
         return []
-    return back(_allgather(tensors, _name("grouped_allgather", name, tensors[0]), True,
-                           process_set))
+    return back(
+        _allgather(tensors, _name("grouped_allgather", name, tensors[0]), True, process_set)
+    )
 
 
 # -- broadcast -------------------------------------------------------------------------------
@@ -563,13 +698,13 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 def _broadcast_eager(t, root_rank, name, process_set) -> tf.Tensor:
     buf = to_buffer(t)
     out = arrays.kind().clone(buf) if rank() == root_rank else empty_buffer_like(buf)
-    return from_buffer(ops.synchronize(ops.broadcast_async(buf, out, root_rank, name,
-                                                           process_set)))
+    return from_buffer(ops.synchronize(ops.broadcast_async(buf, out, root_rank, name, process_set)))
 
 
 @_args(tensor=_BROADCAST_TENSOR, raises=_RAISES_WAIT)
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
-              process_set=global_process_set):
+def broadcast(
+    tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set
+):
     """The root's ``tensor`` on every rank, in a new tensor.
 
     Differentiable: the output gradients are averaged over the ranks and flow to
@@ -585,8 +720,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     name = _name("broadcast", name, tensor)
 
     def compute(x):
-        [o] = _run(lambda v: [_broadcast_eager(v, root_rank, name, process_set)], [x],
-                   [x.dtype], name)
+        [o] = _run(
+            lambda v: [_broadcast_eager(v, root_rank, name, process_set)], [x], [x.dtype], name
+        )
         o.set_shape(x.shape)
         return o
 
@@ -601,10 +737,12 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
             def backward(g):
                 [s] = _allreduce_eager([g], gname, False, Average, 1.0, 1.0, process_set)
                 return [s if rank() == root_rank else tf.zeros_like(s)]
+
             dy = tf.convert_to_tensor(dy)
             [s] = _run(backward, [dy], [dy.dtype], gname)
             s.set_shape(x.shape)
             return s
+
         return compute(x), grad
 
     return op(tensor)
@@ -615,8 +753,10 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 def _alltoall_eager(t, splits, name, process_set):
     buf = to_buffer(t)
     if len(buf.shape) == 0:
-        raise ValueError(f"alltoall of {_label(name)}: a scalar has no first dimension to "
-                         f"split; reshape it to [1]")
+        raise ValueError(
+            f"alltoall of {_label(name)}: a scalar has no first dimension to "
+            f"split; reshape it to [1]"
+        )
     if splits is not None:
         splits = [int(s) for s in np.asarray(splits).reshape(-1)]
     out, received = ops.synchronize(ops.alltoall_async(buf, splits, name, process_set))
@@ -624,8 +764,9 @@ def _alltoall_eager(t, splits, name, process_set):
 
 
 @_args(raises=_RAISES_WAIT)
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
-             process_set=global_process_set):
+def alltoall(
+    tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set
+):
     """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; receive every rank's rows for
     this one.
 
@@ -646,7 +787,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     def compute(x, *sp):
         out, received = _run(
             lambda v, *s: _alltoall_eager(v, s[0] if s else None, name, process_set),
-            [x, *sp], [x.dtype, tf.int32], name)
+            [x, *sp],
+            [x.dtype, tf.int32],
+            name,
+        )
         out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         received.set_shape([None])
         return out, received
@@ -665,10 +809,15 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
         def grad(dy, _unused=None):
             dy, gname = tf.convert_to_tensor(dy), _grad_name(name)
-            [back, _] = _run(lambda g, s: _alltoall_eager(g, s, gname, process_set),
-                             [dy, received], [dy.dtype, tf.int32], gname)
+            [back, _] = _run(
+                lambda g, s: _alltoall_eager(g, s, gname, process_set),
+                [dy, received],
+                [dy.dtype, tf.int32],
+                gname,
+            )
             back.set_shape(x.shape)
             return back
+
         return (out, tf.stop_gradient(received)), grad
 
     out, received = op(tensor)
@@ -679,8 +828,11 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
     @as_tf_errors
     def forward(*xs):
         bufs = [to_buffer(x) for x in xs]
-        res = ops.synchronize(ops.reducescatter_async(bufs, rop, name, grouped, pre, post,
-                                                      process_set, list if grouped else None))
+        res = ops.synchronize(
+            ops.reducescatter_async(
+                bufs, rop, name, grouped, pre, post, process_set, list if grouped else None
+            )
+        )
         return [from_buffer(r) for r in (res if grouped else [res])]
 
     def backward(xs, outs, dys):
@@ -696,9 +848,17 @@ def _reducescatter(tensors, name, grouped, rop, pre, post, process_set):
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
-def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
-                  process_set=global_process_set, ignore_name_scope=False,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(
+    tensor,
+    device_dense="",
+    compression=None,
+    op=Average,
+    name=None,
+    process_set=global_process_set,
+    ignore_name_scope=False,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """This rank's slice (along the first dimension) of the reduction of ``tensor``.
 
     Differentiable: the gradient is the allgather of the output gradients (times the
@@ -714,14 +874,29 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     rop = ops.reduce_op(None, op, name or "reducescatter")
     [tensor], back = carried([supported_tensor(tensor, name, "reducescatter")], True)
     name = _name("reducescatter", name, tensor)
-    return back(_compressed(compression, [tensor], lambda ts: _reducescatter(
-        ts, name, False, rop, prescale_factor, postscale_factor, process_set)))[0]
+    return back(
+        _compressed(
+            compression,
+            [tensor],
+            lambda ts: _reducescatter(
+                ts, name, False, rop, prescale_factor, postscale_factor, process_set
+            ),
+        )
+    )[0]
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
-def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0, name=None, ignore_name_scope=False):
+def grouped_reducescatter(
+    tensors,
+    device_dense="",
+    compression=None,
+    op=Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    name=None,
+    ignore_name_scope=False,
+):
     """:func:`reducescatter` of several tensors as one operation (differentiable).
 
     Returns:
@@ -731,13 +906,21 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
         ValueError: ``op`` is neither Average nor Sum, or ``name`` is too long.
     """
     rop = ops.reduce_op(None, op, name or "grouped_reducescatter")
-    tensors, back = carried([supported_tensor(t, name, "grouped_reducescatter")
-                             for t in tensors], True)
+    tensors, back = carried(
+        [supported_tensor(t, name, "grouped_reducescatter") for t in tensors], True
+    )
     if not tensors:
         return []
     name = _name("grouped_reducescatter", name, tensors[0])
-    return back(_compressed(compression, tensors, lambda ts: _reducescatter(
-        ts, name, True, rop, prescale_factor, postscale_factor, process_set)))
+    return back(
+        _compressed(
+            compression,
+            tensors,
+            lambda ts: _reducescatter(
+                ts, name, True, rop, prescale_factor, postscale_factor, process_set
+            ),
+        )
+    )
 
 
 # -- join, barrier ---------------------------------------------------------------------------
@@ -754,8 +937,12 @@ def join() -> int:
         HvdliteInternalError: the runtime stopped before every rank joined.
     """
     if not tf.executing_eagerly():
-        return _run(lambda: [tf.constant(ops.join(), tf.int32)], [], [tf.int32],
-                    tf.compat.v1.get_default_graph().unique_name("join"))[0]
+        return _run(
+            lambda: [tf.constant(ops.join(), tf.int32)],
+            [],
+            [tf.int32],
+            tf.compat.v1.get_default_graph().unique_name("join"),
+        )[0]
     return ops.join()
 
 
@@ -770,9 +957,10 @@ def barrier(process_set=global_process_set) -> None:
         HvdliteInternalError: the runtime stopped before every member arrived.
     """
     if not tf.executing_eagerly():
+
         def fn():
             ops.barrier(process_set)
             return [tf.constant(0, tf.int32)]
-        return _run(fn, [], [tf.int32],
-                    tf.compat.v1.get_default_graph().unique_name("barrier"))[0]
+
+        return _run(fn, [], [tf.int32], tf.compat.v1.get_default_graph().unique_name("barrier"))[0]
     ops.barrier(process_set)

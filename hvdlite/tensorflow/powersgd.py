@@ -29,9 +29,11 @@ class PowerSGD(PowerSGDSettings):
     with the variable's position and shape)."""
 
     def _refuse(self, *_args, **_kwargs):
-        raise TypeError("hvd.Compression.powersgd(...) keeps state across steps, so it works "
-                        "only as keras DistributedOptimizer(opt, compression=...); the "
-                        "collectives take hvd.Compression.none or hvd.Compression.fp16")
+        raise TypeError(
+            "hvd.Compression.powersgd(...) keeps state across steps, so it works "
+            "only as keras DistributedOptimizer(opt, compression=...); the "
+            "collectives take hvd.Compression.none or hvd.Compression.fp16"
+        )
 
     compress = _refuse
     decompress = _refuse
@@ -72,23 +74,32 @@ def keras_members(base, spec: PowerSGD, settings: dict, reduce_gradients) -> dic
             if shape is None:
                 continue
             n, m, r = shape
-            error = self.add_variable(shape=(n, m), initializer="zeros", dtype=v.dtype,
-                                      name="hvdlite_powersgd_error")
+            error = self.add_variable(
+                shape=(n, m), initializer="zeros", dtype=v.dtype, name="hvdlite_powersgd_error"
+            )
             first = spec.initial_q(i, m, r)
-            q = self.add_variable(shape=(m, r), dtype=v.dtype, name="hvdlite_powersgd_q",
-                                  initializer=lambda shape, dtype=None, first=first:
-                                  tf.constant(first, dtype=dtype))
+            q = self.add_variable(
+                shape=(m, r),
+                dtype=v.dtype,
+                name="hvdlite_powersgd_q",
+                initializer=lambda shape, dtype=None, first=first: tf.constant(first, dtype=dtype),
+            )
             self._hvdlite_powersgd[self._get_variable_index(v)] = (error, q)
         self._hvdlite_powersgd_step = self.add_variable(
-            shape=(), initializer="zeros", dtype="int64", name="hvdlite_powersgd_step")
+            shape=(), initializer="zeros", dtype="int64", name="hvdlite_powersgd_step"
+        )
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         trainable_variables = built_for(self, trainable_variables)
-        state = [self._hvdlite_powersgd.get(self._get_variable_index(v)) for v in
-                 trainable_variables]
-        at = [i for i, (g, st) in enumerate(zip(grads, state))
-              if st is not None and g is not None and not isinstance(g, tf.IndexedSlices)]
+        state = [
+            self._hvdlite_powersgd.get(self._get_variable_index(v)) for v in trainable_variables
+        ]
+        at = [
+            i
+            for i, (g, st) in enumerate(zip(grads, state))
+            if st is not None and g is not None and not isinstance(g, tf.IndexedSlices)
+        ]
         rest = [None if i in at else g for i, g in enumerate(grads)]
         reduced = reduce_gradients(rest, **settings)
         mine = [grads[i] for i in at]
@@ -121,8 +132,14 @@ def _powersgd_step(grads, states, settings):
     for m, p, q, (e, _) in zip(ms, ps, qs, states):
         e.assign(m - tf.matmul(p, q, transpose_b=True))
     factor = settings.get("gradient_predivide_factor", 1.0)
-    qs = mpi_ops.grouped_allreduce(qs, op=settings["op"], prescale_factor=1.0 / factor,
-                                   postscale_factor=factor, name="keras.powersgd.Q", **ps_kw)
+    qs = mpi_ops.grouped_allreduce(
+        qs,
+        op=settings["op"],
+        prescale_factor=1.0 / factor,
+        postscale_factor=factor,
+        name="keras.powersgd.Q",
+        **ps_kw,
+    )
     out = []
     for g, p, q, (_, q_var) in zip(grads, ps, qs, states):
         q_var.assign(q)

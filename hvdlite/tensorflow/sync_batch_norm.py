@@ -33,12 +33,16 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     def __init__(self, *args, fused=False, **kwargs):
         if fused in (True, None):
-            raise ValueError(f"SyncBatchNormalization: fused={fused} is not supported (the "
-                             f"batch statistics are summed over the ranks, not computed by "
-                             f"a fused kernel); leave fused out or pass fused=False")
+            raise ValueError(
+                f"SyncBatchNormalization: fused={fused} is not supported (the "
+                f"batch statistics are summed over the ranks, not computed by "
+                f"a fused kernel); leave fused out or pass fused=False"
+            )
         if kwargs.get("synchronized"):
-            raise ValueError("SyncBatchNormalization synchronizes over the hvdlite ranks; "
-                             "synchronized=True (tf.distribute's) cannot be combined with it")
+            raise ValueError(
+                "SyncBatchNormalization synchronizes over the hvdlite ranks; "
+                "synchronized=True (tf.distribute's) cannot be combined with it"
+            )
         super().__init__(*args, **kwargs)
 
     def _moments(self, inputs, mask):
@@ -52,8 +56,13 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         else:
             weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), x.dtype)
         total, squares, count = mpi_ops.grouped_allreduce(
-            [tf.reduce_sum(x * weights, axes), tf.reduce_sum(x * x * weights, axes),
-             tf.reduce_sum(weights, axes)], op=mpi_ops.Sum)
+            [
+                tf.reduce_sum(x * weights, axes),
+                tf.reduce_sum(x * x * weights, axes),
+                tf.reduce_sum(weights, axes),
+            ],
+            op=mpi_ops.Sum,
+        )
         count = tf.maximum(count, 1.0)
         mean = total / count
         variance = tf.maximum(squares / count - mean * mean, 0.0)

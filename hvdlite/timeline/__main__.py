@@ -11,12 +11,17 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["doctor"]:
         from hvdlite.timeline import doctor
+
         return doctor.main(argv[1:])
-    p = argparse.ArgumentParser(prog="python -m hvdlite.timeline",
-                                description="Summarise an hvdlite timeline (Chrome trace).")
+    p = argparse.ArgumentParser(
+        prog="python -m hvdlite.timeline",
+        description="Summarise an hvdlite timeline (Chrome trace).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="diagnose a failed job from its flight-recorder dumps "
-                                  "(see hvdlite-doctor --help)")
+    sub.add_parser(
+        "doctor",
+        help="diagnose a failed job from its flight-recorder dumps (see hvdlite-doctor --help)",
+    )
     s = sub.add_parser("summary", help="time per tensor and phase, and the ranks waited for")
     s.add_argument("trace", help="timeline file (complete, or cut short by a killed job)")
     s.add_argument("--plot", metavar="PNG", help="also draw the summary into this PNG file")

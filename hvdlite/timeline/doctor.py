@@ -32,7 +32,7 @@ def _describe(op: dict) -> str:
 
 def _set_ranks(key: str, size: int) -> List[int]:
     if key.startswith("ranks "):
-        return [int(r) for r in key[len("ranks "):].split(",")]
+        return [int(r) for r in key[len("ranks ") :].split(",")]
     return list(range(size))
 
 
@@ -75,8 +75,10 @@ def _mismatch_findings(job: Job, keyed) -> List[str]:
     for i, (_, (pset, name, cycle), recs) in enumerate(sorted(found, key=lambda f: f[0])):
         what = ", ".join(f"rank {r} {_describe(op)}" for r, op in sorted(recs.items()))
         head = "first divergence" if i == 0 else "divergence"
-        lines.append(f"{head}: tensor {name!r} (process set {pset}, cycle {cycle}) was "
-                     f"submitted differently: {what}")
+        lines.append(
+            f"{head}: tensor {name!r} (process set {pset}, cycle {cycle}) was "
+            f"submitted differently: {what}"
+        )
         lines.append(_last_arrival(name, recs))
     return lines
 
@@ -86,14 +88,21 @@ def _last_arrival(name: str, recs: Dict[int, dict]) -> str:
     if len(times) < 2:
         return f"only rank {times[0][1]} has a record of {name!r}"
     (first, r0), (last, r1) = times[0], times[-1]
-    return (f"last to arrive at {name!r}: rank {r1}, {last - first:.3f} s after rank {r0} "
-            f"(wall clocks of the ranks' hosts)")
+    return (
+        f"last to arrive at {name!r}: rank {r1}, {last - first:.3f} s after rank {r0} "
+        f"(wall clocks of the ranks' hosts)"
+    )
 
 
 def _unmatched(job: Job, rank: int, pset: str, name: str, done_cycles) -> List[dict]:
     """``rank``'s records of ``name`` that are not one of the completed instances."""
-    return [op for op in job.ops(rank) if op["process_set"] == pset and op["name"] == name
-            and not (op["state"] == "done" and op["cycle"] in done_cycles)]
+    return [
+        op
+        for op in job.ops(rank)
+        if op["process_set"] == pset
+        and op["name"] == name
+        and not (op["state"] == "done" and op["cycle"] in done_cycles)
+    ]
 
 
 def _missing_findings(job: Job) -> Tuple[List[str], List[Tuple[float, str]]]:
@@ -108,9 +117,14 @@ def _missing_findings(job: Job) -> Tuple[List[str], List[Tuple[float, str]]]:
             pset, name = op["process_set"], op["name"]
             key = (pset, name)
             state = op["state"] + (f" ({op['error']})" if op["error"] else "")
-            stuck.append((op["submitted"], f"never completed: tensor {name!r} "
-                          f"({_describe(op)}, process set {pset}) on rank {rank}: {state} "
-                          f"after {op['duration_s']:.3f} s"))
+            stuck.append(
+                (
+                    op["submitted"],
+                    f"never completed: tensor {name!r} "
+                    f"({_describe(op)}, process set {pset}) on rank {rank}: {state} "
+                    f"after {op['duration_s']:.3f} s",
+                )
+            )
             if key in seen:
                 continue
             seen.add(key)
@@ -121,28 +135,36 @@ def _missing_findings(job: Job) -> Tuple[List[str], List[Tuple[float, str]]]:
 
 def _who_never_reached(job: Job, rank: int, op: dict) -> List[str]:
     pset, name = op["process_set"], op["name"]
-    done_cycles = {o["cycle"] for o in job.ops(rank)
-                   if o["name"] == name and o["process_set"] == pset and o["state"] == "done"}
+    done_cycles = {
+        o["cycle"]
+        for o in job.ops(rank)
+        if o["name"] == name and o["process_set"] == pset and o["state"] == "done"
+    }
     have, never, unknown = [], [], []
     for peer in _set_ranks(pset, job.size):
         if peer not in job.by_rank:
             unknown.append(peer)
         elif _unmatched(job, peer, pset, name, done_cycles):
             have.append(peer)
-        elif job.wrapped(peer) and job.ops(peer) and \
-                job.ops(peer)[0]["submitted"] > op["submitted"]:
-            unknown.append(peer)        # its ring no longer reaches back that far
+        elif (
+            job.wrapped(peer) and job.ops(peer) and job.ops(peer)[0]["submitted"] > op["submitted"]
+        ):
+            unknown.append(peer)  # its ring no longer reaches back that far
         else:
             never.append(peer)
     lines = []
     if never:
-        lines.append(f"missing op: tensor {name!r} ({_describe(op)}, process set {pset}) "
-                     f"was submitted by ranks {have} but never by ranks {never}")
+        lines.append(
+            f"missing op: tensor {name!r} ({_describe(op)}, process set {pset}) "
+            f"was submitted by ranks {have} but never by ranks {never}"
+        )
         for peer in never:
             lines.append(f"rank {peer} was instead at: {_last_op(job, peer)}")
     if unknown:
-        lines.append(f"tensor {name!r}: no record to tell whether ranks {unknown} reached it "
-                     f"(no dump, or their ring had wrapped)")
+        lines.append(
+            f"tensor {name!r}: no record to tell whether ranks {unknown} reached it "
+            f"(no dump, or their ring had wrapped)"
+        )
     return lines
 
 
@@ -168,8 +190,10 @@ def _lateness(job: Job, keyed) -> Optional[str]:
     if not counts:
         return None
     r, n = counts.most_common(1)[0]
-    return (f"rank {r} was the last to submit in {n} of {total} completed operations "
-            f"(all ranks: {dict(sorted(counts.items()))})")
+    return (
+        f"rank {r} was the last to submit in {n} of {total} completed operations "
+        f"(all ranks: {dict(sorted(counts.items()))})"
+    )
 
 
 def diagnose(dumps: List[dict]) -> List[str]:
@@ -178,13 +202,19 @@ def diagnose(dumps: List[dict]) -> List[str]:
         return ["no flight-recorder dumps given"]
     job = Job(dumps)
     first = dumps[0]
-    lines = [f"read {len(job.by_rank)} dumps of job {first['job_id']} (size {job.size}): "
-             + "; ".join(f"rank {r} on {d['hostname']} pid {d['pid']}: {d['reason']}"
-                         for r, d in sorted(job.by_rank.items()))]
+    lines = [
+        f"read {len(job.by_rank)} dumps of job {first['job_id']} (size {job.size}): "
+        + "; ".join(
+            f"rank {r} on {d['hostname']} pid {d['pid']}: {d['reason']}"
+            for r, d in sorted(job.by_rank.items())
+        )
+    ]
     absent = [r for r in range(job.size) if r not in job.by_rank]
     if absent:
-        lines.append(f"no dump from ranks {absent} (they exited cleanly, were killed, or "
-                     f"wrote on another host)")
+        lines.append(
+            f"no dump from ranks {absent} (they exited cleanly, were killed, or "
+            f"wrote on another host)"
+        )
     keyed = _completed_by_key(job)
     lines += _mismatch_findings(job, keyed)
     missing, stuck = _missing_findings(job)
@@ -207,7 +237,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="hvdlite-doctor",
         description="Diagnose a failed or hung hvdlite job from its ranks' flight-recorder "
-                    "dumps (flight-rank<R>.json).")
+        "dumps (flight-rank<R>.json).",
+    )
     p.add_argument("paths", nargs="+", help="dump directories or files")
     args = p.parse_args(argv)
     dumps = []
@@ -217,8 +248,9 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as exc:
             print(f"hvdlite-doctor: {exc}", file=sys.stderr)
     if not dumps:
-        print(f"hvdlite-doctor: no flight-recorder dumps in {' '.join(args.paths)}",
-              file=sys.stderr)
+        print(
+            f"hvdlite-doctor: no flight-recorder dumps in {' '.join(args.paths)}", file=sys.stderr
+        )
         return 2
     print("\n".join(diagnose(dumps)))
     return 0

@@ -20,8 +20,13 @@ _BAR = 30
 
 
 def _trace_start_us(events: List[dict]) -> Optional[float]:
-    starts = [ev["ts"] for ev in events if isinstance(ev.get("ts"), (int, float))
-              and ev.get("ph") in ("X", "i") and ev.get("name") != LATE_NAME]
+    starts = [
+        ev["ts"]
+        for ev in events
+        if isinstance(ev.get("ts"), (int, float))
+        and ev.get("ph") in ("X", "i")
+        and ev.get("name") != LATE_NAME
+    ]
     return min(starts) if starts else None
 
 
@@ -76,21 +81,24 @@ def lateness(events: List[dict]) -> Tuple[str, Dict[int, Tuple[int, float]], flo
     return source, {r: (int(c), s) for r, (c, s) in per.items()}, span
 
 
-def format_table(source: str, per: Dict[int, Tuple[int, float]], span_s: float,
-                 bars: bool) -> str:
+def format_table(source: str, per: Dict[int, Tuple[int, float]], span_s: float, bars: bool) -> str:
     """The lateness table, latest rank first; ``bars`` adds a text bar of the time."""
     if not per:
         return "per-rank lateness: no rank kept the others waiting in this trace"
-    lines = [f"ranks waited for (from {source}): a rank is late in a cycle when it was "
-             f"ready last; 'waited ms' is how long the others waited for it then",
-             f"  {'rank':>5s} {'cycles late':>11s} {'waited ms':>10s} {'ms per cycle':>12s} "
-             f"{'% of trace span':>15s}"]
+    lines = [
+        f"ranks waited for (from {source}): a rank is late in a cycle when it was "
+        f"ready last; 'waited ms' is how long the others waited for it then",
+        f"  {'rank':>5s} {'cycles late':>11s} {'waited ms':>10s} {'ms per cycle':>12s} "
+        f"{'% of trace span':>15s}",
+    ]
     top = max(s for _, s in per.values()) or 1.0
     for r, (count, secs) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         bar = " " + "#" * max(1, round(_BAR * secs / top)) if bars else ""
         share = f"{100.0 * secs / span_s:>14.1f}%" if span_s > 0 else f"{'-':>15s}"
-        lines.append(f"  {r:>5d} {count:>11d} {1e3 * secs:>10.2f} "
-                     f"{1e3 * secs / max(count, 1):>12.2f} {share}{bar}")
+        lines.append(
+            f"  {r:>5d} {count:>11d} {1e3 * secs:>10.2f} "
+            f"{1e3 * secs / max(count, 1):>12.2f} {share}{bar}"
+        )
     return "\n".join(lines)
 
 
@@ -121,20 +129,25 @@ def report(trace: str, summary_plot: Optional[str] = None) -> str:
     events = load_events(trace)
     source, per, span = lateness(events)
     start = startup_wait(events)
-    note = "" if start is None else (
-        f"\nat the first collective the others waited {1e3 * start[1]:.2f} ms for rank "
-        f"{start[0]} (start-up: a rank still importing or building its model; not counted "
-        f"above)")
+    note = (
+        ""
+        if start is None
+        else (
+            f"\nat the first collective the others waited {1e3 * start[1]:.2f} ms for rank "
+            f"{start[0]} (start-up: a rank still importing or building its model; not counted "
+            f"above)"
+        )
+    )
     return _table_and_plot(source, per, span, summary_plot) + note
 
 
-def _table_and_plot(source: str, per: Dict[int, Tuple[int, float]], span: float,
-                    summary_plot: Optional[str]) -> str:
+def _table_and_plot(
+    source: str, per: Dict[int, Tuple[int, float]], span: float, summary_plot: Optional[str]
+) -> str:
     if summary_plot and per:
         stem = summary_plot[:-4] if summary_plot.lower().endswith(".png") else summary_plot
         path = stem + "-lateness.png"
         if plot(per, path):
             return format_table(source, per, span, False) + f"\nlateness plot written to {path}"
-        return (format_table(source, per, span, True) +
-                "\n(matplotlib is not installed: text bars)")
+        return format_table(source, per, span, True) + "\n(matplotlib is not installed: text bars)"
     return format_table(source, per, span, False)

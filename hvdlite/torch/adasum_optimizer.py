@@ -31,8 +31,13 @@ from hvdlite.torch.optimizer_hooks import HookedOptimizer, rebind
 class _DistributedAdasumOptimizer(HookedOptimizer):
     """Mixin placed in front of the user's optimizer class; never instantiated directly."""
 
-    def _hvd_adasum_setup(self, names: Dict[torch.Tensor, str], compression,
-                          backward_passes_per_step: int, process_set):
+    def _hvd_adasum_setup(
+        self,
+        names: Dict[torch.Tensor, str],
+        compression,
+        backward_passes_per_step: int,
+        process_set,
+    ):
         """Set up the wrapper's state and hooks; the arguments are checked by the caller."""
         self._hvd_names = names
         self._parameter_names = names  # Horovod's attribute, read by user code
@@ -40,12 +45,14 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
         self._hvd_bpps = int(backward_passes_per_step)
         self._hvd_process_set = process_set
         self._hvd_params: List[torch.Tensor] = [
-            p for g in self.param_groups for p in g["params"] if p.requires_grad]
+            p for g in self.param_groups for p in g["params"] if p.requires_grad
+        ]
         self._hvd_delay = {p: self._hvd_bpps for p in self._hvd_params}
         # per parameter: its delta (and the reduction's result, for Compression.none)
-        self._hvd_deltas = {p: torch.zeros_like(p, memory_format=torch.contiguous_format)
-                            for p in self._hvd_params}
-        self._hvd_handles: Dict[torch.Tensor, tuple] = {}   # p -> (handle, ctx, compressed)
+        self._hvd_deltas = {
+            p: torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self._hvd_params
+        }
+        self._hvd_handles: Dict[torch.Tensor, tuple] = {}  # p -> (handle, ctx, compressed)
         self._hvd_attach_hooks()
 
     # -- one parameter: local step, then the reduction of its delta ----------------------
@@ -58,7 +65,7 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
         """Step the wrapped optimizer on ``p`` alone, put ``p`` back and reduce the change."""
         delta = self._hvd_deltas[p]
         with torch.no_grad():
-            delta.copy_(p)                      # the old value, until the delta replaces it
+            delta.copy_(p)  # the old value, until the delta replaces it
         stashed = [g["params"] for g in self.param_groups]
         try:
             for g in self.param_groups:
@@ -68,13 +75,14 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
             for g, params in zip(self.param_groups, stashed):
                 g["params"] = params
         with torch.no_grad():
-            change = torch.sub(p, delta)        # new - old, as Horovod computes it
-            p.copy_(delta)                      # the exact old value: every rank adds the same
-            delta.copy_(change)                 # reduced delta to the same bits in step()
+            change = torch.sub(p, delta)  # new - old, as Horovod computes it
+            p.copy_(delta)  # the exact old value: every rank adds the same
+            delta.copy_(change)  # reduced delta to the same bits in step()
         compressed, ctx = self._hvd_compression.compress(delta)
         kw = {} if self._hvd_process_set is None else {"process_set": self._hvd_process_set}
-        h = mpi_ops.allreduce_async_(compressed, name="allreduce." + self._hvd_names[p],
-                                     op=mpi_ops.Adasum, **kw)
+        h = mpi_ops.allreduce_async_(
+            compressed, name="allreduce." + self._hvd_names[p], op=mpi_ops.Adasum, **kw
+        )
         self._hvd_handles[p] = (h, ctx, compressed)
 
     # -- public API --------------------------------------------------------------------
@@ -113,14 +121,16 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
         raise NotImplementedError(
             "DistributedOptimizer(op=Adasum): skip_synchronize() is not supported; each "
             "parameter's local step runs as soon as its gradient is ready, so gradients "
-            "cannot be modified (e.g. clipped) before step()")
+            "cannot be modified (e.g. clipped) before step()"
+        )
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hvd_handles:
             raise RuntimeError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step(); the Adasum reductions started by backward are still in "
-                "flight. Call step() before zero_grad().")
+                "flight. Call step() before zero_grad()."
+            )
         for p in self._hvd_params:
             self._hvd_delay[p] = self._hvd_bpps
         return super().zero_grad(set_to_none)
@@ -132,8 +142,13 @@ class _DistributedAdasumOptimizer(HookedOptimizer):
             self._hvd_delay[p] = self._hvd_bpps
 
 
-def wrap(optimizer: torch.optim.Optimizer, names: Dict[torch.Tensor, str], compression,
-         backward_passes_per_step: int, process_set) -> _DistributedAdasumOptimizer:
+def wrap(
+    optimizer: torch.optim.Optimizer,
+    names: Dict[torch.Tensor, str],
+    compression,
+    backward_passes_per_step: int,
+    process_set,
+) -> _DistributedAdasumOptimizer:
     """``optimizer`` as an Adasum DistributedOptimizer (still an instance of the user's
     class), ``names`` naming every parameter; ``DistributedOptimizer(op=Adasum)`` checks
     the arguments, this module sets up what it alone knows."""

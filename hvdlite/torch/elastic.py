@@ -23,8 +23,12 @@ import torch.utils.data
 
 from hvdlite.common import basics
 from hvdlite.common.elastic_state import ObjectState, State, run_fn
-from hvdlite.torch.functions import (allgather_object, broadcast_object,
-                                     broadcast_optimizer_state, broadcast_parameters)
+from hvdlite.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from hvdlite.torch.mpi_ops import rank, size
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
@@ -93,7 +97,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self.processed_indices: set = set()
         self.indices: List[int] = []
-        self._shards: List[List[int]] = []       # every rank's indices of the current pass
+        self._shards: List[List[int]] = []  # every rank's indices of the current pass
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
@@ -136,7 +140,7 @@ class ElasticSampler(torch.utils.data.Sampler):
             A list of up to ``batch_size`` dataset indices (fewer at the end of the shard).
         """
         start = batch_idx * batch_size
-        return self.indices[start:min(start + batch_size, len(self.indices))]
+        return self.indices[start : min(start + batch_size, len(self.indices))]
 
     def state_dict(self) -> Dict[str, Any]:
         """The sampler's position, for :class:`TorchState` to save and broadcast.
@@ -167,10 +171,13 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.total_size = self.num_samples * self.num_replicas
 
     def __iter__(self) -> Iterator[int]:
-        padded = self.remaining_indices + \
-            self.remaining_indices[:self.total_size - len(self.remaining_indices)]
-        self._shards = [padded[r:self.total_size:self.num_replicas]
-                        for r in range(self.num_replicas)]
+        padded = (
+            self.remaining_indices
+            + self.remaining_indices[: self.total_size - len(self.remaining_indices)]
+        )
+        self._shards = [
+            padded[r : self.total_size : self.num_replicas] for r in range(self.num_replicas)
+        ]
         self.indices = self._shards[self.rank]
         return iter(self.indices)
 
@@ -205,16 +212,21 @@ class _OptimizerHandler(_Handler):
 class _SamplerHandler(_Handler):
     def sync(self) -> None:
         # every rank processed its own shard: the union is what the epoch has done
-        done = set().union(*allgather_object(self.value.processed_indices,
-                                             name="elastic.sampler.processed"))
+        done = set().union(
+            *allgather_object(self.value.processed_indices, name="elastic.sampler.processed")
+        )
         state = self.value.state_dict()
         state["processed_indices"] = done
-        self.value.load_state_dict(broadcast_object(state, root_rank=0,
-                                                    name="elastic.sampler.state"))
+        self.value.load_state_dict(
+            broadcast_object(state, root_rank=0, name="elastic.sampler.state")
+        )
 
 
-_HANDLERS = ((torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler),
-             (ElasticSampler, _SamplerHandler))
+_HANDLERS = (
+    (torch.nn.Module, _ModelHandler),
+    (torch.optim.Optimizer, _OptimizerHandler),
+    (ElasticSampler, _SamplerHandler),
+)
 
 
 def _bcast(obj):

@@ -21,16 +21,24 @@ from typing import List
 import torch
 
 from hvdlite.common import api_docs
-from hvdlite.common.objects import (allgather_object, broadcast_bytes,  # noqa: F401
-                                    broadcast_object, check_root)
+from hvdlite.common.objects import (
+    allgather_object,
+    broadcast_bytes,  # noqa: F401
+    broadcast_object,
+    check_root,
+)
 from hvdlite.common.process_sets import global_process_set
 from hvdlite.torch import mpi_ops
 from hvdlite.torch.optimizer import broadcast_compression_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object"]
+__all__ = [
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "broadcast_object",
+    "allgather_object",
+]
 
 
 def _ps_kw(process_set) -> dict:
@@ -39,11 +47,15 @@ def _ps_kw(process_set) -> dict:
 
 # --- parameters --------------------------------------------------------------------------
 
-_PARAMS = ("``model.state_dict()`` (a mapping name -> tensor, buffers included) or "
-           "``model.named_parameters()`` (an iterable of ``(name, tensor)``).  Names must be "
-           "the same on every rank; they name the broadcasts in errors.")
-_OPTIMIZER = ("a ``torch.optim.Optimizer`` (a DistributedOptimizer too), or an object whose "
-              "``optimizer`` attribute is one (e.g. an LR scheduler).")
+_PARAMS = (
+    "``model.state_dict()`` (a mapping name -> tensor, buffers included) or "
+    "``model.named_parameters()`` (an iterable of ``(name, tensor)``).  Names must be "
+    "the same on every rank; they name the broadcasts in errors."
+)
+_OPTIMIZER = (
+    "a ``torch.optim.Optimizer`` (a DistributedOptimizer too), or an object whose "
+    "``optimizer`` attribute is one (e.g. an LR scheduler)."
+)
 
 
 @api_docs.documented(api_docs.ARGS, params=_PARAMS)
@@ -64,13 +76,15 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
         except TypeError:
             raise TypeError(
                 "broadcast_parameters: params must be model.state_dict() or "
-                f"model.named_parameters(), got {type(params).__name__}") from None
+                f"model.named_parameters(), got {type(params).__name__}"
+            ) from None
         for i, item in enumerate(items):
             if not (isinstance(item, (tuple, list)) and len(item) == 2):
                 raise TypeError(
                     "broadcast_parameters: params must be model.state_dict() or "
                     f"model.named_parameters() ((name, tensor) pairs); item {i} is "
-                    f"{type(item).__name__}")
+                    f"{type(item).__name__}"
+                )
     seen = set()
     handles = []
     with torch.no_grad():
@@ -83,15 +97,20 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
             if not isinstance(p, torch.Tensor):
                 raise TypeError(
                     f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a tensor; use "
-                    "broadcast_object for other values")
+                    "broadcast_object for other values"
+                )
             t = p.detach()
-            handles.append(mpi_ops.broadcast_async_(
-                t, root_rank, name=f"broadcast_parameters.{name}", **_ps_kw(process_set)))
+            handles.append(
+                mpi_ops.broadcast_async_(
+                    t, root_rank, name=f"broadcast_parameters.{name}", **_ps_kw(process_set)
+                )
+            )
         for h in handles:
             mpi_ops.synchronize(h)
 
 
 # --- optimizer state ---------------------------------------------------------------------
+
 
 class _Encoder:
     """JSON-able description of nested optimizer values; tensors are listed aside.
@@ -140,8 +159,7 @@ def _decode(v, new_tensor):
 
 
 @api_docs.documented(api_docs.ARGS, optimizer=_OPTIMIZER)
-def broadcast_optimizer_state(optimizer, root_rank: int,
-                              process_set=global_process_set) -> None:
+def broadcast_optimizer_state(optimizer, root_rank: int, process_set=global_process_set) -> None:
     """Give every rank ``root_rank``'s optimizer hyper-parameters and state, in place.
 
     Parameter groups are matched by position and parameters by their position
@@ -176,14 +194,16 @@ def broadcast_optimizer_state(optimizer, root_rank: int,
 
     enc = _Encoder()
     desc = _describe_state(optimizer, params, enc) if is_root else None
-    desc = json.loads(broadcast_bytes(desc, root_rank, "broadcast_optimizer_state.desc",
-                                      process_set)[0])
+    desc = json.loads(
+        broadcast_bytes(desc, root_rank, "broadcast_optimizer_state.desc", process_set)[0]
+    )
     if desc["n_params"] != len(params) or desc["n_groups"] != len(optimizer.param_groups):
         raise ValueError(
             f"broadcast_optimizer_state: rank {mpi_ops.rank()} has {len(optimizer.param_groups)} "
             f"param groups / {len(params)} parameters but root rank {root_rank} has "
             f"{desc['n_groups']} / {desc['n_params']}; build the optimizer the same way on every "
-            "rank")
+            "rank"
+        )
     targets = enc.tensors if is_root else _adopt_description(optimizer, params, desc)
     _broadcast_in_place(targets, root_rank, "broadcast_optimizer_state", process_set)
     # a DistributedOptimizer with PowerSGD/top-k: its step count and shared state (Q) too
@@ -207,7 +227,7 @@ def _create_empty_state(optimizer) -> None:
         kept = [p.detach().clone() for p in params]
         for p in params:
             if p.grad is not None and not p.grad.is_sparse and not sparse:
-                p.grad.zero_()           # a DistributedOptimizer's bucket view stays one
+                p.grad.zero_()  # a DistributedOptimizer's bucket view stays one
             else:
                 zero = torch.zeros_like(p)
                 p.grad = zero.to_sparse() if sparse else zero
@@ -238,7 +258,7 @@ def _first_values(optimizer, group) -> dict:
     elif isinstance(optimizer, torch.optim.ASGD):
         first.update(eta=group["lr"], mu=1.0, ax=0.0)
     elif isinstance(optimizer, torch.optim.Adamax):
-        first["exp_inf"] = 0.0          # the zero step left eps in it
+        first["exp_inf"] = 0.0  # the zero step left eps in it
     elif isinstance(optimizer, torch.optim.Rprop):
         first["step_size"] = group["lr"]
     elif isinstance(optimizer, torch.optim.SGD) and group.get("dampening", 0):
@@ -273,7 +293,7 @@ def _own_step(optimizer) -> None:
     inherited (reducing) ``step`` into the wrapper's own class."""
     mro = type(optimizer).__mro__
     ours = [i for i, cls in enumerate(mro) if cls.__module__.startswith("hvdlite.")]
-    for cls in mro[(ours[-1] + 1 if ours else 0):]:
+    for cls in mro[(ours[-1] + 1 if ours else 0) :]:
         if "step" in vars(cls):
             cls.step(optimizer)
             return
@@ -283,14 +303,23 @@ def _describe_state(optimizer, params, enc: "_Encoder") -> bytes:
     """The root's groups and per-parameter state as JSON; its tensors are listed in ``enc``
     in the order every rank decodes them."""
     pidx = {id(p): i for i, p in enumerate(params)}
-    groups = [enc.enc({k: v for k, v in g.items() if k != "params"})
-              for g in optimizer.param_groups]
-    owned = sorted([(pidx[id(p)], st) for p, st in optimizer.state.items()
-                    if id(p) in pidx and st], key=lambda e: e[0])
+    groups = [
+        enc.enc({k: v for k, v in g.items() if k != "params"}) for g in optimizer.param_groups
+    ]
+    owned = sorted(
+        [(pidx[id(p)], st) for p, st in optimizer.state.items() if id(p) in pidx and st],
+        key=lambda e: e[0],
+    )
     # encode in index order: the tensors list must follow the order every rank decodes in
     state = [[i, enc.enc(dict(st))] for i, st in owned]
-    return json.dumps({"n_params": len(params), "n_groups": len(optimizer.param_groups),
-                       "groups": groups, "state": state}).encode()
+    return json.dumps(
+        {
+            "n_params": len(params),
+            "n_groups": len(optimizer.param_groups),
+            "groups": groups,
+            "state": state,
+        }
+    ).encode()
 
 
 def _adopt_description(optimizer, params, desc) -> List[torch.Tensor]:
@@ -299,8 +328,11 @@ def _adopt_description(optimizer, params, desc) -> List[torch.Tensor]:
     targets: List[torch.Tensor] = []
 
     def fresh(dtype, shape, device_type, like=None):
-        device = like.device if like is not None and like.device.type == device_type \
+        device = (
+            like.device
+            if like is not None and like.device.type == device_type
             else torch.device(device_type)
+        )
         t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
         targets.append(t)
         return t
@@ -314,8 +346,7 @@ def _adopt_description(optimizer, params, desc) -> List[torch.Tensor]:
     root_has = {i for i, _ in desc["state"]}
     for i, sd in desc["state"]:
         p = params[i]
-        optimizer.state[p] = _adopt_param_state(optimizer.state.get(p, {}), sd, p, fresh,
-                                                targets)
+        optimizer.state[p] = _adopt_param_state(optimizer.state.get(p, {}), sd, p, fresh, targets)
     for i, p in enumerate(params):
         if i not in root_has and p in optimizer.state:
             del optimizer.state[p]
@@ -330,8 +361,12 @@ def _adopt_param_state(local, sd, p, fresh, targets) -> dict:
         old = local.get(k)
         if isinstance(v, dict) and "T" in v:
             dtype, shape, dev = v["T"]
-            if (isinstance(old, torch.Tensor) and str(old.dtype) == "torch." + dtype
-                    and list(old.shape) == shape and old.device.type == dev):
+            if (
+                isinstance(old, torch.Tensor)
+                and str(old.dtype) == "torch." + dtype
+                and list(old.shape) == shape
+                and old.device.type == dev
+            ):
                 targets.append(old)
                 new_state[k] = old
             else:
@@ -347,7 +382,8 @@ def _broadcast_in_place(targets, root_rank: int, what: str, process_set) -> None
     handles = []
     with torch.no_grad():
         for j, t in enumerate(targets):
-            handles.append(mpi_ops.broadcast_async_(
-                t, root_rank, name=f"{what}.{j}", **_ps_kw(process_set)))
+            handles.append(
+                mpi_ops.broadcast_async_(t, root_rank, name=f"{what}.{j}", **_ps_kw(process_set))
+            )
         for h in handles:
             mpi_ops.synchronize(h)

@@ -44,8 +44,9 @@ class StatefulCompression:
     #: the name written in checkpoints (``state_dict()["hvdlite_compression"]["kind"]``)
     kind = ""
 
-    def make_exchange(self, params: List[torch.Tensor], names: Dict[torch.Tensor, str],
-                      reduce_kwargs: dict) -> "GradientExchange":
+    def make_exchange(
+        self, params: List[torch.Tensor], names: Dict[torch.Tensor, str], reduce_kwargs: dict
+    ) -> "GradientExchange":
         """The state and the collectives for ``params`` (named by ``names``), reducing with
         the optimizer's ``op``/``prescale_factor``/``postscale_factor``/``process_set``."""
         raise NotImplementedError
@@ -55,7 +56,8 @@ class StatefulCompression:
             f"hvd.Compression.{self.kind}(...) keeps state across steps (error feedback) and "
             "needs several collectives per step, so it works only as "
             "DistributedOptimizer(opt, compression=...); hvd.allreduce and the other "
-            "collectives take hvd.Compression.none or hvd.Compression.fp16")
+            "collectives take hvd.Compression.none or hvd.Compression.fp16"
+        )
 
     # hvd.allreduce(t, compression=spec) calls these: refuse with a message that says why
     compress = _refuse
@@ -70,8 +72,13 @@ class GradientExchange:
     compressed, the step counter, checkpoints and broadcasts.
     """
 
-    def __init__(self, spec: StatefulCompression, names: Dict[torch.Tensor, str],
-                 reduce_kwargs: dict, start_iter: int):
+    def __init__(
+        self,
+        spec: StatefulCompression,
+        names: Dict[torch.Tensor, str],
+        reduce_kwargs: dict,
+        start_iter: int,
+    ):
         self.spec = spec
         self.names = names
         self.kw = dict(reduce_kwargs)
@@ -110,7 +117,7 @@ class GradientExchange:
         if compressed:
             units.append(self._compressed_unit(unit, compressed))
         for u in units:
-            next(u)                 # runs up to the first yield: the first collectives start
+            next(u)  # runs up to the first yield: the first collectives start
             self._pending.append(u)
 
     @torch.no_grad()
@@ -168,10 +175,15 @@ class GradientExchange:
         """A copy of the state: the kind, the step counter, each parameter's tensors, and
         the rank (in the optimizer's process set) and size that saved them."""
         ps = self.kw.get("process_set")
-        return {"kind": self.spec.kind, "step": self.step,
-                "rank": ops.process_set_rank(ps), "size": ops.process_set_size(ps),
-                "tensors": {n: {k: t.detach().clone() for k, t in st.items()}
-                            for n, st in self.state.items()}}
+        return {
+            "kind": self.spec.kind,
+            "step": self.step,
+            "rank": ops.process_set_rank(ps),
+            "size": ops.process_set_size(ps),
+            "tensors": {
+                n: {k: t.detach().clone() for k, t in st.items()} for n, st in self.state.items()
+            },
+        }
 
     def _saved_here(self, saved: dict) -> bool:
         """Whether ``saved`` holds this rank's own residuals: saved by the same rank of a
@@ -179,8 +191,10 @@ class GradientExchange:
         if "rank" not in saved:
             return True
         ps = self.kw.get("process_set")
-        return (saved["rank"], saved.get("size")) == (ops.process_set_rank(ps),
-                                                      ops.process_set_size(ps))
+        return (saved["rank"], saved.get("size")) == (
+            ops.process_set_rank(ps),
+            ops.process_set_size(ps),
+        )
 
     def load_state_dict(self, saved: dict) -> None:
         """Take the state of :meth:`state_dict` (copied into this exchange's tensors).
@@ -198,18 +212,20 @@ class GradientExchange:
         if saved.get("kind") != self.spec.kind:
             raise ValueError(
                 f"DistributedOptimizer.load_state_dict: the checkpoint's compression state is "
-                f"{saved.get('kind')!r} but this optimizer uses {self.spec.kind!r}")
+                f"{saved.get('kind')!r} but this optimizer uses {self.spec.kind!r}"
+            )
         own = self._saved_here(saved)
         for name, tensors in saved.get("tensors", {}).items():
             mine = self.state.get(name)
             if mine is None:
-                continue            # that parameter is not compressed here: nothing to keep
+                continue  # that parameter is not compressed here: nothing to keep
             for key, value in tensors.items():
                 if key in mine and tuple(mine[key].shape) != tuple(value.shape):
                     raise ValueError(
                         f"DistributedOptimizer.load_state_dict: compression state {key!r} of "
                         f"parameter {name!r} has shape {tuple(value.shape)} in the checkpoint "
-                        f"but {tuple(mine[key].shape)} here (a different rank= or model?)")
+                        f"but {tuple(mine[key].shape)} here (a different rank= or model?)"
+                    )
                 if key in mine and (own or key in self.shared_keys):
                     mine[key].copy_(value)
                 elif key in mine:
@@ -221,13 +237,17 @@ class GradientExchange:
         the error-feedback residuals stay each rank's own."""
         kw = {"process_set": process_set}
         step = torch.tensor([self.step], dtype=torch.int64)
-        handles = [mpi_ops.broadcast_async_(step, root_rank, name="hvdlite_compression.step",
-                                            **kw)]
+        handles = [mpi_ops.broadcast_async_(step, root_rank, name="hvdlite_compression.step", **kw)]
         for name in sorted(self.state):
             for key in self.shared_keys:
-                handles.append(mpi_ops.broadcast_async_(
-                    self.state[name][key], root_rank,
-                    name=f"hvdlite_compression.{key}.{name}", **kw))
+                handles.append(
+                    mpi_ops.broadcast_async_(
+                        self.state[name][key],
+                        root_rank,
+                        name=f"hvdlite_compression.{key}.{name}",
+                        **kw,
+                    )
+                )
         for h in handles:
             mpi_ops.synchronize(h)
         self.step = int(step.item())

@@ -46,9 +46,11 @@ class Packing:
     def give_back(self) -> None:
         """Keep it for the next call of its name, unless the table is full."""
         nbytes = self.flat.numel() * self.flat.element_size()
-        if len(_KEPT) < MAX_KEPT and nbytes + sum(
-                p.flat.numel() * p.flat.element_size() for p in _KEPT.values()) \
-                <= KEEP_TOTAL_BYTES:
+        if (
+            len(_KEPT) < MAX_KEPT
+            and nbytes + sum(p.flat.numel() * p.flat.element_size() for p in _KEPT.values())
+            <= KEEP_TOTAL_BYTES
+        ):
             _KEPT[self.key] = self
 
 
@@ -64,8 +66,9 @@ def pieces(flat, tensors, one_d: bool) -> List:
     return [v if t.dim() == 1 else v.view(t.shape) for v, t in zip(views, tensors)]
 
 
-def pack(tensors, dtype, name: Optional[str],
-         inplace: bool) -> Tuple[object, int, Optional[Packing], bool]:
+def pack(
+    tensors, dtype, name: Optional[str], inplace: bool
+) -> Tuple[object, int, Optional[Packing], bool]:
     """``(flat, digest, packing, one_d)``: ``tensors`` packed into ``flat``, the digest of
     their shapes (every rank must agree on it), the kept buffer used (None: ``flat`` is
     new) and whether every tensor is 1-D.  Called under ``torch.no_grad()``."""
@@ -99,6 +102,7 @@ def finisher(tensors, inplace: bool, packing: Optional[Packing], one_d: bool):
     """The handle's ``finish``: the results as views of the reduced buffer, or (in place)
     copied into ``tensors``.  A kept buffer is given back after the first call."""
     if packing is None:
+
         def finish(results):
             with torch.no_grad():
                 views = pieces(results[0], tensors, one_d)
@@ -106,15 +110,17 @@ def finisher(tensors, inplace: bool, packing: Optional[Packing], one_d: bool):
                     return views
                 torch._foreach_copy_(tensors, views)
             return list(tensors)
+
         return finish
     held = [packing]
 
     def finish_kept(results):
         p = held[0]
-        if p is not None:            # a second synchronize finds the tensors filled
+        if p is not None:  # a second synchronize finds the tensors filled
             held[0] = None
             with torch.no_grad():
                 torch._foreach_copy_(tensors, p.pieces)
             p.give_back()
         return list(tensors)
+
     return finish_kept

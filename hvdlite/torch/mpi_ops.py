@@ -15,55 +15,134 @@ import torch
 
 from hvdlite.common import api_docs, ops
 from hvdlite.torch import grouped_packing
-from hvdlite.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,
-                                   ddl_built, gloo_built, gloo_enabled, is_homogeneous,
-                                   is_initialized, local_rank, local_size, mpi_built,
-                                   mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                   rocm_built, shutdown, size)
-from hvdlite.common.ops import (Adasum, Average, Max, Min, Product, ProcessSet,  # noqa: F401
-                                Sum, global_process_set, poll, synchronize)
+from hvdlite.common.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from hvdlite.common.ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ProcessSet,  # noqa: F401
+    Sum,
+    global_process_set,
+    poll,
+    synchronize,
+)
 from hvdlite.common.rank_setup import add_process_set, init, remove_process_set  # noqa: F401
 from hvdlite.common.exceptions import HvdliteInternalError
 from hvdlite.common.engine.tensor_queue import Handle
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "gloo_enabled", "mpi_enabled", "gloo_built",
-    "mpi_built", "mpi_threads_supported", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
-    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
-    "synchronize", "poll", "join",
-    "barrier", "global_process_set", "ProcessSet", "add_process_set", "remove_process_set",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "is_homogeneous",
+    "gloo_enabled",
+    "mpi_enabled",
+    "gloo_built",
+    "mpi_built",
+    "mpi_threads_supported",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "Average",
+    "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "sparse_allreduce_async",
+    "synchronize",
+    "poll",
+    "join",
+    "barrier",
+    "global_process_set",
+    "ProcessSet",
+    "add_process_set",
+    "remove_process_set",
 ]
 
 #: the ops' argument descriptions: the shared ones and torch's wording
 _ARGS = {
     **api_docs.ARGS,
     "tensor": "a dense CPU ``torch.Tensor`` (a non-contiguous one is copied first).",
-    "tensors": ("a list of dense CPU ``torch.Tensor`` objects, which may differ in shape and "
-                "dtype."),
-    "name": api_docs.NAME + ("  ``None`` generates one, which requires every rank to issue "
-                             "its unnamed operations in the same order."),
+    "tensors": (
+        "a list of dense CPU ``torch.Tensor`` objects, which may differ in shape and dtype."
+    ),
+    "name": api_docs.NAME
+    + (
+        "  ``None`` generates one, which requires every rank to issue "
+        "its unnamed operations in the same order."
+    ),
 }
 _ONE_DIM = "a dense CPU ``torch.Tensor`` with at least one dimension."
-_ROWS = ("a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ in the "
-         "first dimension only.")
+_ROWS = (
+    "a dense CPU ``torch.Tensor`` with at least one dimension; ranks may differ in the "
+    "first dimension only."
+)
 _SPARSE = "a sparse COO ``torch.Tensor`` on the CPU."
-_SPARSE_NAME = ("the operation's name, the same on every rank (its two allgathers are named "
-                "``<name>.indices`` and ``<name>.values``).")
+_SPARSE_NAME = (
+    "the operation's name, the same on every rank (its two allgathers are named "
+    "``<name>.indices`` and ``<name>.values``)."
+)
 #: ``@_args(**own)``: the function's Args section, from :data:`_ARGS` and its ``own`` wording
 _args = functools.partial(api_docs.documented, _ARGS)
 
 # Raises entries most ops share (``@_args(raises=...)`` appends them to a docstring)
 _RAISES_DTYPE = "TypeError: an input is not a ``torch.Tensor`` or has an unsupported dtype."
-_RAISES_MISMATCH = ("HvdliteMismatchError: ranks submitted ``name`` with different shapes, "
-                    "dtypes or operations.")
+_RAISES_MISMATCH = (
+    "HvdliteMismatchError: ranks submitted ``name`` with different shapes, dtypes or operations."
+)
 _RAISES_STOPPED = "HvdliteInternalError: the runtime stopped (a peer died or shut down) first."
 #: an op that starts a collective / one that also waits for its result
 _RAISES_START = (_RAISES_DTYPE,)
@@ -74,15 +153,17 @@ def _checked(tensor, name: Optional[str], what: str):
     """``tensor`` if it can be a buffer (dense, CPU); the op layer checks its dtype."""
     label = f"tensor {name!r}" if name is not None else "an unnamed tensor"
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} of {label}: expected a torch.Tensor, got "
-                        f"{type(tensor).__name__}")
+        raise TypeError(f"{what} of {label}: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
-        raise ValueError(f"{what} of {label}: tensor is on {tensor.device}, but hvdlite runs "
-                         f"on CPU tensors only (no CUDA or NCCL path yet); move it with .cpu() "
-                         f"(for DistributedOptimizer's gradients: the model, model.cpu())")
+        raise ValueError(
+            f"{what} of {label}: tensor is on {tensor.device}, but hvdlite runs "
+            f"on CPU tensors only (no CUDA or NCCL path yet); move it with .cpu() "
+            f"(for DistributedOptimizer's gradients: the model, model.cpu())"
+        )
     if tensor.is_sparse:
-        raise ValueError(f"{what} of {label}: sparse tensors are not supported; densify it "
-                         f"with .to_dense()")
+        raise ValueError(
+            f"{what} of {label}: sparse tensors are not supported; densify it with .to_dense()"
+        )
     return tensor
 
 
@@ -120,6 +201,7 @@ def _copy_back_finish(back, single: bool):
         mapping = {id(src): dst for dst, src in back}
         targets = [mapping.get(id(r), r) for r in results]
         return targets[0] if single else targets
+
     return finish
 
 
@@ -137,8 +219,10 @@ def _carry(tensors, arithmetic: bool, inplace: bool = False):
     dtypes = [t.dtype for t in tensors]
     if not any(d in _CARRIED for d in dtypes):
         return tensors, None
-    work = [t if d not in _CARRIED else t.to(_CARRIED[d][0]) if arithmetic
-            else t.view(_CARRIED[d][1]) for t, d in zip(tensors, dtypes)]
+    work = [
+        t if d not in _CARRIED else t.to(_CARRIED[d][0]) if arithmetic else t.view(_CARRIED[d][1])
+        for t, d in zip(tensors, dtypes)
+    ]
 
     def back(results):
         outs = []
@@ -149,6 +233,7 @@ def _carry(tensors, arithmetic: bool, inplace: bool = False):
                     r = t.copy_(r)
             outs.append(r)
         return outs
+
     return work, back
 
 
@@ -176,22 +261,32 @@ def _compressed(compression, tensors, run):
 
 
 # -- allreduce -------------------------------------------------------------------------------
-def _allreduce_one(t, inplace: bool, average, name, op, prescale_factor, postscale_factor,
-                   process_set) -> Handle:
+def _allreduce_one(
+    t, inplace: bool, average, name, op, prescale_factor, postscale_factor, process_set
+) -> Handle:
     """One tensor: the case an optimizer issues thousands of times per step."""
-    if type(t) is torch.Tensor and process_set is global_process_set and t.is_cpu \
-            and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
+    if (
+        type(t) is torch.Tensor
+        and process_set is global_process_set
+        and t.is_cpu
+        and not t.is_sparse
+        and t.is_contiguous()
+        and t.dtype not in _CARRIED
+    ):
         rop = ops.PLAIN_OPS.get(op) if average is None else None
         if rop is None:
             rop = ops.reduce_op(average, op, name or "allreduce")
-        return ops.allreduce_one(t, t if inplace else torch.empty_like(t), name, rop,
-                                 prescale_factor, postscale_factor)
-    return _allreduce_async([t], inplace, False, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+        return ops.allreduce_one(
+            t, t if inplace else torch.empty_like(t), name, rop, prescale_factor, postscale_factor
+        )
+    return _allreduce_async(
+        [t], inplace, False, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscale_factor,
-                    process_set) -> Optional[Handle]:
+def _grouped_packed(
+    tensors, inplace: bool, name, rop, prescale_factor, postscale_factor, process_set
+) -> Optional[Handle]:
     """A grouped allreduce of plain CPU tensors of one carried dtype as one submission: the
     tensors are packed here (one C++ call), reduced as one flat buffer, and unpacked when
     the handle is synchronized (:mod:`hvdlite.torch.grouped_packing`).  None when the group
@@ -202,22 +297,40 @@ def _grouped_packed(tensors, inplace: bool, name, rop, prescale_factor, postscal
     for t in tensors:
         if type(t) not in _PLAIN or t.dtype is not dtype or not t.is_cpu or t.is_sparse:
             return None
-    with torch.no_grad():               # as the per-tensor path: results carry no graph
+    with torch.no_grad():  # as the per-tensor path: results carry no graph
         flat, digest, packing, one_d = grouped_packing.pack(tensors, dtype, name, inplace)
-    return ops.allreduce_packed(flat, len(tensors), digest, name, rop, prescale_factor,
-                                postscale_factor, process_set,
-                                grouped_packing.finisher(tensors, inplace, packing, one_d))
+    return ops.allreduce_packed(
+        flat,
+        len(tensors),
+        digest,
+        name,
+        rop,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        grouped_packing.finisher(tensors, inplace, packing, one_d),
+    )
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, prescale_factor,
-                     postscale_factor, process_set) -> Handle:
+def _allreduce_async(
+    tensors,
+    inplace: bool,
+    grouped: bool,
+    average,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+) -> Handle:
     rop = ops.reduce_op(average, op, name or "allreduce")
     if grouped and len(tensors) > 1 and rop != Adasum:
-        handle = _grouped_packed(tensors, inplace, name, rop, prescale_factor,
-                                 postscale_factor, process_set)
+        handle = _grouped_packed(
+            tensors, inplace, name, rop, prescale_factor, postscale_factor, process_set
+        )
         if handle is not None:
             return handle
     finish = None
@@ -232,13 +345,29 @@ def _allreduce_async(tensors, inplace: bool, grouped: bool, average, name, op, p
         outputs = [torch.empty_like(t) for t in work]
         if grouped:
             finish = list
-    return ops.allreduce_async(work, outputs, name, grouped, rop, prescale_factor,
-                               postscale_factor, process_set, _then(carried, finish, grouped))
+    return ops.allreduce_async(
+        work,
+        outputs,
+        name,
+        grouped,
+        rop,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        _then(carried, finish, grouped),
+    )
 
 
 @_args(raises=_RAISES_START)
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=global_process_set) -> Handle:
+def allreduce_async(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
     """Start reducing ``tensor`` over the ranks (by default: averaging it) without waiting.
 
     Returns:
@@ -249,13 +378,21 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
-    return _allreduce_one(tensor, False, average, name, op, prescale_factor, postscale_factor,
-                          process_set)
+    return _allreduce_one(
+        tensor, False, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 @_args(raises=_RAISES_START)
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
+def allreduce_async_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``.
 
     Returns:
@@ -269,18 +406,34 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     # what an optimizer without buckets calls for every gradient: the plain case goes
     # straight to the runtime (the checks of _allreduce_one, inline)
     t = tensor
-    if type(t) is torch.Tensor and process_set is global_process_set and average is None \
-            and t.is_cpu and not t.is_sparse and t.is_contiguous() and t.dtype not in _CARRIED:
+    if (
+        type(t) is torch.Tensor
+        and process_set is global_process_set
+        and average is None
+        and t.is_cpu
+        and not t.is_sparse
+        and t.is_contiguous()
+        and t.dtype not in _CARRIED
+    ):
         rop = ops.PLAIN_OPS.get(op)
         if rop is not None:
             return ops.allreduce_one(t, t, name, rop, prescale_factor, postscale_factor)
-    return _allreduce_one(tensor, True, average, name, op, prescale_factor, postscale_factor,
-                          process_set)
+    return _allreduce_one(
+        tensor, True, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 @_args(raises=_RAISES_WAIT)
-def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set):
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    compression=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Reduce ``tensor`` over the ranks (by default: average it) into a new tensor.
 
     Differentiable for ``hvd.Average`` and ``hvd.Sum``: the gradient is the same
@@ -293,21 +446,37 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
+
     def run(ts):
         [t] = ts
         if _tracks_grad(t):
-            return [_AllreduceGrad.apply(t, average, name, op, prescale_factor,
-                                         postscale_factor, process_set)]
-        return [synchronize(allreduce_async(t, average, name, op, prescale_factor,
-                                            postscale_factor, process_set))]
+            return [
+                _AllreduceGrad.apply(
+                    t, average, name, op, prescale_factor, postscale_factor, process_set
+                )
+            ]
+        return [
+            synchronize(
+                allreduce_async(
+                    t, average, name, op, prescale_factor, postscale_factor, process_set
+                )
+            )
+        ]
 
     [out] = _compressed(compression, [tensor], run)
     return out
 
 
 @_args(raises=_RAISES_WAIT)
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set):
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """In-place :func:`allreduce`: ``tensor`` is overwritten with the reduction.
 
     Returns:
@@ -317,13 +486,21 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
 @_args(raises=_RAISES_START)
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set) -> Handle:
+def grouped_allreduce_async(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
     """Start reducing several tensors as one operation, fused into one transfer.
 
     Returns:
@@ -334,13 +511,29 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
-    return _allreduce_async(list(tensors), False, True, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_async(
+        list(tensors),
+        False,
+        True,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
 
 
 @_args(raises=_RAISES_START)
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
+def grouped_allreduce_async_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+) -> Handle:
     """In-place :func:`grouped_allreduce_async`: each result is written into its input.
 
     Returns:
@@ -351,13 +544,22 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
-    return _allreduce_async(list(tensors), True, True, average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_async(
+        list(tensors), True, True, average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 @_args(raises=_RAISES_WAIT)
-def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce(
+    tensors,
+    average=None,
+    name=None,
+    compression=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """Reduce several tensors as one operation (fused into one transfer); new tensors.
 
     All ranks must pass the same number of tensors with the same shapes.  Differentiable
@@ -370,19 +572,33 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
+
     def run(ts):
         if any(_tracks_grad(t) for t in ts):
-            return list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor,
-                                                    postscale_factor, process_set, *ts))
-        return synchronize(grouped_allreduce_async(ts, average, name, op, prescale_factor,
-                                                   postscale_factor, process_set))
+            return list(
+                _GroupedAllreduceGrad.apply(
+                    average, name, op, prescale_factor, postscale_factor, process_set, *ts
+                )
+            )
+        return synchronize(
+            grouped_allreduce_async(
+                ts, average, name, op, prescale_factor, postscale_factor, process_set
+            )
+        )
 
     return _compressed(compression, list(tensors), run)
 
 
 @_args(raises=_RAISES_WAIT)
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=global_process_set,
+):
     """In-place :func:`grouped_allreduce`: each tensor is overwritten with its reduction.
 
     Returns:
@@ -392,15 +608,19 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
         ValueError: an input is not a dense CPU tensor, ``op`` is unknown or given
             with ``average``, or ``name`` is too long.
     """
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return synchronize(
+        grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
 
 
 # -- allgather -------------------------------------------------------------------------------
 def _allgather_async(tensors, grouped: bool, name, process_set) -> Handle:
     work, carried = _carry(_buffers(tensors, name, "allgather"), arithmetic=False)
-    return ops.allgather_async(work, name, grouped, process_set,
-                               _then(carried, list if grouped else None, grouped))
+    return ops.allgather_async(
+        work, name, grouped, process_set, _then(carried, list if grouped else None, grouped)
+    )
 
 
 @_args(tensor=_ROWS, raises=_RAISES_START)
@@ -479,8 +699,9 @@ def _broadcast_async(tensor, root_rank, name, inplace: bool, process_set) -> Han
         [work], carried = _carry(_buffers([tensor], name, "broadcast"), arithmetic=False)
         out = work.clone() if rank() == root_rank else torch.empty_like(work)
         finish = None
-    return ops.broadcast_async(work, out, root_rank, name, process_set,
-                               _then(carried, finish, False))
+    return ops.broadcast_async(
+        work, out, root_rank, name, process_set, _then(carried, finish, False)
+    )
 
 
 @_args(raises=_RAISES_START)
@@ -564,8 +785,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     [work], carried = _carry(_buffers([tensor], name, "alltoall"), arithmetic=False)
-    finish = None if carried is None else (
-        lambda results: (carried([results[0][0]])[0], results[0][1]))
+    finish = (
+        None if carried is None else (lambda results: (carried([results[0][0]])[0], results[0][1]))
+    )
     return ops.alltoall_async(work, splits, name, process_set, finish)
 
 
@@ -592,24 +814,39 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return out if splits is None else (out, received)
 
 
-def _reducescatter_async(tensors, grouped, name, op, process_set, prescale_factor,
-                         postscale_factor) -> Handle:
+def _reducescatter_async(
+    tensors, grouped, name, op, process_set, prescale_factor, postscale_factor
+) -> Handle:
     rop = ops.reduce_op(None, op, name or "reducescatter")
     if rop == Adasum:
         # Horovod's runtime refuses it and its torch adapter raises HorovodInternalError
         raise HvdliteInternalError(
             f"reducescatter of {'an unnamed tensor' if name is None else repr(name)}: "
             "Reducescatter currently only supports SUM (op=hvd.Adasum is not supported; use "
-            "hvd.Sum or hvd.Average)")
+            "hvd.Sum or hvd.Average)"
+        )
     work, carried = _carry(_buffers(tensors, name, "reducescatter"), arithmetic=True)
-    return ops.reducescatter_async(work, rop, name, grouped, prescale_factor, postscale_factor,
-                                   process_set, _then(carried, list if grouped else None,
-                                                      grouped))
+    return ops.reducescatter_async(
+        work,
+        rop,
+        name,
+        grouped,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        _then(carried, list if grouped else None, grouped),
+    )
 
 
 @_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_START)
-def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
-                        prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+def reducescatter_async(
+    tensor,
+    name=None,
+    op=Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> Handle:
     """Start reducing ``tensor`` over the ranks, each keeping one slice of the result.
 
     Returns:
@@ -622,13 +859,21 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
-    return _reducescatter_async([tensor], False, name, op, process_set, prescale_factor,
-                                postscale_factor)
+    return _reducescatter_async(
+        [tensor], False, name, op, process_set, prescale_factor, postscale_factor
+    )
 
 
 @_args(tensor=_ONE_DIM, op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
-def reducescatter(tensor, name=None, compression=None, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(
+    tensor,
+    name=None,
+    compression=None,
+    op=Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """This rank's slice (along the first dimension) of the reduction of ``tensor``.
 
     Differentiable: the gradient is the allgather of the output gradients (times the
@@ -643,21 +888,34 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
+
     def run(ts):
         [t] = ts
         if _tracks_grad(t):
-            return list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
-                                                 postscale_factor, t))
-        return [synchronize(reducescatter_async(t, name, op, process_set, prescale_factor,
-                                                postscale_factor))]
+            return list(
+                _ReducescatterGrad.apply(
+                    name, op, process_set, prescale_factor, postscale_factor, t
+                )
+            )
+        return [
+            synchronize(
+                reducescatter_async(t, name, op, process_set, prescale_factor, postscale_factor)
+            )
+        ]
 
     [out] = _compressed(compression, [tensor], run)
     return out
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_START)
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
-                                prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+def grouped_reducescatter_async(
+    tensors,
+    name=None,
+    op=Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> Handle:
     """Start :func:`reducescatter_async` of several tensors as one operation.
 
     Returns:
@@ -669,14 +927,21 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
-    return _reducescatter_async(list(tensors), True, name, op, process_set, prescale_factor,
-                                postscale_factor)
+    return _reducescatter_async(
+        list(tensors), True, name, op, process_set, prescale_factor, postscale_factor
+    )
 
 
 @_args(op=api_docs.AVERAGE_OR_SUM, raises=_RAISES_WAIT)
-def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(
+    tensors,
+    name=None,
+    compression=None,
+    op=Average,
+    process_set=global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
     """:func:`reducescatter` of several tensors as one operation (differentiable).
 
     Returns:
@@ -687,12 +952,19 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
             Average nor Sum, or ``name`` is too long.
         HvdliteInternalError: ``op`` is ``hvd.Adasum`` (as Horovod's ``HorovodInternalError``).
     """
+
     def run(ts):
         if any(_tracks_grad(t) for t in ts):
-            return list(_ReducescatterGrad.apply(name, op, process_set, prescale_factor,
-                                                 postscale_factor, *ts))
-        return synchronize(grouped_reducescatter_async(ts, name, op, process_set,
-                                                       prescale_factor, postscale_factor))
+            return list(
+                _ReducescatterGrad.apply(
+                    name, op, process_set, prescale_factor, postscale_factor, *ts
+                )
+            )
+        return synchronize(
+            grouped_reducescatter_async(
+                ts, name, op, process_set, prescale_factor, postscale_factor
+            )
+        )
 
     return _compressed(compression, list(tensors), run)
 
@@ -708,10 +980,10 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         A handle for :func:`synchronize`, whose result is the reduced sparse tensor.
     """
     t = tensor.coalesce()
-    hi = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
-                         process_set=process_set)
-    hv = allgather_async(t.values().contiguous(), name=f"{name}.values",
-                         process_set=process_set)
+    hi = allgather_async(
+        t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set
+    )
+    hv = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
 
     def finish():
         values = synchronize(hv)
@@ -740,17 +1012,20 @@ class _AllreduceGrad(torch.autograd.Function):
         ctx.args = (average, name, op, prescale, postscale, process_set)
         if ops.reduce_op(average, op, name or "allreduce") not in (Average, Sum):
             ctx.args = None
-        return synchronize(allreduce_async(tensor.detach(), average, name, op, prescale,
-                                           postscale, process_set))
+        return synchronize(
+            allreduce_async(tensor.detach(), average, name, op, prescale, postscale, process_set)
+        )
 
     @staticmethod
     def backward(ctx, grad):
         if ctx.args is None:
-            raise NotImplementedError("the gradient of allreduce is defined for hvd.Average "
-                                      "and hvd.Sum only")
+            raise NotImplementedError(
+                "the gradient of allreduce is defined for hvd.Average and hvd.Sum only"
+            )
         average, name, op, pre, post, ps = ctx.args
-        out = synchronize(allreduce_async(grad.contiguous(), average, _grad_name(name, "grad"),
-                                          op, pre, post, ps))
+        out = synchronize(
+            allreduce_async(grad.contiguous(), average, _grad_name(name, "grad"), op, pre, post, ps)
+        )
         return out, None, None, None, None, None, None
 
 
@@ -764,12 +1039,22 @@ class _AllgatherGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(ctx.name, "grad"),
-                                              op=Average, process_set=ctx.process_set))
-        rows = synchronize(allgather_async(torch.tensor([ctx.rows]),
-                                           name=_grad_name(ctx.name, "grad.rows"),
-                                           process_set=ctx.process_set))
-        offset = int(rows[:ops.process_set_rank(ctx.process_set)].sum())
+        reduced = synchronize(
+            allreduce_async(
+                grad.contiguous(),
+                name=_grad_name(ctx.name, "grad"),
+                op=Average,
+                process_set=ctx.process_set,
+            )
+        )
+        rows = synchronize(
+            allgather_async(
+                torch.tensor([ctx.rows]),
+                name=_grad_name(ctx.name, "grad.rows"),
+                process_set=ctx.process_set,
+            )
+        )
+        offset = int(rows[: ops.process_set_rank(ctx.process_set)].sum())
         return reduced.narrow(0, offset, ctx.rows), None, None
 
 
@@ -783,8 +1068,14 @@ class _BroadcastGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(ctx.name, "grad"),
-                                              op=Average, process_set=ctx.process_set))
+        reduced = synchronize(
+            allreduce_async(
+                grad.contiguous(),
+                name=_grad_name(ctx.name, "grad"),
+                op=Average,
+                process_set=ctx.process_set,
+            )
+        )
         if rank() != ctx.root:
             reduced.zero_()
         return reduced, None, None, None
@@ -796,18 +1087,31 @@ class _GroupedAllreduceGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (average, name, op, prescale, postscale, process_set)
-        outs = synchronize(grouped_allreduce_async([t.detach() for t in tensors], average, name,
-                                                   op, prescale, postscale, process_set))
+        outs = synchronize(
+            grouped_allreduce_async(
+                [t.detach() for t in tensors], average, name, op, prescale, postscale, process_set
+            )
+        )
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
         average, name, op, pre, post, ps = ctx.args
         if ops.reduce_op(average, op, name or "grouped_allreduce") not in (Average, Sum):
-            raise NotImplementedError("the gradient of allreduce is defined for hvd.Average "
-                                      "and hvd.Sum only")
-        outs = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], average,
-                                                   _grad_name(name, "grad"), op, pre, post, ps))
+            raise NotImplementedError(
+                "the gradient of allreduce is defined for hvd.Average and hvd.Sum only"
+            )
+        outs = synchronize(
+            grouped_allreduce_async(
+                [g.contiguous() for g in grads],
+                average,
+                _grad_name(name, "grad"),
+                op,
+                pre,
+                post,
+                ps,
+            )
+        )
         return (None,) * 6 + tuple(outs)
 
 
@@ -817,20 +1121,31 @@ class _GroupedAllgatherGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         ctx.rows, ctx.name, ctx.process_set = [t.shape[0] for t in tensors], name, process_set
-        return tuple(synchronize(grouped_allgather_async([t.detach() for t in tensors], name,
-                                                         process_set)))
+        return tuple(
+            synchronize(grouped_allgather_async([t.detach() for t in tensors], name, process_set))
+        )
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = synchronize(grouped_allreduce_async(
-            [g.contiguous() for g in grads], name=_grad_name(ctx.name, "grad"), op=Average,
-            process_set=ctx.process_set))
-        rows = synchronize(allgather_async(torch.tensor([ctx.rows]),
-                                           name=_grad_name(ctx.name, "grad.rows"),
-                                           process_set=ctx.process_set))
-        offsets = rows[:ops.process_set_rank(ctx.process_set)].sum(0).tolist()
-        return (None, None) + tuple(r.narrow(0, int(o), n)
-                                    for r, o, n in zip(reduced, offsets, ctx.rows))
+        reduced = synchronize(
+            grouped_allreduce_async(
+                [g.contiguous() for g in grads],
+                name=_grad_name(ctx.name, "grad"),
+                op=Average,
+                process_set=ctx.process_set,
+            )
+        )
+        rows = synchronize(
+            allgather_async(
+                torch.tensor([ctx.rows]),
+                name=_grad_name(ctx.name, "grad.rows"),
+                process_set=ctx.process_set,
+            )
+        )
+        offsets = rows[: ops.process_set_rank(ctx.process_set)].sum(0).tolist()
+        return (None, None) + tuple(
+            r.narrow(0, int(o), n) for r, o, n in zip(reduced, offsets, ctx.rows)
+        )
 
 
 class _AlltoallGrad(torch.autograd.Function):
@@ -845,8 +1160,11 @@ class _AlltoallGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _unused):
-        back, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received,
-                                             _grad_name(ctx.name, "grad"), ctx.process_set))
+        back, _ = synchronize(
+            alltoall_async(
+                grad.contiguous(), ctx.received, _grad_name(ctx.name, "grad"), ctx.process_set
+            )
+        )
         return back, None, None, None
 
 
@@ -856,10 +1174,21 @@ class _ReducescatterGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
-        ctx.args = (name, ops.reduce_op(None, op, name or "reducescatter"), process_set,
-                    prescale * postscale)
-        h = _reducescatter_async([t.detach() for t in tensors], len(tensors) > 1, name, op,
-                                 process_set, prescale, postscale)
+        ctx.args = (
+            name,
+            ops.reduce_op(None, op, name or "reducescatter"),
+            process_set,
+            prescale * postscale,
+        )
+        h = _reducescatter_async(
+            [t.detach() for t in tensors],
+            len(tensors) > 1,
+            name,
+            op,
+            process_set,
+            prescale,
+            postscale,
+        )
         out = synchronize(h)
         return tuple(out) if isinstance(out, list) else (out,)
 
@@ -869,8 +1198,9 @@ class _ReducescatterGrad(torch.autograd.Function):
         if rop == Sum:
             factor *= ops.process_set_size(process_set)
         scaled = [g.contiguous() * factor if factor != 1.0 else g.contiguous() for g in grads]
-        gathered = synchronize(grouped_allgather_async(scaled, _grad_name(name, "grad"),
-                                                       process_set))
+        gathered = synchronize(
+            grouped_allgather_async(scaled, _grad_name(name, "grad"), process_set)
+        )
         return (None,) * 5 + tuple(gathered)
 
 

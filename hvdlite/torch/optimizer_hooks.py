@@ -23,11 +23,13 @@ def _make_hook(opt_ref, token):
     It holds the optimizer weakly (parameters outlive their optimizers) and does nothing once
     another optimizer has claimed the parameter (its ``_OWNER_ATTR`` is no longer ``token``).
     """
+
     def hook(p):
         opt = opt_ref()
         if opt is None or getattr(p, _OWNER_ATTR, None) is not token:
             return
         opt._hvd_grad_ready(p)
+
     return hook
 
 
@@ -47,7 +49,8 @@ class HookedOptimizer(torch.optim.Optimizer):
         ref = weakref.ref(self)
         self._hvd_hook_handles = [
             p.register_post_accumulate_grad_hook(_make_hook(ref, self._hvd_token))
-            for p in self._hvd_params]
+            for p in self._hvd_params
+        ]
 
     def _hvd_count_pass(self, p: torch.Tensor, what: str) -> bool:
         """Count one backward pass of ``p``'s gradient; True when it completes the window.
@@ -61,7 +64,8 @@ class HookedOptimizer(torch.optim.Optimizer):
                 f"{what}: the gradient of {self._hvd_names[p]!r} was computed more than "
                 f"backward_passes_per_step={self._hvd_bpps} times before optimizer.step() or "
                 "optimizer.synchronize(); raise backward_passes_per_step or call step() after "
-                "each accumulation window")
+                "each accumulation window"
+            )
         self._hvd_delay[p] = left
         return left == 0
 

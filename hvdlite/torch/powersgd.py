@@ -49,7 +49,8 @@ class PowerSGD(PowerSGDSettings, StatefulCompression):
         """The first ``Q`` of parameter ``name``: standard normal, seeded by ``seed`` and the
         name, so it is the same on every rank and in every run."""
         gen = torch.Generator().manual_seed(
-            (self.seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
+            (self.seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+        )
         return torch.randn(m, r, generator=gen, dtype=torch.float64).to(dtype)
 
 
@@ -60,7 +61,7 @@ def orthogonalize_(p: torch.Tensor, eps: float = ORTHO_EPS) -> torch.Tensor:
         col = p[:, i]
         col.div_(col.norm() + eps)
         if i + 1 < cols:
-            rest = p[:, i + 1:]
+            rest = p[:, i + 1 :]
             rest.sub_(torch.outer(col, col @ rest))
     return p
 
@@ -81,8 +82,11 @@ def _strips(t: torch.Tensor, pt: torch.Tensor, qt: torch.Tensor):
     if r == 1 or whole == 0:
         return None, 0
     b = whole // STRIP_ROWS
-    return (t[:whole].view(b, STRIP_ROWS, cols), pt.t()[:whole].reshape(b, STRIP_ROWS, r),
-            qt.unsqueeze(0).expand(b, r, cols)), whole
+    return (
+        t[:whole].view(b, STRIP_ROWS, cols),
+        pt.t()[:whole].reshape(b, STRIP_ROWS, r),
+        qt.unsqueeze(0).expand(b, r, cols),
+    ), whole
 
 
 def write_product(out: torch.Tensor, pt: torch.Tensor, qt: torch.Tensor) -> None:
@@ -111,8 +115,13 @@ class _PowerSGDExchange(GradientExchange):
     """Per matrix: this rank's residual ``error`` (``n x m``) and the warm-start ``q``
     (``m x rank``, equal on every rank, so broadcast with the optimizer state)."""
 
-    def __init__(self, spec: PowerSGD, params: List[torch.Tensor],
-                 names: Dict[torch.Tensor, str], reduce_kwargs: dict):
+    def __init__(
+        self,
+        spec: PowerSGD,
+        params: List[torch.Tensor],
+        names: Dict[torch.Tensor, str],
+        reduce_kwargs: dict,
+    ):
         super().__init__(spec, names, reduce_kwargs, spec.start_iter)
         self.shared_keys = ("q",)
         for p in params:
@@ -123,7 +132,8 @@ class _PowerSGDExchange(GradientExchange):
             name = names[p]
             self.state[name] = {
                 "error": torch.zeros(n, m, dtype=p.dtype, device=p.device),
-                "q": spec.initial_q(name, m, r, p.dtype).to(p.device)}
+                "q": spec.initial_q(name, m, r, p.dtype).to(p.device),
+            }
 
     def _compressed_unit(self, unit, items):
         # M = G + E is built in the residual's buffer, which then becomes M - P Q^T in place;
@@ -134,18 +144,21 @@ class _PowerSGDExchange(GradientExchange):
             st = self.state[name]
             m = st["error"]
             m.add_(g.view(m.shape))
-            pt = torch.mm(st["q"].t().contiguous(), m.t())         # P^T = Q^T M^T
+            pt = torch.mm(st["q"].t().contiguous(), m.t())  # P^T = Q^T M^T
             mats.append((g, m, pt, st))
         h = mpi_ops.grouped_allreduce_async_(
-            [pt for _, _, pt, _ in mats], name=unit + ".powersgd.P", op=mpi_ops.Sum,
-            process_set=self.kw["process_set"])
+            [pt for _, _, pt, _ in mats],
+            name=unit + ".powersgd.P",
+            op=mpi_ops.Sum,
+            process_set=self.kw["process_set"],
+        )
         yield
         mpi_ops.synchronize(h)
         qts = []
         for _, m, pt, _ in mats:
             orthogonalize_(pt.t())
-            qt = torch.mm(pt, m)                                    # Q^T = P^T M
-            subtract_product_(m, pt, qt)                            # residual M - P Q^T
+            qt = torch.mm(pt, m)  # Q^T = P^T M
+            subtract_product_(m, pt, qt)  # residual M - P Q^T
             qts.append(qt)
         h = mpi_ops.grouped_allreduce_async_(qts, name=unit + ".powersgd.Q", **self.kw)
         yield

@@ -26,7 +26,6 @@ def _ps_kw(process_set) -> dict:
 
 
 class _SyncBatchNormFn(torch.autograd.Function):
-
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, process_set):
         c = x.shape[1]
@@ -41,8 +40,8 @@ class _SyncBatchNormFn(torch.autograd.Function):
         local = torch.cat([xf.new_tensor([float(count)]), mean_l, var_l]).unsqueeze(0)
         stats = mpi_ops.allgather(local, **_ps_kw(process_set))
         counts = stats[:, 0:1]
-        means = stats[:, 1:1 + c]
-        variances = stats[:, 1 + c:]
+        means = stats[:, 1 : 1 + c]
+        variances = stats[:, 1 + c :]
         total = counts.sum()
         if total.item() <= 0:
             raise ValueError("SyncBatchNorm: every rank's batch is empty")
@@ -55,8 +54,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
                 n = total.item()
                 unbiased = var * (n / (n - 1)) if n > 1 else var
                 running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype),
-                                                    alpha=momentum)
+                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
 
         shape = [1, c] + [1] * (x.dim() - 2)
         xhat = (xf - mean.view(shape)) * invstd.view(shape)
@@ -81,16 +79,21 @@ class _SyncBatchNormFn(torch.autograd.Function):
         g = grad_out.to(xhat.dtype)
         sum_dy = g.sum(dims)
         sum_dy_xhat = (g * xhat).sum(dims)
-        sums = mpi_ops.allreduce(torch.cat([sum_dy, sum_dy_xhat]), op=mpi_ops.Sum,
-                                 **_ps_kw(ctx.process_set))
+        sums = mpi_ops.allreduce(
+            torch.cat([sum_dy, sum_dy_xhat]), op=mpi_ops.Sum, **_ps_kw(ctx.process_set)
+        )
         mean_dy = sums[:c] / ctx.total
         mean_dy_xhat = sums[c:] / ctx.total
         scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
         grad_in = (g - mean_dy.view(shape) - xhat * mean_dy_xhat.view(shape)) * scale.view(shape)
-        grad_w = sum_dy_xhat.to(weight.dtype) if weight is not None and \
-            ctx.needs_input_grad[1] else None
-        grad_b = sum_dy.to(weight.dtype if weight is not None else sum_dy.dtype) \
-            if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_w = (
+            sum_dy_xhat.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        )
+        grad_b = (
+            sum_dy.to(weight.dtype if weight is not None else sum_dy.dtype)
+            if ctx.has_bias and ctx.needs_input_grad[2]
+            else None
+        )
         return grad_in.to(ctx.in_dtype), grad_w, grad_b, None, None, None, None, None
 
 
@@ -113,18 +116,28 @@ class SyncBatchNorm(_BatchNorm):
         process_set: the ranks whose batches are normalized together (default: all).
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None,
-                 process_set=global_process_set):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device=device, dtype=dtype)
+    def __init__(
+        self,
+        num_features,
+        eps=1e-5,
+        momentum=0.1,
+        affine=True,
+        track_running_stats=True,
+        device=None,
+        dtype=None,
+        process_set=global_process_set,
+    ):
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype
+        )
         self.process_set = process_set
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
             raise ValueError(
                 f"SyncBatchNorm: expected an input of at least 2 dimensions (N, C, ...), got "
-                f"{input.dim()}D")
+                f"{input.dim()}D"
+            )
 
     def forward(self, input):
         """Normalize ``input`` with statistics gathered from every rank of the process set.
@@ -145,7 +158,8 @@ class SyncBatchNorm(_BatchNorm):
         if input.shape[1] != self.num_features:
             raise ValueError(
                 f"SyncBatchNorm: input has {input.shape[1]} channels but num_features="
-                f"{self.num_features}")
+                f"{self.num_features}"
+            )
         if not self.training or ops.process_set_size(self.process_set) == 1:
             return super().forward(input)
         momentum = 0.0 if self.momentum is None else self.momentum
@@ -155,8 +169,16 @@ class SyncBatchNorm(_BatchNorm):
                 momentum = 1.0 / float(self.num_batches_tracked)
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
-        return _SyncBatchNormFn.apply(input, self.weight, self.bias, running_mean, running_var,
-                                      self.eps, momentum, self.process_set)
+        return _SyncBatchNormFn.apply(
+            input,
+            self.weight,
+            self.bias,
+            running_mean,
+            running_var,
+            self.eps,
+            momentum,
+            self.process_set,
+        )
 
     @classmethod
     def convert_sync_batchnorm(cls, module, process_set=global_process_set):
@@ -173,8 +195,14 @@ class SyncBatchNorm(_BatchNorm):
         """
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats, process_set=process_set)
+            out = cls(
+                module.num_features,
+                module.eps,
+                module.momentum,
+                module.affine,
+                module.track_running_stats,
+                process_set=process_set,
+            )
             if module.affine:
                 with torch.no_grad():
                     out.weight = module.weight

@@ -40,8 +40,7 @@ class TopK(StatefulCompression):
 
     kind = "topk"
 
-    def __init__(self, ratio: float = 0.01, start_iter: int = 0, min_numel: int = 1024,
-                 dense=None):
+    def __init__(self, ratio: float = 0.01, start_iter: int = 0, min_numel: int = 1024, dense=None):
         if not 0 < ratio <= 1:
             raise ValueError(f"hvd.Compression.topk: ratio={ratio} must be in (0, 1]")
         if int(start_iter) < 0:
@@ -54,8 +53,10 @@ class TopK(StatefulCompression):
         self.dense = dense
 
     def __repr__(self):
-        return (f"hvd.Compression.topk(ratio={self.ratio}, start_iter={self.start_iter}, "
-                f"min_numel={self.min_numel}, dense={self.dense})")
+        return (
+            f"hvd.Compression.topk(ratio={self.ratio}, start_iter={self.start_iter}, "
+            f"min_numel={self.min_numel}, dense={self.dense})"
+        )
 
     def make_exchange(self, params, names, reduce_kwargs):
         return _TopKExchange(self, params, names, reduce_kwargs)
@@ -105,14 +106,20 @@ def sparse_nonzero(mask: torch.Tensor) -> torch.Tensor:
 class _TopKExchange(GradientExchange):
     """Per sparsified gradient: this rank's residual ``error`` (flat); nothing is shared."""
 
-    def __init__(self, spec: TopK, params: List[torch.Tensor],
-                 names: Dict[torch.Tensor, str], reduce_kwargs: dict):
+    def __init__(
+        self,
+        spec: TopK,
+        params: List[torch.Tensor],
+        names: Dict[torch.Tensor, str],
+        reduce_kwargs: dict,
+    ):
         super().__init__(spec, names, reduce_kwargs, spec.start_iter)
         self._scratches: Dict[tuple, torch.Tensor] = {}
         for p in params:
             if p.dtype.is_floating_point and p.numel() >= spec.min_numel:
                 self.state[names[p]] = {
-                    "error": torch.zeros(p.numel(), dtype=p.dtype, device=p.device)}
+                    "error": torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                }
 
     def _use_dense(self, kept: int, total: int, itemsize: int) -> bool:
         if self.spec.dense is not None:
@@ -130,10 +137,10 @@ class _TopKExchange(GradientExchange):
         for name, g in items:
             flat = g.view(-1)
             err = self.state[name]["error"]
-            err.add_(flat)                          # M = G + E, in the residual's buffer
+            err.add_(flat)  # M = G + E, in the residual's buffer
             idx = largest_entries(err, self.spec.k_of(flat.numel()), self._scratch(flat))
             values.append(err.index_select(0, idx))
-            err.index_fill_(0, idx, 0)              # the residual: M less what is sent
+            err.index_fill_(0, idx, 0)  # the residual: M less what is sent
             indices.append(idx + offset)
             kept.append(idx.numel())
             flats.append(flat)
@@ -145,9 +152,10 @@ class _TopKExchange(GradientExchange):
         key = (flat.dtype, flat.device)
         buf = self._scratches.get(key)
         if buf is None or buf.numel() < flat.numel():
-            buf = self._scratches[key] = torch.empty(flat.numel(), dtype=flat.dtype,
-                                                     device=flat.device)
-        return buf[:flat.numel()]
+            buf = self._scratches[key] = torch.empty(
+                flat.numel(), dtype=flat.dtype, device=flat.device
+            )
+        return buf[: flat.numel()]
 
     def _compressed_unit(self, unit, items):
         flats, values, indices, kept = self._select(items)
@@ -161,20 +169,24 @@ class _TopKExchange(GradientExchange):
             mpi_ops.synchronize(h)
             start = 0
             for flat in flats:
-                flat.copy_(summed[start:start + flat.numel()])
+                flat.copy_(summed[start : start + flat.numel()])
                 start += flat.numel()
             return
         hv = mpi_ops.allgather_async(values, name=unit + ".topk.values", **kw)
-        hi = mpi_ops.allgather_async(indices if total >= 2 ** 31 else indices.to(torch.int32),
-                                     name=unit + ".topk.indices", **kw)
+        hi = mpi_ops.allgather_async(
+            indices if total >= 2**31 else indices.to(torch.int32),
+            name=unit + ".topk.indices",
+            **kw,
+        )
         yield
         all_values = mpi_ops.synchronize(hv)
         all_indices = mpi_ops.synchronize(hi)
         _scatter_sum(flats, kept, all_indices, all_values * self._average_scale())
 
 
-def _scatter_sum(flats: List[torch.Tensor], kept: List[int], indices: torch.Tensor,
-                 values: torch.Tensor):
+def _scatter_sum(
+    flats: List[torch.Tensor], kept: List[int], indices: torch.Tensor, values: torch.Tensor
+):
     """Overwrite the ``flats`` (laid end to end) with zeros plus ``values`` summed at
     ``indices``, tensor by tensor (no buffer of the whole unit).
 
@@ -187,7 +199,8 @@ def _scatter_sum(flats: List[torch.Tensor], kept: List[int], indices: torch.Tens
         raise ValueError(
             f"top-k: gathered {indices.numel()} indices and {values.numel()} values, not a "
             f"whole number of ranks' {per_rank} entries each (do the ranks compress "
-            "different gradients?)")
+            "different gradients?)"
+        )
     ranks = indices.numel() // per_rank if per_rank else 0
     indices = indices.view(ranks, per_rank)
     values = values.view(ranks, per_rank)
@@ -195,7 +208,7 @@ def _scatter_sum(flats: List[torch.Tensor], kept: List[int], indices: torch.Tens
     for flat, k in zip(flats, kept):
         flat.zero_()
         if k:
-            idx = indices[:, at:at + k].reshape(-1) - start
-            flat.index_add_(0, idx, values[:, at:at + k].reshape(-1))
+            idx = indices[:, at : at + k].reshape(-1) - start
+            flat.index_add_(0, idx, values[:, at : at + k].reshape(-1))
         start += flat.numel()
         at += k

@@ -33,5 +33,8 @@ def tree(tensors):
 def tolerance(dtype):
     """(rtol, atol) for comparing the runtime's result with :func:`tree`: the partial dot
     products are summed in another order, which may move a 16-bit result by an ulp per level."""
-    return {torch.float16: (1e-2, 1e-3), torch.bfloat16: (4e-2, 1e-2),
-            torch.float32: (1e-5, 1e-6)}.get(dtype, (1e-11, 1e-12))
+    return {
+        torch.float16: (1e-2, 1e-3),
+        torch.bfloat16: (4e-2, 1e-2),
+        torch.float32: (1e-5, 1e-6),
+    }.get(dtype, (1e-11, 1e-12))

@@ -16,17 +16,19 @@ BIN = os.path.dirname(sys.executable)
 
 def worker_env(extra=None):
     """This environment for a worker process: the repository importable, no stale rank."""
-    return launching.environment({"PYTHONUNBUFFERED": "1", **(extra or {})},
-                                 pythonpath=[ROOT])
+    return launching.environment({"PYTHONUNBUFFERED": "1", **(extra or {})}, pythonpath=[ROOT])
 
 
 def run_job(np, script, *args, env=None, timeout=180, launcher="hvdlite"):
     """Run ``script`` on ``np`` ranks through hvdlite-run, mpiexec, or as one plain process."""
     path = os.path.join(WORKERS, script)
     if launcher == "hvdlite":
-        return launching.run(["-np", np, sys.executable, path, *args],
-                             env={"PYTHONUNBUFFERED": "1", **(env or {})}, timeout=timeout,
-                             pythonpath=[ROOT])
+        return launching.run(
+            ["-np", np, sys.executable, path, *args],
+            env={"PYTHONUNBUFFERED": "1", **(env or {})},
+            timeout=timeout,
+            pythonpath=[ROOT],
+        )
     elif launcher == "mpiexec":
         mpiexec = shutil.which("mpiexec", path=BIN) or shutil.which("mpiexec")
         if mpiexec is None:
@@ -38,11 +40,14 @@ def run_job(np, script, *args, env=None, timeout=180, launcher="hvdlite"):
     else:
         cmd = [sys.executable, path, *args]
     try:
-        return subprocess.run(cmd, env=worker_env(env), cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            cmd, env=worker_env(env), cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"job {script} {args} did not finish within {timeout}s; output so far:\n"
-                    f"{exc.stdout}\n{exc.stderr}")
+        pytest.fail(
+            f"job {script} {args} did not finish within {timeout}s; output so far:\n"
+            f"{exc.stdout}\n{exc.stderr}"
+        )
 
 
 def assert_ok(proc, checks, ranks):
@@ -50,4 +55,5 @@ def assert_ok(proc, checks, ranks):
     out = proc.stdout + proc.stderr
     missing = [f"{c} rank={r}" for c in checks for r in ranks if f"OK {c} rank={r}" not in out]
     assert proc.returncode == 0 and not missing, (
-        f"exit code {proc.returncode}; checks without OK: {missing}\n{out[-6000:]}")
+        f"exit code {proc.returncode}; checks without OK: {missing}\n{out[-6000:]}"
+    )

@@ -21,10 +21,12 @@ from hvdlite.common.engine.message import ReduceOp
 from hvdlite.common.diagnostics.recorder import NULL
 from hvdlite.common.engine.runtime import Runtime
 
-_REDUCE = {ReduceOp.SUM: lambda s: torch.stack(s).sum(0),
-           ReduceOp.MIN: lambda s: torch.stack(s).min(0).values,
-           ReduceOp.MAX: lambda s: torch.stack(s).max(0).values,
-           ReduceOp.PRODUCT: lambda s: torch.stack(s).prod(0)}
+_REDUCE = {
+    ReduceOp.SUM: lambda s: torch.stack(s).sum(0),
+    ReduceOp.MIN: lambda s: torch.stack(s).min(0).values,
+    ReduceOp.MAX: lambda s: torch.stack(s).max(0).values,
+    ReduceOp.PRODUCT: lambda s: torch.stack(s).prod(0),
+}
 
 
 class Hub:
@@ -32,7 +34,7 @@ class Hub:
         self.size = size
         self.slots = [None] * size
         self.barrier = threading.Barrier(size, timeout=timeout_s)
-        self.calls = collections.Counter()   # by kind, counted by rank 0, for traffic checks
+        self.calls = collections.Counter()  # by kind, counted by rank 0, for traffic checks
         self.timeout_s = timeout_s
         # point-to-point messages in flight, by (sender, receiver)
         self.mail = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
@@ -61,34 +63,34 @@ class LoopbackBackend(Backend):
         return slots
 
     def control_allreduce_min(self, vec):
-        return np.minimum.reduce(self._exchange(vec.copy(), 'control_allreduce'))
+        return np.minimum.reduce(self._exchange(vec.copy(), "control_allreduce"))
 
     def _allgather_fixed(self, buf):
-        return np.concatenate(self._exchange(buf.copy(), 'control_allgather'))
+        return np.concatenate(self._exchange(buf.copy(), "control_allgather"))
 
     def allreduce_(self, tensor, op):
-        slots = self._exchange(tensor.clone(), 'allreduce')
+        slots = self._exchange(tensor.clone(), "allreduce")
         tensor.copy_(_REDUCE[ReduceOp(op)](slots))
 
     def allgather_bytes(self, send, counts):
-        return self._exchange(send.clone(), 'allgather')
+        return self._exchange(send.clone(), "allgather")
 
     def broadcast_(self, tensor, root):
-        tensor.copy_(self._exchange(tensor.clone(), 'broadcast')[root])
+        tensor.copy_(self._exchange(tensor.clone(), "broadcast")[root])
 
     def alltoall_bytes(self, send, send_counts, recv_counts):
-        slots = self._exchange((send.clone(), list(send_counts)), 'alltoall')
+        slots = self._exchange((send.clone(), list(send_counts)), "alltoall")
         parts = []
         for data, counts in slots:
-            start = sum(counts[:self.rank])
-            parts.append(data[start:start + counts[self.rank]])
+            start = sum(counts[: self.rank])
+            parts.append(data[start : start + counts[self.rank]])
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
 
     def sendrecv_(self, send, recv, peer):
         hub = self.hub
         hub.mail[(self.rank, peer)].put(send.clone())
         if self.rank == 0:
-            hub.calls['sendrecv'] += 1
+            hub.calls["sendrecv"] += 1
         waited = 0.0
         while True:
             try:
@@ -98,10 +100,13 @@ class LoopbackBackend(Backend):
                 waited += 0.05
                 if hub.barrier.broken or waited >= hub.timeout_s:
                     raise HvdliteInternalError(
-                        f"rank {self.rank}: peer thread {peer} never answered") from None
+                        f"rank {self.rank}: peer thread {peer} never answered"
+                    ) from None
         if got.numel() * got.element_size() != recv.numel() * recv.element_size():
-            raise AssertionError(f"rank {self.rank}: rank {peer} sent {got.numel()} "
-                                 f"{got.dtype} elements, {recv.numel()} expected")
+            raise AssertionError(
+                f"rank {self.rank}: rank {peer} sent {got.numel()} "
+                f"{got.dtype} elements, {recv.numel()} expected"
+            )
         recv.view(-1).view(torch.uint8).copy_(got.view(-1).view(torch.uint8))
 
     def crash(self):
@@ -114,8 +119,10 @@ def start_runtimes(size, recorders=None, **config):
     """One started Runtime per rank over one Hub; returns ``(hub, runtimes)``."""
     hub = Hub(size)
     recorders = recorders or [NULL] * size
-    rts = [Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r), recorders[r])
-           for r in range(size)]
+    rts = [
+        Runtime(Config(rank=r, size=size, **config), LoopbackBackend(hub, r), recorders[r])
+        for r in range(size)
+    ]
     for rt in rts:
         rt.start()
     return hub, rts
@@ -139,7 +146,7 @@ def on_every_rank(rts, fn):
     def body(r):
         try:
             fn(r, rts[r])
-        except BaseException as exc:       # reported below, with the rank
+        except BaseException as exc:  # reported below, with the rank
             errors.append((r, exc))
 
     threads = [threading.Thread(target=body, args=(r,)) for r in range(len(rts))]

@@ -31,7 +31,7 @@ def ranks(size, body):
     def run(r):
         try:
             results[r] = body(r, LoopbackBackend(hub, r))
-        except BaseException as exc:       # reported below, with the rank
+        except BaseException as exc:  # reported below, with the rank
             errors.append((r, exc))
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
@@ -51,8 +51,9 @@ def inputs(rank, dtype, counts=COUNTS):
     common = torch.Generator().manual_seed(7)
     out = []
     for i, n in enumerate(counts):
-        t = torch.randn(n, generator=common, dtype=torch.float64) * 0.5 \
-            + torch.randn(n, generator=g, dtype=torch.float64)
+        t = torch.randn(n, generator=common, dtype=torch.float64) * 0.5 + torch.randn(
+            n, generator=g, dtype=torch.float64
+        )
         if i == 3 and rank in (1, 2):
             t.zero_()
         if i == 4:
@@ -66,6 +67,7 @@ def fused_adasum(size, dtype, counts=COUNTS):
         buf = torch.cat(inputs(r, dtype, counts))
         adasum.allreduce_(backend, buf, counts)
         return buf
+
     return ranks(size, body)
 
 
@@ -73,14 +75,14 @@ def fused_adasum(size, dtype, counts=COUNTS):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_fused_buffer_is_the_rule_tensor_by_tensor(size, dtype):
     results, _ = fused_adasum(size, dtype)
-    for r in range(1, size):          # the gather phase hands every rank the same bytes
+    for r in range(1, size):  # the gather phase hands every rank the same bytes
         assert torch.equal(results[r], results[0]), r
     per_rank = [inputs(r, dtype) for r in range(size)]
     rtol, atol = tolerance(dtype)
     for i, got in enumerate(results[0].split(COUNTS)):
         expected = tree([ts[i] for ts in per_rank])
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=f"tensor {i}")
-    assert not results[0].split(COUNTS)[4].any()          # zero everywhere stays zero
+    assert not results[0].split(COUNTS)[4].any()  # zero everywhere stays zero
 
 
 @pytest.mark.parametrize("counts", [[1], [3], [0, 2, 0], [0]])
@@ -106,6 +108,7 @@ def test_zero_vector_is_left_out():
         t = torch.zeros(5, dtype=torch.float64) if r == 1 else torch.arange(5.0).double() + r
         adasum.allreduce_(backend, t, [5])
         return t
+
     results, _ = ranks(2, body)
     assert torch.equal(results[0], torch.arange(5.0).double())
 
@@ -117,6 +120,7 @@ def test_parallel_vectors_average_and_orthogonal_ones_add():
         buf = torch.cat([same, orth])
         adasum.allreduce_(backend, buf, [2, 2])
         return buf
+
     results, _ = ranks(2, body)
     assert results[0].tolist() == [3.0, 4.0, 1.0, 2.0]
 
@@ -126,6 +130,7 @@ def test_non_power_of_two_raises_on_every_rank_naming_the_size():
         with pytest.raises(ValueError, match="power-of-two number of ranks, but this job has 3"):
             adasum.allreduce_(backend, torch.ones(4), [4], name="grad")
         return True
+
     results, hub = ranks(3, body)
     assert results == [True] * 3 and hub.calls["sendrecv"] == 0
 
@@ -150,6 +155,7 @@ def test_block_allreduce_sums_within_aligned_blocks():
             backend.block_allreduce_(t, block)
             out[block] = t.tolist()
         return out
+
     results, _ = ranks(4, body)
     for r, got in enumerate(results):
         lo = r // 2 * 2
@@ -166,8 +172,15 @@ def submit(rt, tensors, names, pre=1.0, post=1.0):
     handles, entries = [], []
     for t, name in zip(tensors, names):
         h = Handle(1)
-        req = Request(name, OpType.ALLREDUCE, str(t.dtype)[6:], tuple(t.shape),
-                      reduce_op=int(ReduceOp.ADASUM), prescale=pre, postscale=post)
+        req = Request(
+            name,
+            OpType.ALLREDUCE,
+            str(t.dtype)[6:],
+            tuple(t.shape),
+            reduce_op=int(ReduceOp.ADASUM),
+            prescale=pre,
+            postscale=post,
+        )
         entries.append(Entry(req, t, t, h, 0))
         handles.append(h)
     rt.enqueue(entries)
@@ -202,7 +215,7 @@ def test_runtime_refuses_integers_and_carries_on():
         with pytest.raises(TypeError, match="'ints' with op=Adasum: dtype int32"):
             wait(h)
         [h] = submit(rt, [torch.full((2,), 2.0)], ["after"])
-        assert wait(h).tolist() == [2.0, 2.0]          # parallel vectors: their average
+        assert wait(h).tolist() == [2.0, 2.0]  # parallel vectors: their average
 
     on_every_rank(rts, body)
     stop(rts)

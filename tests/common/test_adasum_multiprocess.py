@@ -17,8 +17,7 @@ MPI_ENV = {"HVDLITE_CPU_OPERATIONS": "mpi"}
 
 @pytest.mark.timeout(180)
 def test_gloo_two_ranks():
-    proc = run_job(2, "adasum_worker.py", "--only", ",".join(ALLREDUCE + OPTIMIZER),
-                   timeout=150)
+    proc = run_job(2, "adasum_worker.py", "--only", ",".join(ALLREDUCE + OPTIMIZER), timeout=150)
     assert_ok(proc, ALLREDUCE + OPTIMIZER, [0, 1])
 
 
@@ -37,22 +36,37 @@ def test_gloo_three_ranks_are_refused_on_every_rank():
 
 @pytest.mark.timeout(180)
 def test_mpi_two_ranks():
-    proc = run_job(2, "adasum_worker.py", "--only", ",".join(ALLREDUCE + OPTIMIZER),
-                   launcher="mpiexec", env=MPI_ENV, timeout=150)
+    proc = run_job(
+        2,
+        "adasum_worker.py",
+        "--only",
+        ",".join(ALLREDUCE + OPTIMIZER),
+        launcher="mpiexec",
+        env=MPI_ENV,
+        timeout=150,
+    )
     assert_ok(proc, ALLREDUCE + OPTIMIZER, [0, 1])
 
 
 @pytest.mark.timeout(180)
 def test_mpi_four_ranks():
-    proc = run_job(4, "adasum_worker.py", "--only", ",".join(ALLREDUCE), launcher="mpiexec",
-                   env=MPI_ENV, timeout=150)
+    proc = run_job(
+        4,
+        "adasum_worker.py",
+        "--only",
+        ",".join(ALLREDUCE),
+        launcher="mpiexec",
+        env=MPI_ENV,
+        timeout=150,
+    )
     assert_ok(proc, ALLREDUCE, [0, 1, 2, 3])
 
 
 @pytest.mark.timeout(120)
 def test_gloo_frozen_peer_ends_in_an_error_after_the_op_timeout():
-    proc = run_job(2, "adasum_worker.py", "--hang", timeout=90,
-                   env={"HVDLITE_OP_TIMEOUT_SECONDS": "3"})
+    proc = run_job(
+        2, "adasum_worker.py", "--hang", timeout=90, env={"HVDLITE_OP_TIMEOUT_SECONDS": "3"}
+    )
     out = proc.stdout + proc.stderr
     m = re.search(r"RAISED HvdliteInternalError after ([\d.]+)s: .*exchange with rank 1", out)
     assert m and 2 < float(m.group(1)) < 15, out

@@ -7,8 +7,12 @@ import pytest
 
 from hvdlite.common import api_docs
 
-TABLE = {"tensor": "the input.", "name": "the op's name.", "first": "ignored.",
-         "second": "ignored."}
+TABLE = {
+    "tensor": "the input.",
+    "name": "the op's name.",
+    "first": "ignored.",
+    "second": "ignored.",
+}
 
 
 def _args_lines(doc: str):
@@ -30,17 +34,25 @@ def test_fills_args_in_signature_order_before_returns():
         Raises:
             ValueError: never.
         """
+
     doc = api_docs.documented(TABLE, tensor="this op's own tensor.")(op).__doc__
     assert doc.startswith("Do the thing.\n\nMore about it.\n\nArgs:\n")
-    assert _args_lines(doc) == ["    tensor: this op's own tensor.", "    name: the op's name.",
-                                "    first, second: ignored."]
-    assert doc.index("Args:") < doc.index("Returns:\n    The result.") < doc.index(
-        "Raises:\n    ValueError: never.")
+    assert _args_lines(doc) == [
+        "    tensor: this op's own tensor.",
+        "    name: the op's name.",
+        "    first, second: ignored.",
+    ]
+    assert (
+        doc.index("Args:")
+        < doc.index("Returns:\n    The result.")
+        < doc.index("Raises:\n    ValueError: never.")
+    )
 
 
 def test_appends_args_when_there_is_no_later_section_and_wraps_long_descriptions():
     def op(tensor, *rest):
         """Summary only."""
+
     doc = api_docs.documented({"tensor": "word " * 30, "rest": "more."})(op).__doc__
     lines = _args_lines(doc)
     assert doc.startswith("Summary only.\n\nArgs:\n")
@@ -62,6 +74,7 @@ def test_shared_raises_entries_follow_the_own_ones_or_make_the_section():
 
     def bare(tensor):
         """Do it."""
+
     shared = ("TypeError: not a tensor.", "RuntimeError: the runtime stopped " + "long " * 20)
     doc = api_docs.documented(TABLE, raises=shared)(op).__doc__
     raises = doc.split("Raises:\n")[1].split("\n\n")[0].splitlines()
@@ -77,6 +90,7 @@ def test_shared_raises_entries_follow_the_own_ones_or_make_the_section():
 def test_keeps_the_function_object_and_its_signature():
     def op(tensor, name=None):
         """Summary."""
+
     before = inspect.signature(op)
     assert api_docs.documented(TABLE)(op) is op
     assert inspect.signature(op) == before and op.__name__ == "op"
@@ -85,6 +99,7 @@ def test_keeps_the_function_object_and_its_signature():
 def test_refuses_an_undocumented_argument():
     def op(tensor, colour=None):
         """Summary."""
+
     with pytest.raises(TypeError, match=r"op: no description for argument\(s\) \['colour'\]"):
         api_docs.documented(TABLE)(op)
 
@@ -92,6 +107,7 @@ def test_refuses_an_undocumented_argument():
 def test_refuses_a_description_for_an_argument_it_does_not_take():
     def op(tensor):
         """Summary."""
+
     with pytest.raises(TypeError, match=r"\['name'\], which it does not take"):
         api_docs.documented(TABLE, name="stale.")(op)
 
@@ -106,6 +122,7 @@ def test_refuses_a_docstring_with_its_own_args_or_none():
 
     def bare(tensor):
         pass
+
     with pytest.raises(TypeError, match="writes its own Args section"):
         api_docs.documented(TABLE)(written)
     with pytest.raises(TypeError, match="no docstring"):
@@ -113,17 +130,24 @@ def test_refuses_a_docstring_with_its_own_args_or_none():
 
 
 def _public_functions(module):
-    return [(n, f) for n, f in ((n, getattr(module, n)) for n in module.__all__)
-            if inspect.isfunction(f) and f.__module__ == module.__name__
-            and inspect.signature(f).parameters]
+    return [
+        (n, f)
+        for n, f in ((n, getattr(module, n)) for n in module.__all__)
+        if inspect.isfunction(f)
+        and f.__module__ == module.__name__
+        and inspect.signature(f).parameters
+    ]
 
 
 def _check_every_argument_listed(module):
     functions = _public_functions(module)
     assert functions, module.__name__
     for n, f in functions:
-        listed = " ".join(line.split(":")[0] for line in _args_lines(inspect.getdoc(f))
-                          if not line.startswith("        "))
+        listed = " ".join(
+            line.split(":")[0]
+            for line in _args_lines(inspect.getdoc(f))
+            if not line.startswith("        ")
+        )
         names = [p.name for p in inspect.signature(f).parameters.values()]
         assert [p for p in names if p not in listed.replace(",", " ").split()] == [], n
 
@@ -131,6 +155,7 @@ def _check_every_argument_listed(module):
 def test_every_public_torch_function_lists_each_argument():
     pytest.importorskip("torch")
     from hvdlite.torch import functions, mpi_ops
+
     _check_every_argument_listed(mpi_ops)
     _check_every_argument_listed(functions)
     assert "its result is ``tensor`` itself" in inspect.getdoc(mpi_ops.allreduce_async_)
@@ -139,5 +164,6 @@ def test_every_public_torch_function_lists_each_argument():
 def test_every_public_tensorflow_function_lists_each_argument():
     pytest.importorskip("tensorflow")
     from hvdlite.tensorflow import functions, mpi_ops
+
     _check_every_argument_listed(mpi_ops)
     _check_every_argument_listed(functions)

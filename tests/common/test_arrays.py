@@ -48,8 +48,7 @@ def same(t_buf, n_buf, what):
     got, want = N.to_numpy(n_buf), T.to_numpy(t_buf)
     assert N.dtype_name(n_buf) == T.dtype_name(t_buf), what
     assert got.shape == want.shape, what
-    np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64),
-                                  err_msg=what)
+    np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64), err_msg=what)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -74,8 +73,10 @@ def test_allocation_views_and_copies(dtype):
     same(dt, dn, "copy_")
     same(T.cat([t[:5], t[5:]]), N.cat([n[:5], n[5:]]), "cat")
     assert N.to_numpy(N.from_bytes(b"ab\x00")).tolist() == [97, 98, 0]
-    assert N.to_numpy(N.tensor([3, -1], "int64")).tolist() == \
-        T.to_numpy(T.tensor([3, -1], "int64")).tolist()
+    assert (
+        N.to_numpy(N.tensor([3, -1], "int64")).tolist()
+        == T.to_numpy(T.tensor([3, -1], "int64")).tolist()
+    )
     assert N.numel(N.from_bytes(b"")) == 0 == T.numel(T.from_bytes(b""))
 
 
@@ -87,7 +88,7 @@ def test_pack_and_unpack(dtype):
         flats = []
         off = 0
         for s in sizes:
-            flats.append(buf[off:off + s])
+            flats.append(buf[off : off + s])
             off += s
         out = k.empty(37, dtype)
         k.pack(flats, out)
@@ -123,9 +124,11 @@ def test_scaled_copy_is_a_copy_then_scale_bit_for_bit(dtype, factor):
         kind.scale_(want, factor)
         got = kind.empty(kind.numel(src), dtype)
         kind.scaled_copy_(got, src, factor)
-        np.testing.assert_array_equal(kind.to_numpy(got).astype(np.float64),
-                                      kind.to_numpy(want).astype(np.float64),
-                                      err_msg=f"{kind.name} scaled_copy_ {dtype} by {factor}")
+        np.testing.assert_array_equal(
+            kind.to_numpy(got).astype(np.float64),
+            kind.to_numpy(want).astype(np.float64),
+            err_msg=f"{kind.name} scaled_copy_ {dtype} by {factor}",
+        )
         assert kind.dtype_name(got) == dtype
 
 
@@ -175,7 +178,7 @@ def test_dlpack_and_alignment():
     buf = N.empty(64, "float32")
     assert N.data_ptr(buf) == buf.ctypes.data and N.is_contiguous(buf)
     assert N.dlpack(buf) is not None
-    assert N.dlpack(N.empty(4, "bfloat16")) is None       # numpy cannot export it: a copy
+    assert N.dlpack(N.empty(4, "bfloat16")) is None  # numpy cannot export it: a copy
     assert T.to_numpy(T.empty(3, "bfloat16")).dtype == arrays.numpy_dtype("bfloat16")
 
 
@@ -222,8 +225,9 @@ def test_adasum_with_numpy_buffers_matches_torch(monkeypatch, dtype):
 
     def run(kind, r):
         buf = kind.from_numpy(inputs[r].astype(arrays.numpy_dtype(dtype)))
-        adasum.allreduce_(_TorchPair(r, boxes) if kind is T else _Pair(r, boxes), buf,
-                          counts, "adasum.test")
+        adasum.allreduce_(
+            _TorchPair(r, boxes) if kind is T else _Pair(r, boxes), buf, counts, "adasum.test"
+        )
         results[(kind.name, r)] = kind.to_numpy(buf).astype(np.float64)
 
     for kind in (T, N):
@@ -236,8 +240,7 @@ def test_adasum_with_numpy_buffers_matches_torch(monkeypatch, dtype):
         assert not any(th.is_alive() for th in threads), "a rank hung"
     tol = 1e-2 if dtype in ("float16", "bfloat16") else 1e-6
     for r in range(2):
-        np.testing.assert_allclose(results[("numpy", r)], results[("torch", r)], rtol=tol,
-                                   atol=tol)
+        np.testing.assert_allclose(results[("numpy", r)], results[("torch", r)], rtol=tol, atol=tol)
     np.testing.assert_array_equal(results[("numpy", 0)], results[("numpy", 1)])
 
 
@@ -256,11 +259,14 @@ def test_ml_dtypes_is_imported_only_for_a_bfloat16_numpy_array():
     buffer into numpy must not pay it (every rank did, with this module)."""
     import subprocess
     import sys
-    code = ("import sys, torch, hvdlite.torch, hvdlite.common.arrays as a; "
-            "assert 'ml_dtypes' not in sys.modules; k = a.kind(); "
-            "x = torch.ones(3, dtype=torch.float32); k.from_numpy(k.to_numpy(x)); "
-            "assert 'ml_dtypes' not in sys.modules; "
-            "b = k.to_numpy(torch.ones(3, dtype=torch.bfloat16)); "
-            "assert b.dtype.name == 'bfloat16' and 'ml_dtypes' in sys.modules; "
-            "assert torch.equal(k.from_numpy(b), torch.ones(3, dtype=torch.bfloat16))")
+
+    code = (
+        "import sys, torch, hvdlite.torch, hvdlite.common.arrays as a; "
+        "assert 'ml_dtypes' not in sys.modules; k = a.kind(); "
+        "x = torch.ones(3, dtype=torch.float32); k.from_numpy(k.to_numpy(x)); "
+        "assert 'ml_dtypes' not in sys.modules; "
+        "b = k.to_numpy(torch.ones(3, dtype=torch.bfloat16)); "
+        "assert b.dtype.name == 'bfloat16' and 'ml_dtypes' in sys.modules; "
+        "assert torch.equal(k.from_numpy(b), torch.ones(3, dtype=torch.bfloat16))"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -35,7 +35,7 @@ def test_packed_bits_and_second_round_give_the_intersection(seed):
     rng = random.Random(seed)
     capacity, words = 200, cv.words_for(200)
     hits = [sorted(rng.sample(range(capacity), rng.randint(0, 60))) for _ in range(3)]
-    hits[1] = sorted(set(hits[1]) | set(hits[0][:5]))      # some overlap for sure
+    hits[1] = sorted(set(hits[1]) | set(hits[0][:5]))  # some overlap for sure
     vecs = []
     for h in hits:
         v = cv.template(capacity)
@@ -79,6 +79,7 @@ def test_digests_agree_only_when_every_rank_sent_the_same_payload():
     a = [Request("x", OpType.ALLREDUCE, "float32", (4,), reduce_op=1)]
     b = [Request("y", OpType.ALLREDUCE, "float32", (4,), reduce_op=1)]
     from hvdlite.common.engine.message import encode_requests
+
     vecs = []
     for reqs in (a, a, a):
         v = cv.template(8)
@@ -88,32 +89,62 @@ def test_digests_agree_only_when_every_rank_sent_the_same_payload():
     other = cv.template(8)
     cv.put_digest(other, encode_requests(b))
     assert not cv.uniform(_agree(vecs + [other]))
-    assert not cv.uniform(_agree(vecs + [cv.template(8)]))    # a rank with no payload
+    assert not cv.uniform(_agree(vecs + [cv.template(8)]))  # a rank with no payload
 
 
 def test_uniform_ingest_matches_the_general_ingest():
-    reqs = [Request("ar", OpType.ALLREDUCE, "float32", (3, 2), reduce_op=int(ReduceOp.SUM),
-                    prescale=0.5),
-            Request("ag", OpType.ALLGATHER, "int64", (5, 2)),
-            Request("bc", OpType.BROADCAST, "float64", (7,), root=1),
-            Request("a2a", OpType.ALLTOALL, "float32", (6,), splits=(2, 1, 3)),
-            Request("bad", OpType.ALLTOALL, "float32", (6,), splits=(2, 1)),
-            Request("g", OpType.ALLREDUCE, "float32", (10,), reduce_op=0, parts=(3, 77)),
-            Request(BARRIER_NAME, OpType.BARRIER)]
+    reqs = [
+        Request(
+            "ar", OpType.ALLREDUCE, "float32", (3, 2), reduce_op=int(ReduceOp.SUM), prescale=0.5
+        ),
+        Request("ag", OpType.ALLGATHER, "int64", (5, 2)),
+        Request("bc", OpType.BROADCAST, "float64", (7,), root=1),
+        Request("a2a", OpType.ALLTOALL, "float32", (6,), splits=(2, 1, 3)),
+        Request("bad", OpType.ALLTOALL, "float32", (6,), splits=(2, 1)),
+        Request("g", OpType.ALLREDUCE, "float32", (10,), reduce_op=0, parts=(3, 77)),
+        Request(BARRIER_NAME, OpType.BARRIER),
+    ]
     general = Controller(3).ingest([reqs] * 3, 1)
     uniform = Controller(3).ingest_uniform(reqs, 1)
-    fields = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale", "postscale",
-              "first_dims", "splits", "error")
-    assert [[getattr(r, f) for f in fields] for r in uniform] == \
-        [[getattr(r, f) for f in fields] for r in general]
+    fields = (
+        "name",
+        "op",
+        "dtype",
+        "shape",
+        "root",
+        "reduce_op",
+        "prescale",
+        "postscale",
+        "first_dims",
+        "splits",
+        "error",
+    )
+    assert [[getattr(r, f) for f in fields] for r in uniform] == [
+        [getattr(r, f) for f in fields] for r in general
+    ]
     assert uniform[4].error and "splits" in uniform[4].error
 
 
 def _submit(rt, name, tensor, parts=None):
     handle = Handle(1)
-    rt.enqueue([Entry(Request(name, OpType.ALLREDUCE, "float32", tuple(tensor.shape),
-                              reduce_op=int(ReduceOp.SUM), parts=parts),
-                      tensor, tensor, handle, 0)])
+    rt.enqueue(
+        [
+            Entry(
+                Request(
+                    name,
+                    OpType.ALLREDUCE,
+                    "float32",
+                    tuple(tensor.shape),
+                    reduce_op=int(ReduceOp.SUM),
+                    parts=parts,
+                ),
+                tensor,
+                tensor,
+                handle,
+                0,
+            )
+        ]
+    )
     return handle
 
 
@@ -132,8 +163,8 @@ def test_ragged_cache_hits_complete_when_a_rank_waits_between_ops():
             wait(_submit(rt, "a", bufs[r]["a"]))
             wait(_submit(rt, "b", bufs[r]["b"]))
 
-    on_every_rank(rts, step)          # negotiated: fills the cache
-    on_every_rank(rts, step)          # cache hits, ragged in their word
+    on_every_rank(rts, step)  # negotiated: fills the cache
+    on_every_rank(rts, step)  # cache hits, ragged in their word
     for r in range(2):
         assert bufs[r]["a"].tolist() == [4.0] * 4 and bufs[r]["b"].tolist() == [4.0] * 4
     stop(rts)
@@ -156,7 +187,8 @@ def test_lists_that_differ_wait_to_become_the_same_instead_of_allgathering(monke
     rank 0's (here without bound), then needs no allgather."""
     import time
     from hvdlite.common.engine import runtime as runtime_module
-    monkeypatch.setattr(runtime_module, "_CONVERGE_US", 10 ** 9)
+
+    monkeypatch.setattr(runtime_module, "_CONVERGE_US", 10**9)
     hub, rts = start(2)
     bufs = [[torch.full((3,), float(r + 1)) for _ in range(2)] for r in range(2)]
 

@@ -24,7 +24,7 @@ from hvdlite.runner.store.rendezvous import RendezvousService
 
 pytestmark = pytest.mark.timeout(60)
 
-VECTOR = 88          # the control vector's length with the default cache
+VECTOR = 88  # the control vector's length with the default cache
 INT32 = np.iinfo(np.int32)
 
 
@@ -36,7 +36,7 @@ def _on_threads(fn, ranks, timeout_s=20.0):
     def body(r):
         try:
             results[r] = fn(r)
-        except Exception as exc:        # returned to the test, which checks it
+        except Exception as exc:  # returned to the test, which checks it
             errors[r] = exc
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in ranks]
@@ -64,17 +64,17 @@ def _groups(size, timeout_s):
     pgs, errors = _on_threads(connect, range(size))
     assert not errors, errors
     names = [f"rank {10 + i} (h{i})" for i in range(size)]
-    return [ExchangeGroup(pgs[r], r, size, names, f"rank {10 + r}", timeout_s)
-            for r in range(size)]
+    return [ExchangeGroup(pgs[r], r, size, names, f"rank {10 + r}", timeout_s) for r in range(size)]
 
 
 @pytest.mark.parametrize("size", [2, 3, 5, 6])
 def test_min_equals_numpy_at_sizes_that_are_not_powers_of_two(size):
     groups = _groups(size, timeout_s=10.0)
     data = np.random.default_rng(size).integers(-1000, 1000, (size, VECTOR), dtype=np.int32)
-    data[size - 1, 0], data[0, 1] = INT32.min, INT32.max       # the extremes travel intact
+    data[size - 1, 0], data[0, 1] = INT32.min, INT32.max  # the extremes travel intact
     expected = data.min(axis=0)
-    for _ in range(3):                         # the same groups, cycle after cycle
+    for _ in range(3):  # the same groups, cycle after cycle
+
         def run(r):
             t = torch.from_numpy(data[r].copy())
             dissemination_min_(groups[r], t)
@@ -84,7 +84,7 @@ def test_min_equals_numpy_at_sizes_that_are_not_powers_of_two(size):
         assert not errors, errors
         for r in range(size):
             np.testing.assert_array_equal(results[r], expected, err_msg=f"rank {r}")
-        data = np.roll(data, 1, axis=0)        # another rank holds each minimum next time
+        data = np.roll(data, 1, axis=0)  # another rank holds each minimum next time
 
 
 def test_an_absent_peer_is_named_within_the_op_timeout():
@@ -93,7 +93,8 @@ def test_an_absent_peer_is_named_within_the_op_timeout():
     groups = _groups(3, timeout_s=1.0)
     started = time.monotonic()
     _, errors = _on_threads(
-        lambda r: dissemination_min_(groups[r], torch.zeros(VECTOR, dtype=torch.int32)), [0, 1])
+        lambda r: dissemination_min_(groups[r], torch.zeros(VECTOR, dtype=torch.int32)), [0, 1]
+    )
     elapsed = time.monotonic() - started
     assert sorted(errors) == [0, 1] and 0.9 < elapsed < 5, (errors, elapsed)
     for r, exc in errors.items():
@@ -107,10 +108,11 @@ def test_a_closed_peer_is_named_at_once():
     exchange at once, long before the op timeout, and the error still names it."""
     groups = _groups(3, timeout_s=30.0)
     groups[2].pg.shutdown()
-    groups[2] = None                           # the last reference: Gloo closes its pairs
+    groups[2] = None  # the last reference: Gloo closes its pairs
     started = time.monotonic()
     _, errors = _on_threads(
-        lambda r: dissemination_min_(groups[r], torch.zeros(VECTOR, dtype=torch.int32)), [0, 1])
+        lambda r: dissemination_min_(groups[r], torch.zeros(VECTOR, dtype=torch.int32)), [0, 1]
+    )
     assert time.monotonic() - started < 10
     assert sorted(errors) == [0, 1], errors
     for exc in errors.values():
@@ -130,16 +132,24 @@ def test_two_hosts_with_shared_memory_reduce_across_hosts_by_dissemination():
 
     def join(r):
         host, local = placed[r]
-        config = Config(rendezvous_addr="127.0.0.1", rendezvous_port=service.address[1],
-                        secret_key=key, job_id="dissem", hostname=host, local_rank=local,
-                        start_timeout_s=20.0, op_timeout_s=1.0)
+        config = Config(
+            rendezvous_addr="127.0.0.1",
+            rendezvous_port=service.address[1],
+            secret_key=key,
+            job_id="dissem",
+            hostname=host,
+            local_rank=local,
+            start_timeout_s=20.0,
+            op_timeout_s=1.0,
+        )
         backends[r] = GlooBackend.for_job(config, -1)
 
     try:
         _, errors = _on_threads(join, range(4))
         assert not errors, errors
-        assert [b._shm is not None and b._cross_pg is not None
-                for _, b in sorted(backends.items())] == [True] * 4
+        assert [
+            b._shm is not None and b._cross_pg is not None for _, b in sorted(backends.items())
+        ] == [True] * 4
         assert backends[2]._cross_peers.names == ["rank 2 (hostA)", "rank 3 (hostB)"]
         assert backends[1]._cross_peers.names == ["rank 0 (hostA)", "rank 1 (hostB)"]
         data = np.random.default_rng(4).integers(-99, 99, (4, VECTOR), dtype=np.int32)
@@ -147,20 +157,24 @@ def test_two_hosts_with_shared_memory_reduce_across_hosts_by_dissemination():
             for b in backends.values():
                 b.cross_min_by_dissemination = by_dissemination
             results, errors = _on_threads(
-                lambda r: backends[r].control_allreduce_min(data[r].copy()), range(4))
+                lambda r: backends[r].control_allreduce_min(data[r].copy()), range(4)
+            )
             assert not errors, errors
             for r in range(4):
-                np.testing.assert_array_equal(results[r], data.min(axis=0),
-                                              err_msg=f"rank {r}, {by_dissemination}")
+                np.testing.assert_array_equal(
+                    results[r], data.min(axis=0), err_msg=f"rank {r}, {by_dissemination}"
+                )
             data = np.roll(data, 1, axis=0)
         for b in backends.values():
             b.cross_min_by_dissemination = True
         backends.pop(3).close()
         _, errors = _on_threads(
-            lambda r: backends[r].control_allreduce_min(data[r].copy()), range(3))
+            lambda r: backends[r].control_allreduce_min(data[r].copy()), range(3)
+        )
         assert sorted(errors) == [0, 1, 2], errors
-        assert str(errors[2]).startswith("rank 2: Gloo exchange with rank 3 (hostB) failed"), \
+        assert str(errors[2]).startswith("rank 2: Gloo exchange with rank 3 (hostB) failed"), (
             errors[2]
+        )
     finally:
         for b in backends.values():
             b.close()

@@ -41,8 +41,7 @@ class AlternatingStage:
 def _group(shapes):
     group = []
     for i, shape in enumerate(shapes):
-        resp = Response(f"t.{i}", OpType.ALLREDUCE, "float32", shape,
-                        reduce_op=int(ReduceOp.SUM))
+        resp = Response(f"t.{i}", OpType.ALLREDUCE, "float32", shape, reduce_op=int(ReduceOp.SUM))
         resp.nbytes = resp.numel * 4
         group.append(resp)
     return group
@@ -52,19 +51,27 @@ def _group(shapes):
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 400])
 def test_a_kept_group_unpacks_each_steps_values_wherever_its_result_lies(chunk_bytes):
     backend = AlternatingStage(chunk_bytes)
-    params = Parameters(fusion_threshold_bytes=1 << 20, fusion_chunk_bytes=chunk_bytes,
-                        inplace_threshold_bytes=1 << 20, cycle_time_ms=1.0, cache_enabled=True)
+    params = Parameters(
+        fusion_threshold_bytes=1 << 20,
+        fusion_chunk_bytes=chunk_bytes,
+        inplace_threshold_bytes=1 << 20,
+        cycle_time_ms=1.0,
+        cache_enabled=True,
+    )
     ex = Executor(backend, fusion.FusionBuffers(), params)
     shapes = [(3 + i % 5,) if i % 3 else (2, 3 + i % 4) for i in range(40)]
-    group = _group(shapes)                       # the same object every step, as cached
-    for step in range(5):                        # an odd count: both places, each twice+
+    group = _group(shapes)  # the same object every step, as cached
+    for step in range(5):  # an odd count: both places, each twice+
         ins = [torch.full(s, float(step * 100 + i)) for i, s in enumerate(shapes)]
         outs = [torch.empty(s) for s in shapes]
-        entries = {r.name: Entry(None, t, o, Handle(1), 0)
-                   for r, t, o in zip(group, ins, outs)}
+        entries = {r.name: Entry(None, t, o, Handle(1), 0) for r, t, o in zip(group, ins, outs)}
         done = {}
-        ex.run(group, entries, lambda e, result: done.__setitem__(id(e.output), result),
-               lambda e, err: pytest.fail(f"{err}"))
+        ex.run(
+            group,
+            entries,
+            lambda e, result: done.__setitem__(id(e.output), result),
+            lambda e, err: pytest.fail(f"{err}"),
+        )
         assert len(done) == len(group)
         for i, (o, s) in enumerate(zip(outs, shapes)):
             assert torch.equal(o, torch.full(s, float(step * 100 + i))), (step, i)
@@ -72,6 +79,6 @@ def test_a_kept_group_unpacks_each_steps_values_wherever_its_result_lies(chunk_b
     assert len(layouts) == 1 and layouts[0][0] is group
     views = layouts[0][2][2]
     chunks = len(layouts[0][2][1])
-    assert chunks <= len(views) <= 2 * chunks      # one set of views per chunk and place
+    assert chunks <= len(views) <= 2 * chunks  # one set of views per chunk and place
     ex.forget()
     assert not ex._layouts and not ex._splits

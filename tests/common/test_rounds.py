@@ -21,8 +21,15 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _slot(host, local_rank, rank, size, local_size):
-    return SlotInfo(hostname=host, rank=rank, local_rank=local_rank, cross_rank=0, size=size,
-                    local_size=local_size, cross_size=1)
+    return SlotInfo(
+        hostname=host,
+        rank=rank,
+        local_rank=local_rank,
+        cross_rank=0,
+        size=size,
+        local_size=local_size,
+        cross_size=1,
+    )
 
 
 class _Worker:
@@ -30,16 +37,29 @@ class _Worker:
 
     def __init__(self, tmp_path, service, key, host, local_rank, inits):
         self.path = tmp_path / f"{host}.{local_rank}.{time.monotonic_ns()}.out"
-        env = worker_env({
-            cfg.RENDEZVOUS_ADDR: "127.0.0.1", cfg.RENDEZVOUS_PORT: str(service.address[1]),
-            cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: "rounds", cfg.CPU_OPERATIONS: "gloo",
-            cfg.HOSTNAME: host, cfg.LOCAL_RANK: str(local_rank), cfg.START_TIMEOUT: "20",
-            # an unnamed op whose auto-name differs between ranks fails fast instead of hanging
-            cfg.STALL_CHECK_WARNING_TIME: "1", cfg.STALL_CHECK_SHUTDOWN_TIME: "5"})
+        env = worker_env(
+            {
+                cfg.RENDEZVOUS_ADDR: "127.0.0.1",
+                cfg.RENDEZVOUS_PORT: str(service.address[1]),
+                cfg.SECRET_KEY: key.hex(),
+                cfg.JOB_ID: "rounds",
+                cfg.CPU_OPERATIONS: "gloo",
+                cfg.HOSTNAME: host,
+                cfg.LOCAL_RANK: str(local_rank),
+                cfg.START_TIMEOUT: "20",
+                # an unnamed op whose auto-name differs between ranks fails fast instead of hanging
+                cfg.STALL_CHECK_WARNING_TIME: "1",
+                cfg.STALL_CHECK_SHUTDOWN_TIME: "5",
+            }
+        )
         with open(self.path, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, os.path.join(WORKERS, "rounds_worker.py"), str(inits)],
-                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def output(self) -> str:
         return self.path.read_text()
@@ -59,8 +79,7 @@ class _Worker:
             pytest.fail(f"worker did not finish:\n{self.output()}")
 
 
-def test_survivor_and_fresh_process_meet_in_the_next_round_and_stale_ones_are_refused(
-        tmp_path):
+def test_survivor_and_fresh_process_meet_in_the_next_round_and_stale_ones_are_refused(tmp_path):
     key = new_key()
     service = RendezvousService(key, repeat_last=False)
     workers = []
@@ -76,7 +95,7 @@ def test_survivor_and_fresh_process_meet_in_the_next_round_and_stale_ones_are_re
         # round 1: the survivor (now at its second init) becomes rank 1 beside a fresh process
         service.publish([_slot("hostB", 0, 0, 2, 1), _slot("hostA", 0, 1, 2, 1)])
         fresh = _Worker(tmp_path, service, key, "hostB", 0, inits=1)
-        stale = _Worker(tmp_path, service, key, "hostA", 1, inits=1)   # had a place in round 0
+        stale = _Worker(tmp_path, service, key, "hostA", 1, inits=1)  # had a place in round 0
         workers += [fresh, stale]
         assert stale.finish() == 3, stale.output()
         assert "INIT FAILED HvdliteRemovedError" in stale.output()
@@ -128,8 +147,9 @@ def test_a_wait_in_a_replaced_round_ends_at_once_with_the_newest_round():
         assert not service.formed(0)
         threading.Timer(0.3, lambda: service.publish(slots[:1])).start()
         started = time.monotonic()
-        with pytest.raises(HvdliteRoundSupersededError, match="round 0 was replaced by "
-                                                              "round 1") as info:
+        with pytest.raises(
+            HvdliteRoundSupersededError, match="round 0 was replaced by round 1"
+        ) as info:
             client.wait(["arrived/0", "arrived/1"], 30.0)
         assert info.value.newest == 1 and time.monotonic() - started < 5
         # a wait that names no round (a static job's) is not cut short
@@ -144,9 +164,17 @@ def test_a_wait_in_a_replaced_round_ends_at_once_with_the_newest_round():
 
 
 def _join(client, host, local_rank, after, token, timeout_s=10.0):
-    reply, _ = client.request({"op": "join_round", "after": after, "hostname": host,
-                               "local_rank": local_rank, "timeout_s": timeout_s,
-                               "token": token}, timeout_s=timeout_s + 5)
+    reply, _ = client.request(
+        {
+            "op": "join_round",
+            "after": after,
+            "hostname": host,
+            "local_rank": local_rank,
+            "timeout_s": timeout_s,
+            "token": token,
+        },
+        timeout_s=timeout_s + 5,
+    )
     return reply
 
 
@@ -165,8 +193,8 @@ def test_one_process_per_slot_a_cut_off_one_cannot_join_beside_its_replacement()
         other = _join(client, "a", 0, -1, "intruder")
         assert "another process now holds host a local slot 0" in other["removed"], other
         service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
-        assert _join(client, "a", 0, 0, "old")["round"] == 1       # a survivor rejoins
-        service.new_process([("a", 0)])                             # the agent replaced it
+        assert _join(client, "a", 0, 0, "old")["round"] == 1  # a survivor rejoins
+        service.new_process([("a", 0)])  # the agent replaced it
         service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
         stale = _join(client, "a", 0, 1, "old")
         assert "cut off from the job" in stale["removed"], stale
@@ -192,22 +220,32 @@ def test_a_standby_slot_waits_for_its_round_and_counts_as_ready():
         service.publish([SlotInfo("a", 0, 0, 0, 1, 1, 1)])
         service.standby([("b", 0), ("c", 0)])
         answers = {}
-        joins = [threading.Thread(target=lambda h=h, c=c: answers.__setitem__(
-                     h, _join(c, h, 0, -1, "t" + h)), daemon=True)
-                 for h, c in (("b", clients[0]), ("c", clients[1]))]
+        joins = [
+            threading.Thread(
+                target=lambda h=h, c=c: answers.__setitem__(h, _join(c, h, 0, -1, "t" + h)),
+                daemon=True,
+            )
+            for h, c in (("b", clients[0]), ("c", clients[1]))
+        ]
         for t in joins:
             t.start()
         deadline = time.monotonic() + 5
         while service.ready() != {("b", 0), ("c", 0)} and time.monotonic() < deadline:
             time.sleep(0.02)
         assert service.ready() == {("b", 0), ("c", 0)} and answers == {}
-        assert clients[2].request({"op": "await_round", "after": 0, "timeout_s": 0.2})[0][
-            "round"] == 0                                           # nothing newer yet
-        waiter = threading.Thread(target=lambda: answers.__setitem__("await", clients[2].request(
-            {"op": "await_round", "after": 0, "timeout_s": 10})[0]["round"]), daemon=True)
+        assert (
+            clients[2].request({"op": "await_round", "after": 0, "timeout_s": 0.2})[0]["round"] == 0
+        )  # nothing newer yet
+        waiter = threading.Thread(
+            target=lambda: answers.__setitem__(
+                "await",
+                clients[2].request({"op": "await_round", "after": 0, "timeout_s": 10})[0]["round"],
+            ),
+            daemon=True,
+        )
         waiter.start()
         time.sleep(0.2)
-        service.standby([("b", 0)])                                 # c is dropped
+        service.standby([("b", 0)])  # c is dropped
         service.publish([_slot("a", 0, 0, 2, 1), _slot("b", 0, 1, 2, 1)])
         for t in joins + [waiter]:
             t.join(5)
@@ -241,15 +279,19 @@ def test_the_store_tells_when_every_member_asks_for_a_new_round():
         for host, c in zip("ab", clients):
             assert _join(c, host, 0, -1, "t" + host)["round"] == 0
         answers = {}
-        asks = [threading.Thread(target=lambda h=h, c=c: answers.__setitem__(
-                    h, _join(c, h, 0, 0, "t" + h)), daemon=True)
-                for h, c in zip("ab", clients)]
+        asks = [
+            threading.Thread(
+                target=lambda h=h, c=c: answers.__setitem__(h, _join(c, h, 0, 0, "t" + h)),
+                daemon=True,
+            )
+            for h, c in zip("ab", clients)
+        ]
         asks[0].start()
         time.sleep(0.3)
-        assert not woken.is_set() and not service.all_asking(0)      # one asked
+        assert not woken.is_set() and not service.all_asking(0)  # one asked
         asks[1].start()
         assert woken.wait(5) and service.all_asking(0)
-        service.publish(slots)                                        # what the agent does
+        service.publish(slots)  # what the agent does
         for t in asks:
             t.join(5)
         assert answers["a"]["round"] == answers["b"]["round"] == 1, answers

@@ -9,11 +9,18 @@ import threading
 import pytest
 import torch
 
-from hvdlite.common.exceptions import (HvdliteInternalError, HvdliteMismatchError,
-                                       HvdliteStallError)
+from hvdlite.common.exceptions import HvdliteInternalError, HvdliteMismatchError, HvdliteStallError
 from hvdlite.common.engine.message import JOIN_NAME, OpType, ReduceOp, Request
-from hvdlite.common.diagnostics.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, DONE, NEGOTIATE, NULL,
-                                     QUEUED, Recorder)
+from hvdlite.common.diagnostics.recorder import (
+    COLLECTIVE,
+    COPY_IN,
+    COPY_OUT,
+    DONE,
+    NEGOTIATE,
+    NULL,
+    QUEUED,
+    Recorder,
+)
 from hvdlite.common.engine.tensor_queue import Entry, Handle
 from tests.common.loopback import on_every_rank, wait
 from tests.common.loopback import start_runtimes as start
@@ -24,8 +31,17 @@ pytestmark = pytest.mark.timeout(60)
 
 def allreduce(rt, name, tensor, op=ReduceOp.SUM):
     handle = Handle(1)
-    rt.enqueue([Entry(Request(name, OpType.ALLREDUCE, "float32", tuple(tensor.shape),
-                              reduce_op=int(op)), tensor, tensor, handle, 0)])
+    rt.enqueue(
+        [
+            Entry(
+                Request(name, OpType.ALLREDUCE, "float32", tuple(tensor.shape), reduce_op=int(op)),
+                tensor,
+                tensor,
+                handle,
+                0,
+            )
+        ]
+    )
     return handle
 
 
@@ -51,16 +67,16 @@ def test_steady_state_uses_one_control_exchange_per_cycle():
         for h in hs:
             wait(h)
 
-    on_every_rank(rts, step)                  # negotiates and fills the cache
+    on_every_rank(rts, step)  # negotiates and fills the cache
     assert len(rts[0].cache) == 50
     before = dict(hub.calls)
-    on_every_rank(rts, step)                  # the same names again: cache hits only
+    on_every_rank(rts, step)  # the same names again: cache hits only
     # no request exchange at all, and the 50 tensors travel fused, not one by one
     assert hub.calls.get("control_allgather", 0) == before.get("control_allgather", 0)
     assert hub.calls["allreduce"] - before["allreduce"] < 50
     assert rts[0].controller.table == {}
     for t in tensors[0]:
-        assert t.tolist() == [2.0 ** 2] * 8   # summed twice over two ranks
+        assert t.tolist() == [2.0**2] * 8  # summed twice over two ranks
     stop(rts)
 
 
@@ -127,10 +143,10 @@ def test_full_negotiation_when_only_a_peer_missed_the_cache():
         for h in [allreduce(rt, n, t) for n, t in zip(names, tensors[r])]:
             wait(h)
 
-    on_every_rank(rts, step)                       # cache now holds all 40
+    on_every_rank(rts, step)  # cache now holds all 40
     hits = [allreduce(rts[0], n, t) for n, t in zip(names, tensors[0])]
-    miss = allreduce(rts[1], "x", torch.ones(1))   # rank 1: a new name first...
-    for _ in range(50):                            # ...while rank 0 keeps cycling its hits
+    miss = allreduce(rts[1], "x", torch.ones(1))  # rank 1: a new name first...
+    for _ in range(50):  # ...while rank 0 keeps cycling its hits
         if rts[0]._cycle > 5 + rts[1]._cycle // 2:
             break
         threading.Event().wait(0.01)
@@ -148,8 +164,8 @@ class _Log(Recorder):
     active = True
 
     def __init__(self):
-        self.events = []          # (phase, name, time, extra)
-        self.changes = []         # (cycle, parameters)
+        self.events = []  # (phase, name, time, extra)
+        self.changes = []  # (cycle, parameters)
 
     def queued(self, name, op, submitted, nbytes=0):
         self.events.append((QUEUED, name, submitted, op))
@@ -171,10 +187,16 @@ class _Log(Recorder):
 def test_live_parameters_switch_on_every_rank_in_the_same_cycle():
     logs = [_Log() for _ in range(3)]
     _, rts = start(3, recorders=logs)
-    changes = {8: dict(fusion_threshold_bytes=64, fusion_chunk_bytes=24,
-                       inplace_threshold_bytes=32, cycle_time_ms=0.2),
-               16: dict(cache_enabled=False, fusion_threshold_bytes=0),
-               24: dict(cache_enabled=True, fusion_threshold_bytes=1 << 20)}
+    changes = {
+        8: dict(
+            fusion_threshold_bytes=64,
+            fusion_chunk_bytes=24,
+            inplace_threshold_bytes=32,
+            cycle_time_ms=0.2,
+        ),
+        16: dict(cache_enabled=False, fusion_threshold_bytes=0),
+        24: dict(cache_enabled=True, fusion_threshold_bytes=1 << 20),
+    }
     with pytest.raises(ValueError, match="only rank 0"):
         rts[1].propose_parameters(cycle_time_ms=5)
 
@@ -206,9 +228,20 @@ def test_recorder_sees_every_phase_of_a_pipelined_fused_group():
         # one submission of three tensors: drained in one cycle, so they always fuse
         handles = [Handle(1) for _ in range(3)]
         tensors = [torch.ones(4) for _ in range(3)]
-        rt.enqueue([Entry(Request(f"p{i}", OpType.ALLREDUCE, "float32", (4,),
-                                  reduce_op=int(ReduceOp.SUM)), t, t, h, 0)
-                    for i, (t, h) in enumerate(zip(tensors, handles))])
+        rt.enqueue(
+            [
+                Entry(
+                    Request(
+                        f"p{i}", OpType.ALLREDUCE, "float32", (4,), reduce_op=int(ReduceOp.SUM)
+                    ),
+                    t,
+                    t,
+                    h,
+                    0,
+                )
+                for i, (t, h) in enumerate(zip(tensors, handles))
+            ]
+        )
         for h in handles:
             assert wait(h).tolist() == [2.0] * 4
 
@@ -221,7 +254,7 @@ def test_recorder_sees_every_phase_of_a_pipelined_fused_group():
             assert phases == [QUEUED, NEGOTIATE, COPY_IN, COLLECTIVE, COPY_OUT, DONE], phases
             times = [e[2] for e in mine]
             assert times == sorted(times), mine
-            assert mine[-1][3] is None                       # no error
+            assert mine[-1][3] is None  # no error
         chunks = {e[3][1] for e in log.events if e[0] == COLLECTIVE}
         assert len(chunks) > 1, "16-byte chunks should pipeline the 48-byte group"
 
@@ -234,8 +267,9 @@ def test_a_recorder_set_at_run_time_reaches_the_executor_and_can_be_removed():
 
     def step(tag):
         def body(r, rt):
-            for name in (f"{tag}.new", "again"):        # a miss, then a cache hit
+            for name in (f"{tag}.new", "again"):  # a miss, then a cache hit
                 assert wait(allreduce(rt, name, torch.ones(2))).tolist() == [2.0, 2.0]
+
         on_every_rank(rts, body)
 
     def switch(recorders):
@@ -267,6 +301,6 @@ def test_stall_shutdown_fails_the_tensor_on_the_ranks_that_submitted_it():
     h = allreduce(rts[0], "only.rank0", torch.ones(1))
     with pytest.raises(HvdliteStallError, match=r"only.rank0.*never by ranks \[1\]"):
         wait(h)
-    both = [allreduce(rt, "later", torch.ones(1)) for rt in rts]   # the runtime goes on
+    both = [allreduce(rt, "later", torch.ones(1)) for rt in rts]  # the runtime goes on
     assert [wait(x).tolist() for x in both] == [[2.0], [2.0]]
     stop(rts)

@@ -39,8 +39,11 @@ def _new_segments(before):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("np_, env", [(2, SMALL_SLOTS), (3, SMALL_SLOTS), (2, {})],
-                         ids=["np2-small-slots", "np3-small-slots", "np2-defaults"])
+@pytest.mark.parametrize(
+    "np_, env",
+    [(2, SMALL_SLOTS), (3, SMALL_SLOTS), (2, {})],
+    ids=["np2-small-slots", "np3-small-slots", "np2-defaults"],
+)
 def test_one_host(np_, env):
     """Small slots: tensors span several, fused chunks alternate between packing into the
     slot and copying through it; defaults: every fused chunk is packed into the slot."""
@@ -53,8 +56,13 @@ def test_one_host(np_, env):
 
 @pytest.mark.timeout(120)
 def test_turned_off_runs_over_gloo():
-    proc = run_job(2, "shm_worker.py", "--only", "many_fused,scaling",
-                   env=dict(SMALL_SLOTS, HVDLITE_SHARED_MEMORY="0"))
+    proc = run_job(
+        2,
+        "shm_worker.py",
+        "--only",
+        "many_fused,scaling",
+        env=dict(SMALL_SLOTS, HVDLITE_SHARED_MEMORY="0"),
+    )
     assert_ok(proc, ["many_fused", "scaling"], [0, 1])
     assert _transports(proc.stdout) == [("0", "0", "0"), ("1", "0", "0")]
 
@@ -62,20 +70,45 @@ def test_turned_off_runs_over_gloo():
 @pytest.mark.timeout(200)
 def test_two_hosts_hierarchical(sshd):
     before = set(shm_leftovers.leftover_segments())
-    proc = launching.run(["-np", "4", "-H", "127.0.0.1:2,127.0.0.2:2", *sshd.ssh_args(),
-                          sys.executable, os.path.join(WORKERS, "shm_worker.py")],
-                         env={"PYTHONUNBUFFERED": "1", **HOST_SLOTS}, pythonpath=[ROOT],
-                         cwd=ROOT, timeout=180)
+    proc = launching.run(
+        [
+            "-np",
+            "4",
+            "-H",
+            "127.0.0.1:2,127.0.0.2:2",
+            *sshd.ssh_args(),
+            sys.executable,
+            os.path.join(WORKERS, "shm_worker.py"),
+        ],
+        env={"PYTHONUNBUFFERED": "1", **HOST_SLOTS},
+        pythonpath=[ROOT],
+        cwd=ROOT,
+        timeout=180,
+    )
     assert_ok(proc, CHECKS, [0, 1, 2, 3])
     assert _transports(proc.stdout) == [(str(r), "1", "1") for r in range(4)]
     assert _new_segments(before) == []
 
 
 def _launch_sleeping(np_, tag):
-    return launching.start(["-np", np_, sys.executable, os.path.join(WORKERS, "shm_worker.py"),
-                            "--only", "many_fused", "--sleep", "60", "--tag", tag],
-                           env={"PYTHONUNBUFFERED": "1", **SMALL_SLOTS}, pythonpath=[ROOT],
-                           cwd=ROOT, stderr=subprocess.STDOUT)
+    return launching.start(
+        [
+            "-np",
+            np_,
+            sys.executable,
+            os.path.join(WORKERS, "shm_worker.py"),
+            "--only",
+            "many_fused",
+            "--sleep",
+            "60",
+            "--tag",
+            tag,
+        ],
+        env={"PYTHONUNBUFFERED": "1", **SMALL_SLOTS},
+        pythonpath=[ROOT],
+        cwd=ROOT,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _ranks_of(tag):
@@ -98,7 +131,7 @@ def test_killed_rank_is_named_and_leaves_no_segment():
     launcher = _launch_sleeping(3, tag)
     try:
         assert _wait_for(lambda: len(_ranks_of(tag)) == 3, 60)
-        time.sleep(3.0)                           # every rank is in its heartbeat loop
+        time.sleep(3.0)  # every rank is in its heartbeat loop
         victim = [p for p in _ranks_of(tag) if "--sleep" in p.cmdline()]
         env_rank = {p.pid: p.environ().get("HVDLITE_LOCAL_RANK") for p in victim}
         doomed = next(p for p in victim if env_rank[p.pid] == "2")
@@ -149,7 +182,7 @@ def _open_segments():
         try:
             links.append(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
-            continue                  # the listing's own fd, closed meanwhile
+            continue  # the listing's own fd, closed meanwhile
     return [link for link in links if link.startswith(f"/memfd:{shm.MEMFD_NAME}")]
 
 
@@ -158,6 +191,7 @@ def test_a_dead_local_peer_is_named_within_a_second(tmp_path):
     """The runtime's own detection, without a launcher that ends the job first: a peer
     process dies while this one waits in a barrier."""
     import multiprocessing as mp
+
     group = shm.SharedMemoryGroup.create(2, 4096, [5, 6], timeout_s=30)
     ctx = mp.get_context("fork")
     ready = ctx.Event()
@@ -168,7 +202,7 @@ def test_a_dead_local_peer_is_named_within_a_second(tmp_path):
         assert ready.wait(10)
         ways_in = len(_open_segments())
         group.unlink()
-        assert len(_open_segments()) == ways_in - 1     # rank 0's own fd closed
+        assert len(_open_segments()) == ways_in - 1  # rank 0's own fd closed
         start = time.monotonic()
         with pytest.raises(Exception) as info:
             group.barrier()
@@ -187,7 +221,7 @@ def test_a_silent_local_peer_times_out_naming_it():
     group.unlink()
     try:
         start = time.monotonic()
-        with pytest.raises(Exception) as info:        # rank 8 never arrives
+        with pytest.raises(Exception) as info:  # rank 8 never arrives
             group.barrier()
         assert 0.9 < time.monotonic() - start < 5.0
         assert "ranks [8] (same host) stopped answering" in str(info.value)

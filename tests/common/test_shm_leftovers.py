@@ -26,9 +26,22 @@ class _Job:
     def __init__(self, *args):
         self.tag = uuid.uuid4().hex
         self.proc = launching.start(
-            ["-np", "2", sys.executable, os.path.join(WORKERS, "shm_worker.py"), "--only",
-             "many_fused", "--tag", self.tag, *args], env={"PYTHONUNBUFFERED": "1"},
-            pythonpath=[ROOT], cwd=ROOT, stderr=subprocess.STDOUT)
+            [
+                "-np",
+                "2",
+                sys.executable,
+                os.path.join(WORKERS, "shm_worker.py"),
+                "--only",
+                "many_fused",
+                "--tag",
+                self.tag,
+                *args,
+            ],
+            env={"PYTHONUNBUFFERED": "1"},
+            pythonpath=[ROOT],
+            cwd=ROOT,
+            stderr=subprocess.STDOUT,
+        )
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -86,7 +99,7 @@ def _segments_of(pids):
             if set(shm_leftovers.segment_owners(name)) & set(pids):
                 owned.append(name)
         except OSError:
-            continue                      # another job's segment went meanwhile
+            continue  # another job's segment went meanwhile
     return owned
 
 
@@ -96,9 +109,8 @@ def _kill_and_check(job, victim, pids):
     target = job.proc.pid if victim == "launcher" else pids[victim]
     os.kill(target, signal.SIGKILL)
     if victim != "launcher":
-        job.proc.wait(60)                 # the launcher ends the job
-    assert _wait_for(lambda: not any(_alive(p) for p in pids.values()), 30), \
-        job.output()[-3000:]
+        job.proc.wait(60)  # the launcher ends the job
+    assert _wait_for(lambda: not any(_alive(p) for p in pids.values()), 30), job.output()[-3000:]
     assert _segments_of(pids.values()) == [], job.output()[-3000:]
 
 
@@ -144,6 +156,7 @@ def _named_segments(*holds):
     """Named segments in /dev/shm: one whose owner was killed and one per ``holds`` whose
     owner lives until its event is set."""
     import multiprocessing as mp
+
     ctx = mp.get_context("fork")
     made = []
     for hold in (None, *holds):
@@ -161,11 +174,12 @@ def _named_segments(*holds):
 @pytest.mark.timeout(60)
 def test_only_segments_whose_owners_are_all_dead_are_removed():
     import multiprocessing as mp
+
     hold = mp.get_context("fork").Event()
     (dead, _), (live, owner) = _named_segments(hold)
     ownerless = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}test-{uuid.uuid4().hex}")
-    with open(ownerless, "wb") as f:      # made this instant: its maker writes its pid next
-        f.truncate(8192)                  # (numbers no pid can be count as none)
+    with open(ownerless, "wb") as f:  # made this instant: its maker writes its pid next
+        f.truncate(8192)  # (numbers no pid can be count as none)
         f.seek(64 * 8)
         f.write((1 << 40).to_bytes(8, "little") + (-5).to_bytes(8, "little", signed=True))
     try:
@@ -213,14 +227,19 @@ def test_a_recycled_pid_does_not_keep_a_segment():
     me = os.getpid()
     assert shm_leftovers._started_before(me, time.time())
     assert not shm_leftovers._started_before(me, psutil.Process(me).create_time() - 5.0)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert not shm_leftovers._started_before(int(dead.stdout), time.time())
 
 
 @pytest.mark.timeout(120)
 def test_the_next_job_removes_a_dead_jobs_segment_and_keeps_a_live_ones():
     import multiprocessing as mp
+
     hold = mp.get_context("fork").Event()
     (dead, _), (live, owner) = _named_segments(hold)
     try:

@@ -22,7 +22,7 @@ def _run(ages_of_step, steps, step_s=0.05, window_s=1.0, ranks=(0, 1)):
 def test_a_rank_last_every_step_and_costly_is_named_once():
     # rank 1 became ready 45 ms after rank 0 in every 50 ms step
     tracker, said = _run(lambda i: [46000, 1000], steps=100)
-    assert [r for r, _ in said] == [1], said        # rate-limited: not once per window
+    assert [r for r, _ in said] == [1], said  # rate-limited: not once per window
     assert re.search(r"rank 1 was the last to be ready in (\d+) of \1 completing", said[0][1])
     assert tracker.last_total == [0, 100]
     assert tracker.late_total_s[1] == pytest.approx(100 * 0.045)

@@ -42,7 +42,8 @@ def test_reference_table_is_the_generated_one():
     block = table_block(_read(REFERENCE))
     assert block == tunables.markdown(), (
         f"{REFERENCE}'s tunables table differs from hvdlite/common/config/tunables.py; paste "
-        "the output of 'python -m hvdlite.common.config.tunables --markdown' between the markers")
+        "the output of 'python -m hvdlite.common.config.tunables --markdown' between the markers"
+    )
 
 
 def test_the_table_is_in_one_place_and_the_readme_points_at_it():
@@ -63,9 +64,14 @@ def test_table_check_sees_an_edit():
 
 
 def test_markdown_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "hvdlite.common.config.tunables", "--markdown"],
-                         capture_output=True, text=True, check=True, timeout=30,
-                         env={**os.environ, "PYTHONPATH": ROOT}).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "hvdlite.common.config.tunables", "--markdown"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    ).stdout
     assert out == tunables.markdown()
     assert out.count("\n") == len(tunables.TUNABLES) + 2
 
@@ -76,7 +82,8 @@ def test_config_fields_and_defaults_are_the_table():
         assert fields[t.field].default == t.default and fields[t.field].type is t.type
         assert isinstance(t.default, t.type), t.field
         assert getattr(cfg.Config(), t.field) == (
-            "WARNING" if t.field == "log_level" else t.default)
+            "WARNING" if t.field == "log_level" else t.default
+        )
     job = {f.name for f in dataclasses.fields(cfg._JobFacts)}
     assert set(fields) == job | set(tunables.BY_FIELD)
 
@@ -89,9 +96,14 @@ def _config_field_defaults(source: str):
 
 
 def _takes_its_row(field, value) -> bool:
-    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-            and value.func.id == "_default" and len(value.args) == 1
-            and isinstance(value.args[0], ast.Constant) and value.args[0].value == field)
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "_default"
+        and len(value.args) == 1
+        and isinstance(value.args[0], ast.Constant)
+        and value.args[0].value == field
+    )
 
 
 def test_config_spells_no_default_itself():
@@ -107,9 +119,8 @@ def test_config_spells_no_default_itself():
 
 def _tunable_named(name: str):
     """The tunable a ``DEFAULT_X`` constant or an ``x`` / ``x_s`` parameter stands for."""
-    stem = name.lower()[len("default_"):] if name.startswith("DEFAULT_") else name
-    return next((tunables.BY_FIELD[c] for c in (stem, stem + "_s") if c in tunables.BY_FIELD),
-                None)
+    stem = name.lower()[len("default_") :] if name.startswith("DEFAULT_") else name
+    return next((tunables.BY_FIELD[c] for c in (stem, stem + "_s") if c in tunables.BY_FIELD), None)
 
 
 def _second_spellings(source: str, where: str):
@@ -119,8 +130,12 @@ def _second_spellings(source: str, where: str):
 
     def check(name, value, line):
         row = _tunable_named(name)
-        if row is not None and isinstance(value, ast.Constant) \
-                and type(value.value) in (int, float) and value.value == row.default:
+        if (
+            row is not None
+            and isinstance(value, ast.Constant)
+            and type(value.value) in (int, float)
+            and value.value == row.default
+        ):
             found.append(f"{where}:{line} {name}={value.value!r} (the table's {row.field})")
 
     for node in ast.walk(ast.parse(source)):
@@ -131,7 +146,7 @@ def _second_spellings(source: str, where: str):
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             positional = a.posonlyargs + a.args
-            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            pairs = list(zip(positional[len(positional) - len(a.defaults) :], a.defaults))
             pairs += [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
             for arg, default in pairs:
                 check(arg.arg, default, node.lineno)
@@ -140,8 +155,12 @@ def _second_spellings(source: str, where: str):
 
 def test_no_tunable_default_is_spelled_outside_the_table():
     package = pathlib.Path(ROOT) / "hvdlite"
-    found = [hit for path in package.rglob("*.py") if "config" not in path.parts
-             for hit in _second_spellings(path.read_text(), str(path.relative_to(ROOT)))]
+    found = [
+        hit
+        for path in package.rglob("*.py")
+        if "config" not in path.parts
+        for hit in _second_spellings(path.read_text(), str(path.relative_to(ROOT)))
+    ]
     assert not found, found
     example = "DEFAULT_ELASTIC_TIMEOUT_S = 600.0\ndef f(op_timeout=1, elastic_timeout=600): pass\n"
     assert len(_second_spellings(example, "x.py")) == 2
@@ -202,15 +221,20 @@ def test_every_flag_shows_help_and_its_default():
     assert set(hidden) <= named, set(hidden) - named
 
 
-@pytest.mark.parametrize("flag, shown", [
-    ("--fusion-threshold-mb", "(default: 128)"), ("--cycle-time-ms", "(default: 1)"),
-    ("--op-timeout-seconds", "(default: 60)"),
-    ("--stall-check-warning-time-seconds", "(default: 60)"),
-    ("--stall-check-shutdown-time-seconds", "(default: 0)"),
-    ("--stall-check", "(the default)"), ("--no-stall-check", "(default: --stall-check)"),
-    ("--log-level", "(default: WARNING)"), ("--hierarchical-allreduce",
-                                            "(default: --no-hierarchical-allreduce)"),
-])
+@pytest.mark.parametrize(
+    "flag, shown",
+    [
+        ("--fusion-threshold-mb", "(default: 128)"),
+        ("--cycle-time-ms", "(default: 1)"),
+        ("--op-timeout-seconds", "(default: 60)"),
+        ("--stall-check-warning-time-seconds", "(default: 60)"),
+        ("--stall-check-shutdown-time-seconds", "(default: 0)"),
+        ("--stall-check", "(the default)"),
+        ("--no-stall-check", "(default: --stall-check)"),
+        ("--log-level", "(default: WARNING)"),
+        ("--hierarchical-allreduce", "(default: --no-hierarchical-allreduce)"),
+    ],
+)
 def test_defaults_in_help_follow_config(flag, shown):
     action = flags.build_parser()._option_string_actions[flag]
     assert action.help.endswith(shown), action.help
@@ -219,9 +243,9 @@ def test_defaults_in_help_follow_config(flag, shown):
 def test_flag_values_become_the_variables_in_their_units():
     conv = flags.TUNABLE_FLAGS
     assert conv["fusion_threshold_mb"][1](1.5) == str(3 * 512 * 1024)
-    assert conv["fusion_chunk_mb"][1](0) == "1"                 # at least one byte
+    assert conv["fusion_chunk_mb"][1](0) == "1"  # at least one byte
     assert conv["no_stall_check"] == (cfg.STALL_CHECK_DISABLE, conv["no_stall_check"][1])
     assert conv["no_stall_check"][1](False) == "0"
-    assert conv["hierarchical_allreduce"][1](False) is None     # Horovod's default: nothing
+    assert conv["hierarchical_allreduce"][1](False) is None  # Horovod's default: nothing
     c = cfg.Config.from_env({cfg.STALL_CHECK_DISABLE: "1", cfg.FUSION_THRESHOLD: "1024"})
     assert c.stall_check is False and c.fusion_threshold_bytes == 1024

@@ -32,12 +32,21 @@ class Job:
     """``hvdlite-run`` started on a testbed host, its output lines timestamped."""
 
     def __init__(self, tb, host, launcher_args, script, script_args=(), env=None):
-        self.proc = tb.popen(host, launching.command(*launcher_args, *tb.ssh_args(),
-                                                     sys.executable,
-                                                     os.path.join(WORKERS, script),
-                                                     *script_args),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             cwd=REPO, env=launching.environment(env, pythonpath=[REPO]))
+        self.proc = tb.popen(
+            host,
+            launching.command(
+                *launcher_args,
+                *tb.ssh_args(),
+                sys.executable,
+                os.path.join(WORKERS, script),
+                *script_args,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env=launching.environment(env, pythonpath=[REPO]),
+        )
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

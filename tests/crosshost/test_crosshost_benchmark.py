@@ -22,19 +22,40 @@ def test_crosshost_benchmark_smoke(tmp_path):
         pytest.skip(str(exc))
     out_json = tmp_path / "crosshost.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "benchmarks", "crosshost.py"),
-         "--workloads", "tiny1000", "--rates", "1gbit", "--rounds", "1", "--iters", "2",
-         "--warmup", "1", "--rtt-samples", "100", "--json", str(out_json)],
-        cwd=REPO, capture_output=True, text=True, timeout=220)
+        [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "crosshost.py"),
+            "--workloads",
+            "tiny1000",
+            "--rates",
+            "1gbit",
+            "--rounds",
+            "1",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--rtt-samples",
+            "100",
+            "--json",
+            str(out_json),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "x link" in out and "round trip tbh0 <-> tbh1" in out, out[-4000:]
 
     data = json.loads(out_json.read_text())
     rows = {(r["setup"], r["rate"], r["workload"], r["impl"]): r for r in data["rows"]}
-    want = {(setup, rate, "tiny1000", impl) for setup, rate in (("1 host", None),
-                                                                 ("2 hosts", "1gbit"))
-            for impl in ("hvdlite_fusion", "hvdlite_optimizer", "torch_flat", "memcpy_floor")}
+    want = {
+        (setup, rate, "tiny1000", impl)
+        for setup, rate in (("1 host", None), ("2 hosts", "1gbit"))
+        for impl in ("hvdlite_fusion", "hvdlite_optimizer", "torch_flat", "memcpy_floor")
+    }
     assert set(rows) == want, sorted(rows, key=str)
     for key, r in rows.items():
         assert r["iters"] >= 1 and r["ms_median"] > 0 and r["ratio_to_flat"] > 0, (key, r)
@@ -52,7 +73,8 @@ def test_crosshost_benchmark_smoke(tmp_path):
     assert [r["setup"] for r in data["runs"]] == ["1 host", "2 hosts"]
     assert all(len(r["load_start"]) == 3 and len(r["load_end"]) == 3 for r in data["runs"])
     # the benchmark's testbed is gone
-    made = [h["namespace"] for h in data["meta"]["testbed"]["hosts"]] + \
-        [data["meta"]["testbed"]["switch"]]
+    made = [h["namespace"] for h in data["meta"]["testbed"]["hosts"]] + [
+        data["meta"]["testbed"]["switch"]
+    ]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [ns for ns in made if ns in left.split()], (made, left)

@@ -51,8 +51,13 @@ def test_a_rank_holding_its_interpreter_lock_is_named_with_host_pid_and_stack(te
     service and process look fine, but no thread of it runs.  The launcher names it
     within seconds, with the stack py-spy took on tbh1, and the summary blames it, not
     rank 0 whose collective timed out."""
-    job = Job(testbed3, "tbh0", THREE + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
-              os.path.join(RUNNER_WORKERS, "wedge_worker.py"), ["1", "60"])
+    job = Job(
+        testbed3,
+        "tbh0",
+        THREE + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
+        os.path.join(RUNNER_WORKERS, "wedge_worker.py"),
+        ["1", "60"],
+    )
     wedged_at = job.wait_for("WEDGED rank=1", 90)
     named_at = job.wait_for("has not answered for", 30)
     rc = job.finish(OP_TIMEOUT_S + 40)
@@ -64,18 +69,24 @@ def test_a_rank_holding_its_interpreter_lock_is_named_with_host_pid_and_stack(te
     assert "hold_the_interpreter_lock" in text.split("has not answered for")[1], text
     assert named_at - wedged_at < 15, (named_at - wedged_at, text)
     last = _last_line(text)
-    assert last.startswith(f"hvdlite-run: rank 1 on host tbh1 stopped answering (pid {pid})"), \
-        last
+    assert last.startswith(f"hvdlite-run: rank 1 on host tbh1 stopped answering (pid {pid})"), last
     assert "ranks 0, 2 only waited for it" in last, last
     assert ended - wedged_at < OP_TIMEOUT_S + 15, (ended - wedged_at, text)
     _no_leftovers(testbed3)
-    print(f"MEASURED static GIL: named {named_at - wedged_at:.1f}s, ended "
-          f"{ended - wedged_at:.1f}s after the wedge; summary: {last}")
+    print(
+        f"MEASURED static GIL: named {named_at - wedged_at:.1f}s, ended "
+        f"{ended - wedged_at:.1f}s after the wedge; summary: {last}"
+    )
 
 
 def _partitioned_static_job(tb, both_ways):
-    job = Job(tb, "tbh0", THREE + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
-              "allreduce_steps.py", ["100000", "4096"])
+    job = Job(
+        tb,
+        "tbh0",
+        THREE + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
+        "allreduce_steps.py",
+        ["100000", "4096"],
+    )
     try:
         job.wait_for("STEP 30 rank=2", 90)
         cut_at = time.monotonic()
@@ -96,13 +107,17 @@ def test_a_static_job_cut_between_two_hosts_names_the_link(testbed3, both_ways):
     rc, took, text = _partitioned_static_job(testbed3, both_ways)
     assert rc != 0, text
     last = _last_line(text)
-    assert "hosts tbh1 and tbh2 cannot reach each other (rank 1 and rank 2 could not " \
-           "exchange), while both reach the launcher" in last, last
+    assert (
+        "hosts tbh1 and tbh2 cannot reach each other (rank 1 and rank 2 could not "
+        "exchange), while both reach the launcher" in last
+    ), last
     assert took < OP_TIMEOUT_S + 20, (took, text)
     assert "rank 0 on host tbh0 exited" not in last, last
     _no_leftovers(testbed3)
-    print(f"MEASURED static cut ({'both ways' if both_ways else 'one way'}): ended "
-          f"{took:.1f}s after the cut; summary: {last}")
+    print(
+        f"MEASURED static cut ({'both ways' if both_ways else 'one way'}): ended "
+        f"{took:.1f}s after the cut; summary: {last}"
+    )
 
 
 @pytest.mark.slow
@@ -110,8 +125,9 @@ def test_a_static_job_cut_between_two_hosts_names_the_link(testbed3, both_ways):
 def test_a_paused_task_service_with_healthy_ranks_does_not_end_a_static_job(testbed3):
     job = Job(testbed3, "tbh0", THREE, "allreduce_steps.py", ["4000", "4096"])
     job.wait_for("STEP 10 rank=1", 90)
-    (task,) = [pid for pid in testbed3.pids("tbh1")
-               if "hvdlite.runner.tasks.task_service" in cmdline(pid)]
+    (task,) = [
+        pid for pid in testbed3.pids("tbh1") if "hvdlite.runner.tasks.task_service" in cmdline(pid)
+    ]
     os.kill(task, signal.SIGSTOP)
     try:
         job.wait_for("the task service on host tbh1 has not replied", 30)
@@ -138,14 +154,36 @@ def _elastic_job(tb, tmp_path, flags, env, steps):
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
     names = ["ELASTIC_STEPS", "ELASTIC_STEP_SLEEP", "ELASTIC_SLEEP_WHILE", "ELASTIC_OUT"]
-    env = dict({"ELASTIC_STEPS": str(steps), "ELASTIC_STEP_SLEEP": "0.2",
-                "ELASTIC_SLEEP_WHILE": str(slow), "ELASTIC_OUT": str(tmp_path / "result.json")},
-               **env)
+    env = dict(
+        {
+            "ELASTIC_STEPS": str(steps),
+            "ELASTIC_STEP_SLEEP": "0.2",
+            "ELASTIC_SLEEP_WHILE": str(slow),
+            "ELASTIC_OUT": str(tmp_path / "result.json"),
+        },
+        **env,
+    )
     forwarded = [arg for name in names + sorted(set(env) - set(names)) for arg in ("-x", name)]
-    job = Job(tb, "tbh0", ["-np", "3", "--min-np", "2", "--max-np", "3",
-                           "--host-discovery-script", str(discover),
-                           "--op-timeout-seconds", str(OP_TIMEOUT_S), *flags, *forwarded],
-              os.path.join(ELASTIC_WORKERS, "elastic_train.py"), env=env)
+    job = Job(
+        tb,
+        "tbh0",
+        [
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--host-discovery-script",
+            str(discover),
+            "--op-timeout-seconds",
+            str(OP_TIMEOUT_S),
+            *flags,
+            *forwarded,
+        ],
+        os.path.join(ELASTIC_WORKERS, "elastic_train.py"),
+        env=env,
+    )
     return job, slow, tmp_path / "result.json"
 
 
@@ -165,17 +203,19 @@ def _fault_then_two_ranks(job, slow, fault_line, resume_s):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_an_elastic_job_ends_a_rank_holding_its_interpreter_lock_and_goes_on(
-        testbed3, tmp_path):
+def test_an_elastic_job_ends_a_rank_holding_its_interpreter_lock_and_goes_on(testbed3, tmp_path):
     """The rank on tbh1 holds its interpreter lock for 90 s at step 5: the others give up
     at the op timeout, the launcher confirms it silent, has tbh1's task end it, and the
     two others train on from the last commit (every step once, the fault-free weights)."""
     from tests.elastic.conftest import check_result
+
     steps = 40
-    job, slow, result = _elastic_job(testbed3, tmp_path, [],
-                                     {"ELASTIC_HOLD_GIL": "tbh1:0:5:90"}, steps)
-    held, resumed, rc = _fault_then_two_ranks(job, slow, "HOLDING the GIL for 90s at step 5",
-                                              OP_TIMEOUT_S + 40)
+    job, slow, result = _elastic_job(
+        testbed3, tmp_path, [], {"ELASTIC_HOLD_GIL": "tbh1:0:5:90"}, steps
+    )
+    held, resumed, rc = _fault_then_two_ranks(
+        job, slow, "HOLDING the GIL for 90s at step 5", OP_TIMEOUT_S + 40
+    )
     text = job.text()
     assert rc == 0, text
     assert "rank 1 on host tbh1 has not answered for" in text, text
@@ -193,11 +233,15 @@ def test_an_elastic_job_leaves_out_a_deadlocked_rank(testbed3, tmp_path):
     never submits).  Rank 0's stall check names it; at the stall shutdown the others give
     up, and the launcher ends it because the stall named it."""
     from tests.elastic.conftest import check_result
+
     steps = 40
     job, slow, result = _elastic_job(
-        testbed3, tmp_path, ["--stall-check-warning-time-seconds", "2",
-                             "--stall-check-shutdown-time-seconds", "6"],
-        {"ELASTIC_DEADLOCK": "tbh2:0:5"}, steps)
+        testbed3,
+        tmp_path,
+        ["--stall-check-warning-time-seconds", "2", "--stall-check-shutdown-time-seconds", "6"],
+        {"ELASTIC_DEADLOCK": "tbh2:0:5"},
+        steps,
+    )
     stuck, resumed, rc = _fault_then_two_ranks(job, slow, "DEADLOCKED at step 5", 60)
     text = job.text()
     assert rc == 0, text
@@ -210,8 +254,7 @@ def test_an_elastic_job_leaves_out_a_deadlocked_rank(testbed3, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
-        testbed3, tmp_path):
+def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(testbed3, tmp_path):
     """Three 1-slot hosts; tbh1 and tbh2 cannot reach each other for 70 s.  The ranks
     give up at the op timeout and ask for a new round; the launcher probes between the
     hosts, keeps the largest set that reach each other (tbh0, tbh1: rank 0's side) and
@@ -219,9 +262,11 @@ def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
     refusal (it still cannot reach tbh1); after the heal it comes back on standby and
     joins.  Every step runs once; the weights are the fault-free run's."""
     from tests.elastic.conftest import check_result
-    steps = 1000           # slow (0.2 s a step) until tbh2 is back: more than the test needs
-    job, slow, result = _elastic_job(testbed3, tmp_path,
-                                     ["--blacklist-cooldown-range", "10", "12"], {}, steps)
+
+    steps = 1000  # slow (0.2 s a step) until tbh2 is back: more than the test needs
+    job, slow, result = _elastic_job(
+        testbed3, tmp_path, ["--blacklist-cooldown-range", "10", "12"], {}, steps
+    )
     try:
         job.wait_for("TRAIN rank=2 size=3 step=0", 90)
         time.sleep(3)
@@ -241,8 +286,10 @@ def test_an_elastic_job_leaves_out_a_host_cut_from_another_and_takes_it_back(
     assert rc == 0, text
     assert "tbh1 and tbh2 cannot reach each other; tbh2 left out" in text, text
     assert resumed - cut_at < OP_TIMEOUT_S + 30, (resumed - cut_at, text)
-    assert "it cannot reach host tbh1" in text, text        # a cooldown ended during the cut
+    assert "it cannot reach host tbh1" in text, text  # a cooldown ended during the cut
     check_result(result, steps, [3, 2])
     _no_leftovers(testbed3)
-    print(f"MEASURED elastic cut: training again {resumed - cut_at:.1f}s after the cut; "
-          f"refusals during the cut: {text.count('it cannot reach host tbh1')}")
+    print(
+        f"MEASURED elastic cut: training again {resumed - cut_at:.1f}s after the cut; "
+        f"refusals during the cut: {text.count('it cannot reach host tbh1')}"
+    )

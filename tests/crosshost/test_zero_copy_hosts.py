@@ -28,5 +28,5 @@ def test_zero_copy_across_hosts_gives_the_copying_paths_bits(testbed, tmp_path):
                     assert torch.equal(x, y), f"rank {r}, {on}: {key}[{i}] differs"
                     assert torch.equal(x, ranks[0][on][key][i]), f"rank {r} vs 0: {key}[{i}]"
             assert all(runs[on]["shared"]) and not any(runs[off]["shared"])
-            counts = list(runs[on]["zero_copy"].values())    # [not zero-copy, zero-copy]
+            counts = list(runs[on]["zero_copy"].values())  # [not zero-copy, zero-copy]
             assert len(counts) == 1 and counts[0][0] == 0 and counts[0][1] >= 6, counts

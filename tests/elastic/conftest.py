@@ -21,9 +21,18 @@ def slots(*places):
     """SlotInfos for ``(host, local_rank)`` places, ranked in the order given."""
     size = len(places)
     hosts = list(dict.fromkeys(h for h, _ in places))
-    return [SlotInfo(hostname=h, rank=r, local_rank=lr, cross_rank=hosts.index(h), size=size,
-                     local_size=sum(1 for hh, _ in places if hh == h), cross_size=len(hosts))
-            for r, (h, lr) in enumerate(places)]
+    return [
+        SlotInfo(
+            hostname=h,
+            rank=r,
+            local_rank=lr,
+            cross_rank=hosts.index(h),
+            size=size,
+            local_size=sum(1 for hh, _ in places if hh == h),
+            cross_size=len(hosts),
+        )
+        for r, (h, lr) in enumerate(places)
+    ]
 
 
 class Worker:
@@ -32,16 +41,30 @@ class Worker:
     def __init__(self, tmp_path, service, key, host, local_rank, extra_env=None):
         self.host, self.local_rank = host, local_rank
         self.path = tmp_path / f"{host}.{local_rank}.{time.monotonic_ns()}.out"
-        env = worker_env({
-            cfg.RENDEZVOUS_ADDR: "127.0.0.1", cfg.RENDEZVOUS_PORT: str(service.address[1]),
-            cfg.SECRET_KEY: key.hex(), cfg.JOB_ID: "elastic", cfg.CPU_OPERATIONS: "gloo",
-            cfg.HOSTNAME: host, cfg.LOCAL_RANK: str(local_rank), cfg.ELASTIC: "1",
-            cfg.START_TIMEOUT: "20", cfg.ELASTIC_TIMEOUT: "30", cfg.OP_TIMEOUT: "20"})
+        env = worker_env(
+            {
+                cfg.RENDEZVOUS_ADDR: "127.0.0.1",
+                cfg.RENDEZVOUS_PORT: str(service.address[1]),
+                cfg.SECRET_KEY: key.hex(),
+                cfg.JOB_ID: "elastic",
+                cfg.CPU_OPERATIONS: "gloo",
+                cfg.HOSTNAME: host,
+                cfg.LOCAL_RANK: str(local_rank),
+                cfg.ELASTIC: "1",
+                cfg.START_TIMEOUT: "20",
+                cfg.ELASTIC_TIMEOUT: "30",
+                cfg.OP_TIMEOUT: "20",
+            }
+        )
         env.update(extra_env or {})
         with open(self.path, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, os.path.join(WORKERS, "elastic_train.py")], env=env, cwd=ROOT,
-                stdout=out, stderr=subprocess.STDOUT)
+                [sys.executable, os.path.join(WORKERS, "elastic_train.py")],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def output(self) -> str:
         return self.path.read_text()
@@ -58,8 +81,7 @@ class Worker:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            pytest.fail(f"worker {self.host}:{self.local_rank} did not finish:\n"
-                        f"{self.output()}")
+            pytest.fail(f"worker {self.host}:{self.local_rank} did not finish:\n{self.output()}")
 
 
 def check_result(path, steps, sizes_seen):

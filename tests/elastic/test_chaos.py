@@ -35,7 +35,9 @@ def _workers(job):
     for p in procs:
         try:
             if TRAIN in " ".join(p.cmdline()) and p.status() not in (
-                    psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED):
+                psutil.STATUS_ZOMBIE,
+                psutil.STATUS_STOPPED,
+            ):
                 out.append(p)
         except psutil.NoSuchProcess:
             continue
@@ -49,18 +51,34 @@ def run_chaos(tmp_path, seed, faults, steps, gap_s):
     slow = tmp_path / "slow"
     slow.write_text("")
     fault_at = f"rank={rng.randrange(1, 3)},commit={rng.randrange(5, 20)},action=raise,round=0"  # every rank resets, none leaves
-    job = Job(tmp_path, hosts, ["-np", "3", "--min-np", "1", "--max-np", "3",
-                                "--blacklist-cooldown-range", "1", "2",
-                                "--reset-limit", str(4 * faults + 4), "--fault-at", fault_at],
-              env={"ELASTIC_STEP_SLEEP": "0.05", "ELASTIC_SLEEP_WHILE": str(slow)},
-              steps=steps)
+    job = Job(
+        tmp_path,
+        hosts,
+        [
+            "-np",
+            "3",
+            "--min-np",
+            "1",
+            "--max-np",
+            "3",
+            "--blacklist-cooldown-range",
+            "1",
+            "2",
+            "--reset-limit",
+            str(4 * faults + 4),
+            "--fault-at",
+            fault_at,
+        ],
+        env={"ELASTIC_STEP_SLEEP": "0.05", "ELASTIC_SLEEP_WHILE": str(slow)},
+        steps=steps,
+    )
     done = []
     try:
         job.wait_for("TRAIN rank=2 size=3", timeout_s=90)
         for _ in range(faults):
             time.sleep(rng.uniform(*gap_s))
             alive = _workers(job)
-            if len(alive) < 2:           # keep one worker holding the state
+            if len(alive) < 2:  # keep one worker holding the state
                 continue
             victim, action = rng.choice(alive), rng.choice(ACTIONS)
             sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
@@ -79,6 +97,7 @@ def run_chaos(tmp_path, seed, faults, steps, gap_s):
     what = f"chaos seed {seed}; faults {done}; --fault-at {fault_at}"
     assert code == 0, f"{what}\n{out}"
     import json
+
     result = json.loads(job.result.read_text())
     assert result["history"] == list(range(steps)), (what, result["history"])
     weight, bias = elastic_train.reference(steps)
@@ -98,10 +117,12 @@ def _leftovers(job):
     left = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if TRAIN in " ".join(p.info["cmdline"] or []) and \
-                    str(job.out.parent) in " ".join(p.environ().get(k, "")
-                                                     for k in ("ELASTIC_OUT",)) and \
-                    p.status() != psutil.STATUS_ZOMBIE:
+            if (
+                TRAIN in " ".join(p.info["cmdline"] or [])
+                and str(job.out.parent)
+                in " ".join(p.environ().get(k, "") for k in ("ELASTIC_OUT",))
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 left.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

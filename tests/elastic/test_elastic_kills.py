@@ -50,8 +50,11 @@ def _workers():
     for p in psutil.process_iter(["cmdline", "status", "create_time"]):
         try:
             cmd = p.info["cmdline"] or []
-            if p.info["status"] != psutil.STATUS_ZOMBIE and any(TRAIN in c for c in cmd) \
-                    and launching.LAUNCHER[-1] not in cmd:
+            if (
+                p.info["status"] != psutil.STATUS_ZOMBIE
+                and any(TRAIN in c for c in cmd)
+                and launching.LAUNCHER[-1] not in cmd
+            ):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -63,8 +66,11 @@ def _worker_of(host):
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
-            if p.info["status"] == psutil.STATUS_ZOMBIE or launching.LAUNCHER[-1] in cmd \
-                    or not any(TRAIN in c for c in cmd):
+            if (
+                p.info["status"] == psutil.STATUS_ZOMBIE
+                or launching.LAUNCHER[-1] in cmd
+                or not any(TRAIN in c for c in cmd)
+            ):
                 continue
             if p.environ().get("HVDLITE_HOSTNAME") == host:
                 return p
@@ -79,15 +85,27 @@ def _kill(host):
     os.kill(p.pid, signal.SIGKILL)
 
 
-FLAGS = ["-np", "3", "--min-np", "2", "--max-np", "3",
-         "--blacklist-cooldown-range", "10", "15", "--elastic-timeout", "60"]
+FLAGS = [
+    "-np",
+    "3",
+    "--min-np",
+    "2",
+    "--max-np",
+    "3",
+    "--blacklist-cooldown-range",
+    "10",
+    "15",
+    "--elastic-timeout",
+    "60",
+]
 
 
 @pytest.mark.skipif(len(HOSTS) < 4, reason="needs four local host names")
 def test_two_quick_kills_with_cooldown_finish_from_the_last_commit(job_factory):  # noqa: F811
     steps = 60
-    job = job_factory("".join(f"{h}:1\n" for h in HOSTS), FLAGS,
-                      env={"ELASTIC_STEP_SLEEP": "0.1"}, steps=steps)
+    job = job_factory(
+        "".join(f"{h}:1\n" for h in HOSTS), FLAGS, env={"ELASTIC_STEP_SLEEP": "0.1"}, steps=steps
+    )
     job.wait_for("TRAIN rank=2", timeout_s=60)
     time.sleep(1.0)
     started = time.monotonic()
@@ -118,7 +136,7 @@ def _victims(job, timeout_s=60.0):
 
 
 @pytest.mark.skipif(len(HOSTS) < 4, reason="needs four local host names")
-@pytest.mark.slow      # kills in make test: test_two_quick_kills_... and test_chaos.py
+@pytest.mark.slow  # kills in make test: test_two_quick_kills_... and test_chaos.py
 @pytest.mark.timeout(KILL_SPAN_S + 200)
 def test_random_kills_finish_from_the_last_commit(job_factory, tmp_path):  # noqa: F811
     """SIGKILLs of random workers at random moments (never the oldest one, which holds the
@@ -129,8 +147,12 @@ def test_random_kills_finish_from_the_last_commit(job_factory, tmp_path):  # noq
     slow.touch()
     # 0.5 s a step while the kills go on (more steps than they can last), full speed after
     steps = int(KILL_SPAN_S * 2.5 / 0.5) + 20
-    job = job_factory("".join(f"{h}:1\n" for h in HOSTS), FLAGS, steps=steps,
-                      env={"ELASTIC_STEP_SLEEP": "0.5", "ELASTIC_SLEEP_WHILE": str(slow)})
+    job = job_factory(
+        "".join(f"{h}:1\n" for h in HOSTS),
+        FLAGS,
+        steps=steps,
+        env={"ELASTIC_STEP_SLEEP": "0.5", "ELASTIC_SLEEP_WHILE": str(slow)},
+    )
     job.wait_for("TRAIN rank=2", timeout_s=60)
     kills = 0
     for _ in range(KILL_COUNT):

@@ -40,12 +40,11 @@ def job(tmp_path):
 
 def test_a_worker_killed_mid_allreduce_the_survivors_finish_from_the_last_commit(tmp_path, job):
     out = tmp_path / "result.json"
-    env = {"ELASTIC_STEPS": str(STEPS), "ELASTIC_OUT": str(out),
-           "ELASTIC_KILL_AT": "hostB:0:7"}
+    env = {"ELASTIC_STEPS": str(STEPS), "ELASTIC_OUT": str(out), "ELASTIC_KILL_AT": "hostB:0:7"}
     key, service, workers = job([("hostA", 0), ("hostA", 1), ("hostB", 0)], env)
     victim = workers[("hostB", 0)]
     assert victim.finish() == -9, victim.output()
-    service.publish(slots(("hostA", 0), ("hostA", 1)))      # what the driver does
+    service.publish(slots(("hostA", 0), ("hostA", 1)))  # what the driver does
     for p in [("hostA", 0), ("hostA", 1)]:
         assert workers[p].finish() == 0, workers[p].output()
     result = check_result(out, STEPS, [3, 2])

@@ -46,8 +46,10 @@ def _seconds_until(j, text, timeout_s):
 
 
 def test_a_rank_holding_the_interpreter_lock_is_ended_and_the_others_go_on(job):
-    j = job(FLAGS + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
-            {"ELASTIC_HOLD_GIL": "localhost:2:5:90", "ELASTIC_STEP_SLEEP": "0.05"})
+    j = job(
+        FLAGS + ["--op-timeout-seconds", str(OP_TIMEOUT_S)],
+        {"ELASTIC_HOLD_GIL": "localhost:2:5:90", "ELASTIC_STEP_SLEEP": "0.05"},
+    )
     j.wait_for("HOLDING the GIL for 90s at step 5", timeout_s=90)
     took = _seconds_until(j, "RESET rank=0 size=2 step=5", OP_TIMEOUT_S + 25)
     assert j.finish(90) == 0, j.output()
@@ -60,9 +62,11 @@ def test_a_rank_holding_the_interpreter_lock_is_ended_and_the_others_go_on(job):
 
 
 def test_a_deadlocked_rank_is_left_out_after_the_stall_shutdown(job):
-    j = job(FLAGS + ["--stall-check-warning-time-seconds", "2",
-                     "--stall-check-shutdown-time-seconds", "5"],
-            {"ELASTIC_DEADLOCK": "localhost:2:5", "ELASTIC_STEP_SLEEP": "0.05"})
+    j = job(
+        FLAGS
+        + ["--stall-check-warning-time-seconds", "2", "--stall-check-shutdown-time-seconds", "5"],
+        {"ELASTIC_DEADLOCK": "localhost:2:5", "ELASTIC_STEP_SLEEP": "0.05"},
+    )
     j.wait_for("DEADLOCKED at step 5", timeout_s=90)
     took = _seconds_until(j, "RESET rank=0 size=2 step=5", 40)
     assert j.finish(90) == 0, j.output()

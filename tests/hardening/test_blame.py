@@ -14,14 +14,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LEAVE = os.path.join(ROOT, "tests", "hardening", "workers", "leave_worker.py")
 
 
-pytestmark = [pytest.mark.timeout(90),
-              pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="torch is not installed")]
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
+]
 
 
 def _run(mode, hosts=()):
-    r = launching.run(["-np", "2", *hosts, "--op-timeout-seconds", "3", sys.executable, LEAVE,
-                       mode], timeout=80, cwd=ROOT)
+    r = launching.run(
+        ["-np", "2", *hosts, "--op-timeout-seconds", "3", sys.executable, LEAVE, mode],
+        timeout=80,
+        cwd=ROOT,
+    )
     last = [ln for ln in r.stderr.splitlines() if ln.startswith("hvdlite-run:")]
     return r.returncode, last[-1] if last else r.stderr
 
@@ -71,9 +75,13 @@ def test_rank_that_raised_on_a_remote_host_is_named(sshd):
     assert "ValueError: bad batch 17 on rank one; " in line, line
 
 
-@pytest.mark.parametrize("mode, seen", [
-    ("stop", "stopped answering for 3s (--op-timeout-seconds): its process is stopped"),
-    ("exit0", "exited with code 0 before its peers finished")])
+@pytest.mark.parametrize(
+    "mode, seen",
+    [
+        ("stop", "stopped answering for 3s (--op-timeout-seconds): its process is stopped"),
+        ("exit0", "exited with code 0 before its peers finished"),
+    ],
+)
 def test_remote_rank_that_left_or_stopped_is_named(sshd, mode, seen):
     code, line = _run(mode, ["-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()])
     assert code != 0

@@ -31,9 +31,14 @@ class Listener:
         self.key = new_key()
         self.kind = kind
         env = dict(os.environ, PYTHONPATH=ROOT)
-        self.proc = subprocess.Popen([sys.executable, SERVE, kind, self.key.hex(), *args],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, SERVE, kind, self.key.hex(), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
         line = self.proc.stdout.readline()
         assert line, self.proc.stderr.read().decode()
         self.addr = ("127.0.0.1", int(line))
@@ -104,7 +109,7 @@ def test_huge_frame_flood_grows_memory_by_less_than_64_mib():
                     s.sendall(chunk)
                     sent[0] += len(chunk)
             except OSError:
-                pass                                      # the listener hung up: good
+                pass  # the listener hung up: good
             finally:
                 s.close()
 
@@ -120,8 +125,10 @@ def test_huge_frame_flood_grows_memory_by_less_than_64_mib():
         stop.set()
         sampler.join(5)
         growth = peak[0] - base
-        print(f"rss growth under the flood: {growth / MIB:.1f} MiB "
-              f"(sent {sum(c[0] for c in sent) / MIB:.0f} MiB)")
+        print(
+            f"rss growth under the flood: {growth / MIB:.1f} MiB "
+            f"(sent {sum(c[0] for c in sent) / MIB:.0f} MiB)"
+        )
         assert growth < 64 * MIB
         assert all(c[0] < 64 * MIB for c in sent), "the listener kept reading a huge frame"
         assert lst.works()
@@ -141,20 +148,20 @@ def test_idle_connections_are_capped_timed_out_and_the_backlog_is_large():
         for _ in range(300):
             try:
                 socks.append(socket.create_connection(lst.addr, timeout=5))
-            except ConnectionResetError:       # refused at the cap before connect returned
+            except ConnectionResetError:  # refused at the cap before connect returned
                 refused += 1
         connect_s = time.monotonic() - t0
         print(f"300 connections in {connect_s:.2f}s")
-        assert connect_s < 5.0                  # no SYN retries: the backlog holds them
+        assert connect_s < 5.0  # no SYN retries: the backlog holds them
         time.sleep(0.3)
-        assert lst.ps.num_threads() <= threads0 + 2     # no thread per waiting connection
+        assert lst.ps.num_threads() <= threads0 + 2  # no thread per waiting connection
         # the idle ones are closed after the pre-authentication timeout
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and lst.ps.num_fds() > fds0 + 2:
             time.sleep(0.1)
         assert lst.ps.num_fds() <= fds0 + 2
         assert lst.ps.num_threads() <= threads0 + 2
-        for s in socks:                         # every one was closed by the listener
+        for s in socks:  # every one was closed by the listener
             s.settimeout(2)
             try:
                 assert s.recv(64 + NONCE_BYTES, socket.MSG_PEEK) is not None
@@ -182,7 +189,7 @@ def test_accept_backs_off_when_descriptors_run_out():
         time.sleep(1.5)
         cpu = sum(lst.ps.cpu_times()[:2]) - cpu0
         print(f"cpu while out of descriptors: {cpu:.3f}s in 1.5s")
-        assert cpu < 0.5                              # not spinning on EMFILE
+        assert cpu < 0.5  # not spinning on EMFILE
         for s in socks:
             s.close()
         socks = []
@@ -191,7 +198,7 @@ def test_accept_backs_off_when_descriptors_run_out():
         while time.monotonic() < deadline and not ok:
             try:
                 ok = lst.works()
-            except (OSError, HvdliteError) as exc:     # not yet: retried, last one reported
+            except (OSError, HvdliteError) as exc:  # not yet: retried, last one reported
                 last = exc
                 time.sleep(0.3)
         assert ok, f"the listener did not recover once descriptors were free (last: {last!r})"
@@ -209,14 +216,14 @@ def test_forged_frames_make_a_few_log_lines_and_a_summary():
         for _ in range(n):
             try:
                 s = socket.create_connection(lst.addr, timeout=5)
-            except ConnectionResetError:       # refused at the cap before connect returned
+            except ConnectionResetError:  # refused at the cap before connect returned
                 continue
             try:
                 _nonce(s)
                 s.sendall(struct.pack("!I", 20) + os.urandom(52))
                 s.settimeout(2)
                 s.recv(10)
-            except OSError:            # refused at the cap (RST): noted like a frame
+            except OSError:  # refused at the cap (RST): noted like a frame
                 pass
             finally:
                 s.close()
@@ -235,16 +242,18 @@ def test_forged_frames_make_a_few_log_lines_and_a_summary():
 def test_a_burst_of_legitimate_clients_over_the_cap_all_get_through():
     """Clients the cap refuses (RST before the nonce) connect again and succeed."""
     from hvdlite.runner.store.rendezvous import KVStoreService
+
     key = new_key()
     store = KVStoreService(key, max_unauthenticated=4)
     results = []
     try:
+
         def one(i):
             kv = KVClient(store.address, key, timeout_s=10, prefix="b/")
             try:
                 kv.set(str(i), b"x")
                 results.append(kv.get(str(i)) == b"x")
-            except Exception as exc:            # reported by the assertion below
+            except Exception as exc:  # reported by the assertion below
                 results.append(exc)
             finally:
                 kv.close()

@@ -15,19 +15,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
 sys.path.insert(0, WORKERS)
 import common  # noqa: E402  (the workers' data and reference)
+
 pytestmark = pytest.mark.timeout(240)
 
 
 def _launch(*args, timeout=220):
-    r = launching.run(["-np", "2", sys.executable, *args], timeout=timeout,
-                      pythonpath=[REPO, WORKERS])
+    r = launching.run(
+        ["-np", "2", sys.executable, *args], timeout=timeout, pythonpath=[REPO, WORKERS]
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return r
 
 
 def _per_rank(tag: str, stdout: str):
-    return {int(rank): rest for rank, rest in
-            re.findall(rf"^\[(\d+)\]<stdout>:{tag} (.*)$", stdout, re.M)}
+    return {
+        int(rank): rest
+        for rank, rest in re.findall(rf"^\[(\d+)\]<stdout>:{tag} (.*)$", stdout, re.M)
+    }
 
 
 def _close(a, b, tol=1e-6):

@@ -36,9 +36,14 @@ def _env(**extra):
 
 
 def _torchrun(*args, env=None, timeout=150):
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args, SCRIPT],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env or _env(), cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args, SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env or _env(),
+        cwd=REPO,
+    )
 
 
 def _finish(proc, timeout=150):
@@ -56,8 +61,10 @@ def _weights(out: str):
 
 
 def _places(out: str):
-    return sorted(tuple(int(v) for v in re.findall(r"=(\d+)", line))
-                  for line in re.findall(r"PLACE (.*)$", out, re.M))
+    return sorted(
+        tuple(int(v) for v in re.findall(r"=(\d+)", line))
+        for line in re.findall(r"PLACE (.*)$", out, re.M)
+    )
 
 
 def _close(a, b, tol):
@@ -78,22 +85,38 @@ def test_torchrun_standalone_reaches_the_weights_of_hvdlite_run(reference):
     under_torchrun = _weights(out)
     assert len(under_torchrun) == 2 and under_torchrun[0] == under_torchrun[1]
 
-    r = launching.run(["-np", "2", sys.executable, SCRIPT], timeout=150,
-                      env={"OMP_NUM_THREADS": "1"}, pythonpath=[REPO],
-                      unset=[k for k in os.environ if k.startswith(("HVDLITE_", "HOROVOD_"))]
-                      + ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"])
+    r = launching.run(
+        ["-np", "2", sys.executable, SCRIPT],
+        timeout=150,
+        env={"OMP_NUM_THREADS": "1"},
+        pythonpath=[REPO],
+        unset=[k for k in os.environ if k.startswith(("HVDLITE_", "HOROVOD_"))]
+        + ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"],
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     under_hvdlite_run = _weights(r.stdout)
     assert len(under_hvdlite_run) == 2
     assert _close(under_torchrun[0], under_hvdlite_run[0], 1e-6)
-    assert _close(under_torchrun[0], reference, 1e-5)     # averaged: the whole batches
+    assert _close(under_torchrun[0], reference, 1e-5)  # averaged: the whole batches
 
 
 def test_two_torchrun_nodes_meet_through_node_zeros_store(reference):
     port = free_port()
-    nodes = [_torchrun("--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "2",
-                       "--master-addr", "127.0.0.1", "--master-port", str(port))
-             for n in (0, 1)]
+    nodes = [
+        _torchrun(
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(n),
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+        )
+        for n in (0, 1)
+    ]
     results = [_finish(p) for p in nodes]
     out = "\n".join(o for _, o in results)
     assert [c for c, _ in results] == [0, 0], out[-4000:]
@@ -107,11 +130,23 @@ def _one_rank(tmp_path, **env):
     """rank 0 of 2, alone, with torch's store where ``env`` says (no agent: it serves it)."""
     script = tmp_path / "init_only.py"
     script.write_text("import hvdlite.torch as hvd\nhvd.init()\nprint('INIT DONE')\n")
-    base = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "HVDLITE_START_TIMEOUT": "3"}
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=60, env=_env(**dict(base, **env)), cwd=str(tmp_path))
+    base = {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "HVDLITE_START_TIMEOUT": "3",
+    }
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(**dict(base, **env)),
+        cwd=str(tmp_path),
+    )
 
 
 def test_a_peer_that_never_comes_is_named_within_the_start_timeout(tmp_path):
@@ -152,10 +187,25 @@ def test_a_tensorflow_script_under_torchrun(tmp_path):
     script = tmp_path / "tf_train.py"
     script.write_text(TF_SCRIPT)
     env = _env(TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
     code, out = _finish(proc)
     assert code == 0, out[-4000:]
     assert sorted(re.findall(r"^TF (.*)$", out, re.M)) == [
-        "rank=0 size=2 total=[3.0]", "rank=1 size=2 total=[3.0]"], out[-3000:]
+        "rank=0 size=2 total=[3.0]",
+        "rank=1 size=2 total=[3.0]",
+    ], out[-3000:]

@@ -17,17 +17,26 @@ def train(steps=30, sleep_s=0.0, kill_at=None, sleep_below_size=None, trained_fi
 
     hvd.init()
     me = (os.environ.get("HVDLITE_HOSTNAME"), int(os.environ.get("HVDLITE_LOCAL_RANK", -1)))
+
     def slow():
-        if trained_file:        # a step is done: the test may now grow the world
+        if trained_file:  # a step is done: the test may now grow the world
             open(trained_file, "a").close()
         return sleep_below_size is None or hvd.size() < sleep_below_size
 
     model, state = run_training(
-        steps, sleep_s, lambda step: kill_at is not None and (me[0], me[1], step) == tuple(kill_at),
-        slow)
-    out = {"rank": hvd.rank(), "size": hvd.size(), "host": me[0],
-           "weight": model.weight.detach().view(-1).tolist(),
-           "bias": model.bias.detach().tolist(), "history": state.history,
-           "sizes": state.sizes}
+        steps,
+        sleep_s,
+        lambda step: kill_at is not None and (me[0], me[1], step) == tuple(kill_at),
+        slow,
+    )
+    out = {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "host": me[0],
+        "weight": model.weight.detach().view(-1).tolist(),
+        "bias": model.bias.detach().tolist(),
+        "history": state.history,
+        "sizes": state.sizes,
+    }
     hvd.shutdown()
     return out

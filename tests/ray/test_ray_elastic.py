@@ -47,8 +47,17 @@ class Cluster:
         self.port = free_port()
         self.env = dict(os.environ, **RAY_ENV, PYTHONPATH=str(REPO))
         self.temp = tempfile.mkdtemp(prefix="hvr", dir="/tmp")
-        r = _ray("start", "--head", "--port", str(self.port), "--include-dashboard=false",
-                 "--temp-dir", self.temp, *COMMON, env=self.env)
+        r = _ray(
+            "start",
+            "--head",
+            "--port",
+            str(self.port),
+            "--include-dashboard=false",
+            "--temp-dir",
+            self.temp,
+            *COMMON,
+            env=self.env,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
 
     def add_node(self):
@@ -56,9 +65,14 @@ class Cluster:
         assert r.returncode == 0, r.stdout + r.stderr
 
     def run(self, kwargs, when_started=None, timeout=200):
-        proc = subprocess.Popen([sys.executable, "-c", DRIVER, f"127.0.0.1:{self.port}",
-                                 json.dumps(kwargs)], env=self.env, cwd=str(REPO),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, f"127.0.0.1:{self.port}", json.dumps(kwargs)],
+            env=self.env,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines = []
 
         def read():
@@ -66,6 +80,7 @@ class Cluster:
                 lines.append(line)
                 if line.startswith("STARTED") and when_started is not None:
                     threading.Thread(target=when_started, daemon=True).start()
+
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         try:
@@ -76,7 +91,7 @@ class Cluster:
         reader.join(10)
         out = "".join(lines)
         assert proc.returncode == 0, out[-4000:]
-        results = [json.loads(x[len("RESULT "):]) for x in lines if x.startswith("RESULT ")]
+        results = [json.loads(x[len("RESULT ") :]) for x in lines if x.startswith("RESULT ")]
         return results, out
 
     def stop(self):
@@ -93,7 +108,7 @@ def cluster():
 def _assert_reference(results, steps):
     weight, bias = reference(steps)
     for r in results:
-        assert r["history"] == list(range(steps)), r["history"]     # no step lost or repeated
+        assert r["history"] == list(range(steps)), r["history"]  # no step lost or repeated
         assert max(abs(a - b) for a, b in zip(r["weight"], weight)) < 1e-5, (r["weight"], weight)
         assert abs(r["bias"][0] - bias[0]) < 1e-5
 
@@ -110,19 +125,22 @@ def test_a_killed_worker_leaves_and_training_completes(cluster):
     _assert_reference(results, 20)
 
 
-@pytest.mark.slow      # a Ray job that changes size in make test: test_a_killed_worker_leaves_...
+@pytest.mark.slow  # a Ray job that changes size in make test: test_a_killed_worker_leaves_...
 @pytest.mark.timeout(240)
 def test_a_node_that_joins_grows_the_world(cluster):
     trained = os.path.join(cluster.temp, "trained")
 
-    def add_later():                    # once a step at the first size is done
+    def add_later():  # once a step at the first size is done
         deadline = time.monotonic() + 120
         while not os.path.exists(trained) and time.monotonic() < deadline:
             time.sleep(0.1)
         cluster.add_node()
+
     # up to 30 s of slow steps for the node to join; once the world has 4 the rest run at once
-    results, out = cluster.run({"steps": 120, "sleep_s": 0.25, "sleep_below_size": 4,
-                                "trained_file": trained}, when_started=add_later)
+    results, out = cluster.run(
+        {"steps": 120, "sleep_s": 0.25, "sleep_below_size": 4, "trained_file": trained},
+        when_started=add_later,
+    )
     assert [r["rank"] for r in results] == [0, 1, 2, 3], out[-4000:]
     sizes = results[0]["sizes"]
     assert sizes[0] == 2 and sizes[-1] == 4, sizes

@@ -27,8 +27,12 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 @pytest.fixture(scope="module")
 def local_cluster():
     os.environ.update(RAY_ENV)
-    ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(
+        num_cpus=3,
+        include_dashboard=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
     yield
     ray.shutdown()
 
@@ -36,12 +40,19 @@ def local_cluster():
 def _collectives(scale):
     import torch
     import hvdlite.torch as hvd
+
     hvd.init()
     value = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
     gathered = hvd.allgather(torch.tensor([[hvd.rank()]])).flatten().tolist()
-    out = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
-           "local_size": hvd.local_size(), "cross_size": hvd.cross_size(),
-           "sum": value * scale, "gathered": gathered}
+    out = {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_size": hvd.cross_size(),
+        "sum": value * scale,
+        "gathered": gathered,
+    }
     hvd.shutdown()
     return out
 
@@ -71,6 +82,7 @@ def _train(steps):
     import torch
     import torch.nn as nn
     import hvdlite.torch as hvd
+
     torch.set_num_threads(1)
     hvd.init()
 
@@ -80,12 +92,14 @@ def _train(steps):
 
     def batches(member):
         g = torch.Generator().manual_seed(100 + member)
-        return [(torch.randn(6, 4, generator=g), torch.randn(6, 1, generator=g))
-                for _ in range(steps)]
+        return [
+            (torch.randn(6, 4, generator=g), torch.randn(6, 1, generator=g)) for _ in range(steps)
+        ]
 
     m = model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                   named_parameters=m.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters()
+    )
     hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     for x, y in batches(hvd.rank()):
         opt.zero_grad()
@@ -127,8 +141,12 @@ class Counter:
 @pytest.mark.timeout(120)
 def test_executable_cls_keeps_state(local_cluster):
     ex = RayExecutor(_settings(), num_workers=2)
-    ex.start(executable_cls=Counter, executable_args=[5], executable_kwargs={"step": 2},
-             extra_env_vars={"MY_SETTING": "on"})
+    ex.start(
+        executable_cls=Counter,
+        executable_args=[5],
+        executable_kwargs={"step": 2},
+        extra_env_vars={"MY_SETTING": "on"},
+    )
     try:
         assert ex.execute(lambda c: c.bump()) == [7, 7]
         assert ex.execute(lambda c: c.bump()) == [9, 9]
@@ -140,16 +158,20 @@ def test_executable_cls_keeps_state(local_cluster):
 def _fails_on_rank_one():
     import torch
     import hvdlite.torch as hvd
+
     hvd.init()
     if hvd.rank() == 1:
         raise ValueError("rank one gives up on purpose")
-    hvd.allreduce(torch.ones(1))           # rank 0 waits for a peer that is gone
+    hvd.allreduce(torch.ones(1))  # rank 0 waits for a peer that is gone
     return "unreachable"
 
 
 def _rank_worker_pids():
-    return {p.pid for p in psutil.process_iter(["cmdline"])
-            if any("RankWorker" in part for part in (p.info["cmdline"] or []))}
+    return {
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any("RankWorker" in part for part in (p.info["cmdline"] or []))
+    }
 
 
 @pytest.mark.timeout(120)
@@ -166,7 +188,7 @@ def test_a_failing_rank_is_named_and_the_others_end(local_cluster, capfd):
     # the job ran through run_job: the same failure summary as hvdlite-run's, on stderr
     err = capfd.readouterr().err
     assert summary_names(err, 1, "ValueError: rank one gives up on purpose", node), err
-    for actor in actors:                   # torn down, not left waiting
+    for actor in actors:  # torn down, not left waiting
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.ping.remote(), timeout=30)
     with pytest.raises(HvdliteRayError, match="not started"):
@@ -201,8 +223,7 @@ def test_shutdown_leaves_no_rank_actor(local_cluster):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.2)
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                   for p in pids)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
     assert _rank_worker_pids() <= before
 
 
@@ -232,8 +253,9 @@ ex.shutdown()
 
 
 def _ray(*args, env, timeout=120):
-    return subprocess.run([str(BIN / "ray"), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "ray"), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.timeout(240)
@@ -243,19 +265,36 @@ def test_two_nodes_number_ranks_node_by_node():
     # Ray's socket paths must stay under 108 bytes: a short directory of our own
     temp = tempfile.mkdtemp(prefix="hvr", dir="/tmp")
     common = ["--num-cpus", "2", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-    head = _ray("start", "--head", "--port", str(port), "--include-dashboard=false",
-                "--temp-dir", temp, *common, env=env)
+    head = _ray(
+        "start",
+        "--head",
+        "--port",
+        str(port),
+        "--include-dashboard=false",
+        "--temp-dir",
+        temp,
+        *common,
+        env=env,
+    )
     try:
         assert head.returncode == 0, head.stdout + head.stderr
         second = _ray("start", "--address", f"127.0.0.1:{port}", *common, env=env)
         assert second.returncode == 0, second.stdout + second.stderr
-        proc = subprocess.run([sys.executable, "-c", TWO_NODE_DRIVER, f"127.0.0.1:{port}"],
-                              env=env, cwd=str(REPO), capture_output=True, text=True,
-                              timeout=180)
+        proc = subprocess.run(
+            [sys.executable, "-c", TWO_NODE_DRIVER, f"127.0.0.1:{port}"],
+            env=env,
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
-        results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-                   if line.startswith("RESULT ")]
+        results = [
+            json.loads(line[len("RESULT ") :])
+            for line in proc.stdout.splitlines()
+            if line.startswith("RESULT ")
+        ]
         assert [r["rank"] for r in results] == [0, 1, 2, 3], out[-3000:]
         for r in results:
             assert (r["size"], r["local_size"], r["cross_size"]) == (4, 2, 2), r
@@ -270,8 +309,11 @@ def _stop_cluster(temp):
     """End this test's Ray nodes only (``ray stop`` would end every Ray on the machine,
     this module's in-process cluster included): the processes that name its directory,
     and their children."""
-    roots = [p for p in psutil.process_iter(["cmdline"])
-             if any(temp in part for part in (p.info["cmdline"] or []))]
+    roots = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any(temp in part for part in (p.info["cmdline"] or []))
+    ]
     procs = set(roots)
     for p in roots:
         try:
@@ -298,9 +340,21 @@ def _stop_cluster(temp):
 def test_example_trains(local_cluster):
     """The example as a driver of the module's cluster (its --address), not a Ray of its own."""
     env = dict(os.environ, **RAY_ENV, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "ray_pytorch_train.py"),
-                           "--epochs", "40", "--address", ray.get_runtime_context().gcs_address],
-                          env=env, cwd=str(REPO), capture_output=True, text=True, timeout=170)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "ray_pytorch_train.py"),
+            "--epochs",
+            "40",
+            "--address",
+            ray.get_runtime_context().gcs_address,
+        ],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     first = float(out.split("FIRST_LOSS ")[1].split()[0])

@@ -6,14 +6,16 @@ from hvdlite.runner.agent.hostset import EXACT_HOSTS, describe_partition, keep_r
 
 def test_no_cut_keeps_every_host():
     assert keep_reachable(["a", "b"], {"a": 1, "b": 1}, []) == (["a", "b"], [])
-    assert keep_reachable(["a", "b"], {}, [("a", "a")]) == (["a", "b"], [])   # no self-cut
+    assert keep_reachable(["a", "b"], {}, [("a", "a")]) == (["a", "b"], [])  # no self-cut
 
 
 def test_the_larger_side_in_slots_stays_and_a_tie_keeps_rank_0s_host():
     hosts = ["a", "b", "c"]
     # c cannot reach anyone: a and b stay
-    assert keep_reachable(hosts, {"a": 1, "b": 1, "c": 1}, [("a", "c"), ("c", "b")]) == \
-        (["a", "b"], ["c"])
+    assert keep_reachable(hosts, {"a": 1, "b": 1, "c": 1}, [("a", "c"), ("c", "b")]) == (
+        ["a", "b"],
+        ["c"],
+    )
     # a-b cut, c reaches both: {a, c} and {b, c} tie on slots; rank 0's host a wins
     assert keep_reachable(hosts, {"a": 1, "b": 1, "c": 1}, [("a", "b")]) == (["a", "c"], ["b"])
     # ... unless b holds more slots

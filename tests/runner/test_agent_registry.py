@@ -13,8 +13,9 @@ S = WorkerState
 
 
 def _slot(rank: int) -> SlotInfo:
-    return SlotInfo(hostname="a", rank=rank, local_rank=rank, cross_rank=0, size=2,
-                    local_size=2, cross_size=1)
+    return SlotInfo(
+        hostname="a", rank=rank, local_rank=rank, cross_rank=0, size=2, local_size=2, cross_size=1
+    )
 
 
 def test_a_worker_goes_from_standby_to_live_to_finished_and_no_other_way():
@@ -27,7 +28,7 @@ def test_a_worker_goes_from_standby_to_live_to_finished_and_no_other_way():
     with pytest.raises(AssertionError, match=r"a', 1\).*LIVE -> STANDBY"):
         reg.move(("a", 1), S.STANDBY)
     assert reg.exited(("a", 1)).state is S.LIVE
-    assert reg.exited(("a", 1)) is None          # one exit per process
+    assert reg.exited(("a", 1)) is None  # one exit per process
     reg.move(("a", 1), S.FINISHED)
     assert not reg.running(("a", 1)) and reg.ids(S.FINISHED) == [("a", 1)]
     with pytest.raises(AssertionError, match="FINISHED -> FAILED"):
@@ -75,8 +76,7 @@ def test_the_agent_keeps_no_per_worker_set_beside_the_registry():
     per-worker state)."""
     tree = ast.parse(pathlib.Path(state_machine.__file__).read_text())
     agent = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
-    init = next(n for n in agent.body if isinstance(n, ast.FunctionDef)
-                and n.name == "__init__")
+    init = next(n for n in agent.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     keyed = []
     for node in ast.walk(init):
         if isinstance(node, ast.AnnAssign):

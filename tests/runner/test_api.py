@@ -44,10 +44,9 @@ def test_no_command_line_is_made_or_parsed(monkeypatch):
     specs = []
     real = agent_job.run_job
     monkeypatch.setattr(api, "run_job", lambda spec: specs.append(spec) or real(spec))
-    assert hvdlite.run(lambda: 7, np=2, start_timeout=30, env={"HVDLITE_CYCLE_TIME": "2"}) \
-        == [7, 7]
+    assert hvdlite.run(lambda: 7, np=2, start_timeout=30, env={"HVDLITE_CYCLE_TIME": "2"}) == [7, 7]
     assert [(s.name, s.np, s.start_timeout_s) for s in specs] == [("hvdlite.run", 2, 30.0)]
-    assert specs[0].tunables.cycle_time_ms == 2.0       # env= counts in the one Config
+    assert specs[0].tunables.cycle_time_ms == 2.0  # env= counts in the one Config
 
 
 def test_lambdas_args_and_kwargs_travel_by_value():
@@ -61,7 +60,7 @@ def test_a_failing_rank_is_named_with_its_traceback():
     assert info.value.rank == 1
     assert "rank 1" in str(info.value) and "Traceback (most recent call last)" in str(info.value)
     assert "ValueError: rank 1 fails on purpose" in info.value.remote_traceback
-    assert time.monotonic() - start < 30          # rank 0 (sleeping 60 s) was ended
+    assert time.monotonic() - start < 30  # rank 0 (sleeping 60 s) was ended
 
 
 def test_a_result_that_cannot_be_pickled_is_a_rank_failure():
@@ -82,26 +81,35 @@ def test_under_mpi_and_the_key_stays_off_command_lines(monkeypatch, capfd):
     got = hvdlite.run(run_funcs.whoami, np=2, use_mpi=True, verbose=True, env=RANK_ENV)
     assert [g["rank"] for g in got] == [0, 1]
     out = capfd.readouterr()
-    assert "mpiexec" in out.err or "mpirun" in out.err       # --verbose printed the command
+    assert "mpiexec" in out.err or "mpirun" in out.err  # --verbose printed the command
     assert key.hex() not in out.out + out.err
 
 
 @pytest.mark.timeout(90)
 def test_on_ssh_hosts(sshd):
-    got = hvdlite.run(run_funcs.whoami, np=2, hosts="127.0.0.1:1,127.0.0.2:1",
-                      ssh_port=sshd.port, ssh_identity_file=sshd.identity, env=RANK_ENV)
+    got = hvdlite.run(
+        run_funcs.whoami,
+        np=2,
+        hosts="127.0.0.1:1,127.0.0.2:1",
+        ssh_port=sshd.port,
+        ssh_identity_file=sshd.identity,
+        env=RANK_ENV,
+    )
     assert [(g["rank"], g["host"]) for g in got] == [(0, "127.0.0.1"), (1, "127.0.0.2")]
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"min_np": 1}, "static jobs only (min_np given)"),
-    ({"hosts": "localhost:1", "hostfile": "h"}, "hosts or hostfile, not both"),
-    ({"use_gloo": True, "use_mpi": True}, "exclude each other"),
-    ({"args": (threading.Lock(),)}, "cannot be pickled"),
-    ({"use_jsrun": True}, "--jsrun: jsrun (IBM LSF) is not supported"),
-    ({"np": 0}, "-np 0"),
-    ({"np": "2"}, "np='2' is not a number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"min_np": 1}, "static jobs only (min_np given)"),
+        ({"hosts": "localhost:1", "hostfile": "h"}, "hosts or hostfile, not both"),
+        ({"use_gloo": True, "use_mpi": True}, "exclude each other"),
+        ({"args": (threading.Lock(),)}, "cannot be pickled"),
+        ({"use_jsrun": True}, "--jsrun: jsrun (IBM LSF) is not supported"),
+        ({"np": 0}, "-np 0"),
+        ({"np": "2"}, "np='2' is not a number"),
+    ],
+)
 def test_bad_arguments_are_config_errors(kwargs, fragment):
     with pytest.raises(HvdliteConfigError) as info:
         hvdlite.run(run_funcs.whoami, **kwargs)
@@ -115,14 +123,16 @@ def test_the_service_ignores_frames_without_its_key():
         with pytest.raises((HvdliteAuthError, ConnectionError)):
             forged.request({"op": "result", "rank": 0}, b"not a pickle")
         forged.close()
-        assert service.results == {} and service.rejected >= 1    # the client retries once
+        assert service.results == {} and service.rejected >= 1  # the client retries once
     finally:
         service.shutdown()
 
 
 def test_import_hvdlite_stays_light():
-    code = ("import sys, hvdlite; "
-            "assert not [m for m in sys.modules if m.startswith('hvdlite.runner')]; "
-            "assert callable(hvdlite.run) and 'hvdlite.runner.api' in sys.modules; "
-            "assert 'torch' not in sys.modules")
+    code = (
+        "import sys, hvdlite; "
+        "assert not [m for m in sys.modules if m.startswith('hvdlite.runner')]; "
+        "assert callable(hvdlite.run) and 'hvdlite.runner.api' in sys.modules; "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30, cwd=REPO)

@@ -32,8 +32,10 @@ LOGGER = "hvdlite.runner.agent.settling"
 
 def H(spec: str) -> List[HostSlots]:
     """'a:2,b:1' -> hosts."""
-    return [HostSlots(name, int(n or 1)) for name, _, n in
-            (item.partition(":") for item in filter(None, spec.split(",")))]
+    return [
+        HostSlots(name, int(n or 1))
+        for name, _, n in (item.partition(":") for item in filter(None, spec.split(",")))
+    ]
 
 
 def shown(hosts) -> str:
@@ -69,8 +71,9 @@ class Damped:
 
     def __init__(self, first: str, settle_s: float = SETTLE_S):
         self.source, self.clock, self.changes = Flapping(first), Clock(), 0
-        self.poller = DiscoveryPoller(SettlingHosts(self.source, settle_s, self.clock),
-                                      self._changed)
+        self.poller = DiscoveryPoller(
+            SettlingHosts(self.source, settle_s, self.clock), self._changed
+        )
 
     def _changed(self):
         self.changes += 1
@@ -93,39 +96,41 @@ def test_a_dropped_host_leaves_at_once_and_a_returning_one_waits(caplog):
     d = Damped("a:2,b:1")
     d.at(0, "a:2,b:1")
     assert d.at(1, "a:2") == "a:2" and d.changes == 2
-    assert d.at(2, "a:2,b:1") == "a:2"                       # back: held
-    assert "host b listed again; it is added once listed for 5s " \
-           "(--discovery-settle-seconds)" in caplog.text
+    assert d.at(2, "a:2,b:1") == "a:2"  # back: held
+    assert (
+        "host b listed again; it is added once listed for 5s "
+        "(--discovery-settle-seconds)" in caplog.text
+    )
     assert d.at(4, "a:2,b:1") == "a:2"
-    assert d.at(6.9, "a:2,b:1") == "a:2" and d.changes == 2   # 4.9 s listed
+    assert d.at(6.9, "a:2,b:1") == "a:2" and d.changes == 2  # 4.9 s listed
     assert d.at(7, "a:2,b:1") == "a:2,b:1" and d.changes == 3
     assert "host b listed for 5s: it is added (1 slot)" in caplog.text
-    assert caplog.text.count("listed again") == 1             # said once per return
+    assert caplog.text.count("listed again") == 1  # said once per return
 
 
 def test_a_host_dropped_while_settling_waits_anew(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     d = Damped("a:1")
     d.at(0, "a:1")
-    for t in range(1, 20, 2):                                 # 1 s listed, 1 s not: never in
+    for t in range(1, 20, 2):  # 1 s listed, 1 s not: never in
         assert d.at(t, "a:1,b:1") == "a:1"
         assert d.at(t + 1, "a:1") == "a:1"
     assert d.changes == 1
-    assert caplog.text.count("host b listed; it is added once") == 1    # new the first time
+    assert caplog.text.count("host b listed; it is added once") == 1  # new the first time
     assert caplog.text.count("host b listed again; it is added once") == 9
     assert "host b dropped again before it settled" in caplog.text
-    assert d.at(30, "a:1,b:1") == "a:1"                       # steady from here
+    assert d.at(30, "a:1,b:1") == "a:1"  # steady from here
     assert d.at(34, "a:1,b:1") == "a:1"
-    assert d.at(35, "b:1,a:1") == "b:1,a:1"                   # in the answer's order
+    assert d.at(35, "b:1,a:1") == "b:1,a:1"  # in the answer's order
 
 
 def test_slots_shrink_at_once_and_grow_once_settled():
     d = Damped("a:2,b:2")
     d.at(0, "a:2,b:2")
-    assert d.at(1, "a:4,b:1") == "a:2,b:1"                    # a grows: later; b shrinks: now
+    assert d.at(1, "a:4,b:1") == "a:2,b:1"  # a grows: later; b shrinks: now
     assert d.at(3, "a:4,b:2") == "a:2,b:1"
-    assert d.at(6, "a:4,b:2") == "a:4,b:1"                    # a listed 4 since 1 s,
-    assert d.at(7, "a:4,b:2") == "a:4,b:1"                    # b 2 since 3 s
+    assert d.at(6, "a:4,b:2") == "a:4,b:1"  # a listed 4 since 1 s,
+    assert d.at(7, "a:4,b:2") == "a:4,b:1"  # b 2 since 3 s
     assert d.at(8, "a:3,b:2") == "a:3,b:2"
     assert d.at(9, "a:2,b:2") == "a:2,b:2"
 
@@ -135,7 +140,7 @@ def test_a_failed_discovery_keeps_the_hosts_and_the_wait():
     d.at(0, "a:1")
     d.at(1, "a:1,b:1")
     assert d.at(3, None) == "a:1" and d.poller.failures == 1
-    assert d.at(6, "a:1,b:1") == "a:1,b:1"                    # listed since 1 s
+    assert d.at(6, "a:1,b:1") == "a:1,b:1"  # listed since 1 s
     d.poller.stop()
     assert d.source.closed
 
@@ -149,9 +154,19 @@ def test_zero_or_a_fixed_list_is_not_damped(tmp_path):
     script = tmp_path / "hosts.sh"
     script.write_text("#!/bin/sh\necho localhost:1\n")
     script.chmod(0o755)
-    spec = launch.spec_from_args(launch.parse_args(
-        ["--host-discovery-script", str(script), "-np", "1",
-         "--discovery-settle-seconds", "2.5", "true"]))
+    spec = launch.spec_from_args(
+        launch.parse_args(
+            [
+                "--host-discovery-script",
+                str(script),
+                "-np",
+                "1",
+                "--discovery-settle-seconds",
+                "2.5",
+                "true",
+            ]
+        )
+    )
     assert spec.tunables.discovery_settle_s == 2.5
     assert isinstance(_damped(spec, src), SettlingHosts)
     assert _damped(JobSpec(np=1, hosts=H("a:1"), command=["true"]), src) is src
@@ -191,19 +206,40 @@ def test_a_flapping_host_costs_one_reset_per_settle_period(tmp_path):
     script.write_text(FLAPS.format(dir=tmp_path))
     script.chmod(0o755)
     settle = 3
-    proc = run_launcher(["-np", "2", "--min-np", "1", "--max-np", "2",
-                         "--host-discovery-script", str(script),
-                         "--discovery-settle-seconds", str(settle),
-                         worker("elastic_worker.py"), "--done-file",
-                         str(tmp_path / "done")], timeout=50)
+    proc = run_launcher(
+        [
+            "-np",
+            "2",
+            "--min-np",
+            "1",
+            "--max-np",
+            "2",
+            "--host-discovery-script",
+            str(script),
+            "--discovery-settle-seconds",
+            str(settle),
+            worker("elastic_worker.py"),
+            "--done-file",
+            str(tmp_path / "done"),
+        ],
+        timeout=50,
+    )
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err
     rounds = re.findall(r"round (\d+): (\d+) workers?: ", err)
     # the drop at 3 s is one reset, the returns at 4, 6, 8 and 10 s none, the steady
     # return at 12 s one once settled; without damping each return starts a worker
     assert rounds == [("0", "2"), ("1", "1"), ("2", "2")], err
-    assert len(re.findall(r"host 127\.0\.0\.1 listed again; it is added once listed for "
-                          r"3s \(--discovery-settle-seconds\)", err)) >= 3, err
+    assert (
+        len(
+            re.findall(
+                r"host 127\.0\.0\.1 listed again; it is added once listed for "
+                r"3s \(--discovery-settle-seconds\)",
+                err,
+            )
+        )
+        >= 3
+    ), err
     assert "host 127.0.0.1 listed for " in err
     assert out.count("ENV slot=127.0.0.1:0") == 2, out
     assert os.path.exists(tmp_path / "done")

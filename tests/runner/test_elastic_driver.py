@@ -88,8 +88,11 @@ class FakeWorkers(Starter):
 
     def prepare(self, hosts):
         self.prepared += [h.hostname for h in hosts]
-        return {h.hostname: self.refuse_prepare[h.hostname] for h in hosts
-                if h.hostname in self.refuse_prepare}
+        return {
+            h.hostname: self.refuse_prepare[h.hostname]
+            for h in hosts
+            if h.hostname in self.refuse_prepare
+        }
 
     def start(self, slots):
         failed = {}
@@ -132,11 +135,11 @@ class FakeRounds:
         self.rounds: List[list] = []
         self.ids: List[list] = []
         self.reports: Dict[tuple, dict] = {}
-        self.unformed = False         # every round "never forms" (its ranks do not all arrive)
-        self.standing: set = set()    # slots started ahead of their round
-        self.hold_standby = False     # they never come to wait to join
+        self.unformed = False  # every round "never forms" (its ranks do not all arrive)
+        self.standing: set = set()  # slots started ahead of their round
+        self.hold_standby = False  # they never come to wait to join
         self.new_processes: list = []  # slots announced to take a new process, in order
-        self.asking_round = None      # a round whose members all ask for a new one
+        self.asking_round = None  # a round whose members all ask for a new one
 
     def publish(self, slots, ids):
         self.rounds.append(list(slots))
@@ -175,15 +178,35 @@ class FakeRounds:
 class Job:
     """A driver on a thread, with its fakes."""
 
-    def __init__(self, discovery, np=2, min_np=None, max_np=None, timeout=5.0, reset_limit=None,
-                 cooldown=None, workers=None):
+    def __init__(
+        self,
+        discovery,
+        np=2,
+        min_np=None,
+        max_np=None,
+        timeout=5.0,
+        reset_limit=None,
+        cooldown=None,
+        workers=None,
+    ):
         self.discovery = discovery
         self.workers = workers or FakeWorkers()
         self.rounds = FakeRounds()
-        settings = JobSettings(np=np, min_np=min_np or np, max_np=max_np,
-                               reset_limit=reset_limit, cooldown_range=cooldown)
-        self.driver = Agent(settings, discovery, self.workers, self.rounds,
-                            discovery_interval_s=INTERVAL, elastic_timeout_s=timeout)
+        settings = JobSettings(
+            np=np,
+            min_np=min_np or np,
+            max_np=max_np,
+            reset_limit=reset_limit,
+            cooldown_range=cooldown,
+        )
+        self.driver = Agent(
+            settings,
+            discovery,
+            self.workers,
+            self.rounds,
+            discovery_interval_s=INTERVAL,
+            elastic_timeout_s=timeout,
+        )
         self.workers.on_exit = self.driver.wake
         self.code = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -196,8 +219,14 @@ class Job:
         return self.rounds.ids[round_no]
 
     def wait_round(self, n, timeout=3.0):
-        wait_for(lambda: len(self.rounds.rounds) > n and self.driver.state is JobState.RUNNING
-                 or self.driver.state in (JobState.FAILED, JobState.STOPPED), timeout)
+        wait_for(
+            lambda: (
+                len(self.rounds.rounds) > n
+                and self.driver.state is JobState.RUNNING
+                or self.driver.state in (JobState.FAILED, JobState.STOPPED)
+            ),
+            timeout,
+        )
         assert len(self.rounds.rounds) > n, (self.driver.state, self.driver.error)
         return self.ids(n)
 
@@ -260,8 +289,13 @@ def test_first_round_uses_at_most_max_np_and_waits_for_np():
 
 def test_place_slots_interleaved_hosts():
     slots = place_slots([("b", 0), ("a", 0), ("b", 1), ("c", 0), ("a", 1)])
-    assert [(s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] \
-        == [(0, 0, 2, 0, 3), (1, 0, 2, 1, 3), (2, 1, 2, 0, 2), (3, 0, 1, 2, 3), (4, 1, 2, 1, 2)]
+    assert [(s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == [
+        (0, 0, 2, 0, 3),
+        (1, 0, 2, 1, 3),
+        (2, 1, 2, 0, 2),
+        (3, 0, 1, 2, 3),
+        (4, 1, 2, 1, 2),
+    ]
 
 
 def test_failed_worker_blacklists_its_slot_host_mates_keep_running(caplog):
@@ -275,8 +309,11 @@ def test_failed_worker_blacklists_its_slot_host_mates_keep_running(caplog):
     assert job.workers.stopped == []
     assert job.driver.hostset.blacklisted == {"b:1": "worker b:1 exited with code 3"}
     assert job.driver.resets == 1
-    assert [(s.rank, s.local_rank, s.local_size) for s in job.rounds.rounds[1]] == \
-        [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
+    assert [(s.rank, s.local_rank, s.local_size) for s in job.rounds.rounds[1]] == [
+        (0, 0, 1),
+        (1, 0, 1),
+        (2, 0, 1),
+    ]
     # the host's last worker fails too: now the whole host is kept out
     job.workers.exit(("b", 0), 4)
     assert job.wait_round(2) == [("a", 0), ("c", 0)]
@@ -286,13 +323,17 @@ def test_failed_worker_blacklists_its_slot_host_mates_keep_running(caplog):
     assert job.wait_round(3) == [("a", 0), ("c", 0), ("d", 0), ("d", 1)]
     job.workers.exit(("a", 0), 1)
     assert job.wait_round(4) == [("c", 0), ("d", 0), ("d", 1)]
-    assert job.rounds.rounds[4][0].hostname == "c"        # rank 0 is a survivor
+    assert job.rounds.rounds[4][0].hostname == "c"  # rank 0 is a survivor
     assert job.workers.started == [("a", 0), ("b", 0), ("b", 1), ("c", 0), ("d", 0), ("d", 1)]
     text = caplog.text
-    assert "round 0: worker b:1 (rank 2) exited with code 3; blacklisting slot b:1 for the " \
-           "rest of the job; the host's other workers b:0 keep running" in text
-    assert "round 1: worker b:0 (rank 1) exited with code 4; blacklisting host b for the " \
-           "rest of the job" in text
+    assert (
+        "round 0: worker b:1 (rank 2) exited with code 3; blacklisting slot b:1 for the "
+        "rest of the job; the host's other workers b:0 keep running" in text
+    )
+    assert (
+        "round 1: worker b:0 (rank 1) exited with code 4; blacklisting host b for the "
+        "rest of the job" in text
+    )
     assert "round 1: 3 workers: rank 0 a:0, rank 1 b:0, rank 2 c:0" in text
     job.driver.request_stop()
     assert job.finish() == 130
@@ -306,8 +347,10 @@ def test_slot_hole_gets_dense_local_ranks():
     assert job.wait_round(0) == [("a", 0), ("a", 1), ("a", 2)]
     job.workers.exit(("a", 1), -9)
     assert job.wait_round(1) == [("a", 0), ("a", 2)]
-    assert [(s.rank, s.local_rank, s.local_size) for s in job.rounds.rounds[1]] == \
-        [(0, 0, 2), (1, 1, 2)]
+    assert [(s.rank, s.local_rank, s.local_size) for s in job.rounds.rounds[1]] == [
+        (0, 0, 2),
+        (1, 1, 2),
+    ]
     assert job.workers.stopped == [] and job.driver.resets == 1
     job.driver.request_stop()
     assert job.finish() == 130
@@ -321,8 +364,10 @@ def test_short_of_slots_the_agent_says_what_it_waits_for(caplog, monkeypatch):
     wait_for(lambda: "waiting for 2 slots" in caplog.text)
     assert "before the first round" not in caplog.text
     line = next(r.getMessage() for r in caplog.records if "waiting for 2 slots" in r.getMessage())
-    assert "only 1 slot usable, but --min-np is 2 (-np 2 for the first round); hosts: a:1" \
-        in line and "--elastic-timeout ends the job in" in line, line
+    assert (
+        "only 1 slot usable, but --min-np is 2 (-np 2 for the first round); hosts: a:1" in line
+        and "--elastic-timeout ends the job in" in line
+    ), line
     disc.set("a:2")
     assert job.wait_round(0) == [("a", 0), ("a", 1)]
     job.driver.request_stop()
@@ -341,8 +386,9 @@ def test_static_job_failure_ends_it_and_names_the_rank():
     workers.exit(("a", 1), 3)
     thread.join(5)
     assert agent.code == 3 and agent.state is JobState.FAILED and agent.resets == 0
-    assert agent.summary == ("hvdlite-run: rank 1 on host a exited with code 3; the other "
-                             "ranks were terminated.\n")
+    assert agent.summary == (
+        "hvdlite-run: rank 1 on host a exited with code 3; the other ranks were terminated.\n"
+    )
     assert workers.stop_all_called and len(rounds.rounds) == 1
 
 
@@ -367,7 +413,7 @@ def test_discovery_add_appends_new_slots_up_to_max_np():
     assert job.wait_round(0) == [("a", 0), ("a", 1)]
     disc.set("a:2,b:3")
     assert job.wait_round(1) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
-    assert job.workers.started == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]   # a kept
+    assert job.workers.started == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]  # a kept
     # at --max-np a new host changes nothing
     disc.set("a:2,b:3,c:4")
     time.sleep(0.15)
@@ -391,10 +437,10 @@ def test_new_workers_start_ahead_and_join_once_they_wait(caplog):
     time.sleep(0.3)
     assert len(job.rounds.rounds) == 1 and job.driver.state is JobState.RUNNING
     assert "starting 2 new workers ahead of the next round (c:0, d:0)" in caplog.text
-    job.workers.exit(("d", 0), 1)                 # fails before it ever waited to join
+    job.workers.exit(("d", 0), 1)  # fails before it ever waited to join
     wait_for(lambda: job.driver.hostset.is_blacklisted("d"))
     assert job.rounds.standing == {("c", 0)} and len(job.rounds.rounds) == 1
-    job.rounds.hold_standby = False               # c now waits to join: its round opens
+    job.rounds.hold_standby = False  # c now waits to join: its round opens
     assert job.wait_round(1) == [("a", 0), ("b", 0), ("c", 0)]
     assert job.workers.started.count(("c", 0)) == 1 and job.driver.resets == 1
     job.all_exit(0)
@@ -423,7 +469,7 @@ def test_discovery_remove_stops_workers_without_failure():
     job = Job(disc, np=2)
     job.workers.exit_when_stopped = False
     assert job.wait_round(0) == [("a", 0), ("a", 1), ("b", 0), ("c", 0)]
-    disc.set("a:1,c:1")                   # b gone, a shrinks to one slot
+    disc.set("a:1,c:1")  # b gone, a shrinks to one slot
     assert job.wait_round(1) == [("a", 0), ("c", 0)]
     assert sorted(job.workers.stopped) == [("a", 1), ("b", 0)]
     # they exit on their own terms, with any code: no failure, no blacklist, no round
@@ -445,7 +491,7 @@ def test_slot_of_a_worker_still_stopping_is_filled_once_it_exited():
     assert job.wait_round(0) == [("a", 0), ("a", 1)]
     disc.set("a:1")
     assert job.wait_round(1) == [("a", 0)]
-    disc.set("a:2")                       # a:1's old process has not exited yet
+    disc.set("a:2")  # a:1's old process has not exited yet
     time.sleep(0.1)
     assert len(job.rounds.rounds) == 2
     job.workers.exit(("a", 1), -15)
@@ -510,8 +556,10 @@ def test_worker_that_cannot_start_or_host_that_cannot_prepare():
     # b never enters a round; c is in round 0 but its worker did not start: reset
     assert job.wait_round(1) == [("a", 0), ("d", 0)]
     assert job.ids(0) == [("a", 0), ("c", 0), ("d", 0)]
-    assert job.driver.hostset.blacklisted == {"b": "ssh: connection refused",
-                                              "c": "cannot start 'python'"}
+    assert job.driver.hostset.blacklisted == {
+        "b": "ssh: connection refused",
+        "c": "cannot start 'python'",
+    }
     job.all_exit(0)
     assert job.finish() == 0
 
@@ -527,8 +575,10 @@ def test_finishing_ignores_host_changes_and_fails_on_late_failure():
     assert len(job.rounds.rounds) == 1
     job.workers.exit(("b", 0), 6)
     assert job.finish() == 6
-    assert "worker b:0 (rank 1) of round 0 exited with code 6 after training finished on a:0" \
+    assert (
+        "worker b:0 (rank 1) of round 0 exited with code 6 after training finished on a:0"
         in job.driver.error
+    )
 
 
 def test_stop_request_ends_every_worker():
@@ -556,12 +606,13 @@ def test_discovery_error_keeps_hosts(caplog):
 def test_discovery_failing_the_same_way_is_logged_once_then_counted(caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
     from hvdlite.runner.agent import poller
+
     monkeypatch.setattr(poller, "FAILURE_LOG_INTERVAL_S", 0.3)
     disc = FakeDiscovery("a:1,b:1")
     job = Job(disc, np=2)
     job.wait_round(0)
     disc.error = "boom"
-    wait_for(lambda: job.driver._poller.failures >= 60, timeout=5)   # ~0.6 s of polls
+    wait_for(lambda: job.driver._poller.failures >= 60, timeout=5)  # ~0.6 s of polls
     full = caplog.text.count("host discovery failed")
     counted = caplog.text.count("host discovery still failing")
     assert full == 1, caplog.text
@@ -578,8 +629,11 @@ def test_a_worker_that_only_gave_up_on_a_peer_keeps_its_host(caplog):
     caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
     job = Job(FakeDiscovery("a:1,b:1,c:1"), np=2, max_np=2)
     assert job.wait_round(0) == [("a", 0), ("b", 0)]
-    job.rounds.reports[("b", 0)] = {"peer": True, "error": "HvdliteTimeoutError: ranks [0] "
-                                    "did not reach hvd.init()", "at": time.monotonic()}
+    job.rounds.reports[("b", 0)] = {
+        "peer": True,
+        "error": "HvdliteTimeoutError: ranks [0] did not reach hvd.init()",
+        "at": time.monotonic(),
+    }
     job.workers.exit(("b", 0), 1)
     assert job.wait_round(1) == [("a", 0), ("b", 0)]
     assert job.driver.hostset.blacklisted == {}
@@ -613,8 +667,7 @@ def test_rounds_whose_ranks_keep_giving_up_on_each_other_end_the_job():
     job.rounds.unformed = True
     for n in range(state_machine.UNFORMED_ROUNDS_LIMIT):
         job.wait_round(n)
-        job.rounds.reports[("b", 0)] = {"peer": True, "error": "timed out",
-                                        "at": time.monotonic()}
+        job.rounds.reports[("b", 0)] = {"peer": True, "error": "timed out", "at": time.monotonic()}
         job.workers.exit(("b", 0), 1)
     assert job.finish() == 1
     assert "each ended before all their workers reached init()" in job.driver.error
@@ -627,7 +680,10 @@ def test_rounds_whose_ranks_keep_giving_up_on_each_other_end_the_job():
 def test_parse_discovery_output():
     text = "# hosts\nnode1:4\n\nnode2   # one slot\nuser@node3:2\nnode1:1\n"
     assert parse_discovery_output(text, default_slots=3) == [
-        HostSlots("node1", 5), HostSlots("node2", 3), HostSlots("node3", 2, "user")]
+        HostSlots("node1", 5),
+        HostSlots("node2", 3),
+        HostSlots("node3", 2, "user"),
+    ]
     assert parse_discovery_output("") == []
     for bad in ("node1:x", "node1:0", "two words", "a:1:2", "@node"):
         with pytest.raises(HostDiscoveryError, match="line 1"):
@@ -692,7 +748,7 @@ def test_bad_discovery_script_keeps_previous_hosts(tmp_path, caplog):
     _write(tmp_path / "hosts", "a:1\n")
     _write(tmp_path / "mode", "ok")
     assert job.wait_round(1) == [("a", 0)]
-    assert wait_gone(tag, 2.0) == []         # every hung script's tree was ended
+    assert wait_gone(tag, 2.0) == []  # every hung script's tree was ended
     job.all_exit(0)
     assert job.finish() == 0
 
@@ -702,7 +758,9 @@ def test_script_discovery_slots_per_host_and_close(tmp_path):
     script.write_text("#!/bin/sh\necho h1\necho h2:3\n")
     script.chmod(0o755)
     assert ScriptHosts(str(script), default_slots=2).find() == [
-        HostSlots("h1", 2), HostSlots("h2", 3)]
+        HostSlots("h1", 2),
+        HostSlots("h2", 3),
+    ]
     missing = ScriptHosts(str(tmp_path / "nope.sh"))
     with pytest.raises(HostDiscoveryError, match="cannot run it"):
         missing.find()
@@ -745,15 +803,22 @@ def test_task_service_run_again_and_stop():
         runs.append([(s.hostname, s.local_rank) for s in slots])
         return {"failed": [[9, "nope"]]}
 
-    task = TaskService(key, "jobe", 0, on_run=on_run, on_terminate=lambda: None,
-                       bind_addr="127.0.0.1", on_stop=stops.append)
+    task = TaskService(
+        key,
+        "jobe",
+        0,
+        on_run=on_run,
+        on_terminate=lambda: None,
+        bind_addr="127.0.0.1",
+        on_stop=stops.append,
+    )
     try:
         c = Client(task.address, key, 5, name="task")
         slot = dataclasses.asdict(place_slots([("h", 0)])[0])
         run = {"op": "run", "slots": [slot], "command": ["x"], "env": {}}
         assert c.request(run)[0]["failed"] == [[9, "nope"]]
         assert c.request(dict(run, slots=[dict(slot, local_rank=1)]))[0]["ok"]
-        assert runs == [[("h", 0)], [("h", 1)]]          # a second run starts more
+        assert runs == [[("h", 0)], [("h", 1)]]  # a second run starts more
         c.request({"op": "stop", "slots": [["h", 0], ["h", 1]]})
         assert stops == [[("h", 0), ("h", 1)]]
         with pytest.raises(ServiceError, match="slots must be a list"):
@@ -772,8 +837,7 @@ def test_driver_service_hosts_and_slot_exits():
         with pytest.raises(ServiceError, match="host_index out of range"):
             c.request({"op": "worker_exit", "host_index": 0, "local_rank": 0, "code": 1})
         assert drv.add_host("h1") == 0 and drv.add_host("h2") == 1
-        c.request({"op": "worker_exit", "host_index": 1, "rank": 5, "local_rank": 2,
-                   "code": -15})
+        c.request({"op": "worker_exit", "host_index": 1, "rank": 5, "local_rank": 2, "code": -15})
         assert drv.slot_exits == [(("h2", 2), -15)] and woken == [1]
         with pytest.raises(ServiceError, match="local_rank"):
             c.request({"op": "worker_exit", "host_index": 0, "rank": 0, "code": 0})
@@ -788,21 +852,34 @@ def test_task_workers_through_local_tasks(capfd, caplog):
     local) gets a task subprocess; a failure on localhost:1 keeps only that slot out,
     and its host mate localhost:0 goes on in the next round."""
     caplog.set_level(logging.WARNING, logger="hvdlite.runner.agent")
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
-                          "elastic_worker.py")
+    worker = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "workers", "elastic_worker.py"
+    )
     env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
     hosts = H("localhost:2,127.0.0.1:1")
     sink = OutputSink()
 
     def starter(job):
-        return TaskStarter(job.key, job.job_id, job.spec.command,
-                           lambda: job.job_env(local=False), env, SSHOptions(),
-                           start_timeout_s=20, sink=sink, on_exit=job.wake)
+        return TaskStarter(
+            job.key,
+            job.job_id,
+            job.spec.command,
+            lambda: job.job_env(local=False),
+            env,
+            SSHOptions(),
+            start_timeout_s=20,
+            sink=sink,
+            on_exit=job.wake,
+        )
 
-    spec = JobSpec(np=3, hosts=hosts, command=[sys.executable, worker, "--fail",
-                                               "localhost:1", "--done-after", "1"],
-                   elastic=JobSettings(np=3, min_np=1),
-                   host_source=FixedHosts(hosts), starter=starter).with_elastic_timeout(20)
+    spec = JobSpec(
+        np=3,
+        hosts=hosts,
+        command=[sys.executable, worker, "--fail", "localhost:1", "--done-after", "1"],
+        elastic=JobSettings(np=3, min_np=1),
+        host_source=FixedHosts(hosts),
+        starter=starter,
+    ).with_elastic_timeout(20)
     try:
         code = run_job(spec).exit_code
     finally:
@@ -810,10 +887,14 @@ def test_task_workers_through_local_tasks(capfd, caplog):
     out, err = capfd.readouterr()
     err = caplog.text + err
     assert code == 0, err
-    assert "round 0: 3 workers: rank 0 localhost:0 (new), rank 1 localhost:1 (new), " \
-           "rank 2 127.0.0.1:0 (new)" in err
-    assert "blacklisting slot localhost:1 for the rest of the job; the host's other " \
-           "workers localhost:0 keep running" in err
+    assert (
+        "round 0: 3 workers: rank 0 localhost:0 (new), rank 1 localhost:1 (new), "
+        "rank 2 127.0.0.1:0 (new)" in err
+    )
+    assert (
+        "blacklisting slot localhost:1 for the rest of the job; the host's other "
+        "workers localhost:0 keep running" in err
+    )
     assert "round 1: 2 workers: rank 0 localhost:0, rank 1 127.0.0.1:0" in err
     assert "[2]<stdout>:JOINED round=1 rank=1 size=2 slot=127.0.0.1:0" in out
     assert "[0]<stdout>:JOINED round=1 rank=0 size=2 slot=localhost:0" in out
@@ -828,7 +909,7 @@ def test_a_round_whose_members_all_ask_for_a_new_one_is_reopened_as_a_reset():
     job.rounds.asking_round = 0
     job.rounds.waker()
     assert job.wait_round(1) == [("a", 0), ("b", 0)] and job.driver.resets == 1
-    assert job.workers.started == [("a", 0), ("b", 0)]        # nobody started again
+    assert job.workers.started == [("a", 0), ("b", 0)]  # nobody started again
     job.rounds.asking_round = 1
     job.rounds.waker()
     wait_for(lambda: job.driver.state is JobState.FAILED)

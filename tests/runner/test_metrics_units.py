@@ -50,14 +50,15 @@ def _counters(ops, nbytes, rank0=False):
     for r in group:
         r.nbytes = nbytes
     c.executed(group, 0.003)
-    c.executed(group, 0.003)      # the same group again: its bytes are remembered
+    c.executed(group, 0.003)  # the same group again: its bytes are remembered
     c.negotiated(0.002)
     c.responses(ops, cached=True)
     c.responses(1, cached=False)
     if rank0:
         c.stalled = 2
-        c.stragglers = types.SimpleNamespace(ranks=[0, 1], last_total=[1, 9],
-                                             late_total_s=[0.01, 0.5], cycles_total=12)
+        c.stragglers = types.SimpleNamespace(
+            ranks=[0, 1], last_total=[1, 9], late_total_s=[0.01, 0.5], cycles_total=12
+        )
     return c.snapshot()
 
 
@@ -70,22 +71,31 @@ def test_collector_sums_ranks_and_takes_lateness_from_rank_0():
     inbox = MetricsInbox(lambda r: None)
     inbox.take_metrics(_header(0, slot=0), json.dumps(_counters(3, 100, rank0=True)).encode())
     inbox.take_metrics(_header(1, slot=1), json.dumps(_counters(3, 100)).encode())
-    agent = types.SimpleNamespace(round=2, resets=2, hostset=types.SimpleNamespace(
-        blacklisted={"badhost": "exited 1"}))
+    agent = types.SimpleNamespace(
+        round=2, resets=2, hostset=types.SimpleNamespace(blacklisted={"badhost": "exited 1"})
+    )
     f = _families(inbox, agent)
 
     def value(name, **labels):
-        return sum(s.value for s in f[name].samples if s.name.endswith(("_total", name))
-                   and all(s.labels.get(k) == v for k, v in labels.items()))
-    assert value("hvdlite_operations", op="allreduce") == 12     # 2 ranks x 2 runs x 3
+        return sum(
+            s.value
+            for s in f[name].samples
+            if s.name.endswith(("_total", name))
+            and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+    assert value("hvdlite_operations", op="allreduce") == 12  # 2 ranks x 2 runs x 3
     assert value("hvdlite_bytes", op="allreduce") == 1200
     assert value("hvdlite_stalled_tensors") == 2
     assert value("hvdlite_rank_last_ready", rank="1") == 9
     assert value("hvdlite_rank_lateness_seconds", rank="1") == 0.5
     assert value("hvdlite_response_cache_hit_ratio") == pytest.approx(6 / 8)
     assert value("hvdlite_elastic_resets") == 2 and value("hvdlite_blacklisted_hosts") == 1
-    hist = {s.labels.get("le"): s.value for s in f["hvdlite_negotiation_seconds"].samples
-            if s.name.endswith("_bucket")}
+    hist = {
+        s.labels.get("le"): s.value
+        for s in f["hvdlite_negotiation_seconds"].samples
+        if s.name.endswith("_bucket")
+    }
     assert hist["0.001"] == 0 and hist["0.0025"] == 2 and hist["+Inf"] == 2
     fill = {s.name: s.value for s in f["hvdlite_fusion_buffer_fill_ratio"].samples}
     assert fill["hvdlite_fusion_buffer_fill_ratio_sum"] == pytest.approx(4 * 0.3)
@@ -103,8 +113,9 @@ def test_endpoint_reads_the_flag_then_the_environment(monkeypatch):
     assert metrics_server.endpoint(_spec(["-np", "1"], monkeypatch).tunables) is None
     spec = _spec(["-np", "1", "--metrics-port", "9000"], monkeypatch)
     assert metrics_server.endpoint(spec.tunables) == ("127.0.0.1", 9000)
-    spec = _spec(["-np", "1"], monkeypatch, HVDLITE_METRICS_PORT="9001",
-                 HVDLITE_METRICS_ADDRESS="0.0.0.0")
+    spec = _spec(
+        ["-np", "1"], monkeypatch, HVDLITE_METRICS_PORT="9001", HVDLITE_METRICS_ADDRESS="0.0.0.0"
+    )
     assert metrics_server.endpoint(spec.tunables) == ("0.0.0.0", 9001)
     spec = _spec(["-np", "1", "--metrics-port", "9002"], monkeypatch)
     assert metrics_server.endpoint(spec.tunables) == ("0.0.0.0", 9002)
@@ -116,12 +127,15 @@ def test_endpoint_reads_the_flag_then_the_environment(monkeypatch):
 def test_a_busy_metrics_port_is_refused_naming_the_flag():
     import socket
     from tests.runner.conftest import run_launcher
+
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        r = run_launcher(["-np", "2", "--metrics-port", str(port), sys.executable, "-c",
-                          "print('never')"], timeout=50)
+        r = run_launcher(
+            ["-np", "2", "--metrics-port", str(port), sys.executable, "-c", "print('never')"],
+            timeout=50,
+        )
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"--metrics-port {port}" in r.stderr and "cannot listen" in r.stderr
     assert "never" not in r.stdout

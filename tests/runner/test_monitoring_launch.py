@@ -45,13 +45,17 @@ def _value(families, name: str) -> float:
 
 @pytest.mark.timeout(90)
 def test_straggler_warning_names_the_rank_that_sleeps_each_step():
-    r = run_launcher(["-np", "2", "--straggler-window-seconds", "1", sys.executable, WORKER,
-                      "straggler"], timeout=80)
+    r = run_launcher(
+        ["-np", "2", "--straggler-window-seconds", "1", sys.executable, WORKER, "straggler"],
+        timeout=80,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "straggler" in ln]
     assert lines, r.stderr
-    assert all("rank 1 was the last to be ready" in ln and "[rank 1 on host localhost]" in ln
-               for ln in lines), lines
+    assert all(
+        "rank 1 was the last to be ready" in ln and "[rank 1 on host localhost]" in ln
+        for ln in lines
+    ), lines
     # rate-limited: one line per REPEAT_AFTER_WINDOWS windows, the job lasts about 3
     assert len(lines) == 1, lines
 
@@ -60,8 +64,19 @@ def test_straggler_warning_names_the_rank_that_sleeps_each_step():
 @pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
 def test_straggler_warning_under_mpi_reaches_the_launcher():
     # under --mpi rank 0 sends the line to the launcher's report store, which prints it
-    r = run_launcher(["-np", "2", "--mpi", "--straggler-window-seconds", "1", sys.executable,
-                      WORKER, "straggler"], timeout=80)
+    r = run_launcher(
+        [
+            "-np",
+            "2",
+            "--mpi",
+            "--straggler-window-seconds",
+            "1",
+            sys.executable,
+            WORKER,
+            "straggler",
+        ],
+        timeout=80,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "straggler" in ln]
     assert len(lines) == 1 and "rank 1 was the last to be ready" in lines[0], lines
@@ -69,13 +84,32 @@ def test_straggler_warning_under_mpi_reaches_the_launcher():
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("transport", ["gloo", pytest.param("mpi", marks=pytest.mark.skipif(
-    find_mpiexec() is None, reason="no mpiexec on PATH"))])
+@pytest.mark.parametrize(
+    "transport",
+    [
+        "gloo",
+        pytest.param(
+            "mpi", marks=pytest.mark.skipif(find_mpiexec() is None, reason="no mpiexec on PATH")
+        ),
+    ],
+)
 def test_metrics_endpoint_during_a_stall_shows_the_stalled_tensor(transport):
     port = free_port()
-    proc = _launch(["-np", "2", f"--{transport}", "--metrics-port", str(port),
-                    "--stall-check-warning-time-seconds", "1", sys.executable, WORKER,
-                    "stall", "6"])
+    proc = _launch(
+        [
+            "-np",
+            "2",
+            f"--{transport}",
+            "--metrics-port",
+            str(port),
+            "--stall-check-warning-time-seconds",
+            "1",
+            sys.executable,
+            WORKER,
+            "stall",
+            "6",
+        ]
+    )
     try:
         deadline = time.monotonic() + 40
         families = None
@@ -89,7 +123,7 @@ def test_metrics_endpoint_during_a_stall_shows_the_stalled_tensor(transport):
         ours = [n for n in families if n.startswith("hvdlite_")]
         assert len(ours) >= 5, ours
         assert _value(families, "hvdlite_ranks_reporting") == 2
-        assert _value(families, "hvdlite_operations") >= 40      # 20 warm-up steps x 2 ranks
+        assert _value(families, "hvdlite_operations") >= 40  # 20 warm-up steps x 2 ranks
         assert _value(families, "hvdlite_bytes") >= 40 * 4000
         out, _ = proc.communicate(timeout=40)
         assert proc.returncode == 0, out
@@ -100,20 +134,29 @@ def test_metrics_endpoint_during_a_stall_shows_the_stalled_tensor(transport):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus package is not "
-                    "installed (tests/setup_system.sh installs it as root)")
+@pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="Debian's prometheus package is not "
+    "installed (tests/setup_system.sh installs it as root)",
+)
 def test_a_real_prometheus_server_scrapes_the_job(tmp_path):
     port, prom_port = free_port(), free_port()
     (tmp_path / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: hvdlite\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{port}']\n")
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prom.log", "wb"))
-    job = _launch(["-np", "2", "--metrics-port", str(port), sys.executable, WORKER,
-                   "stall", "6"])
+        f"      - targets: ['127.0.0.1:{port}']\n"
+    )
+    prom = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prom.log", "wb"),
+    )
+    job = _launch(["-np", "2", "--metrics-port", str(port), sys.executable, WORKER, "stall", "6"])
     query = urllib.parse.quote('hvdlite_operations_total{op="allreduce"}')
     try:
         deadline = time.monotonic() + 60
@@ -134,7 +177,7 @@ def test_a_real_prometheus_server_scrapes_the_job(tmp_path):
         if job.poll() is None:
             job.kill()
             job.communicate()
-        prom.terminate()              # by its pid; it was started here
+        prom.terminate()  # by its pid; it was started here
         try:
             prom.wait(10)
         except subprocess.TimeoutExpired:

@@ -20,18 +20,19 @@ import pytest
 from hvdlite.common.net.framing import new_key
 from hvdlite.common.net.service import Client, ServiceError
 from hvdlite.runner.processes import py_spy
-from hvdlite.runner.store.stack_collection import (StackReports, format_outside,
-                                                   format_report)
+from hvdlite.runner.store.stack_collection import StackReports, format_outside, format_report
 from hvdlite.runner.tasks.task_service import TaskService, fit_reply
 
 from conftest import REPO, worker
 
 from tests import launching
 
-needs_py_spy = pytest.mark.skipif(py_spy.find_py_spy() is None,
-                                  reason="py-spy is not installed (pip install py-spy)")
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="torch is not installed")
+needs_py_spy = pytest.mark.skipif(
+    py_spy.find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)"
+)
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed"
+)
 pytestmark = needs_py_spy
 
 SLEEPER = """
@@ -69,8 +70,9 @@ class _Child:
     wants it; killed (with its tree) at the end."""
 
     def __init__(self, argv, **kw):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True, **kw)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, start_new_session=True, **kw
+        )
 
     def ready(self):
         assert self.proc.stdout.readline().strip() == "READY"
@@ -99,6 +101,7 @@ def _functions(threads):
 
 # ---------------------------------------------------------------- py_spy.dump
 
+
 @pytest.mark.timeout(60)
 def test_dump_shows_the_function_a_child_sleeps_in(tmp_path):
     script = _script(tmp_path, "sleeper.py", SLEEPER)
@@ -112,8 +115,7 @@ def test_dump_shows_the_function_a_child_sleeps_in(tmp_path):
     assert [f[2] for f in main["frames"]] == ["<module>", "sleep_in_a_known_function"], main
     module, inner = main["frames"]
     assert inner[0] == script and isinstance(inner[1], int) and inner[3] is False, inner
-    text = format_report("all", {"expected": [3]},
-                         {3: ("h", got.pid, got.threads, False)})
+    text = format_report("all", {"expected": [3]}, {3: ("h", got.pid, got.threads, False)})
     assert f"sleep_in_a_known_function ({script}:" in text, text
 
 
@@ -159,8 +161,10 @@ def test_dump_tree_finds_the_python_process_a_shell_started(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
-                    reason="needs root and setpriv to take CAP_SYS_PTRACE away")
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or os.geteuid() != 0,
+    reason="needs root and setpriv to take CAP_SYS_PTRACE away",
+)
 def test_a_ptrace_denial_says_what_to_do(tmp_path):
     """A process that is not dumpable may be read only with CAP_SYS_PTRACE: py-spy run
     without it (as in a container without --cap-add SYS_PTRACE) is refused."""
@@ -168,11 +172,20 @@ def test_a_ptrace_denial_says_what_to_do(tmp_path):
     with _Child([sys.executable, script]) as child:
         child.ready()
         out = subprocess.run(
-            ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace",
-             sys.executable, "-c",
-             f"from hvdlite.runner.processes import py_spy; "
-             f"print(py_spy.dump({child.proc.pid}, 30).note)"],
-            capture_output=True, text=True, cwd=REPO, timeout=60)
+            [
+                "setpriv",
+                "--bounding-set=-sys_ptrace",
+                "--inh-caps=-sys_ptrace",
+                sys.executable,
+                "-c",
+                f"from hvdlite.runner.processes import py_spy; "
+                f"print(py_spy.dump({child.proc.pid}, 30).note)",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
     assert out.returncode == 0, out.stderr
     assert "ptrace denied" in out.stdout and "--cap-add SYS_PTRACE" in out.stdout, out.stdout
     assert "kernel.yama.ptrace_scope" in out.stdout, out.stdout
@@ -185,15 +198,24 @@ def test_without_py_spy_the_note_says_how_to_install_it(monkeypatch):
 
 
 def test_threads_from_another_host_are_kept_to_the_ranks_form():
-    raw = [{"name": "MainThread", "main": True, "gil": True,
-            "frames": [["/a.py", 3, "f", False], ["bad"], ["/b.py", "x", "g", False]]},
-           "junk", {"name": "t", "frames": "no"}]
-    assert py_spy.valid_threads(raw) == [{"name": "MainThread", "main": True, "gil": True,
-                                          "frames": [["/a.py", 3, "f", False]]}]
+    raw = [
+        {
+            "name": "MainThread",
+            "main": True,
+            "gil": True,
+            "frames": [["/a.py", 3, "f", False], ["bad"], ["/b.py", "x", "g", False]],
+        },
+        "junk",
+        {"name": "t", "frames": "no"},
+    ]
+    assert py_spy.valid_threads(raw) == [
+        {"name": "MainThread", "main": True, "gil": True, "frames": [["/a.py", 3, "f", False]]}
+    ]
     assert py_spy.valid_threads({"not": "a list"}) is None
 
 
 # ---------------------------------------------------------------- the task service's op
+
 
 @pytest.mark.timeout(60)
 def test_the_task_service_op_validates_and_bounds_its_reply():
@@ -204,15 +226,26 @@ def test_the_task_service_op_validates_and_bounds_its_reply():
         calls.append((slots, timeout_s))
         return [{"slot": list(s), "pid": 1, "threads": [], "note": ""} for s in slots]
 
-    task = TaskService(key, "joby", 0, on_run=lambda *a: None, on_terminate=lambda: None,
-                       bind_addr="127.0.0.1", on_py_spy=on_py_spy)
+    task = TaskService(
+        key,
+        "joby",
+        0,
+        on_run=lambda *a: None,
+        on_terminate=lambda: None,
+        bind_addr="127.0.0.1",
+        on_py_spy=on_py_spy,
+    )
     client = Client(task.address, key, 5, name="task")
     try:
-        for bad in ({"slots": "x", "timeout_s": 1}, {"slots": [["h", "0"]], "timeout_s": 1},
-                    {"slots": [["h", 0]], "timeout_s": 0}, {"slots": [["h", 0]]},
-                    {"slots": [["h", 0]], "timeout_s": 61},
-                    {"slots": [["h", 0]], "timeout_s": True},
-                    {"slots": [["h", i] for i in range(1025)], "timeout_s": 1}):
+        for bad in (
+            {"slots": "x", "timeout_s": 1},
+            {"slots": [["h", "0"]], "timeout_s": 1},
+            {"slots": [["h", 0]], "timeout_s": 0},
+            {"slots": [["h", 0]]},
+            {"slots": [["h", 0]], "timeout_s": 61},
+            {"slots": [["h", 0]], "timeout_s": True},
+            {"slots": [["h", i] for i in range(1025)], "timeout_s": 1},
+        ):
             with pytest.raises(ServiceError, match="malformed request"):
                 client.request({"op": "py_spy", **bad})
         assert calls == []
@@ -222,8 +255,10 @@ def test_the_task_service_op_validates_and_bounds_its_reply():
     finally:
         client.close()
         task.shutdown()
-    big = [{"slot": ["h", i], "pid": i, "threads": [{"name": "x" * 1000}], "note": ""}
-           for i in range(10)]
+    big = [
+        {"slot": ["h", i], "pid": i, "threads": [{"name": "x" * 1000}], "note": ""}
+        for i in range(10)
+    ]
     fitted = fit_reply(big, 5000)
     assert fitted[0]["threads"] and fitted[-1]["threads"] is None
     assert "stacks dropped" in fitted[-1]["note"]
@@ -246,17 +281,37 @@ def test_the_task_starter_takes_its_workers_stacks_through_each_hosts_task(tmp_p
     from hvdlite.runner.processes.rank_output import OutputSink
     from hvdlite.runner.starters.ssh_tasks import TaskStarter
     from hvdlite.runner.tasks.ssh import SSHOptions
+
     script = _script(tmp_path, "sleeper.py", READY_FILE)
     env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
     sink = OutputSink()
-    starter = TaskStarter(new_key(), "jobo", [sys.executable, script, str(tmp_path)],
-                          lambda: {}, env, SSHOptions(), start_timeout_s=30, sink=sink)
+    starter = TaskStarter(
+        new_key(),
+        "jobo",
+        [sys.executable, script, str(tmp_path)],
+        lambda: {},
+        env,
+        SSHOptions(),
+        start_timeout_s=30,
+        sink=sink,
+    )
     hosts = ["localhost", "127.0.0.1"]
     try:
         assert starter.prepare([HostSlots(h, 1) for h in hosts]) == {}
-        slots = [SlotInfo(h, rank=i, local_rank=0, cross_rank=i, size=2, local_size=1,
-                          cross_size=2, host_index=i, host_count=2)
-                 for i, h in enumerate(hosts)]
+        slots = [
+            SlotInfo(
+                h,
+                rank=i,
+                local_rank=0,
+                cross_rank=i,
+                size=2,
+                local_size=1,
+                cross_size=2,
+                host_index=i,
+                host_count=2,
+            )
+            for i, h in enumerate(hosts)
+        ]
         assert starter.start(slots) == {}
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("ready.*"))) < 2:
@@ -271,17 +326,18 @@ def test_the_task_starter_takes_its_workers_stacks_through_each_hosts_task(tmp_p
     assert sorted(got) == sorted((h, 0) for h in hosts), got
     assert sorted(stack.pid for stack in got.values()) == pids, got
     for stack in got.values():
-        assert stack.note == "" and \
-            "sleep_in_a_known_function" in _functions(stack.threads), stack
+        assert stack.note == "" and "sleep_in_a_known_function" in _functions(stack.threads), stack
     assert not [pid for pid in pids if _alive(pid)]
 
 
 # ---------------------------------------------------------------- the report's hooks
 
+
 @pytest.mark.timeout(60)
 def test_a_missing_rank_is_shown_with_the_stack_taken_from_outside(monkeypatch, tmp_path):
     """A report whose expected rank never answered asks ``outside_for_ranks`` for it."""
     from hvdlite.runner.store import stack_collection
+
     monkeypatch.setattr(stack_collection, "ANSWER_WAIT_S", 0.2)
     script = _script(tmp_path, "gil.py", GIL_HOLDER)
     written, asked = [], []
@@ -294,21 +350,35 @@ def test_a_missing_rank_is_shown_with_the_stack_taken_from_outside(monkeypatch, 
 
         reports = StackReports(write=written.append, outside_for_ranks=for_ranks)
         take = reports.ops()["stack_report"]
-        take({"kind": "stall", "id": 3, "rank": 0, "host": "h0", "pid": 10, "expected": [1],
-              "tensors": [["grad.w", [0], [1], 61.0]]}, b"")
+        take(
+            {
+                "kind": "stall",
+                "id": 3,
+                "rank": 0,
+                "host": "h0",
+                "pid": 10,
+                "expected": [1],
+                "tensors": [["grad.w", [0], [1], 61.0]],
+            },
+            b"",
+        )
         deadline = time.monotonic() + 40
         while not written and time.monotonic() < deadline:
             time.sleep(0.05)
         reports.close()
     assert asked == [[1]] and len(written) == 1, written
     report = written[0]
-    assert re.search(rf"rank 1 \(host hostb, pid {child.proc.pid}; neither its background "
-                     rf"thread nor its stack poller answered within 0s; taken from outside "
-                     rf"the process by py-spy\):", report), report
+    assert re.search(
+        rf"rank 1 \(host hostb, pid {child.proc.pid}; neither its background "
+        rf"thread nor its stack poller answered within 0s; taken from outside "
+        rf"the process by py-spy\):",
+        report,
+    ), report
     assert "hold_the_interpreter_lock (" in report, report
 
 
 # ---------------------------------------------------------------- end to end
+
 
 class _Launch:
     """hvdlite-run as a child process; its output lines collected as they arrive."""
@@ -352,8 +422,9 @@ def _check_outside_report(args, tmp_path, use_signal):
     lock; a stack request is answered from outside; then the job is stopped and leaves no
     process behind."""
     flag = str(tmp_path / "never")
-    job = _Launch(args + [sys.executable, worker("outside_worker.py"), flag,
-                          "--hold-gil-rank", "1"])
+    job = _Launch(
+        args + [sys.executable, worker("outside_worker.py"), flag, "--hold-gil-rank", "1"]
+    )
     pids = {}
     try:
         for m in job.wait_for(r"<stdout>:BLOCKING rank=(\d) pid=(\d+)", 90, count=2):
@@ -363,8 +434,7 @@ def _check_outside_report(args, tmp_path, use_signal):
         else:
             asked = launching.run(["--dump-stacks", job.proc.pid], timeout=60)
             assert asked.returncode == 0, asked.stderr
-        job.wait_for(r"^hvdlite-run: stacks of every rank, on request 1: no rank asked for it",
-                     60)
+        job.wait_for(r"^hvdlite-run: stacks of every rank, on request 1: no rank asked for it", 60)
         job.wait_for(r"^\s+wait_in_user_code \(", 30, count=2)
         time.sleep(0.5)
         job.proc.send_signal(signal.SIGTERM)
@@ -373,10 +443,13 @@ def _check_outside_report(args, tmp_path, use_signal):
         job.kill()
     job._reader.join(10)
     text = job.text()
-    report = text[text.index("hvdlite-run: stacks of every rank, on request 1:"):]
+    report = text[text.index("hvdlite-run: stacks of every rank, on request 1:") :]
     for rank in (0, 1):
-        assert re.search(rf"rank {rank} \(host [^,]+, pid {pids[rank]}; taken from outside "
-                         rf"the process by py-spy\):", report), text
+        assert re.search(
+            rf"rank {rank} \(host [^,]+, pid {pids[rank]}; taken from outside "
+            rf"the process by py-spy\):",
+            report,
+        ), text
     assert report.count("wait_in_user_code (" + worker("outside_worker.py")) == 2, text
     assert "(main, holds the interpreter lock):" in report, text
     assert "'py-spy dump --pid PID'" not in text, text
@@ -407,5 +480,6 @@ def test_dump_stacks_of_a_plain_torch_program_local(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sigusr1_of_a_plain_torch_program_over_ssh(sshd, tmp_path):
-    _check_outside_report(["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()],
-                          tmp_path, use_signal=True)
+    _check_outside_report(
+        ["-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", *sshd.ssh_args()], tmp_path, use_signal=True
+    )

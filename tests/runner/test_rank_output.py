@@ -56,7 +56,7 @@ def test_the_same_line_from_every_rank_is_printed_once_at_once():
     m = RankLineMerger(3, lambda label, line: got.append((label, line)), window_s=30)
     for r in (2, 0, 1):
         m.add(r, b"warn\n")
-    assert got == [("0-2", b"warn\n")]          # all three: no wait for the window
+    assert got == [("0-2", b"warn\n")]  # all three: no wait for the window
     m.close()
 
 
@@ -78,17 +78,21 @@ def test_each_ranks_lines_keep_their_order():
     def feed(m):
         m.add(0, b"x\n")
         m.add(0, b"y\n")
-        m.add(1, b"y\n")          # rank 1 says y first: it must not join x's entry later
+        m.add(1, b"y\n")  # rank 1 says y first: it must not join x's entry later
         m.add(1, b"x\n")
+
     out = _merged(2, feed)
-    per_rank = {r: [line for label, line in out if str(r) in label.split(",")
-                    or label == "0-1"] for r in (0, 1)}
+    per_rank = {
+        r: [line for label, line in out if str(r) in label.split(",") or label == "0-1"]
+        for r in (0, 1)
+    }
     assert per_rank[0] == [b"x\n", b"y\n"] and per_rank[1] == [b"y\n", b"x\n"], out
 
 
 def test_the_same_line_twice_from_one_rank_is_two_lines():
-    out = _merged(2, lambda m: (m.add(0, b"a\n"), m.add(0, b"a\n"), m.add(1, b"a\n"),
-                                m.add(1, b"a\n")))
+    out = _merged(
+        2, lambda m: (m.add(0, b"a\n"), m.add(0, b"a\n"), m.add(1, b"a\n"), m.add(1, b"a\n"))
+    )
     assert out == [("0-1", b"a\n"), ("0-1", b"a\n")]
 
 
@@ -96,8 +100,9 @@ def _pumped(chunks, sink_args=None):
     """Write ``chunks`` into a real pipe as a rank would, read them back through the sink."""
     r, w = os.pipe()
     out_r, out_w = os.pipe()
-    sink = OutputSink(out=os.fdopen(out_w, "wb"), err=os.fdopen(out_w, "wb", closefd=False),
-                      **(sink_args or {}))
+    sink = OutputSink(
+        out=os.fdopen(out_w, "wb"), err=os.fdopen(out_w, "wb", closefd=False), **(sink_args or {})
+    )
     t = sink.attach(0, "stderr", os.fdopen(r, "rb", buffering=0))
     for c in chunks:
         os.write(w, c)
@@ -115,9 +120,15 @@ def _pumped(chunks, sink_args=None):
 
 def test_progress_updates_through_a_pipe_are_lines_of_their_own():
     got = _pumped([b"start\n", b"\r  0%|", b"\r 50%|", b"\r100%|", b"\n", b"done\n"])
-    assert got.split(b"\n") == [b"[0]<stderr>:start", b"[0]<stderr>:  0%|",
-                                b"[0]<stderr>: 50%|", b"[0]<stderr>:100%|",
-                                b"[0]<stderr>:100%|", b"[0]<stderr>:done", b""], got
+    assert got.split(b"\n") == [
+        b"[0]<stderr>:start",
+        b"[0]<stderr>:  0%|",
+        b"[0]<stderr>: 50%|",
+        b"[0]<stderr>:100%|",
+        b"[0]<stderr>:100%|",
+        b"[0]<stderr>:done",
+        b"",
+    ], got
 
 
 def test_crlf_is_a_line_end_not_a_progress_update():
@@ -142,15 +153,16 @@ def test_a_job_prints_every_ranks_warning_once_and_progress_as_updates():
     for rank in (0, 1):
         assert f"[{rank}]<stderr>:only rank {rank} says this" in r.stderr.splitlines()
     bars = re.findall(r"^\[0\]<stderr>:\s*(\d+)%\|bar\|", r.stderr, re.M)
-    assert bars[:3] == ["0", "50", "100"], r.stderr      # one line per update, not glued
+    assert bars[:3] == ["0", "50", "100"], r.stderr  # one line per update, not glued
 
 
 def test_no_merge_rank_output_prints_each_ranks_line():
     r = _job("--no-merge-rank-output")
     assert r.returncode == 0, r.stdout + r.stderr
     same = sorted(line for line in r.stderr.splitlines() if "the same words" in line)
-    assert same == [f"[{rank}]<stderr>:UserWarning: the same words from every rank"
-                    for rank in (0, 1)], r.stderr
+    assert same == [
+        f"[{rank}]<stderr>:UserWarning: the same words from every rank" for rank in (0, 1)
+    ], r.stderr
 
 
 def test_the_cpp_runtimes_last_words_are_what_a_rank_died_of():
@@ -158,18 +170,26 @@ def test_the_cpp_runtimes_last_words_are_what_a_rank_died_of():
     last words; a Python exception after a traceback still counts as well."""
     sink = OutputSink(out=open(os.devnull, "wb"), err=open(os.devnull, "wb"))
     try:
-        for line in (b"terminate called after throwing an instance of 'gloo::EnforceNotMet'",
-                     b"  what():  [enforce fail at pair.cc:446] 10 vs 4",
-                     b"an unrelated line"):
+        for line in (
+            b"terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+            b"  what():  [enforce fail at pair.cc:446] 10 vs 4",
+            b"an unrelated line",
+        ):
             sink.write(0, "stderr", line)
-        for line in (b"Traceback (most recent call last):", b'  File "x.py", line 1',
-                     b"RuntimeError: boom", b"terminate called without an active exception"):
+        for line in (
+            b"Traceback (most recent call last):",
+            b'  File "x.py", line 1',
+            b"RuntimeError: boom",
+            b"terminate called without an active exception",
+        ):
             sink.write(1, "stderr", line)
         sink.write(2, "stdout", b"terminate called without an active exception")
         raised = {rank: said for rank, (said, _) in sink.raised().items()}
     finally:
         sink.close()
-    assert raised[0] == ("terminate called after throwing an instance of "
-                         "'gloo::EnforceNotMet': [enforce fail at pair.cc:446] 10 vs 4")
+    assert raised[0] == (
+        "terminate called after throwing an instance of "
+        "'gloo::EnforceNotMet': [enforce fail at pair.cc:446] 10 vs 4"
+    )
     assert raised[1].startswith("terminate called without an active exception (a C++ thread")
-    assert 2 not in raised          # stdout is the program's own
+    assert 2 not in raised  # stdout is the program's own

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(600)
 #: unauthenticated / mutated frames per listener: a CI-sized run by default; set
 #: HVD_FUZZ_FRAMES=10000 (e.g. ``HVD_FUZZ_FRAMES=10000 make test``) for the full run
 N_RAW = int(os.environ.get("HVD_FUZZ_FRAMES", "1200"))
-N_AUTH = 300          # authenticated but malformed requests per service
+N_AUTH = 300  # authenticated but malformed requests per service
 HELLO = {"hello": 1}
 
 
@@ -53,9 +53,19 @@ def _mutations(rng, key, valid_header):
     """
     other_nonce = os.urandom(NONCE_BYTES)
     wrong_key = new_key()
-    kinds = ["random", "flip", "truncate", "replay_other_conn", "wrong_key", "unsigned",
-             "replay_same_conn", "huge_length", "seq_skip", "big_before_hello",
-             "hello_replayed"]
+    kinds = [
+        "random",
+        "flip",
+        "truncate",
+        "replay_other_conn",
+        "wrong_key",
+        "unsigned",
+        "replay_same_conn",
+        "huge_length",
+        "seq_skip",
+        "big_before_hello",
+        "hello_replayed",
+    ]
     for _ in range(N_RAW):
         kind = rng.choice(kinds)
         after_hello = rng.random() < 0.5
@@ -63,6 +73,7 @@ def _mutations(rng, key, valid_header):
 
         def pre(n, after_hello=after_hello):
             return _frame(key, n, 0, HELLO) if after_hello else b""
+
         if kind == "random":
             data = os.urandom(rng.randrange(0, 300))
             yield kind, lambda n, d=data, p=pre: p(n) + d, 0
@@ -73,25 +84,43 @@ def _mutations(rng, key, valid_header):
                 f = bytearray(_frame(key, n, seq, valid_header))
                 f[pos % len(f)] ^= 1 << bit
                 return p(n) + bytes(f)
+
             yield kind, b, 0
         elif kind == "truncate":
             cut = rng.randrange(1, 60)
-            yield kind, lambda n, c=cut, seq=seq, p=pre: (
-                p(n) + _frame(key, n, seq, valid_header)[:-c]), 0
+            yield (
+                kind,
+                lambda n, c=cut, seq=seq, p=pre: p(n) + _frame(key, n, seq, valid_header)[:-c],
+                0,
+            )
         elif kind == "replay_other_conn":
-            yield kind, lambda n, seq=seq, p=pre: p(n) + _frame(key, other_nonce, seq,
-                                                                valid_header), 0
+            yield (
+                kind,
+                lambda n, seq=seq, p=pre: p(n) + _frame(key, other_nonce, seq, valid_header),
+                0,
+            )
         elif kind == "wrong_key":
-            yield kind, lambda n, seq=seq, p=pre: p(n) + _frame(wrong_key, n, seq,
-                                                                valid_header), 0
+            yield kind, lambda n, seq=seq, p=pre: p(n) + _frame(wrong_key, n, seq, valid_header), 0
         elif kind == "unsigned":
-            yield kind, lambda n, p=pre: p(n) + (
-                struct.pack("!I", len(encode_body(valid_header)))
-                + b"\0" * 32 + encode_body(valid_header)), 0
+            yield (
+                kind,
+                lambda n, p=pre: (
+                    p(n)
+                    + (
+                        struct.pack("!I", len(encode_body(valid_header)))
+                        + b"\0" * 32
+                        + encode_body(valid_header)
+                    )
+                ),
+                0,
+            )
         elif kind == "replay_same_conn":
             # hello, a valid ping, then the same ping again: one answer, then refused
-            yield kind, lambda n: (_frame(key, n, 0, HELLO)
-                                   + _frame(key, n, 1, {"op": "ping"}) * 2), 1
+            yield (
+                kind,
+                lambda n: _frame(key, n, 0, HELLO) + _frame(key, n, 1, {"op": "ping"}) * 2,
+                1,
+            )
         elif kind == "huge_length":
             yield kind, lambda n, p=pre: p(n) + struct.pack("!I", 0xFFFFFFF0) + os.urandom(40), 0
         elif kind == "big_before_hello":
@@ -103,7 +132,7 @@ def _mutations(rng, key, valid_header):
             yield kind, lambda n, p=pre: p(n) + _frame(key, n, 5, valid_header), 0
 
 
-_JUNK = [None, 1.5, -1, 2 ** 70, [], {}, [1, "a"], True, {"a": [None]}, [[1, 2, 3]], ""]
+_JUNK = [None, 1.5, -1, 2**70, [], {}, [1, "a"], True, {"a": [None]}, [[1, 2, 3]], ""]
 
 
 def _auth_junk(rng, ops, fields):
@@ -130,7 +159,7 @@ def _frames_from(sock):
         (length,) = struct.unpack("!I", data[:4])
         if len(data) < 4 + 32 + length:
             break
-        data = data[4 + 32 + length:]
+        data = data[4 + 32 + length :]
         frames += 1
     return frames
 
@@ -148,7 +177,7 @@ def _hammer(name, addr, key, valid_header, ops, fields, seed):
             try:
                 s.sendall(build(nonce))
                 s.shutdown(socket.SHUT_WR)
-            except OSError:        # the service already dropped us: fine
+            except OSError:  # the service already dropped us: fine
                 continue
             finally:
                 sent += 1
@@ -158,8 +187,10 @@ def _hammer(name, addr, key, valid_header, ops, fields, seed):
         finally:
             s.close()
     RESULTS[name] = (sent, expected, answered)
-    print(f"fuzz {name}: {sent} frames, {answered} answered, {expected} expected "
-          f"(the valid ping of each replay pair)")
+    print(
+        f"fuzz {name}: {sent} frames, {answered} answered, {expected} expected "
+        f"(the valid ping of each replay pair)"
+    )
     assert answered == expected, f"{name} answered a forged frame"
     # authenticated but malformed: an error reply each, connection stays usable
     chan = SecureChannel.connect(addr, key, 5)
@@ -187,14 +218,19 @@ def test_fuzz_rendezvous_store():
         kv.set("a", b"1")
         kv.add("n", 5)
         before = dict(store._data)
-        errors = _hammer("rendezvous store", store.address, key,
-                         {"op": "set", "key": "job/a", "x": 1},
-                         ["set", "get", "add", "check", "wait", "compare_set", "delete",
-                          "num_keys"], ["key", "keys", "amount", "timeout_s", "expected"], 1)
+        errors = _hammer(
+            "rendezvous store",
+            store.address,
+            key,
+            {"op": "set", "key": "job/a", "x": 1},
+            ["set", "get", "add", "check", "wait", "compare_set", "delete", "num_keys"],
+            ["key", "keys", "amount", "timeout_s", "expected"],
+            1,
+        )
         assert errors > N_AUTH * 0.6
         assert _wait_rejected(store, N_RAW // 2) >= N_RAW // 2
         assert dict(store._data) == before
-        assert kv.get("a") == b"1" and kv.add("n", 1) == 6        # still serving
+        assert kv.get("a") == b"1" and kv.add("n", 1) == 6  # still serving
         # a process without the key can neither read nor write
         with pytest.raises((ConnectionError, OSError, Exception)):
             KVClient(store.address, new_key(), timeout_s=2).get("job/a")
@@ -208,11 +244,15 @@ def test_fuzz_driver():
     drv = DriverService(key, "jobx", bind_addr="127.0.0.1")
     try:
         # no host yet: every worker_exit and register names a host index out of range
-        errors = _hammer("driver", drv.address, key,
-                         {"op": "worker_exit", "host_index": 0, "local_rank": 0, "code": 9},
-                         ["register", "worker_exit", "ping"],
-                         ["host_index", "hostname", "nics", "port", "driver_reachable",
-                          "local_rank", "code"], 2)
+        errors = _hammer(
+            "driver",
+            drv.address,
+            key,
+            {"op": "worker_exit", "host_index": 0, "local_rank": 0, "code": 9},
+            ["register", "worker_exit", "ping"],
+            ["host_index", "hostname", "nics", "port", "driver_reachable", "local_rank", "code"],
+            2,
+        )
         assert errors > N_AUTH * 0.6
         assert _wait_rejected(drv, N_RAW // 2) >= N_RAW // 2
         assert drv.registrations == {} and drv.slot_exits == []
@@ -222,8 +262,16 @@ def test_fuzz_driver():
         with pytest.raises(ServiceError, match="local_rank"):
             c.request({"op": "worker_exit", "host_index": 0, "local_rank": -1, "code": 0})
         with pytest.raises(ServiceError, match="hostname does not match"):
-            c.request({"op": "register", "host_index": 1, "hostname": "h0", "nics": {},
-                       "port": 5, "driver_reachable": []})
+            c.request(
+                {
+                    "op": "register",
+                    "host_index": 1,
+                    "hostname": "h0",
+                    "nics": {},
+                    "port": 5,
+                    "driver_reachable": [],
+                }
+            )
         c.request({"op": "worker_exit", "host_index": 1, "local_rank": 0, "code": 0})
         assert drv.slot_exits == [(("h1", 0), 0)]
         c.close()
@@ -234,14 +282,24 @@ def test_fuzz_driver():
 def test_fuzz_task_service():
     key = new_key()
     calls = []
-    task = TaskService(key, "joby", 0, on_run=lambda *a: calls.append(("run", a)),
-                       on_terminate=lambda: calls.append(("terminate",)),
-                       bind_addr="127.0.0.1")
+    task = TaskService(
+        key,
+        "joby",
+        0,
+        on_run=lambda *a: calls.append(("run", a)),
+        on_terminate=lambda: calls.append(("terminate",)),
+        bind_addr="127.0.0.1",
+    )
     try:
-        errors = _hammer("task service", task.address, key, {"op": "terminate"},
-                         ["run", "probe", "ping", "py_spy"],
-                         ["slots", "command", "env", "targets", "expect_host_index",
-                          "timeout_s"], 3)
+        errors = _hammer(
+            "task service",
+            task.address,
+            key,
+            {"op": "terminate"},
+            ["run", "probe", "ping", "py_spy"],
+            ["slots", "command", "env", "targets", "expect_host_index", "timeout_s"],
+            3,
+        )
         assert errors > N_AUTH * 0.6
         assert _wait_rejected(task, N_RAW // 2) >= N_RAW // 2
         assert calls == []
@@ -249,10 +307,15 @@ def test_fuzz_task_service():
         assert c.request({"op": "ping"})[0]["host_index"] == 0
         # the probe checks identity: it reaches itself as host 0, not as host 1
         target = [["lo", "127.0.0.1", task.address[1]]]
-        assert c.request({"op": "probe", "targets": target, "expect_host_index": 0,
-                          "timeout_s": 2})[0]["reachable"] == ["lo"]
-        assert c.request({"op": "probe", "targets": target, "expect_host_index": 1,
-                          "timeout_s": 2})[0]["reachable"] == []
+        assert c.request(
+            {"op": "probe", "targets": target, "expect_host_index": 0, "timeout_s": 2}
+        )[0]["reachable"] == ["lo"]
+        assert (
+            c.request({"op": "probe", "targets": target, "expect_host_index": 1, "timeout_s": 2})[
+                0
+            ]["reachable"]
+            == []
+        )
         c.close()
     finally:
         task.shutdown()
@@ -305,8 +368,9 @@ def test_a_probe_tries_a_silent_interface_again():
     """One ping lost on a lossy link must not rule out the only interface between two
     hosts: with ``attempts`` the probe asks again; without, the silence is an answer."""
     key = new_key()
-    task = TaskService(key, "joby", 0, on_run=lambda *a: None, on_terminate=lambda: None,
-                       bind_addr="127.0.0.1")
+    task = TaskService(
+        key, "joby", 0, on_run=lambda *a: None, on_terminate=lambda: None, bind_addr="127.0.0.1"
+    )
     proxy = _SilentFirst(task.address, silent=2)
     try:
         c = Client(task.address, key, 10, name="task")

@@ -34,8 +34,11 @@ def test_the_spec_stores_no_setting_its_config_holds():
         value = getattr(spec, f.name)
         if isinstance(value, dict):
             assert not set(value) & TUNABLE_NAMES, (f.name, value)
-    assert (spec.tunables.cycle_time_ms, spec.start_timeout_s, spec.controller) == \
-        (3.0, 12.0, "mpi")
+    assert (spec.tunables.cycle_time_ms, spec.start_timeout_s, spec.controller) == (
+        3.0,
+        12.0,
+        "mpi",
+    )
 
 
 def test_the_ranks_variables_follow_the_config():
@@ -48,13 +51,20 @@ def test_the_ranks_variables_follow_the_config():
 
 
 def test_a_config_reads_back_from_its_own_variables():
-    c = cfg.Config().replace(fusion_threshold_bytes=5 << 20, cycle_time_ms=2.5,
-                             stall_check=False, log_level="DEBUG", timeline_filename="t.json",
-                             autotune=True, cpu_operations="mpi", shared_memory=False)
+    c = cfg.Config().replace(
+        fusion_threshold_bytes=5 << 20,
+        cycle_time_ms=2.5,
+        stall_check=False,
+        log_level="DEBUG",
+        timeline_filename="t.json",
+        autotune=True,
+        cpu_operations="mpi",
+        shared_memory=False,
+    )
     back = cfg.Config.from_env(c.tunable_env({}))
     for t in tunables.TUNABLES:
         assert getattr(back, t.field) == getattr(c, t.field), t.field
-    assert cfg.Config().tunable_env({}) == {}        # the defaults need no variables
+    assert cfg.Config().tunable_env({}) == {}  # the defaults need no variables
 
 
 def test_only_what_the_inherited_variables_do_not_say_is_handed_over():
@@ -75,7 +85,7 @@ def test_the_controller_is_stored_once_and_reaches_the_ranks_from_there(monkeypa
     spec = _spec("--mpi")
     assert spec.controller == "mpi" and spec.tunable_env()[cfg.CPU_OPERATIONS] == "mpi"
     monkeypatch.setenv(cfg.CYCLE_TIME, "4")
-    platform = JobSpec(np=1, hosts=[], command=[])       # Ray's, Spark's, a srun step's
+    platform = JobSpec(np=1, hosts=[], command=[])  # Ray's, Spark's, a srun step's
     assert platform.controller == "gloo" and platform.tunables.cycle_time_ms == 4.0
     assert platform.tunable_env() == {cfg.CPU_OPERATIONS: "gloo"}
 
@@ -86,6 +96,7 @@ def test_the_launch_options_are_the_parsers_flags():
     fails here (and ``from_namespace`` would refuse it)."""
     from hvdlite.runner.cli import flags
     from hvdlite.runner.cli.options import LaunchOptions
+
     parser = flags.shared_parser()
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     fields = {f.name for f in dataclasses.fields(LaunchOptions)}
@@ -104,13 +115,18 @@ def test_launch_options_built_in_code_are_checked_like_flags():
     import pytest
     from hvdlite.common.exceptions import HvdliteConfigError
     from hvdlite.runner.cli.options import LaunchOptions
-    options = LaunchOptions(min_np=1, command=[sys.executable, KV],
-                            tunable_values={"op_timeout_seconds": 9.0})
+
+    options = LaunchOptions(
+        min_np=1, command=[sys.executable, KV], tunable_values={"op_timeout_seconds": 9.0}
+    )
     spec = launch.spec_from_args(options)
     assert (spec.np, spec.tunables.op_timeout_s, options.np) == (1, 9.0, None)
     with pytest.raises(HvdliteConfigError, match="--fusion-threshold-mb -1"):
-        launch.spec_from_args(LaunchOptions(np=1, command=[sys.executable, KV],
-                                            tunable_values={"fusion_threshold_mb": -1.0}))
+        launch.spec_from_args(
+            LaunchOptions(
+                np=1, command=[sys.executable, KV], tunable_values={"fusion_threshold_mb": -1.0}
+            )
+        )
 
 
 def test_an_elastic_timeout_is_kept_in_the_tunables_alone():
@@ -118,11 +134,14 @@ def test_an_elastic_timeout_is_kept_in_the_tunables_alone():
     variable is derived from it, and a platform's argument is checked by the same rule."""
     import pytest
     from hvdlite.common.exceptions import HvdliteConfigError
+
     spec = _spec("--min-np", "1", "--elastic-timeout", "42")
     assert spec.tunables.elastic_timeout_s == 42.0
     assert spec.tunable_env()[cfg.ELASTIC_TIMEOUT] == "42.0"
-    assert JobSpec(np=1, hosts=[], command=[]).with_elastic_timeout(7).tunables \
-        .elastic_timeout_s == 7.0
+    assert (
+        JobSpec(np=1, hosts=[], command=[]).with_elastic_timeout(7).tunables.elastic_timeout_s
+        == 7.0
+    )
     assert check_elastic_timeout(None, "x") is None
     with pytest.raises(HvdliteConfigError, match=r"RayExecutor: elastic_timeout=-1: "):
         check_elastic_timeout(-1, "RayExecutor: elastic_timeout")

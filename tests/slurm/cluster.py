@@ -23,13 +23,15 @@ START_TIMEOUT_S = 30.0
 
 def _which(name: str) -> str:
     return shutil.which(name) or next(
-        (os.path.join(d, name) for d in SBIN if os.path.exists(os.path.join(d, name))), "")
+        (os.path.join(d, name) for d in SBIN if os.path.exists(os.path.join(d, name))), ""
+    )
 
 
 def missing() -> List[str]:
     """The Slurm and munge programs that are not installed."""
-    return [n for n in ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo")
-            if not _which(n)]
+    return [
+        n for n in ("munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo") if not _which(n)
+    ]
 
 
 class Cluster:
@@ -91,8 +93,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 
     def _daemon(self, args: List[str], log: str) -> None:
         out = open(os.path.join(self.root, log), "ab")
-        self.procs.append(subprocess.Popen(args, stdout=out, stderr=out, env=self.env(),
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(args, stdout=out, stderr=out, env=self.env(), start_new_session=True)
+        )
         out.close()
 
     def start(self) -> None:
@@ -103,17 +106,31 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         """
         self._write_conf()
         r = self.root
-        self._daemon([_which("munged"), "-F", "--force", f"--socket={r}/munge/munge.sock",
-                      f"--pid-file={r}/munge/munged.pid", f"--log-file={r}/munged.log",
-                      f"--seed-file={r}/munge/seed"], "munged.out")
+        self._daemon(
+            [
+                _which("munged"),
+                "-F",
+                "--force",
+                f"--socket={r}/munge/munge.sock",
+                f"--pid-file={r}/munge/munged.pid",
+                f"--log-file={r}/munged.log",
+                f"--seed-file={r}/munge/seed",
+            ],
+            "munged.out",
+        )
         self._wait_for(lambda: os.path.exists(f"{r}/munge/munge.sock"), "munged")
         self._daemon([_which("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld.out")
         self._daemon([_which("slurmd"), "-D", "-f", self.conf, "-N", self.node], "slurmd.out")
         self._wait_for(self._idle, "the node to be idle in sinfo")
 
     def _idle(self) -> bool:
-        out = subprocess.run([_which("sinfo"), "-h", "-o", "%t"], env=self.env(),
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            [_which("sinfo"), "-h", "-o", "%t"],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return "idle" in out
 
     def _wait_for(self, ready, what: str) -> None:
@@ -122,8 +139,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             dead = [p.args[0] for p in self.procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"Slurm test cluster: waiting for {what} failed "
-                                   f"(exited: {dead})\n{self.logs()}")
+                raise RuntimeError(
+                    f"Slurm test cluster: waiting for {what} failed (exited: {dead})\n{self.logs()}"
+                )
             time.sleep(0.2)
 
     def logs(self) -> str:

@@ -12,8 +12,10 @@ from tests.slurm.cluster import Cluster, missing
 def slurm_cluster(tmp_path_factory):
     absent = missing()
     if absent:
-        pytest.skip(f"Slurm is not installed (missing {', '.join(absent)}): run "
-                    f"tests/setup_system.sh as root")
+        pytest.skip(
+            f"Slurm is not installed (missing {', '.join(absent)}): run "
+            f"tests/setup_system.sh as root"
+        )
     if os.geteuid() != 0:
         pytest.skip("the Slurm test cluster runs its daemons as root")
     cluster = Cluster(str(tmp_path_factory.mktemp("slurm")))

@@ -11,34 +11,51 @@ from hvdlite.runner.slurm import allocation as slurm_hosts
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.mark.parametrize("spec, names", [
-    ("vm", ["vm"]),
-    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
-    ("a[1-2],b3", ["a1", "a2", "b3"]),
-    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
-    ("n[8-11]", ["n8", "n9", "n10", "n11"]),
-    ("gpu[098-101]", ["gpu098", "gpu099", "gpu100", "gpu101"]),
-    ("x[3],y,z[0-1]s", ["x3", "y", "z0s", "z1s"]),
-    ("node-1,node-2", ["node-1", "node-2"]),
-])
+@pytest.mark.parametrize(
+    "spec, names",
+    [
+        ("vm", ["vm"]),
+        ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+        ("a[1-2],b3", ["a1", "a2", "b3"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+        ("gpu[098-101]", ["gpu098", "gpu099", "gpu100", "gpu101"]),
+        ("x[3],y,z[0-1]s", ["x3", "y", "z0s", "z1s"]),
+        ("node-1,node-2", ["node-1", "node-2"]),
+    ],
+)
 def test_hostlists_expand(spec, names):
     assert slurm.expand_hostlist(spec) == names
 
 
-@pytest.mark.parametrize("spec, why", [
-    ("node[1-2", "never closed"), ("node1-2]", "without"), ("a,,b", "empty host"),
-    ("node[2-1]", "runs backwards"), ("node[a-b]", "not a number"), ("node[]", "not a number"),
-    ("n[1-[2]]", "nested"), ("", "empty host"),
-])
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("node[1-2", "never closed"),
+        ("node1-2]", "without"),
+        ("a,,b", "empty host"),
+        ("node[2-1]", "runs backwards"),
+        ("node[a-b]", "not a number"),
+        ("node[]", "not a number"),
+        ("n[1-[2]]", "nested"),
+        ("", "empty host"),
+    ],
+)
 def test_bad_hostlists_name_the_variable(spec, why):
     with pytest.raises(HvdliteConfigError, match=why) as err:
         slurm.expand_hostlist(spec, "SLURM_JOB_NODELIST")
     assert "SLURM_JOB_NODELIST" in str(err.value)
 
 
-@pytest.mark.parametrize("spec, counts", [
-    ("2", [2]), ("2(x3),1", [2, 2, 2, 1]), ("1,4(x2)", [1, 4, 4]), ("8(x1)", [8]),
-])
+@pytest.mark.parametrize(
+    "spec, counts",
+    [
+        ("2", [2]),
+        ("2(x3),1", [2, 2, 2, 1]),
+        ("1,4(x2)", [1, 4, 4]),
+        ("8(x1)", [8]),
+    ],
+)
 def test_tasks_per_node_expand(spec, counts):
     assert slurm.expand_tasks_per_node(spec) == counts
 
@@ -50,11 +67,17 @@ def test_bad_tasks_per_node_name_the_variable(spec):
 
 
 def test_allocation_hosts_from_the_job_variables():
-    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[01-03],gpu7",
-           "SLURM_TASKS_PER_NODE": "2(x3),1"}
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node[01-03],gpu7",
+        "SLURM_TASKS_PER_NODE": "2(x3),1",
+    }
     assert slurm_hosts.allocation_hosts(env) == [
-        HostSlots("node01", 2), HostSlots("node02", 2), HostSlots("node03", 2),
-        HostSlots("gpu7", 1)]
+        HostSlots("node01", 2),
+        HostSlots("node02", 2),
+        HostSlots("node03", 2),
+        HostSlots("gpu7", 1),
+    ]
     assert "SLURM_JOB_NODELIST=node[01-03],gpu7" in slurm_hosts.describe(env)
 
 
@@ -65,14 +88,15 @@ def test_the_older_nodelist_name_counts_too():
 
 def test_no_allocation_outside_slurm():
     assert slurm_hosts.allocation_hosts({}) is None
-    assert slurm_hosts.allocation_hosts({"SLURM_JOB_NODELIST": "a1"}) is None   # no job id
+    assert slurm_hosts.allocation_hosts({"SLURM_JOB_NODELIST": "a1"}) is None  # no job id
     assert not slurm_hosts.srun_reaches(["a1"], {})
 
 
 def test_mismatched_counts_name_both_variables():
     env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"}
-    with pytest.raises(HvdliteConfigError, match="SLURM_JOB_NODELIST.*3 nodes.*"
-                                                 "SLURM_TASKS_PER_NODE.*for 2"):
+    with pytest.raises(
+        HvdliteConfigError, match="SLURM_JOB_NODELIST.*3 nodes.*SLURM_TASKS_PER_NODE.*for 2"
+    ):
         slurm_hosts.allocation_hosts(env)
 
 
@@ -82,10 +106,17 @@ def test_missing_tasks_per_node_is_an_error():
 
 
 def _step(procid, localid, nodeid, **extra):
-    env = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "3", "SLURM_PROCID": str(procid),
-           "SLURM_LOCALID": str(localid), "SLURM_NODEID": str(nodeid),
-           "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "n[1-2]",
-           "SLURM_STEP_TASKS_PER_NODE": "3,2", "HVDLITE_SECRET_KEY": "ab" * 16}
+    env = {
+        "SLURM_JOB_ID": "1234",
+        "SLURM_STEP_ID": "3",
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(localid),
+        "SLURM_NODEID": str(nodeid),
+        "SLURM_STEP_NUM_TASKS": "5",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        "SLURM_STEP_TASKS_PER_NODE": "3,2",
+        "HVDLITE_SECRET_KEY": "ab" * 16,
+    }
     env.update(extra)
     return env
 
@@ -93,14 +124,20 @@ def _step(procid, localid, nodeid, **extra):
 def test_a_plain_srun_rank_takes_its_place_from_the_step():
     env = slurm.srun_step_env(_step(4, 1, 1))
     port = env.pop("HVDLITE_RENDEZVOUS_PORT")
-    assert env == {"HVDLITE_RANK": "4", "HVDLITE_SIZE": "5", "HVDLITE_LOCAL_RANK": "1",
-                   "HVDLITE_LOCAL_SIZE": "2", "HVDLITE_CROSS_RANK": "1",
-                   "HVDLITE_CROSS_SIZE": "2", "HVDLITE_HOSTNAME": "n2",
-                   "HVDLITE_RENDEZVOUS_ADDR": "n1", "HVDLITE_JOB_ID": "slurm-1234.3"}
+    assert env == {
+        "HVDLITE_RANK": "4",
+        "HVDLITE_SIZE": "5",
+        "HVDLITE_LOCAL_RANK": "1",
+        "HVDLITE_LOCAL_SIZE": "2",
+        "HVDLITE_CROSS_RANK": "1",
+        "HVDLITE_CROSS_SIZE": "2",
+        "HVDLITE_HOSTNAME": "n2",
+        "HVDLITE_RENDEZVOUS_ADDR": "n1",
+        "HVDLITE_JOB_ID": "slurm-1234.3",
+    }
     # every rank of the step derives the same port; another step of the job another one
     assert port == slurm.srun_step_env(_step(0, 0, 0))["HVDLITE_RENDEZVOUS_PORT"]
-    assert port != slurm.srun_step_env(_step(0, 0, 0, SLURM_STEP_ID="4"))[
-        "HVDLITE_RENDEZVOUS_PORT"]
+    assert port != slurm.srun_step_env(_step(0, 0, 0, SLURM_STEP_ID="4"))["HVDLITE_RENDEZVOUS_PORT"]
     # local rank 2 exists on the first node only
     assert slurm.srun_step_env(_step(2, 2, 0))["HVDLITE_CROSS_SIZE"] == "1"
 
@@ -122,12 +159,15 @@ def test_a_cyclic_distribution_is_refused():
         slurm.srun_step_env(_step(1, 0, 1))
 
 
-@pytest.mark.parametrize("env", [
-    {},                                                             # not in Slurm
-    {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},  # the batch script
-    _step(0, 0, 0, SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1,0"),  # one task
-    _step(0, 0, 0, HVDLITE_RENDEZVOUS_ADDR="10.0.0.1"),          # started by hvdlite-run
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # not in Slurm
+        {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},  # the batch script
+        _step(0, 0, 0, SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1,0"),  # one task
+        _step(0, 0, 0, HVDLITE_RENDEZVOUS_ADDR="10.0.0.1"),  # started by hvdlite-run
+    ],
+)
 def test_other_processes_take_nothing_from_slurm(env):
     assert slurm.srun_step_env(env) == {}
 
@@ -145,8 +185,13 @@ CMD = ["python", __file__]
 
 
 def _launch_env(monkeypatch):
-    for name in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
-                 "SLURM_TASKS_PER_NODE"):
+    for name in (
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+        "SLURM_TASKS_PER_NODE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
@@ -155,6 +200,7 @@ def _launch_env(monkeypatch):
 
 def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
     from hvdlite.runner.cli import launch
+
     _launch_env(monkeypatch)
     s = launch.spec_from_args(launch.parse_args([*CMD]))
     assert s.np == 3 and s.hosts == [HostSlots("localhost", 3)]
@@ -170,19 +216,30 @@ def test_hvdlite_run_defaults_to_the_allocation(monkeypatch):
 
 def test_more_ranks_than_the_allocation_names_it(monkeypatch):
     from hvdlite.runner.cli import launch
+
     _launch_env(monkeypatch)
-    with pytest.raises(HvdliteConfigError, match="-np 4 .* 3 tasks of the Slurm allocation "
-                                                 r"\(SLURM_JOB_NODELIST=localhost"):
+    with pytest.raises(
+        HvdliteConfigError,
+        match="-np 4 .* 3 tasks of the Slurm allocation "
+        r"\(SLURM_JOB_NODELIST=localhost",
+    ):
         launch.spec_from_args(launch.parse_args(["-np", "4", *CMD]))
 
 
 def test_the_srun_command_of_a_task():
     from hvdlite.runner.slurm.srun_tasks import srun_command
+
     cmd = srun_command("node07", python="/py", srun="/bin/srun")
-    assert cmd[0] == "/bin/srun" and cmd[-3:] == ["/py", "-m",
-                                                  "hvdlite.runner.tasks.task_service"]
-    for flag in ("--nodes=1", "--ntasks=1", "--nodelist=node07", "--overlap", "--mpi=none",
-                 "--kill-on-bad-exit=1", "--cpu-bind=none"):
+    assert cmd[0] == "/bin/srun" and cmd[-3:] == ["/py", "-m", "hvdlite.runner.tasks.task_service"]
+    for flag in (
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=node07",
+        "--overlap",
+        "--mpi=none",
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=none",
+    ):
         assert flag in cmd
 
 
@@ -195,4 +252,4 @@ def test_srun_is_used_only_for_nodes_of_the_allocation(monkeypatch, tmp_path):
     assert slurm_hosts.srun_reaches(["n2", "n3"], env)
     assert not slurm_hosts.srun_reaches(["n2", "elsewhere"], env)
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    assert not slurm_hosts.srun_reaches(["n2"], env)             # no srun on PATH
+    assert not slurm_hosts.srun_reaches(["n2"], env)  # no srun on PATH

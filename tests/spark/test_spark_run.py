@@ -26,8 +26,7 @@ def _spark_processes():
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if any(part.startswith(("pyspark.daemon", "pyspark.worker"))
-                   for part in p.cmdline()):
+            if any(part.startswith(("pyspark.daemon", "pyspark.worker")) for part in p.cmdline()):
                 out.append(p)
         except psutil.Error:
             pass
@@ -37,15 +36,20 @@ def _spark_processes():
 @pytest.fixture(scope="module")
 def sc():
     from pyspark.sql import SparkSession
-    os.environ["PYSPARK_PYTHON"] = sys.executable     # the executors' Python: this venv's
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this venv's
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    spark = (SparkSession.builder.master("local[2]").appName("hvdlite-tests")
-             .config("spark.ui.enabled", "false")
-             .config("spark.python.worker.reuse", "true")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.executorEnv.PYTHONPATH", str(REPO))
-             .getOrCreate())
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("hvdlite-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executorEnv.PYTHONPATH", str(REPO))
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     yield spark.sparkContext
     workers = _spark_processes()
@@ -67,7 +71,7 @@ def test_run_returns_results_in_rank_order_after_allreduce(sc):
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
         assert (r["size"], r["local_size"]) == (2, 2)
-        assert r["total"] == 30.0                 # (1 + 2) * 10, summed across the tasks
+        assert r["total"] == 30.0  # (1 + 2) * 10, summed across the tasks
     assert sorted(r["local_rank"] for r in results) == [0, 1]
     assert _no_active_jobs(sc)
 
@@ -113,10 +117,17 @@ def test_more_tasks_than_slots_time_out_and_are_cancelled(sc):
 @pytest.mark.timeout(180)
 def test_run_elastic_survives_a_killed_task(sc):
     import socket
+
     steps = 12
     results = hvdlite.spark.run_elastic(
-        elastic_train, kwargs={"steps": steps, "kill_at": [socket.gethostname(), 1, 4]},
-        num_proc=2, min_num_proc=2, max_num_proc=2, start_timeout=60, elastic_timeout=60)
+        elastic_train,
+        kwargs={"steps": steps, "kill_at": [socket.gethostname(), 1, 4]},
+        num_proc=2,
+        min_num_proc=2,
+        max_num_proc=2,
+        start_timeout=60,
+        elastic_timeout=60,
+    )
     weight, bias = reference(steps)
     assert [r["rank"] for r in results] == list(range(len(results))) and results
     for r in results:
@@ -132,6 +143,7 @@ def test_run_elastic_survives_a_killed_task(sc):
 
 def test_docs_notebook_cell_is_the_tested_code():
     import inspect
+
     cell = (REPO / "docs" / "clusters.md").read_text()
     assert inspect.getsource(train) in cell
     assert "hvdlite.spark.run(train, args=(10,), num_proc=2)" in cell

@@ -25,7 +25,7 @@ class FakeContext:
     master = "local[2]"
     cancelled = []
 
-    def cancelJobGroup(self, group):     # noqa: N802 -- Spark's name
+    def cancelJobGroup(self, group):  # noqa: N802 -- Spark's name
         self.cancelled.append(group)
 
 
@@ -43,9 +43,12 @@ def _static_job(fn, count=2):
     """Run ``fn`` as a static job of ``count`` thread tasks through ``run_job``, as
     ``hvdlite.spark.run`` does; returns (the Spark job, the JobResult)."""
     job = SparkJob(FakeContext(), fn, (), {}, {"EXTRA_FOR_TEST": "1"}, 10.0, count)
-    threads = [threading.Thread(target=serve_task, daemon=True,
-                                args=(job.pool.address, job.key, fn, (), {}, i, 0, 10.0))
-               for i in range(count)]
+    threads = [
+        threading.Thread(
+            target=serve_task, daemon=True, args=(job.pool.address, job.key, fn, (), {}, i, 0, 10.0)
+        )
+        for i in range(count)
+    ]
     for t in threads:
         t.start()
     tasks = job.pool.wait_registered(count, 10.0, lambda: None)
@@ -90,15 +93,19 @@ def test_elastic_pool_numbers_slots_per_host_and_never_reuses_one():
     job.pool.number_slots = True
     client = Client(job.pool.address, job.key, timeout_s=5)
     try:
-        numbers = [client.request({"op": "register", "host": h, "pid": 1, "partition": 0,
-                                   "tag": tag})[0]["task"]
-                   for tag, h in enumerate(["a", "b", "a"])]
+        numbers = [
+            client.request({"op": "register", "host": h, "pid": 1, "partition": 0, "tag": tag})[0][
+                "task"
+            ]
+            for tag, h in enumerate(["a", "b", "a"])
+        ]
         assert [t.sid for t in job.pool.tasks()] == [("a", 0), ("b", 0), ("a", 1)]
         assert [(h.hostname, h.slots) for h in job.pool.live_hosts()] == [("a", 2), ("b", 1)]
-        job.pool.job_ended(2, "Python worker exited unexpectedly")   # task ("a", 1) died
+        job.pool.job_ended(2, "Python worker exited unexpectedly")  # task ("a", 1) died
         assert [(h.hostname, h.slots) for h in job.pool.live_hosts()] == [("a", 1), ("b", 1)]
-        again = client.request({"op": "register", "host": "a", "pid": 2, "partition": 0,
-                                "tag": 3})[0]["task"]
+        again = client.request({"op": "register", "host": "a", "pid": 2, "partition": 0, "tag": 3})[
+            0
+        ]["task"]
         assert job.pool.tasks()[again].sid == ("a", 2)
         assert numbers == [0, 1, 2]
     finally:
@@ -123,19 +130,21 @@ def test_a_stranger_without_the_key_is_refused():
 def test_a_running_task_whose_heartbeat_stops_is_lost(monkeypatch):
     import time
     from hvdlite.spark import pool as pool_module
+
     job = SparkJob(FakeContext(), None, (), {}, None, 10.0, 1)
     job.pool.number_slots = True
     client = Client(job.pool.address, job.key, timeout_s=5)
     try:
-        number = client.request({"op": "register", "host": "a", "pid": 7, "partition": 0,
-                                 "tag": 0})[0]["task"]
+        number = client.request(
+            {"op": "register", "host": "a", "pid": 7, "partition": 0, "tag": 0}
+        )[0]["task"]
         task = job.pool.tasks()[number]
         job.pool.order(task, "run", {"X": "1"})
         reply, _ = client.request({"op": "order", "task": number})
         assert reply["order"] == "run" and reply["env"] == {"X": "1"}
-        assert job.pool.take_exits() == []                  # running, recently seen
+        assert job.pool.take_exits() == []  # running, recently seen
         monkeypatch.setattr(pool_module, "TASK_LOST_S", 0.2)
-        time.sleep(0.4)                                      # no beat meanwhile
+        time.sleep(0.4)  # no beat meanwhile
         assert job.pool.take_exits() == [(("a", 0), pool_module.LOST_EXIT)]
         assert "heartbeat stopped" in job.pool.failures[("a", 0)]
         # its late report changes nothing: the exit was counted once
@@ -147,17 +156,17 @@ def test_a_running_task_whose_heartbeat_stops_is_lost(monkeypatch):
 
 
 class _Conf(dict):
-    def get(self, key, default=None):           # SparkConf.get's shape
+    def get(self, key, default=None):  # SparkConf.get's shape
         return dict.get(self, key, default)
 
 
 class _PythonContext:
     def __init__(self, master, conf=None):
         self.master = master
-        self.pythonExec = "python3"              # pyspark's default without PYSPARK_PYTHON
+        self.pythonExec = "python3"  # pyspark's default without PYSPARK_PYTHON
         self._conf = _Conf(conf or {})
 
-    def getConf(self):                           # noqa: N802 -- Spark's name
+    def getConf(self):  # noqa: N802 -- Spark's name
         return self._conf
 
 
@@ -165,6 +174,7 @@ def test_local_spark_workers_get_the_drivers_python(monkeypatch, caplog):
     """Without PYSPARK_PYTHON, local Spark would run the python3 on PATH (here not this
     venv's): the driver's interpreter is used instead, and said so."""
     from hvdlite.spark.spark_job import use_driver_python
+
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     sc = _PythonContext("local[2]")
@@ -177,6 +187,7 @@ def test_local_spark_workers_get_the_drivers_python(monkeypatch, caplog):
 
 def test_on_a_cluster_the_spark_python_is_left_with_a_hint(monkeypatch, caplog):
     from hvdlite.spark.spark_job import use_driver_python
+
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     sc = _PythonContext("spark://head:7077")
@@ -185,5 +196,5 @@ def test_on_a_cluster_the_spark_python_is_left_with_a_hint(monkeypatch, caplog):
     assert "set PYSPARK_PYTHON (or spark.pyspark.python)" in caplog.text
     caplog.clear()
     chosen = _PythonContext("local[2]", {"spark.pyspark.python": "/opt/py/bin/python"})
-    use_driver_python(chosen)                    # the user's choice is left alone
+    use_driver_python(chosen)  # the user's choice is left alone
     assert chosen.pythonExec == "python3" and not caplog.text

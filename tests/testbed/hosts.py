@@ -48,8 +48,10 @@ class TestbedUnavailable(RuntimeError):
 def _run(argv: Sequence[str], check: bool = True, timeout_s: float = 30.0) -> str:
     proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
     if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): "
-                           f"{proc.stderr.strip() or proc.stdout.strip()}")
+        raise RuntimeError(
+            f"{' '.join(argv)} failed ({proc.returncode}): "
+            f"{proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return proc.stdout
 
 
@@ -57,13 +59,13 @@ def check_available() -> None:
     """Raises TestbedUnavailable, saying what is missing."""
     if os.geteuid() != 0:
         raise TestbedUnavailable("the testbed needs root (network namespaces)")
-    missing = [t for t in ("ip", "tc", "iptables", "ssh-keygen")
-               if shutil.which(t) is None]
+    missing = [t for t in ("ip", "tc", "iptables", "ssh-keygen") if shutil.which(t) is None]
     if not os.path.exists(SSHD):
         missing.append("sshd")
     if missing:
-        raise TestbedUnavailable(f"the testbed needs {', '.join(missing)} "
-                                 f"(tests/setup_system.sh installs them)")
+        raise TestbedUnavailable(
+            f"the testbed needs {', '.join(missing)} (tests/setup_system.sh installs them)"
+        )
 
 
 def _namespaces() -> List[str]:
@@ -113,7 +115,7 @@ class Host:
         self.name = f"tbh{index}"
         self.address = f"{SUBNET}.{index + 1}"
         self.namespace = f"{PREFIX}{owner}-h{index}"
-        self.port_name = f"p{index}"        # its port on the switch
+        self.port_name = f"p{index}"  # its port on the switch
         self.sshd: Optional[subprocess.Popen] = None
 
     def __repr__(self):
@@ -150,7 +152,8 @@ class Testbed:
         _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
         _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
         hosts_file = "127.0.0.1 localhost\n" + "".join(
-            f"{h.address} {h.name}\n" for h in self.hosts)
+            f"{h.address} {h.name}\n" for h in self.hosts
+        )
         for h in self.hosts:
             self._add_host(h, hosts_file)
         for h in self.hosts:
@@ -162,8 +165,21 @@ class Testbed:
         with open(f"/etc/netns/{h.namespace}/hosts", "w") as f:
             f.write(hosts_file)
         veth = f"tb{self.owner % 100000}x{h.index}"[:15]
-        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", h.port_name,
-              "netns", self.switch])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                h.port_name,
+                "netns",
+                self.switch,
+            ]
+        )
         _run(["ip", "link", "set", veth, "netns", h.namespace])
         ns = ["ip", "-n", h.namespace]
         _run(ns + ["link", "set", veth, "name", "eth0"])
@@ -181,24 +197,31 @@ class Testbed:
             os.chmod(auth, 0o600)
         config = os.path.join(self.dir, f"sshd_{h.name}.conf")
         with open(config, "w") as f:
-            f.write(f"Port 22\nListenAddress {h.address}\n"
-                    f"HostKey {os.path.join(self.dir, 'host_key')}\n"
-                    f"AuthorizedKeysFile {auth}\nPidFile {self.dir}/sshd_{h.name}.pid\n"
-                    "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-                    "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-                    "StrictModes no\nUsePAM no\nLogLevel ERROR\nMaxStartups 100:30:200\n"
-                    "MaxSessions 100\n")
+            f.write(
+                f"Port 22\nListenAddress {h.address}\n"
+                f"HostKey {os.path.join(self.dir, 'host_key')}\n"
+                f"AuthorizedKeysFile {auth}\nPidFile {self.dir}/sshd_{h.name}.pid\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+                "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
+                "StrictModes no\nUsePAM no\nLogLevel ERROR\nMaxStartups 100:30:200\n"
+                "MaxSessions 100\n"
+            )
         os.makedirs("/run/sshd", exist_ok=True)
         log = open(os.path.join(self.dir, f"sshd_{h.name}.log"), "wb")
-        h.sshd = subprocess.Popen(["ip", "netns", "exec", h.namespace, SSHD, "-D", "-e",
-                                   "-f", config], stdout=log, stderr=log,
-                                  start_new_session=True)
+        h.sshd = subprocess.Popen(
+            ["ip", "netns", "exec", h.namespace, SSHD, "-D", "-e", "-f", config],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + SSHD_START_S
         while not self._listening(h):
             if h.sshd.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sshd on {h.name} did not start: " + open(
-                    os.path.join(self.dir, f"sshd_{h.name}.log")).read())
+                raise RuntimeError(
+                    f"sshd on {h.name} did not start: "
+                    + open(os.path.join(self.dir, f"sshd_{h.name}.log")).read()
+                )
             time.sleep(0.1)
 
     def _listening(self, h: Host) -> bool:
@@ -218,13 +241,14 @@ class Testbed:
 
     def popen(self, host: str, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         """``argv`` started on ``host`` (inside its namespace)."""
-        return subprocess.Popen(["ip", "netns", "exec", self.host(host).namespace, *argv],
-                                **kwargs)
+        return subprocess.Popen(["ip", "netns", "exec", self.host(host).namespace, *argv], **kwargs)
 
-    def run(self, host: str, argv: Sequence[str], timeout_s: float = 60.0,
-            **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.host(host).namespace, *argv],
-                              timeout=timeout_s, **kwargs)
+    def run(
+        self, host: str, argv: Sequence[str], timeout_s: float = 60.0, **kwargs
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["ip", "netns", "exec", self.host(host).namespace, *argv], timeout=timeout_s, **kwargs
+        )
 
     def pids(self, host: str) -> List[int]:
         """The processes running on ``host`` (its sshd included)."""
@@ -235,21 +259,57 @@ class Testbed:
         """Limit ``host``'s link to ``rate`` (a tc rate: ``1gbit``, ``100mbit``) both ways."""
         h = self.host(host)
         for ns, dev in ((h.namespace, "eth0"), (self.switch, h.port_name)):
-            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root",
-                  "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    burst,
+                    "latency",
+                    "100ms",
+                ]
+            )
 
     def unshape(self, host: str) -> None:
         h = self.host(host)
         for ns, dev in ((h.namespace, "eth0"), (self.switch, h.port_name)):
-            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                 check=False)
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
 
     def lose(self, host: str, share: float) -> None:
         """Drop ``share`` (0..1) of the packets arriving at ``host``, at random."""
         h = self.host(host)
-        _run(["ip", "netns", "exec", h.namespace, "iptables", "-A", "INPUT", "-i", "eth0",
-              "-m", "statistic", "--mode", "random", "--probability", f"{share:.4f}",
-              "-j", "DROP"])
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                h.namespace,
+                "iptables",
+                "-A",
+                "INPUT",
+                "-i",
+                "eth0",
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                f"{share:.4f}",
+                "-j",
+                "DROP",
+            ]
+        )
 
     def stop_losing(self, host: str) -> None:
         _run(["ip", "netns", "exec", self.host(host).namespace, "iptables", "-F", "INPUT"])
@@ -266,20 +326,52 @@ class Testbed:
         both still reach the other hosts."""
         pairs = [(a, b), (b, a)] if both_ways else [(a, b)]
         for src, dst in pairs:
-            _run(["ip", "netns", "exec", self.host(dst).namespace, "iptables", "-I", "INPUT",
-                  "-s", self.host(src).address, "-j", "DROP"])
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.host(dst).namespace,
+                    "iptables",
+                    "-I",
+                    "INPUT",
+                    "-s",
+                    self.host(src).address,
+                    "-j",
+                    "DROP",
+                ]
+            )
 
     def undrop(self, a: str, b: str) -> None:
         """Undo :meth:`drop_between` of ``a`` and ``b`` (either way)."""
         for src, dst in ((a, b), (b, a)):
-            _run(["ip", "netns", "exec", self.host(dst).namespace, "iptables", "-D", "INPUT",
-                  "-s", self.host(src).address, "-j", "DROP"], check=False)
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.host(dst).namespace,
+                    "iptables",
+                    "-D",
+                    "INPUT",
+                    "-s",
+                    self.host(src).address,
+                    "-j",
+                    "DROP",
+                ],
+                check=False,
+            )
 
     def describe(self) -> Dict:
         """What a benchmark or a person needs to use the testbed."""
-        return {"hosts": [{"name": h.name, "address": h.address, "namespace": h.namespace}
-                          for h in self.hosts],
-                "switch": self.switch, "ssh_args": self.ssh_args(), "dir": self.dir}
+        return {
+            "hosts": [
+                {"name": h.name, "address": h.address, "namespace": h.namespace} for h in self.hosts
+            ],
+            "switch": self.switch,
+            "ssh_args": self.ssh_args(),
+            "dir": self.dir,
+        }
 
     # -- ending -----------------------------------------------------------------------------
     def close(self) -> None:

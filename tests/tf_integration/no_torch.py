@@ -15,8 +15,9 @@ class _TorchBlocker(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "torch" or fullname.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {fullname!r} (blocked by the test)",
-                                      name=fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (blocked by the test)", name=fullname
+            )
         return None
 
 

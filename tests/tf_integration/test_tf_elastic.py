@@ -16,8 +16,10 @@ from tests import launching
 from tests.common.conftest import ROOT
 
 if importlib.util.find_spec("tensorflow") is None:
-    pytest.skip("tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make "
-                "install)", allow_module_level=True)
+    pytest.skip(
+        "tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make install)",
+        allow_module_level=True,
+    )
 
 TRAIN = os.path.join(ROOT, "tests", "tf_integration", "workers", "tf_elastic_train.py")
 STEPS = 12
@@ -31,12 +33,32 @@ def test_tf_worker_killed_in_tf_function_allreduce_job_finishes_from_last_commit
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     result = tmp_path / "result.json"
-    env = {"PYTHONUNBUFFERED": "1", "ELASTIC_STEPS": str(STEPS), "ELASTIC_OUT": str(result),
-           "ELASTIC_KILL_AT": "127.0.0.1:0:5", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = launching.start(["-np", "3", "--min-np", "2", "--max-np", "3",
-                            "--host-discovery-script", script, sys.executable, TRAIN],
-                           env=env, pythonpath=[ROOT], cwd=ROOT, stderr=subprocess.STDOUT,
-                           start_new_session=True)
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "ELASTIC_STEPS": str(STEPS),
+        "ELASTIC_OUT": str(result),
+        "ELASTIC_KILL_AT": "127.0.0.1:0:5",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    proc = launching.start(
+        [
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--host-discovery-script",
+            script,
+            sys.executable,
+            TRAIN,
+        ],
+        env=env,
+        pythonpath=[ROOT],
+        cwd=ROOT,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=220)
     except subprocess.TimeoutExpired:
@@ -62,8 +84,12 @@ def test_a_tf_error_wrapping_any_internal_error_is_a_reset():
     from hvdlite.common.exceptions import HvdliteInternalError
     from hvdlite.tensorflow.elastic import as_internal_error
 
-    for name in ("HvdliteInternalError", "HvdliteRoundSupersededError",
-                 "HvdliteTimeoutError", "HvdliteStallError"):
+    for name in (
+        "HvdliteInternalError",
+        "HvdliteRoundSupersededError",
+        "HvdliteTimeoutError",
+        "HvdliteStallError",
+    ):
         text = f"Traceback (most recent call last):\n  ...\n{name}: rank 0: gave up\n [[{{node}}]]"
         err = as_internal_error(text)
         assert isinstance(err, HvdliteInternalError) and str(err) == "rank 0: gave up", name

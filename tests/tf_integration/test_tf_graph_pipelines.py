@@ -12,15 +12,22 @@ import pytest
 from tests.torch_integration.conftest import CaseResults, launch, worker_suite
 
 if importlib.util.find_spec("tensorflow") is None:
-    pytest.skip("tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make "
-                "install)", allow_module_level=True)
+    pytest.skip(
+        "tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make install)",
+        allow_module_level=True,
+    )
 
 WORKER = Path(__file__).resolve().parent / "workers" / "tf_graph_worker.py"
-CASES = ["graph_thirty_allgathers", "graph_one_thread_pool_orders", "graph_mismatch",
-         "graph_kernel_edges"]
+CASES = [
+    "graph_thirty_allgathers",
+    "graph_one_thread_pool_orders",
+    "graph_mismatch",
+    "graph_kernel_edges",
+]
 
 results, test_case, test_launch_exit_code = worker_suite(
-    WORKER, CASES, args=CASES, launcher_args=("--no-tf-async-kernel",))
+    WORKER, CASES, args=CASES, launcher_args=("--no-tf-async-kernel",)
+)
 
 
 @pytest.mark.timeout(180)
@@ -28,8 +35,7 @@ def test_kernel_that_cannot_be_built_falls_back_to_pipelines(tmp_path):
     """A compiler that fails: one warning saying so, then the pipelines (the worker asserts
     the graph holds no kernel node when ``CXX=false``)."""
     cases = ["graph_thirty_allgathers", "graph_one_thread_pool_orders"]
-    rc, out = launch(WORKER, args=cases, env={"CXX": "false",
-                                              "XDG_CACHE_HOME": str(tmp_path)})
+    rc, out = launch(WORKER, args=cases, env={"CXX": "false", "XDG_CACHE_HOME": str(tmp_path)})
     got = CaseResults(rc, out, np=2)
     for case in cases:
         got.check(case)

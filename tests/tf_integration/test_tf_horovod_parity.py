@@ -11,23 +11,45 @@ import pytest
 from tests.torch_integration.conftest import REPO, CaseResults, launch
 
 if importlib.util.find_spec("tensorflow") is None:
-    pytest.skip("tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make "
-                "install)", allow_module_level=True)
+    pytest.skip(
+        "tensorflow is not importable (pip install 'hvdlite[tensorflow]', or make install)",
+        allow_module_level=True,
+    )
 
 WORKER = Path(__file__).resolve().parent / "workers" / "tf_horovod_parity.py"
 
-CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "function_branch_order",
-         "indexed_slices", "error_types", "dtypes", "public_names", "info_ops", "partial_tape",
-         "sync_batch_norm", "tf1_api", "load_model"]
+CASES = [
+    "graph_fifty_collectives",
+    "graph_feeds_and_gradients",
+    "function_branch_order",
+    "indexed_slices",
+    "error_types",
+    "dtypes",
+    "public_names",
+    "info_ops",
+    "partial_tape",
+    "sync_batch_norm",
+    "tf1_api",
+    "load_model",
+]
 #: the cases run again at np=3: where the order in which ranks run collectives matters, or
 #: a size that divides nothing evenly
-ORDER_CASES = ["graph_fifty_collectives", "graph_feeds_and_gradients", "function_branch_order",
-               "indexed_slices", "sync_batch_norm", "tf1_api"]
+ORDER_CASES = [
+    "graph_fifty_collectives",
+    "graph_feeds_and_gradients",
+    "function_branch_order",
+    "indexed_slices",
+    "sync_batch_norm",
+    "tf1_api",
+]
 
 
 def _launch(np, cases=()):
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TF_ENABLE_ONEDNN_OPTS": "0",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     rc, out = launch(WORKER, args=list(cases), np=np, timeout_s=280, env=env)
     return CaseResults(rc, out, np=np)
 

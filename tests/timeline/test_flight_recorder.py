@@ -15,8 +15,7 @@ from hvdlite.timeline import doctor
 from tests import launching
 from tests.runner.conftest import REPO, run_launcher
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
-                      "flight_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "flight_worker.py")
 
 
 def entry(name, shape=(4,), t=1.0):
@@ -46,8 +45,12 @@ def test_ring_keeps_the_last_n_and_dumps_them_with_the_pending_ones(tmp_path):
     resp.waited_for = [0]
     rec.completed("global", 7, [Response("t0", OpType.ALLREDUCE)], [(es[0], None, None)])
     rec.completed("global", 8, [Response("t1", OpType.ALLREDUCE)], [(es[1], None, None)])
-    rec.completed("global", 9, [Response("t2", OpType.ALLREDUCE), resp],
-                  [(es[2], None, None), (es[3], None, None)])
+    rec.completed(
+        "global",
+        9,
+        [Response("t2", OpType.ALLREDUCE), resp],
+        [(es[2], None, None), (es[3], None, None)],
+    )
     rec.failed("global", [es[4]], RuntimeError("boom"))
     # whole groups are dropped while the rest hold 3 operations
     assert rec.count == 3 and rec.appended == 5 and len(rec.groups) == 2
@@ -73,23 +76,51 @@ def test_ring_keeps_the_last_n_and_dumps_them_with_the_pending_ones(tmp_path):
 
 
 def _op(name, state="done", cycle=1, shape=(4,), t=0.0, waited=()):
-    return {"name": name, "op": "allreduce", "dtype": "float32", "shape": list(shape),
-            "process_set": "global", "submitted": t, "cycle": cycle, "state": state,
-            "duration_s": 0.1, "waited_for": list(waited), "error": None}
+    return {
+        "name": name,
+        "op": "allreduce",
+        "dtype": "float32",
+        "shape": list(shape),
+        "process_set": "global",
+        "submitted": t,
+        "cycle": cycle,
+        "state": state,
+        "duration_s": 0.1,
+        "waited_for": list(waited),
+        "error": None,
+    }
 
 
 def _dump(rank, ops, appended=None):
-    return {"rank": rank, "size": 2, "hostname": "h", "pid": 1, "job_id": "j", "reason": "r",
-            "dumped_at": 0.0, "capacity": 100, "appended": appended or len(ops), "ops": ops}
+    return {
+        "rank": rank,
+        "size": 2,
+        "hostname": "h",
+        "pid": 1,
+        "job_id": "j",
+        "reason": "r",
+        "dumped_at": 0.0,
+        "capacity": 100,
+        "appended": appended or len(ops),
+        "ops": ops,
+    }
 
 
 @pytest.mark.timeout(10)
 def test_doctor_on_synthetic_dumps():
     # the same name in earlier steps completed on both; rank 1 never reached the last one
-    r0 = [_op("a", cycle=1, waited=[1]), _op("b", cycle=2), _op("a", cycle=3, waited=[1]),
-          _op("b", state="queued", cycle=-1, t=5.0)]
-    r1 = [_op("a", cycle=1, waited=[1]), _op("b", cycle=2), _op("a", cycle=3, waited=[1]),
-          _op("c", state="queued", cycle=-1, t=5.1)]
+    r0 = [
+        _op("a", cycle=1, waited=[1]),
+        _op("b", cycle=2),
+        _op("a", cycle=3, waited=[1]),
+        _op("b", state="queued", cycle=-1, t=5.0),
+    ]
+    r1 = [
+        _op("a", cycle=1, waited=[1]),
+        _op("b", cycle=2),
+        _op("a", cycle=3, waited=[1]),
+        _op("c", state="queued", cycle=-1, t=5.1),
+    ]
     out = doctor.diagnose([_dump(0, r0), _dump(1, r1)])
     text = "\n".join(out)
     assert out[1].startswith("first divergence: missing op: tensor 'b'"), text
@@ -99,32 +130,43 @@ def test_doctor_on_synthetic_dumps():
     # all agree and completed: says so
     assert "no divergence found" in doctor.diagnose([_dump(0, r0[:3]), _dump(1, r1[:3])])[-2]
     # allgather's first dimension may differ; allreduce's may not
-    g0, g1 = dict(_op("g", shape=(3, 2)), op="allgather"), dict(_op("g", shape=(5, 2)),
-                                                                  op="allgather")
+    g0, g1 = (
+        dict(_op("g", shape=(3, 2)), op="allgather"),
+        dict(_op("g", shape=(5, 2)), op="allgather"),
+    )
     assert "no divergence found" in doctor.diagnose([_dump(0, [g0]), _dump(1, [g1])])[1]
     out = doctor.diagnose([_dump(0, [_op("m", shape=(3, 2))]), _dump(1, [_op("m")])])
     assert "rank 0 allreduce float32 [3, 2], rank 1 allreduce float32 [4]" in out[1], out
 
 
 def _doctor(path):
-    return subprocess.run([sys.executable, "-m", "hvdlite.timeline", "doctor", str(path)],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "hvdlite.timeline", "doctor", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 @pytest.mark.timeout(90)
 def test_shape_mismatch_is_diagnosed_from_the_dumps(tmp_path):
     d = tmp_path / "flight"
-    r = run_launcher(["-np", "2", "--flight-recorder-dir", str(d), sys.executable, WORKER,
-                      "mismatch"], timeout=80)
+    r = run_launcher(
+        ["-np", "2", "--flight-recorder-dir", str(d), sys.executable, WORKER, "mismatch"],
+        timeout=80,
+    )
     assert r.returncode != 0, r.stdout + r.stderr
     assert f"flight recorder dumps (one file per rank, on each rank's host): {d}" in r.stderr
     assert sorted(os.listdir(d)) == ["flight-rank0.json", "flight-rank1.json"]
     out = _doctor(d)
     assert out.returncode == 0, out.stderr
     first = [line for line in out.stdout.splitlines() if line.startswith("first divergence")]
-    assert first == ["first divergence: tensor 'grad.fc' (process set global, cycle "
-                     f"{first[0].split('cycle ')[1].split(')')[0]}) was submitted differently: "
-                     "rank 0 allreduce float32 [4], rank 1 allreduce float32 [5]"], out.stdout
+    assert first == [
+        "first divergence: tensor 'grad.fc' (process set global, cycle "
+        f"{first[0].split('cycle ')[1].split(')')[0]}) was submitted differently: "
+        "rank 0 allreduce float32 [4], rank 1 allreduce float32 [5]"
+    ], out.stdout
     # the good steps before it are in the dumps, completed
     ops = json.loads((d / "flight-rank1.json").read_text())["ops"]
     assert [o["state"] for o in ops if o["name"] == "grad.conv"] == ["done"] * 3
@@ -133,26 +175,54 @@ def test_shape_mismatch_is_diagnosed_from_the_dumps(tmp_path):
 @pytest.mark.timeout(90)
 def test_missing_op_is_diagnosed_from_the_dumps(tmp_path):
     d = tmp_path / "flight"
-    r = run_launcher(["-np", "2", "--flight-recorder-dir", str(d),
-                      "--stall-check-warning-time-seconds", "1",
-                      "--stall-check-shutdown-time-seconds", "2", sys.executable, WORKER,
-                      "skip"], timeout=80)
+    r = run_launcher(
+        [
+            "-np",
+            "2",
+            "--flight-recorder-dir",
+            str(d),
+            "--stall-check-warning-time-seconds",
+            "1",
+            "--stall-check-shutdown-time-seconds",
+            "2",
+            sys.executable,
+            WORKER,
+            "skip",
+        ],
+        timeout=80,
+    )
     assert r.returncode != 0, r.stdout + r.stderr
     out = _doctor(d)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert ("missing op: tensor 'grad.fc' (allreduce float32 [4], process set global) was "
-            "submitted by ranks [0] but never by ranks [1]") in out.stdout, out.stdout
+    assert (
+        "missing op: tensor 'grad.fc' (allreduce float32 [4], process set global) was "
+        "submitted by ranks [0] but never by ranks [1]"
+    ) in out.stdout, out.stdout
     assert "rank 1 was instead at: tensor 'grad.next' (allreduce float32 [2])" in out.stdout
-    assert any(line.startswith("never completed: tensor 'grad.fc'") and "on rank 0" in line
-               for line in lines), out.stdout
+    assert any(
+        line.startswith("never completed: tensor 'grad.fc'") and "on rank 0" in line
+        for line in lines
+    ), out.stdout
 
 
 @pytest.mark.timeout(60)
 def test_size_zero_turns_the_recorder_off(tmp_path):
     d = tmp_path / "flight"
-    r = run_launcher(["-np", "2", "--flight-recorder-size", "0", "--flight-recorder-dir",
-                      str(d), sys.executable, WORKER, "mismatch"], timeout=50)
+    r = run_launcher(
+        [
+            "-np",
+            "2",
+            "--flight-recorder-size",
+            "0",
+            "--flight-recorder-dir",
+            str(d),
+            sys.executable,
+            WORKER,
+            "mismatch",
+        ],
+        timeout=50,
+    )
     assert r.returncode != 0 and "mismatched shape" in r.stderr, r.stdout + r.stderr
     assert not d.exists() and "flight recorder dumps" not in r.stderr
 
@@ -162,8 +232,11 @@ def test_size_zero_turns_the_recorder_off(tmp_path):
 def test_no_flight_recorder_line_when_no_rank_ran_the_runtime(tmp_path):
     """A failed job whose ranks never started hvdlite's runtime (an import error, a plain
     torch.distributed program) wrote no dump: the launcher does not talk about one."""
-    r = launching.run(["-np", "2", sys.executable, "-c", "import no_such_module_here"],
-                      timeout=50, cwd=str(tmp_path))
+    r = launching.run(
+        ["-np", "2", sys.executable, "-c", "import no_such_module_here"],
+        timeout=50,
+        cwd=str(tmp_path),
+    )
     assert r.returncode != 0 and "No module named 'no_such_module_here'" in r.stderr, r.stderr
     assert "flight recorder" not in r.stderr, r.stderr
 
@@ -184,14 +257,16 @@ def test_a_runtime_reports_what_is_pending(tmp_path):
     from hvdlite.common.backend.local import LocalBackend
     from hvdlite.common.config import Config
     from hvdlite.common.engine.runtime import Runtime
+
     config = Config(flight_recorder_dir=str(tmp_path))
     rec = fr.configure(config)
     try:
-        runtime = Runtime(config, LocalBackend(config))      # never started: nothing drains
+        runtime = Runtime(config, LocalBackend(config))  # never started: nothing drains
         runtime.enqueue([entry("stuck", shape=(3,), t=time.monotonic())])
         data = rec.snapshot("asked")
         assert [(o["name"], o["state"], o["shape"]) for o in data["ops"]] == [
-            ("stuck", "queued", [3])]
+            ("stuck", "queued", [3])
+        ]
         runtime.backend.close()
     finally:
         fr.configure(config.replace(flight_recorder_size=0))

@@ -23,9 +23,13 @@ def full_disk(tmp_path):
     """A 64 KiB tmpfs, filled up (root only; skipped where it cannot be mounted)."""
     d = tmp_path / "small"
     d.mkdir()
-    if os.geteuid() != 0 or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
-            capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a small tmpfs here")
     try:
         with open(d / "filler", "wb", buffering=0) as f:
@@ -81,16 +85,16 @@ def test_timeline_on_dev_full_never_raises(caplog):
     tl = Timeline("/dev/full", flush_interval_s=0.01)
     tl.queued("g", "allreduce", 0.0, 16)
     tl.done("g", 0.1, None)
-    tl.close()                                  # nothing raised
+    tl.close()  # nothing raised
     assert "writing failed" in caplog.text and "the job goes on" in caplog.text
-    tl.queued("h", "allreduce", 0.0, 16)        # dropped, not kept in memory
+    tl.queued("h", "allreduce", 0.0, 16)  # dropped, not kept in memory
     assert len(tl._events) == 0
 
 
 def test_timeline_filling_the_disk_mid_run_never_raises(full_disk, caplog):
     os.remove(full_disk / "filler")
     with open(full_disk / "filler", "wb", buffering=0) as f:
-        f.write(b"x" * (60 * 1024))             # a few KiB left for the trace
+        f.write(b"x" * (60 * 1024))  # a few KiB left for the trace
     tl = Timeline(str(full_disk / "t.json"), flush_interval_s=0.01)
     for i in range(3000):
         tl.queued(f"tensor.{i}", "allreduce", 0.0, 16)
@@ -115,8 +119,9 @@ WORKER = textwrap.dedent("""
 def test_job_with_an_unwritable_timeline_exits_0(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(WORKER)
-    r = run_launcher(["-np", "1", "--timeline-filename", "/dev/full", sys.executable,
-                      str(script)], timeout=80)
+    r = run_launcher(
+        ["-np", "1", "--timeline-filename", "/dev/full", sys.executable, str(script)], timeout=80
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "TRAINED ok" in r.stdout and "No space left on device" in r.stderr
     assert "Traceback" not in r.stderr

@@ -11,8 +11,15 @@ from hvdlite.common.engine import autotune
 from hvdlite.common.config import Config
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.engine.parameters import Parameters
-from hvdlite.common.diagnostics.recorder import (COLLECTIVE, COPY_IN, COPY_OUT, NULL, Recorder, Tee,
-                                     combine)
+from hvdlite.common.diagnostics.recorder import (
+    COLLECTIVE,
+    COPY_IN,
+    COPY_OUT,
+    NULL,
+    Recorder,
+    Tee,
+    combine,
+)
 from hvdlite.common.diagnostics.timeline_writer import Timeline, load_events
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,16 +43,22 @@ def test_timeline_is_readable_while_open_cut_short_and_closed(tmp_path):
     tl = Timeline(str(path), mark_cycles=True, backend_name="gloo", flush_interval_s=0.01)
     feed_one_fused_op(tl, time.monotonic())
     deadline = time.monotonic() + 5
-    while '"ALLREDUCE"' not in path.read_text():           # the writer thread flushed it
+    while '"ALLREDUCE"' not in path.read_text():  # the writer thread flushed it
         assert time.monotonic() < deadline
         time.sleep(0.01)
     open_text = path.read_text()
     with pytest.raises(ValueError):
-        json.loads(open_text)                              # no closing bracket yet
+        json.loads(open_text)  # no closing bracket yet
     events = load_events(str(path))
     x = [e for e in events if e.get("ph") == "X" and e["tid"] == 1]
-    assert [e["name"] for e in x] == ["QUEUED", "NEGOTIATE_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER",
-                                      "GLOO_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER", "ALLREDUCE"]
+    assert [e["name"] for e in x] == [
+        "QUEUED",
+        "NEGOTIATE_ALLREDUCE",
+        "MEMCPY_IN_FUSION_BUFFER",
+        "GLOO_ALLREDUCE",
+        "MEMCPY_OUT_FUSION_BUFFER",
+        "ALLREDUCE",
+    ]
     assert x[1]["args"]["waited_for"] == [1] and x[0]["args"]["bytes"] == 64
     y_op = [e for e in events if e.get("tid") == 2 and e.get("name") == "ALLREDUCE"]
     assert y_op[0]["args"]["error"] == "boom"
@@ -62,8 +75,8 @@ def test_timeline_is_readable_while_open_cut_short_and_closed(tmp_path):
     with pytest.raises(ValueError, match="bad.json:4"):
         load_events(str(bad))
     tl.close()
-    tl.close()                                             # idempotent
-    assert len(json.loads(path.read_text())) == len(events) + 1    # + timeline_end
+    tl.close()  # idempotent
+    assert len(json.loads(path.read_text())) == len(events) + 1  # + timeline_end
 
 
 def test_timeline_refuses_an_unwritable_path(tmp_path):
@@ -103,14 +116,19 @@ def test_missing_scikit_optimize_is_named(monkeypatch):
 def test_autotuner_measures_steps_and_keeps_the_best(tmp_path):
     """A fake runtime: a step takes 10 ms with a big fusion threshold, 40 ms without."""
     log = tmp_path / "a.csv"
-    config = Config(autotune=True, autotune_warmup_samples=1, autotune_steps_per_sample=2,
-                    autotune_bayes_opt_max_samples=5, autotune_log_file=str(log))
+    config = Config(
+        autotune=True,
+        autotune_warmup_samples=1,
+        autotune_steps_per_sample=2,
+        autotune_bayes_opt_max_samples=5,
+        autotune_log_file=str(log),
+    )
     start = Parameters.from_config(config).replace(fusion_threshold_bytes=2 << 20)
     switched = threading.Event()
     tuner = None
 
     def propose(**changes):
-        tuner.parameters(0, Parameters(**changes))       # the switch, as the runtime reports it
+        tuner.parameters(0, Parameters(**changes))  # the switch, as the runtime reports it
         switched.set()
         return Parameters(**changes)
 
@@ -126,7 +144,7 @@ def test_autotuner_measures_steps_and_keeps_the_best(tmp_path):
             now += step / 4
             tuner.queued(f"t{i}", "allreduce", now, 1000)
             tuner.done(f"t{i}", now, None)
-        time.sleep(0.002)                                  # let the decision thread think
+        time.sleep(0.002)  # let the decision thread think
     assert tuner.finished.wait(10), "the tuner never finished"
     assert retired.wait(5), "the tuner did not ask to stop receiving events"
     tuner.close()
@@ -142,18 +160,24 @@ def test_summary_tool_needs_no_framework_launcher_or_plotting_to_start():
     """The summary runs wherever the trace was copied: no torch, no launcher, matplotlib
     and scikit-optimize only when asked for."""
     import subprocess
-    code = ("import sys, hvdlite.timeline, hvdlite.timeline.__main__; "
-            "print(sorted(m.split('.')[0] for m in sys.modules "
-            "if m.split('.')[0] in ('torch', 'matplotlib', 'skopt') "
-            "or m.startswith('hvdlite.runner')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=30)
+
+    code = (
+        "import sys, hvdlite.timeline, hvdlite.timeline.__main__; "
+        "print(sorted(m.split('.')[0] for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'matplotlib', 'skopt') "
+        "or m.startswith('hvdlite.runner')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_a_second_init_of_a_process_writes_a_new_file(tmp_path, monkeypatch):
     from hvdlite.common.diagnostics import observers
+
     monkeypatch.setattr(observers, "_CONFIGURED_PATHS", {})
     path = str(tmp_path / "trace.json")
     assert [observers._fresh_path(path) for _ in range(3)] == [
-        path, str(tmp_path / "trace.1.json"), str(tmp_path / "trace.2.json")]
+        path,
+        str(tmp_path / "trace.1.json"),
+        str(tmp_path / "trace.2.json"),
+    ]

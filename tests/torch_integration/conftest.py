@@ -15,8 +15,12 @@ REPO = HERE.parent.parent
 
 def launch(script, args=(), np=2, timeout_s=150, env=None, launcher_args=()):
     """Run ``script`` on ``np`` ranks through ``hvdlite.runner.cli.launch``; return (rc, output)."""
-    proc = launching.run([*launcher_args, "-np", np, sys.executable, script, *args], env=env,
-                         timeout=timeout_s, pythonpath=[WORKERS, REPO])
+    proc = launching.run(
+        [*launcher_args, "-np", np, sys.executable, script, *args],
+        env=env,
+        timeout=timeout_s,
+        pythonpath=[WORKERS, REPO],
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -33,8 +37,10 @@ class CaseResults:
         ranks = self.ok.get(case, set())
         if ranks != set(range(self.np)):
             missing = sorted(set(range(self.np)) - ranks)
-            pytest.fail(f"case {case!r} failed or did not run on rank(s) {missing} "
-                        f"(launcher exit code {self.rc}); output:\n{self.output[-6000:]}")
+            pytest.fail(
+                f"case {case!r} failed or did not run on rank(s) {missing} "
+                f"(launcher exit code {self.rc}); output:\n{self.output[-6000:]}"
+            )
 
 
 def worker_suite(script_name, cases, args=(), env=None, launcher_args=()):
@@ -47,8 +53,9 @@ def worker_suite(script_name, cases, args=(), env=None, launcher_args=()):
 
     @pytest.fixture(scope="module")
     def results():
-        rc, out = launch(WORKERS / script_name, args=args, timeout_s=150, env=env,
-                         launcher_args=launcher_args)
+        rc, out = launch(
+            WORKERS / script_name, args=args, timeout_s=150, env=env, launcher_args=launcher_args
+        )
         return CaseResults(rc, out, np=2)
 
     @pytest.mark.timeout(180)

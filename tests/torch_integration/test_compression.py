@@ -4,8 +4,12 @@
 from .conftest import worker_suite
 
 CASES = [
-    "allreduce_fp16", "allreduce_fp16_gradient", "grouped_allreduce_mixed_dtypes",
-    "grouped_allreduce_fp16_gradient", "reducescatter_fp16", "reducescatter_fp16_gradient",
+    "allreduce_fp16",
+    "allreduce_fp16_gradient",
+    "grouped_allreduce_mixed_dtypes",
+    "grouped_allreduce_fp16_gradient",
+    "reducescatter_fp16",
+    "reducescatter_fp16_gradient",
     "grouped_reducescatter_mixed_dtypes",
 ]
 

@@ -20,8 +20,9 @@ hvd.shutdown()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("flags, frozen", [((), True), (("--no-gc-freeze",), False)],
-                         ids=["default", "no-gc-freeze"])
+@pytest.mark.parametrize(
+    "flags, frozen", [((), True), (("--no-gc-freeze",), False)], ids=["default", "no-gc-freeze"]
+)
 def test_init_freezes_the_collector_unless_told_not_to(tmp_path, flags, frozen):
     script = tmp_path / "gc_worker.py"
     script.write_text(SCRIPT)

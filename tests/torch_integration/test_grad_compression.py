@@ -14,16 +14,24 @@ from hvdlite.runner.starters.mpiexec import find_mpiexec
 from .conftest import REPO, WORKERS, CaseResults, launch
 from tests import launching
 
-CASES = ["powersgd_matches_reference", "powersgd_backward_passes_and_process_set",
-         "topk_matches_reference", "topk_dense_matches_reference",
-         "error_feedback_loses_nothing", "checkpoint_round_trip",
-         "broadcast_and_elastic_state", "refusals", "channels_last_as_row_major",
-         "one_checkpoint_on_every_rank"]
+CASES = [
+    "powersgd_matches_reference",
+    "powersgd_backward_passes_and_process_set",
+    "topk_matches_reference",
+    "topk_dense_matches_reference",
+    "error_feedback_loses_nothing",
+    "checkpoint_round_trip",
+    "broadcast_and_elastic_state",
+    "refusals",
+    "channels_last_as_row_major",
+    "one_checkpoint_on_every_rank",
+]
 
 
 def _run(launcher_args=()):
-    rc, out = launch(WORKERS / "grad_compression_worker.py", timeout_s=150,
-                     launcher_args=launcher_args)
+    rc, out = launch(
+        WORKERS / "grad_compression_worker.py", timeout_s=150, launcher_args=launcher_args
+    )
     return CaseResults(rc, out, np=2)
 
 
@@ -61,10 +69,30 @@ def test_compression_benchmark_smoke(tmp_path):
     """benchmarks/compression.py runs end to end (tiny sizes) and counts PowerSGD's bytes."""
     out_json = tmp_path / "compression.json"
     proc = launching.run(
-        ["-np", "2", "--no-shared-memory", sys.executable,
-         REPO / "benchmarks" / "compression.py", "--workloads", "mlp", "--width", "256",
-         "--rounds", "1", "--steps", "1", "--warmup", "1", "--train-steps", "25",
-         "--json", out_json], timeout=110, pythonpath=[REPO])
+        [
+            "-np",
+            "2",
+            "--no-shared-memory",
+            sys.executable,
+            REPO / "benchmarks" / "compression.py",
+            "--workloads",
+            "mlp",
+            "--width",
+            "256",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--train-steps",
+            "25",
+            "--json",
+            out_json,
+        ],
+        timeout=110,
+        pythonpath=[REPO],
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     data = json.loads(out_json.read_text())
     rows = data["timing"]["mlp"]["rows"]

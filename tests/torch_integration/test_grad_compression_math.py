@@ -29,7 +29,7 @@ def test_largest_entries_when_the_sample_misleads():
     """Every sampled entry is huge, so the guessed threshold passes too few: the fallback."""
     flat = torch.randn(64 * 1000, generator=torch.Generator().manual_seed(1)) * 1e-3
     flat[::64] = 100.0 + torch.arange(1000.0)
-    flat[1] = 1e6                       # outside the sample, the largest of all
+    flat[1] = 1e6  # outside the sample, the largest of all
     got = set(largest_entries(flat, 500).tolist())
     assert got == set(torch.topk(flat.abs(), 500).indices.tolist())
     assert 1 in got
@@ -43,7 +43,7 @@ def test_sparse_nonzero_equals_nonzero(numel, offset):
     gen = torch.Generator().manual_seed(numel)
     mask = torch.rand(numel + offset, generator=gen)[offset:] < 0.05
     if numel:
-        mask[-1] = True                 # the tail counts
+        mask[-1] = True  # the tail counts
     assert torch.equal(sparse_nonzero(mask), mask.nonzero().squeeze(1))
 
 
@@ -80,8 +80,9 @@ def test_low_rank_products_in_strips_equal_one_product(n, m, r):
     """The strip-wise ``P Q^T`` (rows a multiple of the strip, a remainder, fewer rows than
     one strip, rank 1) equals the plain product, written over and subtracted in place."""
     gen = torch.Generator().manual_seed(n * 100 + m * 10 + r)
-    pt, qt, base = (torch.randn(*s, dtype=torch.float64, generator=gen)
-                    for s in ((r, n), (r, m), (n, m)))
+    pt, qt, base = (
+        torch.randn(*s, dtype=torch.float64, generator=gen) for s in ((r, n), (r, m), (n, m))
+    )
     out = torch.full((n, m), float("nan"), dtype=torch.float64)
     write_product(out, pt, qt)
     assert torch.allclose(out, pt.t() @ qt, atol=1e-12)
@@ -94,18 +95,27 @@ def test_low_rank_products_in_strips_equal_one_product(n, m, r):
 def test_which_gradients_powersgd_compresses():
     spec = PowerSGD(rank=4, min_compression_rate=2.0)
     assert spec.matrix_shape(torch.empty(64, 3, 3, 3)) == (64, 27, 4)
-    assert spec.matrix_shape(torch.empty(100)) is None              # a vector
-    assert spec.matrix_shape(torch.empty(8, 8)) is None             # 64 < 2 * 16 * 4
+    assert spec.matrix_shape(torch.empty(100)) is None  # a vector
+    assert spec.matrix_shape(torch.empty(8, 8)) is None  # 64 < 2 * 16 * 4
     assert spec.matrix_shape(torch.empty(8, 8, dtype=torch.int64)) is None
-    assert torch.equal(spec.initial_q("w", 10, 2, torch.float32),
-                       PowerSGD(rank=4).initial_q("w", 10, 2, torch.float32))
+    assert torch.equal(
+        spec.initial_q("w", 10, 2, torch.float32),
+        PowerSGD(rank=4).initial_q("w", 10, 2, torch.float32),
+    )
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("make", [lambda: PowerSGD(rank=0), lambda: PowerSGD(start_iter=-1),
-                                  lambda: PowerSGD(min_compression_rate=0),
-                                  lambda: TopK(ratio=0), lambda: TopK(ratio=1.5),
-                                  lambda: TopK(min_numel=0)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: PowerSGD(rank=0),
+        lambda: PowerSGD(start_iter=-1),
+        lambda: PowerSGD(min_compression_rate=0),
+        lambda: TopK(ratio=0),
+        lambda: TopK(ratio=1.5),
+        lambda: TopK(min_numel=0),
+    ],
+)
 def test_bad_arguments(make):
     with pytest.raises(ValueError):
         make()
@@ -116,9 +126,21 @@ def test_compression_compute_benchmark_runs():
     """benchmarks/compression_compute.py runs every variant at a tiny width (so it cannot rot)."""
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, str(repo / "benchmarks" / "compression_compute.py"), "--width", "64",
-         "--steps", "1", "--warmup", "1"], capture_output=True, text=True, timeout=110,
-        env=dict(os.environ, PYTHONPATH=str(repo)))
+        [
+            sys.executable,
+            str(repo / "benchmarks" / "compression_compute.py"),
+            "--width",
+            "64",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     for variant in ("powersgd-r1", "powersgd-r4", "topk-1%"):
         assert f"{variant} " in proc.stdout and "median" in proc.stdout, proc.stdout

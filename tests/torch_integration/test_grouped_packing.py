@@ -32,7 +32,7 @@ def test_a_second_submission_before_the_first_finished_packs_into_its_own_buffer
     finish = gp.finisher(a, True, kept_a, one_d)
     assert finish([flat_a]) == a and a[0].tolist() == [2.0] * 3 and a[1].eq(3.0).all()
     flat_a.fill_(-1)
-    finish([flat_a])                      # a second synchronize leaves the tensors alone
+    finish([flat_a])  # a second synchronize leaves the tensors alone
     assert a[0].tolist() == [2.0] * 3
     # the buffer given back is what the next call of that name and shape packs into
     c = _group(5)
@@ -47,7 +47,7 @@ def test_no_buffer_is_kept_for_other_shapes_unnamed_or_out_of_place_groups():
     flat, _, kept, one_d = gp.pack(one, torch.float32, "g", inplace=True)
     assert one_d and kept is not None
     gp.finisher(one, True, kept, one_d)([flat])
-    other = [torch.ones(2), torch.ones(4)]           # same name, other shapes
+    other = [torch.ones(2), torch.ones(4)]  # same name, other shapes
     _, _, kept2, _ = gp.pack(other, torch.float32, "g", inplace=True)
     assert kept2 is not kept
     for name, inplace in ((None, True), ("h", False)):
@@ -61,7 +61,7 @@ def test_no_buffer_is_kept_for_other_shapes_unnamed_or_out_of_place_groups():
 def test_kept_buffers_stay_within_the_byte_budget(monkeypatch):
     monkeypatch.setattr(gp, "KEEP_TOTAL_BYTES", 100)
     for name in ("a", "b", "c"):
-        group = [torch.ones(10), torch.ones(5)]              # 60 bytes each
+        group = [torch.ones(10), torch.ones(5)]  # 60 bytes each
         flat, _, kept, one_d = gp.pack(group, torch.float32, name, inplace=True)
         gp.finisher(group, True, kept, one_d)([flat])
     assert list(gp._KEPT) == [("a", torch.float32, hash((torch.Size([10]), torch.Size([5]))))]

@@ -5,10 +5,19 @@ import pytest
 
 from .conftest import WORKERS, CaseResults, launch
 
-CASES = ["optimizer_on_sets", "sparse_in_sets", "join_refuses_allgather_broadcast",
-         "duplicate_names_are_value_errors", "reducescatter_adasum",
-         "generated_parameter_names", "sparse_adam_buckets", "sparse_adam_allgather",
-         "sparse_adam_as_dense", "sync_then_step_warns", "uint16_everywhere"]
+CASES = [
+    "optimizer_on_sets",
+    "sparse_in_sets",
+    "join_refuses_allgather_broadcast",
+    "duplicate_names_are_value_errors",
+    "reducescatter_adasum",
+    "generated_parameter_names",
+    "sparse_adam_buckets",
+    "sparse_adam_allgather",
+    "sparse_adam_as_dense",
+    "sync_then_step_warns",
+    "uint16_everywhere",
+]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])

@@ -13,9 +13,17 @@ from hvdlite.common.process_sets import ProcessSet
 
 from .conftest import REPO, WORKERS, CaseResults, launch
 
-DYNAMIC_CASES = ["collectives", "autograd", "concurrent_training", "objects_and_batchnorm",
-                 "overlapping", "remove_and_readd", "collectives_after_readd",
-                 "mismatch_names_job_ranks", "errors"]
+DYNAMIC_CASES = [
+    "collectives",
+    "autograd",
+    "concurrent_training",
+    "objects_and_batchnorm",
+    "overlapping",
+    "remove_and_readd",
+    "collectives_after_readd",
+    "mismatch_names_job_ranks",
+    "errors",
+]
 STATIC_CASES = ["static_collectives", "static_not_dynamic"]
 MPI_COMM_CASES = ["set_from_communicator", "init_with_communicator", "init_with_rank_list"]
 NO_MPI = find_mpiexec() is None
@@ -86,10 +94,13 @@ def test_process_set_before_registration():
 
 @pytest.mark.timeout(60)
 def test_comm_needs_mpi():
-    code = ("import hvdlite.torch as hvd\n"
-            "try:\n    hvd.init(comm=[0])\nexcept ValueError as e:\n    print('REFUSED', e)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,
-                       text=True, timeout=50)
+    code = (
+        "import hvdlite.torch as hvd\n"
+        "try:\n    hvd.init(comm=[0])\nexcept ValueError as e:\n    print('REFUSED', e)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=50
+    )
     assert "REFUSED hvd.init(comm=...) chooses MPI processes" in p.stdout, p.stdout + p.stderr
 
 

@@ -18,9 +18,15 @@ def one_rank():
 
 def test_exports():
     """hvdlite.torch re-exports the integration's public names (Horovod users expect them)."""
-    for name in ("DistributedOptimizer", "Compression", "broadcast_parameters",
-                 "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-                 "SyncBatchNorm"):
+    for name in (
+        "DistributedOptimizer",
+        "Compression",
+        "broadcast_parameters",
+        "broadcast_optimizer_state",
+        "broadcast_object",
+        "allgather_object",
+        "SyncBatchNorm",
+    ):
         assert hasattr(hvd, name), f"hvdlite.torch does not export {name}"
 
 
@@ -59,51 +65,67 @@ def test_one_rank_matches_plain_training():
     ref = _model()
     model = _model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters())
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     _train_alike(ref, ref_opt, model, opt)
 
 
 def test_grads_are_bucket_views():
     model = _model()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters())
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     model(torch.randn(2, 4)).sum().backward()
     ptrs = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
     assert len(ptrs) == 1, "gradients should share one flat bucket"
     opt.step()
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(backward_passes_per_step=0), "backward_passes_per_step"),
-    (dict(gradient_predivide_factor=0), "gradient_predivide_factor"),
-    (dict(op=hvd.Min), "op="),
-    (dict(bucket_cap_mb=-1), "bucket_cap_mb"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(backward_passes_per_step=0), "backward_passes_per_step"),
+        (dict(gradient_predivide_factor=0), "gradient_predivide_factor"),
+        (dict(op=hvd.Min), "op="),
+        (dict(bucket_cap_mb=-1), "bucket_cap_mb"),
+    ],
+)
 def test_bad_arguments(kwargs, needle):
     model = _model()
     with pytest.raises(ValueError, match=needle):
-        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                             named_parameters=model.named_parameters(), **kwargs)
+        DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            **kwargs,
+        )
 
 
 def test_adasum_on_one_rank_is_plain_training():
     """As in Horovod: Adasum of one rank's gradient is that gradient."""
     ref, model = _model(), _model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters(), op=hvd.Adasum)
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+        op=hvd.Adasum,
+    )
     _train_alike(ref, ref_opt, model, opt)
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
-        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
-                             gradient_predivide_factor=2.0)
+        DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            op=hvd.Adasum,
+            gradient_predivide_factor=2.0,
+        )
 
 
 def test_named_parameters_not_pairs():
     model = _model()
     with pytest.raises(ValueError, match="named_parameters"):
-        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                             named_parameters=list(model.parameters()))
+        DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=list(model.parameters())
+        )
 
 
 def test_group_with_foreign_parameter():
@@ -115,8 +137,9 @@ def test_group_with_foreign_parameter():
 
 def test_zero_grad_while_in_flight():
     model = _model()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters())
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     model(torch.randn(2, 4)).sum().backward()
     with pytest.raises(RuntimeError, match="zero_grad"):
         opt.zero_grad()
@@ -144,21 +167,29 @@ def test_broadcast_helpers_one_rank():
 
 
 def _optimizer_classes():
-    return [getattr(torch.optim, a) for a in sorted(dir(torch.optim))
-            if isinstance(getattr(torch.optim, a), type)
-            and issubclass(getattr(torch.optim, a), torch.optim.Optimizer)
-            and a not in ("Optimizer", "LBFGS")]
+    return [
+        getattr(torch.optim, a)
+        for a in sorted(dir(torch.optim))
+        if isinstance(getattr(torch.optim, a), type)
+        and issubclass(getattr(torch.optim, a), torch.optim.Optimizer)
+        and a not in ("Optimizer", "LBFGS")
+    ]
 
 
 #: options that take an optimizer down another path of its first step (where it has them)
-_VARIANTS = {"SGD": [dict(momentum=0.9), dict(momentum=0.9, dampening=0.5),
-                     dict(momentum=0.9, nesterov=True, weight_decay=0.1)],
-             "Adam": [dict(), dict(amsgrad=True, weight_decay=0.1)],
-             "AdamW": [dict(weight_decay=0.1), dict(amsgrad=True)],
-             "RMSprop": [dict(momentum=0.5, centered=True)],
-             "NAdam": [dict(), dict(decoupled_weight_decay=True, weight_decay=0.1)],
-             "RAdam": [dict(), dict(decoupled_weight_decay=True, weight_decay=0.1)],
-             "ASGD": [dict(t0=1)]}
+_VARIANTS = {
+    "SGD": [
+        dict(momentum=0.9),
+        dict(momentum=0.9, dampening=0.5),
+        dict(momentum=0.9, nesterov=True, weight_decay=0.1),
+    ],
+    "Adam": [dict(), dict(amsgrad=True, weight_decay=0.1)],
+    "AdamW": [dict(weight_decay=0.1), dict(amsgrad=True)],
+    "RMSprop": [dict(momentum=0.5, centered=True)],
+    "NAdam": [dict(), dict(decoupled_weight_decay=True, weight_decay=0.1)],
+    "RAdam": [dict(), dict(decoupled_weight_decay=True, weight_decay=0.1)],
+    "ASGD": [dict(t0=1)],
+}
 #: the classes that also take sparse gradients
 _SPARSE = ("SGD", "Adagrad", "SparseAdam")
 
@@ -178,17 +209,19 @@ def test_broadcast_optimizer_state_leaves_no_trace_of_its_first_step(cls, option
     gradients (as Horovod's); afterwards every torch.optim class must train exactly as the
     same optimizer that was never broadcast: step counters, momentum products and the rest
     as before a first step."""
+
     def make():
         torch.manual_seed(0)
         p = torch.nn.Parameter(torch.randn(5, 3))
         return p, cls([p], lr=0.01, **options)
 
     (plain, plain_opt), (broadcast, opt) = make(), make()
-    new = not opt.state               # Adagrad makes its state when it is built
+    new = not opt.state  # Adagrad makes its state when it is built
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     if new:
-        assert broadcast.grad is not None and not broadcast.grad.to_dense().count_nonzero(), \
+        assert broadcast.grad is not None and not broadcast.grad.to_dense().count_nonzero(), (
             "p.grad should be a zero gradient after the broadcast, as Horovod users expect"
+        )
     step = opt.state[broadcast].get("step")
     assert step is None or float(step) == 0, f"step counter {step} after the broadcast"
     data = torch.Generator().manual_seed(1)
@@ -197,8 +230,9 @@ def test_broadcast_optimizer_state_leaves_no_trace_of_its_first_step(cls, option
         for p, o in ((plain, plain_opt), (broadcast, opt)):
             p.grad = g.to_sparse() if sparse else g.clone()
             o.step()
-    assert torch.equal(plain.detach(), broadcast.detach()), \
+    assert torch.equal(plain.detach(), broadcast.detach()), (
         f"{cls.__name__}: max diff {(plain - broadcast).abs().max().item():.3g}"
+    )
 
 
 def test_a_tensor_off_the_cpu_is_refused_naming_it_and_the_fix():

@@ -18,8 +18,13 @@ SCRIPT = WORKERS / "zero_copy_train.py"
 def run(tmp_path, tag, np=2, env=None, launcher_args=()):
     out = tmp_path / tag
     out.mkdir()
-    rc, output = launch(SCRIPT, np=np, env={"ZC_OUT": str(out), **(env or {})},
-                        timeout_s=200, launcher_args=launcher_args)
+    rc, output = launch(
+        SCRIPT,
+        np=np,
+        env={"ZC_OUT": str(out), **(env or {})},
+        timeout_s=200,
+        launcher_args=launcher_args,
+    )
     assert rc == 0, output[-5000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(np)], output
 
@@ -27,8 +32,9 @@ def run(tmp_path, tag, np=2, env=None, launcher_args=()):
 def assert_same_bits(a, b, what):
     for key in ("params", "momentum"):
         for i, (x, y) in enumerate(zip(a[key], b[key])):
-            assert torch.equal(x, y), f"{what}: {key}[{i}] differs by " \
-                                      f"{(x - y).abs().max().item():.3g}"
+            assert torch.equal(x, y), (
+                f"{what}: {key}[{i}] differs by {(x - y).abs().max().item():.3g}"
+            )
 
 
 def check_zero_copy_run(shared, copied, what):
@@ -47,8 +53,11 @@ RUNS = "1:none,0:none,1:fp16,0:fp16,1:none:small,0:none:small"
 def test_zero_copy_buckets_give_the_copying_paths_bits(tmp_path, np):
     ranks, _ = run(tmp_path, "runs", np, {"ZC_RUNS": RUNS if np == 2 else "1:none,0:none"})
     for r, runs in enumerate(ranks):
-        for on, off in [("1:none", "0:none"), ("1:fp16", "0:fp16"),
-                        ("1:none:small", "0:none:small")]:
+        for on, off in [
+            ("1:none", "0:none"),
+            ("1:fp16", "0:fp16"),
+            ("1:none:small", "0:none:small"),
+        ]:
             if on not in runs:
                 continue
             what = f"rank {r}, {on} against {off}"
@@ -59,7 +68,7 @@ def test_zero_copy_buckets_give_the_copying_paths_bits(tmp_path, np):
                 assert not any(runs[on]["shared"]) and not runs[on]["zero_copy"], what
             else:
                 check_zero_copy_run(runs[on], runs[off], what)
-    if np == 2:    # the same training, whatever the pieces
+    if np == 2:  # the same training, whatever the pieces
         assert_same_bits(ranks[0]["1:none"], ranks[0]["1:none:small"], "pieces")
 
 
@@ -70,8 +79,16 @@ def test_zero_copy_after_an_elastic_reset_gives_the_copying_paths_bits(tmp_path)
     hosts = tmp_path / "hosts.sh"
     hosts.write_text("#!/bin/sh\necho localhost:2\n")
     hosts.chmod(0o755)
-    flags = ("--min-np", "2", "--max-np", "2", "--host-discovery-script", str(hosts),
-             "--fault-at", "rank=1,commit=3,action=raise,round=0")
+    flags = (
+        "--min-np",
+        "2",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        str(hosts),
+        "--fault-at",
+        "rank=1,commit=3,action=raise,round=0",
+    )
     shared, out = run(tmp_path, "shared", 2, env, ("--zero-copy", *flags))
     copied, _ = run(tmp_path, "copied", 2, env, ("--no-zero-copy", *flags))
     for r in range(2):

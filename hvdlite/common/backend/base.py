@@ -76,13 +76,13 @@ class Backend(abc.ABC):
         """Every rank's ``payload`` (at most ``max_len`` bytes), in rank order."""
         width = max_len + _LEN.size
         buf = np.zeros(width, dtype=np.uint8)
-        buf[:_LEN.size] = np.frombuffer(_LEN.pack(len(payload)), dtype=np.uint8)
-        buf[_LEN.size:_LEN.size + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        buf[: _LEN.size] = np.frombuffer(_LEN.pack(len(payload)), dtype=np.uint8)
+        buf[_LEN.size : _LEN.size + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
         rows = self._allgather_fixed(buf).reshape(self.size, width)
         out = []
         for row in rows:
-            (n,) = _LEN.unpack(row[:_LEN.size].tobytes())
-            out.append(row[_LEN.size:_LEN.size + n].tobytes())
+            (n,) = _LEN.unpack(row[: _LEN.size].tobytes())
+            out.append(row[_LEN.size : _LEN.size + n].tobytes())
         return out
 
     @abc.abstractmethod
@@ -102,8 +102,7 @@ class Backend(abc.ABC):
         self.allreduce_(tensor, op)
         return DONE
 
-    def allreduce_scaled_(self, tensor, op: ReduceOp, prescale: float,
-                          postscale: float) -> None:
+    def allreduce_scaled_(self, tensor, op: ReduceOp, prescale: float, postscale: float) -> None:
         """:meth:`allreduce_` of ``tensor * prescale``, the result multiplied by
         ``postscale`` (integers in float64, truncated toward zero, as Horovod scales: see
         :meth:`ArrayKind.scale_`).  The default scales in passes of their own; a transport
@@ -113,8 +112,9 @@ class Backend(abc.ABC):
         self.allreduce_(tensor, op)
         k.scale_(tensor, postscale)
 
-    def allreduce_scaled_async_(self, tensor, op: ReduceOp, prescale: float,
-                                postscale: float) -> "Waitable":
+    def allreduce_scaled_async_(
+        self, tensor, op: ReduceOp, prescale: float, postscale: float
+    ) -> "Waitable":
         """:meth:`allreduce_scaled_` started as :meth:`allreduce_async_` is: the result,
         scaled, is valid after ``.wait()``."""
         k = arrays.kind()
@@ -122,8 +122,9 @@ class Backend(abc.ABC):
         work = self.allreduce_async_(tensor, op)
         return work if postscale == 1.0 else _ScaledWhenDone(work, tensor, postscale)
 
-    def allreduce_scaled_many_async_(self, tensors: List, op: ReduceOp, prescale: float,
-                                     postscale: float) -> List["Waitable"]:
+    def allreduce_scaled_many_async_(
+        self, tensors: List, op: ReduceOp, prescale: float, postscale: float
+    ) -> List["Waitable"]:
         """:meth:`allreduce_scaled_async_` of several tensors of one dtype, in order; one
         waitable each.  A transport that streams them as one pipeline overrides it."""
         return [self.allreduce_scaled_async_(t, op, prescale, postscale) for t in tensors]
@@ -180,8 +181,9 @@ class Backend(abc.ABC):
             HvdliteInternalError: the peer failed, or did not answer within the op timeout.
             NotImplementedError: this backend has no point-to-point transport.
         """
-        raise NotImplementedError(f"the {self.name} backend has no point-to-point exchange, "
-                                  f"which op=Adasum needs")
+        raise NotImplementedError(
+            f"the {self.name} backend has no point-to-point exchange, which op=Adasum needs"
+        )
 
     def block_allreduce_(self, tensor, block: int) -> None:
         """Sum float64 ``tensor`` in place over the ``block`` consecutive ranks that include
@@ -198,8 +200,10 @@ class Backend(abc.ABC):
             ValueError: ``block`` is not a power of two dividing ``size``.
         """
         if block < 1 or block & (block - 1) or self.size % block:
-            raise ValueError(f"rank {self.rank}: block_allreduce_ over {block} ranks: not a "
-                             f"power of two dividing the job's {self.size} ranks")
+            raise ValueError(
+                f"rank {self.rank}: block_allreduce_ over {block} ranks: not a "
+                f"power of two dividing the job's {self.size} ranks"
+            )
         if block == 1:
             return
         k = arrays.kind()

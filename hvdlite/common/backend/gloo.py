@@ -30,15 +30,23 @@ import torch.distributed as dist
 from hvdlite.common import config as cfg
 from hvdlite.common.backend import gloo_waits, shared_buckets, shm, shm_leftovers
 from hvdlite.common.backend.base import DONE, Backend, Waitable
-from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteInternalError,
-                                       HvdliteRoundSupersededError, HvdliteTimeoutError)
+from hvdlite.common.exceptions import (
+    HvdliteConfigError,
+    HvdliteInternalError,
+    HvdliteRoundSupersededError,
+    HvdliteTimeoutError,
+)
 from hvdlite.common.engine.message import ReduceOp
 from hvdlite.common.net.kv import KVClient, Placement, arrival_key, round_prefix
 
 log = logging.getLogger(__name__)
 
-_REDUCE = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
-           ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
+_REDUCE = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+}
 # dtypes Gloo cannot reduce, and the wider type they travel as
 _WIDEN = {torch.int16: torch.int32}
 #: the tag of hvdlite's point-to-point messages; nothing else sends on this private group
@@ -107,8 +115,15 @@ class GlooBackend(Backend):
 
     name = "gloo"
 
-    def __init__(self, config: cfg.Config, client: KVClient, place: Placement,
-                 job_ranks: List[int], who: str, joining: str):
+    def __init__(
+        self,
+        config: cfg.Config,
+        client: KVClient,
+        place: Placement,
+        job_ranks: List[int],
+        who: str,
+        joining: str,
+    ):
         """Connect the ``place.size`` ranks that meet under ``client``'s prefix (a round's,
         or a process set's within it).  ``job_ranks`` are their job ranks in ``place``'s
         rank order, ``who`` names this rank in messages, and ``joining`` says what a rank
@@ -123,10 +138,18 @@ class GlooBackend(Backend):
         self._client = client
         self.round = place.round
         gloo_waits.reap()
-        self._watch = gloo_waits.RoundWatch(
-            client, place.round, who, gloo_waits.watcher_for(
-                (config.rendezvous_addr, config.rendezvous_port),
-                lambda: _store_client(config))) if config.elastic else None
+        self._watch = (
+            gloo_waits.RoundWatch(
+                client,
+                place.round,
+                who,
+                gloo_waits.watcher_for(
+                    (config.rendezvous_addr, config.rendezvous_port), lambda: _store_client(config)
+                ),
+            )
+            if config.elastic
+            else None
+        )
         self.rank, self.size = place.rank, place.size
         self.local_rank, self.local_size = place.local_rank, place.local_size
         self.cross_rank, self.cross_size = place.cross_rank, place.cross_size
@@ -163,20 +186,28 @@ class GlooBackend(Backend):
             HvdliteInternalError: Gloo could not connect the ranks.
         """
         if config.torch_store_addr is None and (
-                config.rendezvous_addr is None or config.rendezvous_port is None or
-                config.secret_key is None):
+            config.rendezvous_addr is None
+            or config.rendezvous_port is None
+            or config.secret_key is None
+        ):
             raise HvdliteConfigError(
                 f"rank {config.rank}: size is {config.size} but {cfg.RENDEZVOUS_ADDR}, "
                 f"{cfg.RENDEZVOUS_PORT} and {cfg.SECRET_KEY} are not all set; start the job "
-                f"with hvdlite-run")
+                f"with hvdlite-run"
+            )
         while True:
             try:
                 return cls._join_round(config, last_round)
             except HvdliteRoundSupersededError as exc:
                 # a peer of the round died while it formed and the launcher published the
                 # next one: meet that round now rather than wait out --start-timeout here
-                log.info("rank %s (%s): %s; joining round %d", config.rank, config.hostname,
-                         exc, exc.newest)
+                log.info(
+                    "rank %s (%s): %s; joining round %d",
+                    config.rank,
+                    config.hostname,
+                    exc,
+                    exc.newest,
+                )
                 last_round = exc.newest - 1
 
     @classmethod
@@ -188,8 +219,9 @@ class GlooBackend(Backend):
         client.prefix = round_prefix(config.job_id, place.round)
         if config.elastic:
             client.round = place.round
-        backend = cls(config, client, place, list(range(place.size)), f"rank {place.rank}",
-                      "reach hvd.init()")
+        backend = cls(
+            config, client, place, list(range(place.size)), f"rank {place.rank}", "reach hvd.init()"
+        )
         try:
             backend._setup_shared_memory(client, config)
         except BaseException:
@@ -201,16 +233,27 @@ class GlooBackend(Backend):
         """A private ProcessGroupGloo among ``ranks``, rendezvoused under the round's
         ``set<id>/`` prefix of the same authenticated store."""
         config = self._config
-        place = Placement(round=self.round, rank=ranks.index(self.rank), size=len(ranks),
-                          local_rank=self.local_rank, local_size=self.local_size,
-                          cross_rank=self.cross_rank, cross_size=self.cross_size)
+        place = Placement(
+            round=self.round,
+            rank=ranks.index(self.rank),
+            size=len(ranks),
+            local_rank=self.local_rank,
+            local_size=self.local_size,
+            cross_rank=self.cross_rank,
+            cross_size=self.cross_size,
+        )
         client = _store_client(config)
         client.prefix = round_prefix(config.job_id, self.round) + f"set{set_id}/"
         if config.elastic:
             client.round = self.round
-        return GlooBackend(config, client, place, ranks,
-                           f"rank {self.rank} (process set {set_id})",
-                           f"add process set {set_id} ({list(ranks)})")
+        return GlooBackend(
+            config,
+            client,
+            place,
+            ranks,
+            f"rank {self.rank} (process set {set_id})",
+            f"add process set {set_id} ({list(ranks)})",
+        )
 
     # -- shared memory ----------------------------------------------------------------------
     def _setup_shared_memory(self, client, config: cfg.Config) -> None:
@@ -222,8 +265,12 @@ class GlooBackend(Backend):
         over Gloo alone, as before."""
         if self.local_rank == 0:
             _remove_dead_segments(self._who)
-        layout = config.shared_memory and self.local_size > 1 and \
-            self.size == self.local_size * self.cross_size and shm.available()
+        layout = (
+            config.shared_memory
+            and self.local_size > 1
+            and self.size == self.local_size * self.cross_size
+            and shm.available()
+        )
         if not self._agree(layout, "shared-memory layout"):
             return
         group = None
@@ -232,8 +279,11 @@ class GlooBackend(Backend):
         except HvdliteRoundSupersededError:
             raise
         except Exception as exc:  # e.g. /dev/shm full: every rank falls back to Gloo
-            log.warning("%s: shared memory between local ranks unavailable (%s); using Gloo "
-                        "alone", self._who, exc)
+            log.warning(
+                "%s: shared memory between local ranks unavailable (%s); using Gloo alone",
+                self._who,
+                exc,
+            )
         if not self._agree(group is not None, "shared-memory set-up"):
             if group is not None:
                 group.close()
@@ -250,11 +300,19 @@ class GlooBackend(Backend):
             cross.set(_MEMBER_KEY + str(self.cross_rank), f"{self.rank} {config.hostname}".encode())
             self._cross_pg = self._make_pg(cross, config, self.cross_rank, self.cross_size)
             self._cross_peers = ExchangeGroup(
-                self._cross_pg, self.cross_rank, self.cross_size,
-                _member_names(cross, self.cross_size, config.start_timeout_s), self._who,
-                self._timeout_s)
-        log.debug("%s: shared memory with %d local ranks (%s)", self._who, self.local_size,
-                  "hierarchical" if self._cross_pg is not None else "one host")
+                self._cross_pg,
+                self.cross_rank,
+                self.cross_size,
+                _member_names(cross, self.cross_size, config.start_timeout_s),
+                self._who,
+                self._timeout_s,
+            )
+        log.debug(
+            "%s: shared memory with %d local ranks (%s)",
+            self._who,
+            self.local_size,
+            "hierarchical" if self._cross_pg is not None else "one host",
+        )
 
     def _map_bucket_arenas(self, client, config: cfg.Config, group) -> None:
         """Zero-copy buckets: every local rank posts where its bucket arena is ("-": none, or
@@ -271,8 +329,11 @@ class GlooBackend(Backend):
             try:
                 arenas = shared_buckets.PeerArenas(tickets, self.local_rank, own)
             except OSError as exc:
-                log.warning("%s: the local ranks' gradient buckets cannot be shared (%s); "
-                            "they are copied", self._who, exc)
+                log.warning(
+                    "%s: the local ranks' gradient buckets cannot be shared (%s); they are copied",
+                    self._who,
+                    exc,
+                )
         if self._agree(arenas is not None, "zero-copy buckets"):
             group.use_arenas(arenas, own)
         elif arenas is not None:
@@ -292,8 +353,7 @@ class GlooBackend(Backend):
         wait_s = config.start_timeout_s
         if self.local_rank == 0:
             try:
-                group = shm.SharedMemoryGroup.create(self.local_size, slot, [],
-                                                     self._timeout_s)
+                group = shm.SharedMemoryGroup.create(self.local_size, slot, [], self._timeout_s)
             except Exception:
                 client.set(tag + "created", b"0")
                 raise
@@ -303,10 +363,10 @@ class GlooBackend(Backend):
             ticket = client.get(tag + "created")
             if ticket == b"0":
                 raise HvdliteInternalError("local rank 0 could not create the segment")
-            try:        # e.g. another container's /proc: tell rank 0 at once
-                group = shm.SharedMemoryGroup.attach(ticket.decode(), self.local_rank,
-                                                     self.local_size, slot, [],
-                                                     self._timeout_s)
+            try:  # e.g. another container's /proc: tell rank 0 at once
+                group = shm.SharedMemoryGroup.attach(
+                    ticket.decode(), self.local_rank, self.local_size, slot, [], self._timeout_s
+                )
             except Exception:
                 client.set(tag + f"attached/{self.local_rank}", b"-1")
                 raise
@@ -320,8 +380,9 @@ class GlooBackend(Backend):
         group.job_ranks = [int(client.get(k)) for k in keys]
         if min(group.job_ranks) < 0:
             group.close()
-            raise HvdliteInternalError("a local rank could not map the segment (do this "
-                                       "host's ranks share one /proc?)")
+            raise HvdliteInternalError(
+                "a local rank could not map the segment (do this host's ranks share one /proc?)"
+            )
         return group
 
     def _cross_allreduce(self, part, op) -> None:
@@ -340,6 +401,7 @@ class GlooBackend(Backend):
             self._run("cross-host allreduce", work)
             if wide is not None:
                 part.copy_(target)
+
         return wait
 
     def _cross_min(self, part, op) -> None:
@@ -352,9 +414,14 @@ class GlooBackend(Backend):
 
     def _connect(self, client, config: cfg.Config) -> None:
         self.pg = self._make_pg(client, config, self.rank, self.size)
-        self._peers = ExchangeGroup(self.pg, self.rank, self.size,
-                                    [f"rank {r}" for r in self._job_ranks], self._who,
-                                    self._timeout_s)
+        self._peers = ExchangeGroup(
+            self.pg,
+            self.rank,
+            self.size,
+            [f"rank {r}" for r in self._job_ranks],
+            self._who,
+            self._timeout_s,
+        )
 
     def _make_pg(self, client, config: cfg.Config, rank: int, size: int):
         store = AuthenticatedStore(client, config.start_timeout_s)
@@ -366,17 +433,23 @@ class GlooBackend(Backend):
         else:
             opts._devices = [dist.ProcessGroupGloo.create_default_device()]
         try:
-            return gloo_waits.build(lambda: dist.ProcessGroupGloo(store, rank, size, opts),
-                                    self._watch, "connection to its peers")
+            return gloo_waits.build(
+                lambda: dist.ProcessGroupGloo(store, rank, size, opts),
+                self._watch,
+                "connection to its peers",
+            )
         except HvdliteRoundSupersededError:
             raise
         except Exception as exc:
-            if client.superseded_by is not None:      # the store's wait said so, not Gloo
+            if client.superseded_by is not None:  # the store's wait said so, not Gloo
                 raise HvdliteRoundSupersededError(
                     f"{self._who}: round {self.round} was replaced by round "
-                    f"{client.superseded_by} while Gloo connected", client.superseded_by) from exc
+                    f"{client.superseded_by} while Gloo connected",
+                    client.superseded_by,
+                ) from exc
             raise HvdliteInternalError(
-                f"{self._who} ({config.hostname}): Gloo rendezvous failed: {exc}") from exc
+                f"{self._who} ({config.hostname}): Gloo rendezvous failed: {exc}"
+            ) from exc
 
     def newest_round(self) -> int:
         """The newest rendezvous round the launcher has opened (may be newer than ours);
@@ -391,14 +464,16 @@ class GlooBackend(Backend):
         try:
             client.wait([arrival_key(r) for r in range(self.size)], config.start_timeout_s)
         except HvdliteTimeoutError:
-            missing = [self._job_ranks[r] for r in range(self.size)
-                       if not client.check([arrival_key(r)])]
+            missing = [
+                self._job_ranks[r] for r in range(self.size) if not client.check([arrival_key(r)])
+            ]
             raise HvdliteTimeoutError(
                 f"{self._who} ({config.hostname}, rendezvous round {self.round}): ranks "
                 f"{missing} did not {what} within {config.start_timeout_s:g}s "
                 f"(--start-timeout); they may have failed before it, be running "
                 f"different code, or still be preparing (loading data or building a model "
-                f"before init() takes longer than that: raise --start-timeout)") from None
+                f"before init() takes longer than that: raise --start-timeout)"
+            ) from None
 
     def _run(self, what: str, work) -> None:
         try:
@@ -412,7 +487,8 @@ class GlooBackend(Backend):
             raise HvdliteInternalError(
                 f"{self._who}: Gloo {what} failed ({exc}); a peer rank has probably "
                 f"exited, or stopped responding for longer than --op-timeout-seconds "
-                f"({self._timeout_s:g}s)") from exc
+                f"({self._timeout_s:g}s)"
+            ) from exc
 
     def control_allreduce_min(self, vec):
         t = torch.from_numpy(vec)
@@ -421,8 +497,9 @@ class GlooBackend(Backend):
             # not every rank, by dissemination: the latency grows with log2 of the hosts
             cross = None
             if self._cross_pg is not None:
-                cross = self._cross_min if self.cross_min_by_dissemination else \
-                    self._cross_allreduce
+                cross = (
+                    self._cross_min if self.cross_min_by_dissemination else self._cross_allreduce
+                )
             self._shm.allreduce_(t, ReduceOp.MIN, cross)
             return vec
         if self.size > 2 and self._watch is None:
@@ -466,8 +543,9 @@ class GlooBackend(Backend):
     def _zero_copy(self, tensors, op, prescale, postscale) -> bool:
         """Reduce ``tensors`` where they lie when they are zero-copy buckets on every local
         rank (``shm.SharedMemoryGroup.zero_copy_``); False: nothing done."""
-        return self._shm.zero_copy_([t.view(-1) for t in tensors], op, prescale, postscale,
-                                    *self._crosses())
+        return self._shm.zero_copy_(
+            [t.view(-1) for t in tensors], op, prescale, postscale, *self._crosses()
+        )
 
     def allreduce_scaled_async_(self, tensor, op, prescale, postscale):
         if self._shm is None:
@@ -476,9 +554,12 @@ class GlooBackend(Backend):
         return DONE
 
     def allreduce_scaled_many_async_(self, tensors, op, prescale, postscale):
-        if self._shm is not None and self._shm.arenas is not None and \
-                self._zero_copy(tensors, op, prescale, postscale):
-            return [DONE] * len(tensors)         # all in one pipeline, across hosts too
+        if (
+            self._shm is not None
+            and self._shm.arenas is not None
+            and self._zero_copy(tensors, op, prescale, postscale)
+        ):
+            return [DONE] * len(tensors)  # all in one pipeline, across hosts too
         if self._shm is None or not self._shm.pipelines(self._cross_pg is not None):
             return super().allreduce_scaled_many_async_(tensors, op, prescale, postscale)
         self._shm.allreduce_many_(tensors, op, prescale, postscale, *self._crosses())
@@ -518,12 +599,12 @@ class GlooBackend(Backend):
             return local.allgather_bytes(send, counts)
         if send.numel() < width:
             padded = torch.zeros(width, dtype=torch.uint8)
-            padded[:send.numel()] = send
+            padded[: send.numel()] = send
         else:
             padded = send
         out = torch.empty(self.size * width, dtype=torch.uint8)
         self._run("allgather", self.pg._allgather_base(out, padded))
-        return [out[r * width:r * width + counts[r]] for r in range(self.size)]
+        return [out[r * width : r * width + counts[r]] for r in range(self.size)]
 
     def broadcast_(self, tensor, root):
         local = self._one_host_shm()
@@ -546,8 +627,9 @@ class GlooBackend(Backend):
             if local.fits(int(most.item())):
                 return local.alltoall_bytes(send, send_counts, recv_counts)
         out = torch.empty(sum(recv_counts), dtype=torch.uint8)
-        work = self.pg.alltoall_base(out, send, list(recv_counts), list(send_counts),
-                                     dist.AllToAllOptions())
+        work = self.pg.alltoall_base(
+            out, send, list(recv_counts), list(send_counts), dist.AllToAllOptions()
+        )
         self._run("alltoall", work)
         return out
 
@@ -559,8 +641,9 @@ class GlooBackend(Backend):
     def close(self):
         # a round whose wait was given up still has an operation pending in its groups:
         # they are kept referenced until it failed (gloo_waits.bury), not dropped here
-        held = [x for x in (self.pg, self._cross_pg, self._peers, self._cross_peers)
-                if x is not None]
+        held = [
+            x for x in (self.pg, self._cross_pg, self._peers, self._cross_peers) if x is not None
+        ]
         # the exchange groups hold the process groups too: a group still referenced after its
         # shutdown is destroyed at interpreter exit, where Gloo aborts ("terminate called")
         self._peers = self._cross_peers = None
@@ -589,8 +672,13 @@ def _remove_dead_segments(who: str) -> None:
     """Every job's local rank 0 removes the named segments killed jobs left in /dev/shm."""
     removed = shm_leftovers.remove_dead_segments()
     if removed:
-        log.info("%s: removed %d shared-memory segment(s) of dead jobs from %s: %s", who,
-                 len(removed), shm.SHM_DIR, ", ".join(removed))
+        log.info(
+            "%s: removed %d shared-memory segment(s) of dead jobs from %s: %s",
+            who,
+            len(removed),
+            shm.SHM_DIR,
+            ", ".join(removed),
+        )
 
 
 def _store_client(config: cfg.Config):
@@ -598,9 +686,13 @@ def _store_client(config: cfg.Config):
     store when torchrun started the job."""
     if config.torch_store_addr is not None:
         from hvdlite.common.backend.torch_store_client import TorchStoreClient
+
         return TorchStoreClient(config)
-    return KVClient((config.rendezvous_addr, config.rendezvous_port), config.secret_key,
-                    timeout_s=config.start_timeout_s)
+    return KVClient(
+        (config.rendezvous_addr, config.rendezvous_port),
+        config.secret_key,
+        timeout_s=config.start_timeout_s,
+    )
 
 
 def _member_names(client: KVClient, size: int, timeout_s: float) -> List[str]:
@@ -628,24 +720,28 @@ def exchange(group: ExchangeGroup, send, recv, dst: int, src: int, tag: int) -> 
     """
     works = []
     peer = src
-    try:        # posting fails at once when the peer's connection is already closed
+    try:  # posting fails at once when the peer's connection is already closed
         if recv.numel():
             works.append((group.pg.recv([_as_bytes(recv)], src, tag), src))
         peer = dst
         if send.numel():
             works.append((group.pg.send([_as_bytes(send)], dst, tag), dst))
         for work, peer in works:
-            if gloo_waits.wait(work, group.timeout_s, f"exchange with {group.names[peer]}",
-                               None) is False:
+            if (
+                gloo_waits.wait(work, group.timeout_s, f"exchange with {group.names[peer]}", None)
+                is False
+            ):
                 raise HvdliteInternalError(
-                    f"{group.who}: Gloo exchange with {group.names[peer]} was aborted")
+                    f"{group.who}: Gloo exchange with {group.names[peer]} was aborted"
+                )
     except HvdliteInternalError:
         raise
     except Exception as exc:
         raise HvdliteInternalError(
             f"{group.who}: Gloo exchange with {group.names[peer]} failed ({exc}); the peer "
             f"has probably exited, or stopped responding for longer than "
-            f"--op-timeout-seconds ({group.timeout_s:g}s)") from exc
+            f"--op-timeout-seconds ({group.timeout_s:g}s)"
+        ) from exc
 
 
 def dissemination_min_(group: ExchangeGroup, t) -> None:
@@ -660,8 +756,14 @@ def dissemination_min_(group: ExchangeGroup, t) -> None:
     incoming = torch.empty_like(t)
     step = 1
     while step < group.size:
-        exchange(group, t, incoming, (group.rank + step) % group.size,
-                 (group.rank - step) % group.size, _CONTROL_TAG)
+        exchange(
+            group,
+            t,
+            incoming,
+            (group.rank + step) % group.size,
+            (group.rank - step) % group.size,
+            _CONTROL_TAG,
+        )
         torch.minimum(t, incoming, out=t)
         step <<= 1
 

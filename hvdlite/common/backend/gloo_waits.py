@@ -82,8 +82,7 @@ class RoundWatch:
     :class:`RoundWatcher` when it runs, else by asking the store through ``client`` (a
     ``KVClient``), at most once a second."""
 
-    def __init__(self, client, round_: int, who: str,
-                 watcher: Optional[RoundWatcher] = None):
+    def __init__(self, client, round_: int, who: str, watcher: Optional[RoundWatcher] = None):
         self._client, self._round, self._who = client, round_, who
         self._watcher = watcher
         self._asked = 0.0
@@ -110,7 +109,9 @@ class RoundWatch:
             raise HvdliteRoundSupersededError(
                 f"{self._who}: gave up waiting for the Gloo {what}: round {self._round} was "
                 f"replaced by round {newest} (a peer left the job, or its host stopped "
-                f"answering); joining the new round", newest)
+                f"answering); joining the new round",
+                newest,
+            )
 
 
 def wait(work, timeout_s: float, what: str, watch: Optional[RoundWatch]) -> Any:

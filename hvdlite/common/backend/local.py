@@ -1,6 +1,5 @@
 """The backend of a 1-rank job (a script run without the launcher)."""
 
-
 from hvdlite.common import arrays
 from hvdlite.common.backend.base import Backend
 

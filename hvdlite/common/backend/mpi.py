@@ -51,9 +51,9 @@ _P2P_TAG = 0x4144
 #: a wait polls its request without pause this long: MPI progresses only while polled, and
 #: a 4 MiB piece (``PIECE_BYTES``) between a host's ranks takes a few ms
 _SPIN_S = 5e-3
-_NAP_S = 50e-6           # then the shortest nap between polls;
-_NAP_SHARE = 0.25        # a nap is this share of the wait so far,
-_MAX_NAP_S = 1e-3        # and at most this long
+_NAP_S = 50e-6  # then the shortest nap between polls;
+_NAP_SHARE = 0.25  # a nap is this share of the wait so far,
+_MAX_NAP_S = 1e-3  # and at most this long
 #: how long MPI_Finalize may take at exit once a wait was abandoned (see the module's
 #: docstring); then the process ends with code 1
 FINALIZE_WAIT_S = 3.0
@@ -73,8 +73,10 @@ def mpi_available() -> bool:
 
 def launched_by_mpi() -> bool:
     """Whether an MPI process manager started this process (its rank variables are set)."""
-    return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
-                                         "PMIX_RANK", "MPI_LOCALRANKID"))
+    return any(
+        v in os.environ
+        for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+    )
 
 
 class MPIBackend(Backend):
@@ -82,8 +84,16 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, MPI, comm, admin, local: Tuple[int, int], cross: Tuple[int, int],
-                 who: Optional[str] = None, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        MPI,
+        comm,
+        admin,
+        local: Tuple[int, int],
+        cross: Tuple[int, int],
+        who: Optional[str] = None,
+        timeout_s: float = 60.0,
+    ):
         """Collectives on ``comm`` (ours to free); ``admin``, a duplicate of it, is used only
         on user threads to make process sets' communicators while the background thread
         works on ``comm``.  ``local`` and ``cross`` are this process's ``(rank, size)`` among
@@ -101,10 +111,18 @@ class MPIBackend(Backend):
         # the buffers' array kind (torch, or numpy without torch); its MPI crossing widens
         # the dtypes MPI has no reduction for to float32
         k = self._kind = arrays.kind()
-        self._reducible, self._copy, self._np, self._empty = (k.mpi_reducible, k.copy_,
-                                                              k.to_numpy, k.empty)
-        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
-                     ReduceOp.PRODUCT: MPI.PROD}
+        self._reducible, self._copy, self._np, self._empty = (
+            k.mpi_reducible,
+            k.copy_,
+            k.to_numpy,
+            k.empty,
+        )
+        self._ops = {
+            ReduceOp.SUM: MPI.SUM,
+            ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX,
+            ReduceOp.PRODUCT: MPI.PROD,
+        }
         self.comm = comm
         self._admin = admin
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -125,11 +143,12 @@ class MPIBackend(Backend):
             ValueError: this process is not in ``comm``, or ``comm`` is not one of those.
         """
         from mpi4py import MPI
+
         world = _job_communicator(MPI, comm)
         job = world.Dup()
         admin = world.Dup()
         if world is not MPI.COMM_WORLD and comm is not None and not hasattr(comm, "Get_group"):
-            world.Free()                          # made from a list of ranks: ours to free
+            world.Free()  # made from a list of ranks: ours to free
         rank = job.Get_rank()
         local = job.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         local_place = (local.Get_rank(), local.Get_size())
@@ -145,16 +164,22 @@ class MPIBackend(Backend):
         group = self._admin.Get_group()
         members = group.Incl(list(ranks))
         try:
-            comm = self._bounded("communicator creation for a process set",
-                                 self._admin.Create_group, members, set_id)
+            comm = self._bounded(
+                "communicator creation for a process set", self._admin.Create_group, members, set_id
+            )
             dup = self._bounded("communicator duplication for a process set", comm.Dup)
         finally:
             members.Free()
             group.Free()
-        return MPIBackend(self._MPI, comm, dup,
-                          (self.local_rank, self.local_size), (self.cross_rank, self.cross_size),
-                          who=f"rank {self.rank} (process set {set_id})",
-                          timeout_s=self.timeout_s)
+        return MPIBackend(
+            self._MPI,
+            comm,
+            dup,
+            (self.local_rank, self.local_size),
+            (self.cross_rank, self.cross_size),
+            who=f"rank {self.rank} (process set {set_id})",
+            timeout_s=self.timeout_s,
+        )
 
     def job_ranks_of(self, comm) -> list:
         """The job ranks of ``comm``'s processes (``comm`` made from MPI_COMM_WORLD or the
@@ -164,8 +189,10 @@ class MPIBackend(Backend):
             return []
         theirs, ours = comm.Get_group(), self.comm.Get_group()
         try:
-            return [int(r) for r in MPI.Group.Translate_ranks(
-                theirs, list(range(theirs.Get_size())), ours)]
+            return [
+                int(r)
+                for r in MPI.Group.Translate_ranks(theirs, list(range(theirs.Get_size())), ours)
+            ]
         finally:
             theirs.Free()
             ours.Free()
@@ -182,8 +209,10 @@ class MPIBackend(Backend):
         MPI = self._MPI
         try:
             req = start(*args)
-            done = _poll(req.Test if isinstance(req, MPI.Request)
-                         else lambda: MPI.Request.Testall(req), self.timeout_s)
+            done = _poll(
+                req.Test if isinstance(req, MPI.Request) else lambda: MPI.Request.Testall(req),
+                self.timeout_s,
+            )
         except MPI.Exception as exc:
             raise HvdliteInternalError(f"{self._who}: MPI {what} failed: {exc}") from exc
         if not done:
@@ -198,12 +227,14 @@ class MPIBackend(Backend):
         """Abandon what a wait left pending, refuse every later call, and the error to raise
         (worded as the Gloo path's, naming the flag)."""
         _abandon(what, pending, buffers)
-        self._broken = (f"an earlier MPI operation timed out after "
-                        f"--op-timeout-seconds ({self.timeout_s:g}s)")
+        self._broken = (
+            f"an earlier MPI operation timed out after --op-timeout-seconds ({self.timeout_s:g}s)"
+        )
         return HvdliteInternalError(
             f"{self._who}: MPI {what} did not complete within {self.timeout_s:g}s; a peer "
             f"rank has probably exited, or stopped responding for longer than "
-            f"--op-timeout-seconds ({self.timeout_s:g}s)")
+            f"--op-timeout-seconds ({self.timeout_s:g}s)"
+        )
 
     def _bounded(self, what, fn, *args):
         """``fn(*args)``, a blocking MPI call with no non-blocking form, waited for at most
@@ -259,7 +290,7 @@ class MPIBackend(Backend):
             self._allreduce_piece(flat, op)
             return
         for lo in range(0, n, per):
-            self._allreduce_piece(flat[lo:lo + per], op)
+            self._allreduce_piece(flat[lo : lo + per], op)
 
     def _allreduce_piece(self, tensor, op):
         arr, staged = self._reducible(tensor)
@@ -279,7 +310,7 @@ class MPIBackend(Backend):
         n = k.numel(flat)
         per = max(1, PIECE_BYTES // max(1, k.nbytes(flat[:1])))
         for lo in range(0, max(n, 1), per):
-            piece = flat[lo:lo + per]
+            piece = flat[lo : lo + per]
             k.scale_(piece, prescale)
             self._allreduce_piece(piece, op)
             k.scale_(piece, postscale)
@@ -291,9 +322,13 @@ class MPIBackend(Backend):
     def allgather_bytes(self, send, counts):
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist()
         out = self._empty(sum(counts), "uint8")
-        self._wait("allgather", self.comm.Iallgatherv, self._np(send),
-                   [self._np(out), list(counts), displs, self._MPI.BYTE])
-        return [out[d:d + c] for d, c in zip(displs, counts)]
+        self._wait(
+            "allgather",
+            self.comm.Iallgatherv,
+            self._np(send),
+            [self._np(out), list(counts), displs, self._MPI.BYTE],
+        )
+        return [out[d : d + c] for d, c in zip(displs, counts)]
 
     def broadcast_(self, tensor, root):
         self._wait("broadcast", self.comm.Ibcast, self._np(self._kind.as_bytes(tensor)), root)
@@ -302,9 +337,12 @@ class MPIBackend(Backend):
         out = self._empty(sum(recv_counts), "uint8")
         sd = np.concatenate(([0], np.cumsum(send_counts)[:-1])).astype(np.int64).tolist()
         rd = np.concatenate(([0], np.cumsum(recv_counts)[:-1])).astype(np.int64).tolist()
-        self._wait("alltoall", self.comm.Ialltoallv,
-                   [self._np(send), list(send_counts), sd, self._MPI.BYTE],
-                   [self._np(out), list(recv_counts), rd, self._MPI.BYTE])
+        self._wait(
+            "alltoall",
+            self.comm.Ialltoallv,
+            [self._np(send), list(send_counts), sd, self._MPI.BYTE],
+            [self._np(out), list(recv_counts), rd, self._MPI.BYTE],
+        )
         return out
 
     def sendrecv_(self, send, recv, peer):
@@ -315,10 +353,17 @@ class MPIBackend(Backend):
         comm = self.comm
 
         def start(out, into):
-            return [comm.Irecv([into, MPI.BYTE], peer, _P2P_TAG),
-                    comm.Isend([out, MPI.BYTE], peer, _P2P_TAG)]
-        self._wait(f"sendrecv with rank {peer}", start, k.to_numpy(k.as_bytes(send)),
-                   k.to_numpy(k.as_bytes(recv)))
+            return [
+                comm.Irecv([into, MPI.BYTE], peer, _P2P_TAG),
+                comm.Isend([out, MPI.BYTE], peer, _P2P_TAG),
+            ]
+
+        self._wait(
+            f"sendrecv with rank {peer}",
+            start,
+            k.to_numpy(k.as_bytes(send)),
+            k.to_numpy(k.as_bytes(recv)),
+        )
 
     def block_allreduce_(self, tensor, block):
         """MPI_Allreduce on the block's own communicator, as Horovod's Adasum reduction
@@ -328,15 +373,23 @@ class MPIBackend(Backend):
         comm = self._blocks.get(block)
         if comm is None:
             if block < 1 or block & (block - 1) or self.size % block:
-                raise ValueError(f"rank {self.rank}: block_allreduce_ over {block} ranks: not "
-                                 f"a power of two dividing the job's {self.size} ranks")
+                raise ValueError(
+                    f"rank {self.rank}: block_allreduce_ over {block} ranks: not "
+                    f"a power of two dividing the job's {self.size} ranks"
+                )
             # MPI_Comm_split is collective over all ranks; every rank gets here at the same
             # response (the first Adasum reduction), so the splits pair up
-            comm = self.comm if block == self.size else self._bounded(
-                "communicator split", self.comm.Split, self.rank // block, self.rank)
+            comm = (
+                self.comm
+                if block == self.size
+                else self._bounded(
+                    "communicator split", self.comm.Split, self.rank // block, self.rank
+                )
+            )
             self._blocks[block] = comm
-        self._wait("block allreduce", comm.Iallreduce, self._MPI.IN_PLACE, self._np(tensor),
-                   self._MPI.SUM)
+        self._wait(
+            "block allreduce", comm.Iallreduce, self._MPI.IN_PLACE, self._np(tensor), self._MPI.SUM
+        )
 
     def close(self):
         """Free the communicators -- unless a wait timed out: MPI_Comm_free may then wait
@@ -415,7 +468,8 @@ def _finalize_bounded() -> None:
     sys.stderr.write(
         f"hvdlite: rank {MPI.COMM_WORLD.Get_rank()} of MPI_COMM_WORLD: MPI operations that "
         f"timed out are still pending ({', '.join(pending)}); MPI_Finalize gets "
-        f"{FINALIZE_WAIT_S:g}s, then this process exits with code 1 without it\n")
+        f"{FINALIZE_WAIT_S:g}s, then this process exits with code 1 without it\n"
+    )
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -435,23 +489,31 @@ def _job_communicator(MPI, comm):
         return MPI.COMM_WORLD
     if hasattr(comm, "Get_group"):
         if comm == MPI.COMM_NULL:
-            raise ValueError(f"rank {MPI.COMM_WORLD.Get_rank()} of MPI_COMM_WORLD: "
-                             f"hvd.init(comm=MPI.COMM_NULL): this process is not in the "
-                             f"communicator, so it cannot join the job")
+            raise ValueError(
+                f"rank {MPI.COMM_WORLD.Get_rank()} of MPI_COMM_WORLD: "
+                f"hvd.init(comm=MPI.COMM_NULL): this process is not in the "
+                f"communicator, so it cannot join the job"
+            )
         return comm
     try:
         ranks = sorted({int(r) for r in comm})
     except (TypeError, ValueError):
-        raise ValueError(f"hvd.init(comm={comm!r}): expected an mpi4py communicator or a "
-                         f"list of MPI_COMM_WORLD ranks") from None
+        raise ValueError(
+            f"hvd.init(comm={comm!r}): expected an mpi4py communicator or a "
+            f"list of MPI_COMM_WORLD ranks"
+        ) from None
     world = MPI.COMM_WORLD
     me, n = world.Get_rank(), world.Get_size()
     if not ranks or ranks[0] < 0 or ranks[-1] >= n:
-        raise ValueError(f"hvd.init(comm={list(comm)}): ranks must be in 0..{n - 1} "
-                         f"(MPI_COMM_WORLD has {n} processes)")
+        raise ValueError(
+            f"hvd.init(comm={list(comm)}): ranks must be in 0..{n - 1} "
+            f"(MPI_COMM_WORLD has {n} processes)"
+        )
     if me not in ranks:
-        raise ValueError(f"rank {me} of MPI_COMM_WORLD: hvd.init(comm={ranks}) does not "
-                         f"include this process, so it cannot join the job")
+        raise ValueError(
+            f"rank {me} of MPI_COMM_WORLD: hvd.init(comm={ranks}) does not "
+            f"include this process, so it cannot join the job"
+        )
     group = world.Get_group()
     members = group.Incl(ranks)
     try:

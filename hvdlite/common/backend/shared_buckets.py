@@ -62,7 +62,7 @@ class BucketArena:
         self._map[:_TAG_BYTES] = tag
         #: what a peer needs to map it: the path to our fd, the tag, the size
         self.ticket = f"/proc/{os.getpid()}/fd/{self._fd} {tag.hex()} {capacity}"
-        self._free: List[List[int]] = [[_PAGE, capacity - _PAGE]]   # [offset, bytes], sorted
+        self._free: List[List[int]] = [[_PAGE, capacity - _PAGE]]  # [offset, bytes], sorted
         self._lock = threading.Lock()
         self.base = np.frombuffer(self._map, dtype=np.uint8, count=1).ctypes.data
 
@@ -158,7 +158,7 @@ class PeerArenas:
             try:
                 m.close()
             except BufferError:
-                pass        # a view still exists; the mapping goes with the process
+                pass  # a view still exists; the mapping goes with the process
         self._maps = []
 
 

@@ -17,8 +17,15 @@ from typing import List, Optional
 
 import numpy as np
 
-from hvdlite.common.backend.shm import (HEADER_BYTES, MAX_LOCAL, PID_MAX, PIDS_AT, PREFIX,
-                                        SHM_DIR, process_gone)
+from hvdlite.common.backend.shm import (
+    HEADER_BYTES,
+    MAX_LOCAL,
+    PID_MAX,
+    PIDS_AT,
+    PREFIX,
+    SHM_DIR,
+    process_gone,
+)
 
 #: a named segment whose header names no pid is a dead creator's after this long
 #: (a live one writes its pid microseconds after making the file)
@@ -44,8 +51,8 @@ def segment_owners(name: str) -> List[int]:
 
 
 def _pids_in(head: bytes) -> List[int]:
-    pids = np.frombuffer(head[:len(head) // 8 * 8], dtype=np.int64)
-    return [int(p) for p in pids[PIDS_AT:PIDS_AT + MAX_LOCAL] if 0 < p <= PID_MAX]
+    pids = np.frombuffer(head[: len(head) // 8 * 8], dtype=np.int64)
+    return [int(p) for p in pids[PIDS_AT : PIDS_AT + MAX_LOCAL] if 0 < p <= PID_MAX]
 
 
 def remove_dead_segments(grace_s: float = _NO_OWNER_GRACE_S) -> List[str]:
@@ -64,7 +71,7 @@ def remove_dead_segments(grace_s: float = _NO_OWNER_GRACE_S) -> List[str]:
                 os.unlink(path)
                 removed.append(name)
         except OSError:
-            continue        # gone meanwhile, or another user's: not ours to remove
+            continue  # gone meanwhile, or another user's: not ours to remove
     return removed
 
 

@@ -24,15 +24,22 @@ def main() -> int:
     port, fd = int(sys.argv[1]), int(sys.argv[2])
     try:
         from torch.distributed import TCPStore
-        store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                         master_listen_fd=fd, timeout=TIMEOUT)
-    except Exception as exc:                 # torch missing or too old
+
+        store = TCPStore(
+            "127.0.0.1",
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            master_listen_fd=fd,
+            timeout=TIMEOUT,
+        )
+    except Exception as exc:  # torch missing or too old
         sys.stderr.write(f"hvdlite: cannot serve torch's store on port {port}: {exc}\n")
         return 1
     sys.stdout.write(f"listening {store.port}\n")
     sys.stdout.flush()
     while sys.stdin.buffer.read(4096):
-        pass                                 # the lifeline: EOF when the launcher ends
+        pass  # the lifeline: EOF when the launcher ends
     return 0
 
 

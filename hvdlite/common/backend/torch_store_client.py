@@ -28,22 +28,30 @@ JOB_KEY = "job-key"
 
 def _connect(config: Config):
     """torch's store, as a client (or, rank 0 without torchrun's agent, as its server)."""
-    import torch.distributed as dist     # only Gloo jobs come here: they have torch
+    import torch.distributed as dist  # only Gloo jobs come here: they have torch
+
     host, port = config.torch_store_addr.rsplit(":", 1)
     # torchrun's agent serves the store; without one (a pod per rank), rank 0 does
     agent = os.environ.get(env_names.TORCH_USE_AGENT_STORE, "").lower() in ("1", "true")
     serve = config.rank == 0 and not agent
     timeout = datetime.timedelta(seconds=config.start_timeout_s)
     try:
-        store = dist.TCPStore(host, int(port), config.size if serve else None,
-                              is_master=serve, timeout=timeout, wait_for_workers=False,
-                              multi_tenant=serve)
+        store = dist.TCPStore(
+            host,
+            int(port),
+            config.size if serve else None,
+            is_master=serve,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=serve,
+        )
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError or DistNetworkError
         raise HvdliteTimeoutError(
             f"rank {config.rank} ({config.hostname}): cannot reach torch's store at "
             f"{config.torch_store_addr} (MASTER_ADDR:MASTER_PORT) within "
             f"{config.start_timeout_s:g}s ({START_TIMEOUT}): "
-            f"{exc}") from None
+            f"{exc}"
+        ) from None
     return store
 
 
@@ -53,7 +61,7 @@ class TorchStoreClient:
     One client per use (the job's group, a process set, a host's cross group), as with
     the launcher's store; they share one connection per process."""
 
-    _shared = None                      # the torch.distributed.Store, once made
+    _shared = None  # the torch.distributed.Store, once made
     _shared_for: Optional[str] = None
 
     def __init__(self, config: Config):
@@ -78,15 +86,16 @@ class TorchStoreClient:
             return call()
         except Exception as exc:  # noqa: BLE001 - torch's DistStoreError / RuntimeError
             raise HvdliteTimeoutError(
-                f"rendezvous (torch's store at {self._config.torch_store_addr}): {what}: "
-                f"{exc}") from None
+                f"rendezvous (torch's store at {self._config.torch_store_addr}): {what}: {exc}"
+            ) from None
 
     def set(self, key: str, value: bytes) -> None:
         self._store.set(self._k(key), bytes(value))
 
     def get(self, key: str) -> bytes:
-        return self._timed(f"waiting for key {key!r}", lambda: self._store.get(self._k(key)),
-                           self.timeout_s)
+        return self._timed(
+            f"waiting for key {key!r}", lambda: self._store.get(self._k(key)), self.timeout_s
+        )
 
     def add(self, key: str, amount: int) -> int:
         return int(self._store.add(self._k(key), int(amount)))
@@ -97,8 +106,11 @@ class TorchStoreClient:
     def wait(self, keys: List[str], timeout_s: Optional[float] = None) -> None:
         t = self.timeout_s if timeout_s is None else timeout_s
         names = [self._k(k) for k in keys]
-        self._timed(f"waiting for keys {list(keys)[:5]}",
-                    lambda: self._store.wait(names, datetime.timedelta(seconds=t)), t)
+        self._timed(
+            f"waiting for keys {list(keys)[:5]}",
+            lambda: self._store.wait(names, datetime.timedelta(seconds=t)),
+            t,
+        )
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         return self._store.compare_set(self._k(key), bytes(expected), bytes(desired))
@@ -109,13 +121,13 @@ class TorchStoreClient:
     def num_keys(self) -> int:
         return int(self._store.num_keys())
 
-    def join_round(self, after: int, hostname: str, local_rank: int,
-                   timeout_s: float) -> Placement:
+    def join_round(self, after: int, hostname: str, local_rank: int, timeout_s: float) -> Placement:
         """The place torchrun gave this process, in the round after ``after`` (every
         rank inits and shuts down in the same order, so their rounds agree)."""
         c = self._config
-        return Placement(after + 1, c.rank, c.size, c.local_rank, c.local_size,
-                         c.cross_rank, c.cross_size)
+        return Placement(
+            after + 1, c.rank, c.size, c.local_rank, c.local_size, c.cross_rank, c.cross_size
+        )
 
     def newest_round(self) -> int:
         return -1

@@ -19,15 +19,46 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from hvdlite.common import fault_injection
 from hvdlite.common.config import tunables
+
 # the launcher-set names, imported here so that every variable name comes from this module
 from hvdlite.common.config.env_names import (  # noqa: F401
-    CROSS_RANK, CROSS_SIZE, ELASTIC, GLOO_IFACE, HOROVOD_ALIASES, HOROVOD_PREFIX, HOSTNAME,
-    JOB_ID, LAUNCHER_SET, LOCAL_RANK, LOCAL_SIZE, PREFIX, RANK, RENDEZVOUS_ADDR,
-    RENDEZVOUS_PORT, RUN_FUNC_ADDRS, RUN_FUNC_KEY, RUN_FUNC_PORT, SECRET_KEY, SIZE,
-    TORCH_GLOO_SOCKET_IFNAME, TORCH_GROUP_RANK, TORCH_GROUP_WORLD_SIZE, TORCH_LOCAL_RANK,
-    TORCH_LOCAL_WORLD_SIZE, TORCH_MASTER_ADDR, TORCH_MASTER_PORT, TORCH_MAX_RESTARTS,
-    TORCH_RANK, TORCH_RESTART_COUNT, TORCH_ROLE_NAME, TORCH_ROLE_RANK, TORCH_ROLE_WORLD_SIZE,
-    TORCH_RUN_ID, TORCH_USE_AGENT_STORE, TORCH_WORLD_SIZE)
+    CROSS_RANK,
+    CROSS_SIZE,
+    ELASTIC,
+    GLOO_IFACE,
+    HOROVOD_ALIASES,
+    HOROVOD_PREFIX,
+    HOSTNAME,
+    JOB_ID,
+    LAUNCHER_SET,
+    LOCAL_RANK,
+    LOCAL_SIZE,
+    PREFIX,
+    RANK,
+    RENDEZVOUS_ADDR,
+    RENDEZVOUS_PORT,
+    RUN_FUNC_ADDRS,
+    RUN_FUNC_KEY,
+    RUN_FUNC_PORT,
+    SECRET_KEY,
+    SIZE,
+    TORCH_GLOO_SOCKET_IFNAME,
+    TORCH_GROUP_RANK,
+    TORCH_GROUP_WORLD_SIZE,
+    TORCH_LOCAL_RANK,
+    TORCH_LOCAL_WORLD_SIZE,
+    TORCH_MASTER_ADDR,
+    TORCH_MASTER_PORT,
+    TORCH_MAX_RESTARTS,
+    TORCH_RANK,
+    TORCH_RESTART_COUNT,
+    TORCH_ROLE_NAME,
+    TORCH_ROLE_RANK,
+    TORCH_ROLE_WORLD_SIZE,
+    TORCH_RUN_ID,
+    TORCH_USE_AGENT_STORE,
+    TORCH_WORLD_SIZE,
+)
 from hvdlite.common.exceptions import HvdliteConfigError
 from hvdlite.common.config.launcher_detection import check_gloo_under_mpi, torchrun_facts
 from hvdlite.common.config.log_levels import LOG_LEVEL_NAMES, log_level_name  # noqa: F401
@@ -80,8 +111,7 @@ _KNOWN = set(LAUNCHER_SET) | {t.env for t in tunables.TUNABLES}
 #: Horovod's runtime variables that set one of ours when ours is unset (Horovod's name ->
 #: ours; several twins of one variable are tried in table order).  Units agree: the fusion
 #: threshold is in bytes, the cycle time in ms, the timeouts in seconds.
-HOROVOD_FALLBACKS: Dict[str, str] = {
-    twin: t.env for t in tunables.TUNABLES for twin in t.horovod}
+HOROVOD_FALLBACKS: Dict[str, str] = {twin: t.env for t in tunables.TUNABLES for twin in t.horovod}
 #: ours -> its Horovod twins, in lookup order
 _TWINS: Dict[str, Tuple[str, ...]] = {t.env: t.horovod for t in tunables.TUNABLES if t.horovod}
 #: the values of Horovod's controller variables that hvdlite has (Horovod also knows CCL)
@@ -98,21 +128,30 @@ _CPU_ONLY = "GPU only; hvdlite works on CPU tensors"
 HOROVOD_NO_EFFECT: Dict[str, Tuple[str, str]] = {
     "HOROVOD_TORUS_ALLREDUCE": (_ON, _FLAT),
     "HOROVOD_DISABLE_GROUP_FUSION": (
-        _ON, "hvdlite fuses grouped tensors like any others; keeping groups apart is not "
-             "implemented"),
+        _ON,
+        "hvdlite fuses grouped tensors like any others; keeping groups apart is not implemented",
+    ),
     "HOROVOD_BATCH_D2D_MEMCOPIES": (_ANY, _CPU_ONLY),
     "HOROVOD_NUM_NCCL_STREAMS": (_ANY, "NCCL is GPU only; hvdlite has no NCCL"),
     "HOROVOD_ENABLE_ASYNC_COMPLETION": (_ON, _CPU_ONLY),
     "HOROVOD_DISABLE_NVTX_RANGES": (_ON, _CPU_ONLY),
     "HOROVOD_ENABLE_XLA_OPS": (
-        _ON, "hvdlite's TensorFlow collectives are py_function nodes, which XLA cannot compile"),
+        _ON,
+        "hvdlite's TensorFlow collectives are py_function nodes, which XLA cannot compile",
+    ),
     "HOROVOD_CCL_CACHE": (_ANY, "oneCCL only; hvdlite runs Gloo or MPI"),
     "HOROVOD_MPI_THREADS_DISABLE": (
-        _ON, "hvdlite calls MPI from its background thread, which needs MPI's thread support"),
+        _ON,
+        "hvdlite calls MPI from its background thread, which needs MPI's thread support",
+    ),
     "HOROVOD_THREAD_AFFINITY": (
-        _ANY, "hvdlite's background loop is a Python thread and is not pinned to a core"),
+        _ANY,
+        "hvdlite's background loop is a Python thread and is not pinned to a core",
+    ),
     "HOROVOD_GLOO_IFACE": (
-        _ANY, "hvdlite-run picks the interface; choose it with --network-interfaces"),
+        _ANY,
+        "hvdlite-run picks the interface; choose it with --network-interfaces",
+    ),
     "HOROVOD_LOG_HIDE_TIME": (_OFF, "hvdlite's log lines carry no timestamp"),
 }
 
@@ -144,8 +183,7 @@ def _parse_number(name: str, raw: str, kind):
     try:
         return kind(raw)
     except ValueError:
-        raise HvdliteConfigError(
-            f"{name}={raw!r} is not a valid {kind.__name__}") from None
+        raise HvdliteConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
 def _check_tunable(t: tunables.Tunable, value) -> None:
@@ -242,10 +280,11 @@ class Config(_JobFacts):
             raise HvdliteConfigError(f"{SIZE}={self.size}: the job size must be at least 1")
         if not 0 <= self.rank < self.size:
             raise HvdliteConfigError(
-                f"{RANK}={self.rank} is outside 0..{self.size - 1} ({SIZE}={self.size})")
+                f"{RANK}={self.rank} is outside 0..{self.size - 1} ({SIZE}={self.size})"
+            )
         for t in tunables.TUNABLES:
             _check_tunable(t, getattr(self, t.field))
-        try:                                       # a bad plan fails at init, not later
+        try:  # a bad plan fails at init, not later
             fault_injection.parse(self.fault_at)
         except HvdliteConfigError as exc:
             raise HvdliteConfigError(f"{FAULT_AT}: {exc}") from None
@@ -253,11 +292,10 @@ class Config(_JobFacts):
             level = log_level_name(self.log_level)
         except HvdliteConfigError as exc:
             raise HvdliteConfigError(f"{LOG_LEVEL}: {exc}") from None
-        object.__setattr__(self, "log_level", level)     # Python's name, for setLevel
+        object.__setattr__(self, "log_level", level)  # Python's name, for setLevel
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None,
-                 warn: bool = True) -> "Config":
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, warn: bool = True) -> "Config":
         """Build the config from ``HVDLITE_*`` variables, or else their ``HOROVOD_*`` twins.
 
         A variable that is unset or empty leaves the field at its default.  Unknown
@@ -274,8 +312,9 @@ class Config(_JobFacts):
         torchrun = torchrun_facts(env)
         for name in env if warn else ():
             if name.startswith(PREFIX) and name not in _KNOWN:
-                log.warning("unknown variable %s is ignored (known: %s)",
-                            name, ", ".join(sorted(_KNOWN)))
+                log.warning(
+                    "unknown variable %s is ignored (known: %s)", name, ", ".join(sorted(_KNOWN))
+                )
         notes = _no_effect_notes(env)
         values, from_horovod = _read_fields(env, notes)
         for field, value in (torchrun or {}).items():
@@ -295,7 +334,8 @@ class Config(_JobFacts):
             if not from_horovod:
                 raise
             raise HvdliteConfigError(
-                f"{exc} (read from Horovod's {', '.join(from_horovod)})") from None
+                f"{exc} (read from Horovod's {', '.join(from_horovod)})"
+            ) from None
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -309,8 +349,7 @@ class Config(_JobFacts):
         Raises:
             HvdliteConfigError: a tunable's value does not parse or is out of range.
         """
-        return cls.from_env({n: v for n, v in environ.items() if n in _TUNABLE_NAMES},
-                            warn=False)
+        return cls.from_env({n: v for n, v in environ.items() if n in _TUNABLE_NAMES}, warn=False)
 
     def tunable_env(self, inherited: Mapping[str, str]) -> Dict[str, str]:
         """The ``HVDLITE_*`` variables a rank needs, beside the ``inherited`` ones it
@@ -319,7 +358,7 @@ class Config(_JobFacts):
         This is how the launcher hands its one validated config to the ranks."""
         try:
             base: Optional[Config] = Config.tunables_of(inherited)
-        except HvdliteConfigError:         # what it gets wrong, the variables below mend
+        except HvdliteConfigError:  # what it gets wrong, the variables below mend
             base = None
         env = {}
         for t in tunables.TUNABLES:
@@ -337,11 +376,18 @@ class Config(_JobFacts):
 
 #: field -> (variable, type) for every launcher-set field read by :meth:`Config.from_env`
 _JOB_FROM_ENV = {
-    "rank": (RANK, int), "size": (SIZE, int), "local_rank": (LOCAL_RANK, int),
-    "local_size": (LOCAL_SIZE, int), "cross_rank": (CROSS_RANK, int),
-    "cross_size": (CROSS_SIZE, int), "hostname": (HOSTNAME, str),
-    "rendezvous_addr": (RENDEZVOUS_ADDR, str), "rendezvous_port": (RENDEZVOUS_PORT, int),
-    "secret_key": (SECRET_KEY, str), "job_id": (JOB_ID, str), "elastic": (ELASTIC, bool),
+    "rank": (RANK, int),
+    "size": (SIZE, int),
+    "local_rank": (LOCAL_RANK, int),
+    "local_size": (LOCAL_SIZE, int),
+    "cross_rank": (CROSS_RANK, int),
+    "cross_size": (CROSS_SIZE, int),
+    "hostname": (HOSTNAME, str),
+    "rendezvous_addr": (RENDEZVOUS_ADDR, str),
+    "rendezvous_port": (RENDEZVOUS_PORT, int),
+    "secret_key": (SECRET_KEY, str),
+    "job_id": (JOB_ID, str),
+    "elastic": (ELASTIC, bool),
     "gloo_iface": (GLOO_IFACE, str),
 }
 #: field -> (variable, type) for every field read by :meth:`Config.from_env`
@@ -379,6 +425,7 @@ def _read_fields(env: Mapping[str, str], notes: List[str]) -> Tuple[Dict, List[s
 
 def _this_host() -> str:
     import socket
+
     return socket.gethostname()
 
 
@@ -399,8 +446,7 @@ def _comparable(name: str, raw: str, kind):
     return raw.strip().lower()
 
 
-def _lookup(env: Mapping[str, str], name: str, kind,
-            notes: List[str]) -> Tuple[Optional[str], str]:
+def _lookup(env: Mapping[str, str], name: str, kind, notes: List[str]) -> Tuple[Optional[str], str]:
     """``(text, variable it came from)`` of one setting: ours, else its first usable
     Horovod twin.  A twin that is overridden with a different value, or whose value hvdlite
     cannot honour, is added to ``notes``."""
@@ -411,8 +457,7 @@ def _lookup(env: Mapping[str, str], name: str, kind,
         if not raw:
             continue
         if name == CPU_OPERATIONS and raw.strip().lower() not in _HOROVOD_CONTROLLERS:
-            notes.append(f"{twin}={raw} (hvdlite runs its collectives through Gloo or MPI "
-                         f"only)")
+            notes.append(f"{twin}={raw} (hvdlite runs its collectives through Gloo or MPI only)")
             continue
         if chosen[0] is None:
             chosen = (raw, twin)
@@ -437,11 +482,10 @@ def _warn_once(notes: List[str]) -> None:
     """Log the no-effect notes as one warning, once per process for the same notes."""
     if not notes:
         return
-    message = ("these Horovod variables have no effect in hvdlite: " + "; ".join(notes))
+    message = "these Horovod variables have no effect in hvdlite: " + "; ".join(notes)
     if message not in _WARNED:
         _WARNED.add(message)
         log.warning("%s", message)
-
 
 
 def horovod_twins(name: str) -> Tuple[str, ...]:

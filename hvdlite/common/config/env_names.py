@@ -18,7 +18,7 @@ HOSTNAME = "HVDLITE_HOSTNAME"
 # --- rendezvous (set by the launcher for the whole job) ---
 RENDEZVOUS_ADDR = "HVDLITE_RENDEZVOUS_ADDR"
 RENDEZVOUS_PORT = "HVDLITE_RENDEZVOUS_PORT"
-SECRET_KEY = "HVDLITE_SECRET_KEY"          # hex; never on a command line
+SECRET_KEY = "HVDLITE_SECRET_KEY"  # hex; never on a command line
 JOB_ID = "HVDLITE_JOB_ID"
 GLOO_IFACE = "HVDLITE_GLOO_IFACE"
 #: "1" when the elastic driver runs the job (rounds change membership while it runs)
@@ -41,8 +41,8 @@ TORCH_RANK = "RANK"
 TORCH_WORLD_SIZE = "WORLD_SIZE"
 TORCH_LOCAL_RANK = "LOCAL_RANK"
 TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-TORCH_GROUP_RANK = "GROUP_RANK"                  # the host's index in the job
-TORCH_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"      # the number of hosts
+TORCH_GROUP_RANK = "GROUP_RANK"  # the host's index in the job
+TORCH_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # the number of hosts
 TORCH_ROLE_RANK = "ROLE_RANK"
 TORCH_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
 TORCH_ROLE_NAME = "ROLE_NAME"
@@ -69,6 +69,8 @@ HOROVOD_ALIASES: Dict[str, str] = {
 }
 
 #: every launcher-set name above
-LAUNCHER_SET = frozenset(v for k, v in dict(globals()).items()
-                         if k.isupper() and isinstance(v, str) and v.startswith(PREFIX)
-                         and v != PREFIX)
+LAUNCHER_SET = frozenset(
+    v
+    for k, v in dict(globals()).items()
+    if k.isupper() and isinstance(v, str) and v.startswith(PREFIX) and v != PREFIX
+)

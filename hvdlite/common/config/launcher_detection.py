@@ -14,8 +14,13 @@ from hvdlite.common.exceptions import HvdliteConfigError
 #: what torchrun (and torch.distributed's other launchers) set in every process
 TORCH_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 #: set in every process an MPI process manager starts (Hydra, Open MPI, PMIx, Intel MPI)
-MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
-                        "MPI_LOCALRANKID")
+MPI_LAUNCH_VARIABLES = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "PMIX_RANK",
+    "MPI_LOCALRANKID",
+)
 #: the job size as MPI process managers publish it
 MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 
@@ -48,7 +53,8 @@ def torchrun_facts(environ: Mapping[str, str]) -> Optional[Dict[str, object]]:
             f"WORLD_SIZE, MASTER_ADDR and MASTER_PORT (WORLD_SIZE={world}), and "
             f"{REFUSE_TORCHRUN} refuses such starts; launch with 'hvdlite-run -np {world} "
             f"python train.py', or unset {REFUSE_TORCHRUN} to rendezvous through torchrun's "
-            f"store")
+            f"store"
+        )
     rank = _torch_int(environ, "RANK", None)
     local_size = _torch_int(environ, "LOCAL_WORLD_SIZE", 1)
     local_rank = _torch_int(environ, "LOCAL_RANK", 0)
@@ -56,14 +62,21 @@ def torchrun_facts(environ: Mapping[str, str]) -> Optional[Dict[str, object]]:
         raise HvdliteConfigError(
             f"torchrun's variables do not describe one place in the job: RANK={rank}, "
             f"WORLD_SIZE={world}, LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_size} "
-            f"(hvdlite needs the same number of ranks on every node)")
+            f"(hvdlite needs the same number of ranks on every node)"
+        )
     node = _torch_int(environ, "GROUP_RANK", rank // local_size)
     attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     run_id = environ.get("TORCHELASTIC_RUN_ID", "") or "job"
-    return {"rank": rank, "size": world, "local_rank": local_rank, "local_size": local_size,
-            "cross_rank": node, "cross_size": world // local_size,
-            "torch_store_addr": f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}",
-            "job_id": f"torchrun-{run_id}-attempt{attempt}"}
+    return {
+        "rank": rank,
+        "size": world,
+        "local_rank": local_rank,
+        "local_size": local_size,
+        "cross_rank": node,
+        "cross_size": world // local_size,
+        "torch_store_addr": f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}",
+        "job_id": f"torchrun-{run_id}-attempt{attempt}",
+    }
 
 
 def _torch_int(environ: Mapping[str, str], name: str, default: Optional[int]) -> int:
@@ -73,8 +86,9 @@ def _torch_int(environ: Mapping[str, str], name: str, default: Optional[int]) ->
     try:
         return int(raw)
     except ValueError:
-        raise HvdliteConfigError(f"{name}={raw!r} (set by torchrun or your launcher) is not "
-                                 f"an integer") from None
+        raise HvdliteConfigError(
+            f"{name}={raw!r} (set by torchrun or your launcher) is not an integer"
+        ) from None
 
 
 def check_gloo_under_mpi(environ: Mapping[str, str], source: str) -> None:
@@ -97,4 +111,5 @@ def check_gloo_under_mpi(environ: Mapping[str, str], source: str) -> None:
                 f"{source}={environ.get(source)} chooses Gloo, but this process is one of "
                 f"{world} ranks started by mpiexec without hvdlite-run's rendezvous, so each "
                 f"rank would run alone; unset {source} (MPI is then used) or launch with "
-                f"hvdlite-run")
+                f"hvdlite-run"
+            )

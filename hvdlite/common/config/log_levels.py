@@ -19,6 +19,5 @@ def log_level_name(level: str) -> str:
     name = str(level).strip().upper()
     name = _ALIASES.get(name, name)
     if name not in _PYTHON_LEVELS:
-        raise HvdliteConfigError(
-            f"log level {level!r} is not one of {', '.join(LOG_LEVEL_NAMES)}")
+        raise HvdliteConfigError(f"log level {level!r} is not one of {', '.join(LOG_LEVEL_NAMES)}")
     return name

@@ -39,8 +39,9 @@ class _Target:
 _TARGET = _Target()
 
 
-def install(addr: Optional[str], port: Optional[int], key: Optional[bytes], hostname: str,
-            local_slot: int) -> None:
+def install(
+    addr: Optional[str], port: Optional[int], key: Optional[bytes], hostname: str, local_slot: int
+) -> None:
     """Report this process's uncaught exception to the store at ``addr:port`` (the
     rendezvous store, or under ``--mpi`` the launcher's report store; a no-op without
     one).  Idempotent: a re-init updates the target."""
@@ -77,12 +78,19 @@ def send(exc: BaseException) -> bool:
     line = traceback.format_exception_only(type(exc), exc)[-1].strip()
     client = Client(_TARGET.addr, _TARGET.key, REPORT_TIMEOUT_S, name="rendezvous store")
     try:
-        client.request({"op": "exit_report", "hostname": _TARGET.slot[0],
-                        "local_rank": _TARGET.slot[1], "rank": _TARGET.rank,
-                        "peer": isinstance(exc, HvdliteInternalError), "error": line},
-                       timeout_s=REPORT_TIMEOUT_S)
+        client.request(
+            {
+                "op": "exit_report",
+                "hostname": _TARGET.slot[0],
+                "local_rank": _TARGET.slot[1],
+                "rank": _TARGET.rank,
+                "peer": isinstance(exc, HvdliteInternalError),
+                "error": line,
+            },
+            timeout_s=REPORT_TIMEOUT_S,
+        )
         return True
-    except Exception as err:   # noqa: BLE001 -- never mask the exception being reported
+    except Exception as err:  # noqa: BLE001 -- never mask the exception being reported
         log.debug("exit report not delivered: %s", err)
         return False
     finally:

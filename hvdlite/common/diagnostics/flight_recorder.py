@@ -65,8 +65,15 @@ class FlightRecorder:
     asks each live runtime for them (:meth:`Runtime.flight_pending`).
     """
 
-    def __init__(self, capacity: int, directory: str, rank: int = 0, size: int = 1,
-                 hostname: str = "", job_id: str = "job"):
+    def __init__(
+        self,
+        capacity: int,
+        directory: str,
+        rank: int = 0,
+        size: int = 1,
+        hostname: str = "",
+        job_id: str = "job",
+    ):
         self.groups: collections.deque = collections.deque()
         self.capacity = capacity
         self.directory = directory
@@ -89,9 +96,17 @@ class FlightRecorder:
         if not n:
             return
         groups = self.groups
-        groups.append((set_key, cycle, time.monotonic(), [e.request for e, _, _ in done],
-                       [e.enqueued_at for e, _, _ in done], [err for _, _, err in done],
-                       group))
+        groups.append(
+            (
+                set_key,
+                cycle,
+                time.monotonic(),
+                [e.request for e, _, _ in done],
+                [e.enqueued_at for e, _, _ in done],
+                [err for _, _, err in done],
+                group,
+            )
+        )
         self.count += n
         self.appended += n
         while self.count - len(groups[0][3]) >= self.capacity:
@@ -106,29 +121,56 @@ class FlightRecorder:
     def snapshot(self, reason: str) -> dict:
         """The ring and the pending operations as a JSON-ready dict (times as wall-clock
         seconds; durations from submission to completion, or to now when pending)."""
-        groups = list(self.groups)          # one C-level copy: consistent
+        groups = list(self.groups)  # one C-level copy: consistent
         now_mono, now_wall = time.monotonic(), time.time()
         shift = now_wall - now_mono
         ops = []
         for set_key, cycle, end, requests, submitted, errors, responses in groups:
             waited = {r.name: r.waited_for for r in responses}
             for req, sub, err in zip(requests, submitted, errors):
-                ops.append(_op_dict(req, set_key, sub + shift, cycle,
-                                    "done" if err is None else "failed", end - sub,
-                                    waited.get(req.name, ()), err))
-        ops = ops[-self.capacity:]
+                ops.append(
+                    _op_dict(
+                        req,
+                        set_key,
+                        sub + shift,
+                        cycle,
+                        "done" if err is None else "failed",
+                        end - sub,
+                        waited.get(req.name, ()),
+                        err,
+                    )
+                )
+        ops = ops[-self.capacity :]
         pending = []
         for runtime in list(self._runtimes):
             for state, entry, cycle in runtime.flight_pending():
-                pending.append(_op_dict(entry.request, runtime.flight_key,
-                                        entry.enqueued_at + shift, cycle, state,
-                                        now_mono - entry.enqueued_at, (), None))
+                pending.append(
+                    _op_dict(
+                        entry.request,
+                        runtime.flight_key,
+                        entry.enqueued_at + shift,
+                        cycle,
+                        state,
+                        now_mono - entry.enqueued_at,
+                        (),
+                        None,
+                    )
+                )
         ops += sorted(pending, key=lambda o: o["submitted"])
-        return {"format": "hvdlite-flight-recorder", "version": FORMAT_VERSION,
-                "rank": self.rank, "size": self.size, "hostname": self.hostname,
-                "pid": os.getpid(), "job_id": self.job_id, "reason": reason,
-                "dumped_at": now_wall, "capacity": self.capacity,
-                "appended": self.appended, "ops": ops}
+        return {
+            "format": "hvdlite-flight-recorder",
+            "version": FORMAT_VERSION,
+            "rank": self.rank,
+            "size": self.size,
+            "hostname": self.hostname,
+            "pid": os.getpid(),
+            "job_id": self.job_id,
+            "reason": reason,
+            "dumped_at": now_wall,
+            "capacity": self.capacity,
+            "appended": self.appended,
+            "ops": ops,
+        }
 
     def path(self) -> str:
         return os.path.join(self.directory, FILE_PATTERN.format(rank=self.rank))
@@ -148,28 +190,35 @@ class FlightRecorder:
                 _write_private(tmp, data)
                 os.replace(tmp, path)
             except OSError:
-                _remove_quietly(tmp)             # a full disk must not leave a half file
+                _remove_quietly(tmp)  # a full disk must not leave a half file
                 raise
         return path
 
 
-def _op_dict(req, set_key: str, submitted: float, cycle: int, state: str, duration: float,
-             waited, err) -> dict:
-    return {"name": req.name, "op": OpType(req.op).name.lower(), "dtype": req.dtype,
-            "shape": [int(d) for d in req.shape], "process_set": set_key,
-            "submitted": round(submitted, 6), "cycle": cycle, "state": state,
-            "duration_s": round(max(0.0, duration), 6),
-            "waited_for": [int(r) for r in waited],
-            "error": None if err is None else str(err)}
+def _op_dict(
+    req, set_key: str, submitted: float, cycle: int, state: str, duration: float, waited, err
+) -> dict:
+    return {
+        "name": req.name,
+        "op": OpType(req.op).name.lower(),
+        "dtype": req.dtype,
+        "shape": [int(d) for d in req.shape],
+        "process_set": set_key,
+        "submitted": round(submitted, 6),
+        "cycle": cycle,
+        "state": state,
+        "duration_s": round(max(0.0, duration), 6),
+        "waited_for": [int(r) for r in waited],
+        "error": None if err is None else str(err),
+    }
 
 
 def _write_private(path: str, data: dict) -> None:
     """``data`` as JSON in a new file readable by this user only (0600), whatever the
     directory's mode or the umask: the dumps name tensors and hosts (SECURITY.md)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
-                 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
-        os.fchmod(fd, 0o600)                     # an older file of that name kept its mode
+        os.fchmod(fd, 0o600)  # an older file of that name kept its mode
     except OSError:
         os.close(fd)
         raise
@@ -219,8 +268,12 @@ def configure(config) -> Optional[FlightRecorder]:
     if fr is None or fr.capacity != size:
         fr = FlightRecorder(size, directory)
     fr.directory = directory
-    fr.rank, fr.size, fr.hostname, fr.job_id = (config.rank, config.size, config.hostname,
-                                                config.job_id)
+    fr.rank, fr.size, fr.hostname, fr.job_id = (
+        config.rank,
+        config.size,
+        config.hostname,
+        config.job_id,
+    )
     _CURRENT = fr
     _install_excepthook()
     return fr
@@ -241,8 +294,13 @@ def dump(reason: str) -> Optional[str]:
     try:
         path = fr.dump(reason)
     except OSError as exc:
-        log.warning("rank %d: flight recorder: cannot write %s (%s); set "
-                    "--flight-recorder-dir to a writable directory", fr.rank, fr.path(), exc)
+        log.warning(
+            "rank %d: flight recorder: cannot write %s (%s); set "
+            "--flight-recorder-dir to a writable directory",
+            fr.rank,
+            fr.path(),
+            exc,
+        )
         return None
     log.info("rank %d: flight recorder written to %s (%s)", fr.rank, path, reason)
     return path
@@ -278,13 +336,19 @@ def launcher_note(job_id: str, directory: str = "", local_only: bool = False) ->
     if local_only:
         found = dump_files([where]) if os.path.isdir(where) else []
         if not found:
-            return (f"hvdlite-run: no flight recorder dump was written in {where} (a rank "
-                    f"writes one when it fails after hvd.init(); a rank that tried and could "
-                    f"not says why above)\n")
-        return (f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's "
-                f"host): {where} ({len(found)} here); diagnose with: hvdlite-doctor {where}\n")
-    return (f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's host): "
-            f"{where}; diagnose with: hvdlite-doctor {where}\n")
+            return (
+                f"hvdlite-run: no flight recorder dump was written in {where} (a rank "
+                f"writes one when it fails after hvd.init(); a rank that tried and could "
+                f"not says why above)\n"
+            )
+        return (
+            f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's "
+            f"host): {where} ({len(found)} here); diagnose with: hvdlite-doctor {where}\n"
+        )
+    return (
+        f"hvdlite-run: flight recorder dumps (one file per rank, on each rank's host): "
+        f"{where}; diagnose with: hvdlite-doctor {where}\n"
+    )
 
 
 def load(path: str) -> dict:
@@ -301,8 +365,9 @@ def load(path: str) -> dict:
     if not isinstance(data, dict) or data.get("format") != "hvdlite-flight-recorder":
         raise ValueError(f"{path}: not an hvdlite flight-recorder dump")
     if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format version {data.get('version')} (this reader knows "
-                         f"{FORMAT_VERSION})")
+        raise ValueError(
+            f"{path}: format version {data.get('version')} (this reader knows {FORMAT_VERSION})"
+        )
     return data
 
 
@@ -311,8 +376,11 @@ def dump_files(paths: List[str]) -> List[str]:
     out = []
     for p in paths:
         if os.path.isdir(p):
-            out += sorted(os.path.join(p, n) for n in os.listdir(p)
-                          if n.startswith("flight-rank") and n.endswith(".json"))
+            out += sorted(
+                os.path.join(p, n)
+                for n in os.listdir(p)
+                if n.startswith("flight-rank") and n.endswith(".json")
+            )
         else:
             out.append(p)
     return out

@@ -28,8 +28,24 @@ from hvdlite.common.engine.message import OpType
 log = logging.getLogger(__name__)
 
 #: upper bounds (seconds) of the negotiation and collective time histograms
-BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-             1.0, 2.5, 5.0, 10.0)
+BUCKETS_S = (
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 #: how often a rank sends its snapshot
 REPORT_INTERVAL_S = 1.0
 #: bound on one send (a launcher that does not answer costs the rank nothing else)
@@ -46,19 +62,19 @@ class Counters:
         n = len(_OPS)
         self.ops = [0] * n
         self.bytes = [0] * n
-        self.negotiation = [0] * (len(BUCKETS_S) + 1)    # per bucket, not cumulative
+        self.negotiation = [0] * (len(BUCKETS_S) + 1)  # per bucket, not cumulative
         self.negotiation_s = 0.0
         self.collective = [0] * (len(BUCKETS_S) + 1)
         self.collective_s = 0.0
         self.fused_groups = 0
-        self.fill_sum = 0.0            # sum over fused groups of bytes / fusion threshold
+        self.fill_sum = 0.0  # sum over fused groups of bytes / fusion threshold
         self.cache_hits = 0
         self.cache_misses = 0
-        self.stalled = 0               # rank 0: tensors waiting past the stall warning time
+        self.stalled = 0  # rank 0: tensors waiting past the stall warning time
         self.stall_counted_at = 0.0
         self.threshold = fusion_threshold_bytes
-        self.stragglers = None         # rank 0's StragglerTracker, for per-rank lateness
-        self._last_group = None        # the last fused group counted, and its bytes
+        self.stragglers = None  # rank 0's StragglerTracker, for per-rank lateness
+        self._last_group = None  # the last fused group counted, and its bytes
         self._last_bytes = 0
 
     def negotiated(self, seconds: float) -> None:
@@ -73,7 +89,7 @@ class Counters:
         op = int(group[0].op)
         if len(group) == 1:
             nbytes = group[0].nbytes
-        elif self._last_group is group:     # a cached plan runs the same group objects
+        elif self._last_group is group:  # a cached plan runs the same group objects
             nbytes = self._last_bytes
         else:
             nbytes = self._last_bytes = sum(r.nbytes for r in group)
@@ -95,18 +111,22 @@ class Counters:
         """The totals as plain data (what a rank sends; read from another thread: a
         snapshot may be a cycle out of step with itself, never wrong by more)."""
         snap = {
-            "ops": dict(zip(_OPS, list(self.ops))), "bytes": dict(zip(_OPS, list(self.bytes))),
-            "negotiation": list(self.negotiation), "negotiation_s": self.negotiation_s,
-            "collective": list(self.collective), "collective_s": self.collective_s,
-            "fused_groups": self.fused_groups, "fill_sum": self.fill_sum,
-            "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
+            "ops": dict(zip(_OPS, list(self.ops))),
+            "bytes": dict(zip(_OPS, list(self.bytes))),
+            "negotiation": list(self.negotiation),
+            "negotiation_s": self.negotiation_s,
+            "collective": list(self.collective),
+            "collective_s": self.collective_s,
+            "fused_groups": self.fused_groups,
+            "fill_sum": self.fill_sum,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
             "stalled": self.stalled,
         }
         tracker = self.stragglers
         if tracker is not None:
             snap["last_ready"] = dict(zip(map(str, tracker.ranks), list(tracker.last_total)))
-            snap["lateness_s"] = dict(zip(map(str, tracker.ranks),
-                                          list(tracker.late_total_s)))
+            snap["lateness_s"] = dict(zip(map(str, tracker.ranks), list(tracker.late_total_s)))
             snap["completing_cycles"] = tracker.cycles_total
         return snap
 
@@ -119,10 +139,13 @@ class Reporter:
         self._runtime = runtime
         self._addr = (config.rendezvous_addr, int(config.rendezvous_port))
         self._key = config.secret_key
-        self._header = {"op": "metrics", "hostname": config.hostname,
-                        "local_rank": config.local_rank, "rank": runtime.rank}
-        self._thread = threading.Thread(target=self._main, name="hvdlite-metrics",
-                                        daemon=True)
+        self._header = {
+            "op": "metrics",
+            "hostname": config.hostname,
+            "local_rank": config.local_rank,
+            "rank": runtime.rank,
+        }
+        self._thread = threading.Thread(target=self._main, name="hvdlite-metrics", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -139,10 +162,11 @@ class Reporter:
         """One snapshot on a connection of its own: the store caps connections per job, and
         a connection held by every rank for the whole job would halve what is left."""
         from hvdlite.common.net.service import Client
+
         client = Client(self._addr, self._key, SEND_TIMEOUT_S, name="rendezvous store")
         try:
             client.request(dict(self._header), blob, timeout_s=SEND_TIMEOUT_S)
-        except Exception as err:   # noqa: BLE001 -- metrics never end a rank
+        except Exception as err:  # noqa: BLE001 -- metrics never end a rank
             log.debug("metrics snapshot not delivered: %s", err)
         finally:
             client.close()
@@ -151,8 +175,12 @@ class Reporter:
 def start_reporting(runtime, config) -> Optional[Reporter]:
     """Start sending ``runtime``'s counters to the launcher, if it counts and there is a
     store to send them to (a Gloo job's launcher); returns the reporter or None."""
-    if getattr(runtime, "metrics", None) is None or config.rendezvous_addr is None \
-            or config.rendezvous_port is None or config.secret_key is None:
+    if (
+        getattr(runtime, "metrics", None) is None
+        or config.rendezvous_addr is None
+        or config.rendezvous_port is None
+        or config.secret_key is None
+    ):
         return None
     reporter = Reporter(runtime, config)
     reporter.start()

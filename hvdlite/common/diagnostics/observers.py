@@ -32,11 +32,11 @@ class _Observers:
         if tuner is not None and tuner.finished.is_set():
             tuner = None
         runtime = self.runtime
-        runtime.set_recorder(combine(
-            [r for r in (self.user, self.timeline, tuner) if r is not None]))
+        runtime.set_recorder(
+            combine([r for r in (self.user, self.timeline, tuner) if r is not None])
+        )
         deadline = time.monotonic() + timeout_s
-        while runtime.running() and not runtime.recorder_switched() and \
-                time.monotonic() < deadline:
+        while runtime.running() and not runtime.recorder_switched() and time.monotonic() < deadline:
             time.sleep(0.001)
 
     def retire_autotuner(self) -> None:
@@ -75,16 +75,19 @@ def attach(runtime, config, user: Recorder = NULL) -> None:
     obs = _Observers(runtime, user)
     try:
         if runtime.rank == 0 and config.timeline_filename:
-            obs.timeline = _new_timeline(runtime, _fresh_path(config.timeline_filename),
-                                         config.timeline_mark_cycles)
+            obs.timeline = _new_timeline(
+                runtime, _fresh_path(config.timeline_filename), config.timeline_mark_cycles
+            )
         if runtime.rank == 0 and config.autotune:
             from hvdlite.common.engine.autotune import Autotuner
-            obs.autotuner = Autotuner(config, runtime.propose_parameters, runtime.params,
-                                      on_finish=obs.retire_autotuner)
+
+            obs.autotuner = Autotuner(
+                config, runtime.propose_parameters, runtime.params, on_finish=obs.retire_autotuner
+            )
     except BaseException:
         if obs.timeline is not None:
             obs.timeline.close()
-        runtime.backend.close()       # the runtime never started; nothing else owns it
+        runtime.backend.close()  # the runtime never started; nothing else owns it
         raise
     with _LOCK:
         _CURRENT = obs
@@ -94,9 +97,13 @@ def attach(runtime, config, user: Recorder = NULL) -> None:
 
 def _new_timeline(runtime, path: str, mark_cycles: bool):
     from hvdlite.common.diagnostics.timeline_writer import Timeline
-    return Timeline(path, mark_cycles=mark_cycles,
-                    backend_name=getattr(runtime.backend, "name", ""),
-                    max_bytes=runtime.config.timeline_max_bytes)
+
+    return Timeline(
+        path,
+        mark_cycles=mark_cycles,
+        backend_name=getattr(runtime.backend, "name", ""),
+        max_bytes=runtime.config.timeline_max_bytes,
+    )
 
 
 def detach() -> None:
@@ -137,5 +144,5 @@ def stop_timeline(runtime, timeout_s: float = 2.0) -> None:
         if obs is None or obs.runtime is not runtime or obs.timeline is None:
             return
         timeline, obs.timeline = obs.timeline, None
-        obs.install(timeout_s)            # returns once the loop no longer calls it
+        obs.install(timeout_s)  # returns once the loop no longer calls it
     timeline.close()

@@ -35,8 +35,12 @@ def note(exc: BaseException, frame=None) -> None:
     while frame is not None and len(callers) < MAX_CALLERS:
         callers.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
         frame = frame.f_back
-    entry = {"type": type(exc).__name__, "message": str(exc)[:MAX_MESSAGE],
-             "callers": callers, "at": time.monotonic()}
+    entry = {
+        "type": type(exc).__name__,
+        "message": str(exc)[:MAX_MESSAGE],
+        "callers": callers,
+        "at": time.monotonic(),
+    }
     with _lock:
         _last = entry
 
@@ -57,6 +61,7 @@ def noted(fn: F) -> F:
     """``fn``, noting any :class:`Exception` it raises (see :func:`note`) before it goes on
     to the caller (an entry point calling another notes it twice, with the same user
     frame)."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -64,4 +69,5 @@ def noted(fn: F) -> F:
         except Exception as exc:
             note(exc, sys._getframe(1))
             raise
+
     return wrapper  # type: ignore[return-value]

@@ -34,8 +34,9 @@ class Recorder:
         """Every rank has asked for ``name``; ``waited_for`` are the ranks that asked last
         (empty when all asked in the same cycle or the response cache answered)."""
 
-    def span(self, phase: str, names: Sequence[str], start: float, end: float,
-             chunk: int = 0) -> None:
+    def span(
+        self, phase: str, names: Sequence[str], start: float, end: float, chunk: int = 0
+    ) -> None:
         """``names`` spent ``start``..``end`` in ``phase`` (COPY_IN, COLLECTIVE or COPY_OUT);
         ``chunk`` numbers the pieces of a pipelined fused buffer."""
 

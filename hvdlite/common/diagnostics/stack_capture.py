@@ -71,20 +71,30 @@ LEAVING_TIMEOUT_S = 1.0
 
 #: the hvdlite package (this file is hvdlite/common/diagnostics/stack_capture.py)
 _HVDLITE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_RUNTIME_DIRS = tuple(sorted({os.path.join(p, "") for p in (
-    _HVDLITE_DIR, sysconfig.get_paths().get("stdlib", ""),
-    sysconfig.get_paths().get("platstdlib", ""), sysconfig.get_paths().get("purelib", ""),
-    sysconfig.get_paths().get("platlib", "")) if p}))
+_RUNTIME_DIRS = tuple(
+    sorted(
+        {
+            os.path.join(p, "")
+            for p in (
+                _HVDLITE_DIR,
+                sysconfig.get_paths().get("stdlib", ""),
+                sysconfig.get_paths().get("platstdlib", ""),
+                sysconfig.get_paths().get("purelib", ""),
+                sysconfig.get_paths().get("platlib", ""),
+            )
+            if p
+        }
+    )
+)
 
 
 def is_runtime_file(path: str) -> bool:
     """Whether a frame in ``path`` is hvdlite's, the standard library's or an installed
     package's (not the user's code)."""
-    if path.startswith("<"):                 # <frozen ...>, <string>
+    if path.startswith("<"):  # <frozen ...>, <string>
         return True
     full = os.path.abspath(path)
-    return full.startswith(_RUNTIME_DIRS) or "site-packages" in full or \
-        "dist-packages" in full
+    return full.startswith(_RUNTIME_DIRS) or "site-packages" in full or "dist-packages" in full
 
 
 def capture(skip: Sequence[int] = ()) -> List[dict]:
@@ -100,12 +110,14 @@ def capture(skip: Sequence[int] = ()) -> List[dict]:
         frames = []
         while frame is not None and len(frames) < MAX_FRAMES:
             code = frame.f_code
-            frames.append([code.co_filename, frame.f_lineno, code.co_name,
-                           is_runtime_file(code.co_filename)])
+            frames.append(
+                [code.co_filename, frame.f_lineno, code.co_name, is_runtime_file(code.co_filename)]
+            )
             frame = frame.f_back
         frames.reverse()
-        threads.append({"name": names.get(ident, f"thread {ident}"), "main": ident == main,
-                        "frames": frames})
+        threads.append(
+            {"name": names.get(ident, f"thread {ident}"), "main": ident == main, "frames": frames}
+        )
     threads.sort(key=lambda t: not t["main"])
     return threads[:MAX_THREADS]
 
@@ -131,29 +143,48 @@ class Target:
     @classmethod
     def from_config(cls, config) -> Optional["Target"]:
         """The launcher's store from ``config``, or None (no launcher: nobody to tell)."""
-        if config.rendezvous_addr is None or config.rendezvous_port is None or \
-                not config.secret_key:
+        if (
+            config.rendezvous_addr is None
+            or config.rendezvous_port is None
+            or not config.secret_key
+        ):
             return None
-        return cls((config.rendezvous_addr, int(config.rendezvous_port)), config.secret_key,
-                   config.hostname or "")
+        return cls(
+            (config.rendezvous_addr, int(config.rendezvous_port)),
+            config.secret_key,
+            config.hostname or "",
+        )
 
     def client(self) -> Client:
         return Client(self.addr, self.key, SEND_TIMEOUT_S, name="launcher's store")
 
 
-def send_async(target: Target, kind: str, request_id: int, rank: int,
-               extra: Optional[dict] = None, with_stacks: bool = True) -> threading.Thread:
+def send_async(
+    target: Target,
+    kind: str,
+    request_id: int,
+    rank: int,
+    extra: Optional[dict] = None,
+    with_stacks: bool = True,
+) -> threading.Thread:
     """Capture this process's stacks and send them, on a daemon thread (never blocks the
     caller, which is usually the background thread).  ``extra``: the coordinator's
     fields (``expected`` ranks, stalled ``tensors``)."""
+
     def run() -> None:
-        header = {"op": "stack_report", "kind": kind, "id": int(request_id), "rank": int(rank),
-                  "host": target.hostname, "pid": os.getpid()}
+        header = {
+            "op": "stack_report",
+            "kind": kind,
+            "id": int(request_id),
+            "rank": int(rank),
+            "host": target.hostname,
+            "pid": os.getpid(),
+        }
         header.update(extra or {})
         left = _raised_field()
         if left is not None:
             header["raised"] = left
-        if kind == ALL:      # on demand, this rank's flight recorder too (off the loop)
+        if kind == ALL:  # on demand, this rank's flight recorder too (off the loop)
             flight_recorder.dump("stacks requested")
         blob = b""
         if with_stacks:
@@ -178,10 +209,14 @@ class Poller:
     its background thread did not answer) captures and sends its stacks from this
     thread, which does not depend on the background thread."""
 
-    def __init__(self, target: Target, rank: int,
-                 on_request: Optional[Callable[[int], None]] = None,
-                 period_s: float = POLL_PERIOD_S,
-                 status: Optional[Callable[[], dict]] = None):
+    def __init__(
+        self,
+        target: Target,
+        rank: int,
+        on_request: Optional[Callable[[int], None]] = None,
+        period_s: float = POLL_PERIOD_S,
+        status: Optional[Callable[[], dict]] = None,
+    ):
         """``status()``: this rank's progress for the launcher's liveness view (its
         ``round`` and ``progress``, the background thread's cycle count)."""
         self._target = target
@@ -190,8 +225,7 @@ class Poller:
         self._period_s = period_s
         self._status = status
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hvdlite-stack-poller",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="hvdlite-stack-poller", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -204,12 +238,12 @@ class Poller:
         seen: Dict[int, float] = {}
         answered: Dict[Tuple[str, int], float] = {}
         try:
-            first = True         # the first poll at once: the launcher knows the rank
+            first = True  # the first poll at once: the launcher knows the rank
             while first or not self._stop.wait(self._period_s):
                 first = False
                 try:
                     reply, _ = client.request(self._poll(), timeout_s=SEND_TIMEOUT_S)
-                except ServiceError as err:     # a store without the op: nobody will ask
+                except ServiceError as err:  # a store without the op: nobody will ask
                     log.debug("stack polling off: %s", err)
                     return
                 except Exception as err:  # noqa: BLE001 -- the launcher may be ending
@@ -240,15 +274,25 @@ class Poller:
         except Exception as err:  # noqa: BLE001 -- the launcher may be ending
             log.debug("leaving poll failed: %s", err)
 
-    def _handle(self, reply: dict, seen: Dict[int, float],
-                answered: Dict[Tuple[str, int], float]) -> None:
+    def _handle(
+        self, reply: dict, seen: Dict[int, float], answered: Dict[Tuple[str, int], float]
+    ) -> None:
         wanted = reply.get("wanted")
-        if self._on_request is not None and isinstance(wanted, int) and wanted > 0 \
-                and wanted not in seen:
+        if (
+            self._on_request is not None
+            and isinstance(wanted, int)
+            and wanted > 0
+            and wanted not in seen
+        ):
             seen[wanted] = time.monotonic()
             self._on_request(wanted)
         ask = reply.get("ask")
-        if isinstance(ask, list) and len(ask) == 2 and ask[0] in (STALL, ALL) \
-                and isinstance(ask[1], int) and (ask[0], ask[1]) not in answered:
+        if (
+            isinstance(ask, list)
+            and len(ask) == 2
+            and ask[0] in (STALL, ALL)
+            and isinstance(ask[1], int)
+            and (ask[0], ask[1]) not in answered
+        ):
             answered[(ask[0], ask[1])] = time.monotonic()
             send_async(self._target, ask[0], ask[1], self._rank, {"via": "poller"})

@@ -51,8 +51,13 @@ class StragglerTracker:
     ``announce(rank, text)`` delivers a warning (see :func:`announcer`).
     """
 
-    def __init__(self, ranks: List[int], window_s: float,
-                 announce: Callable[[int, str], None], label: str = ""):
+    def __init__(
+        self,
+        ranks: List[int],
+        window_s: float,
+        announce: Callable[[int, str], None],
+        label: str = "",
+    ):
         size = len(ranks)
         self.ranks = list(ranks)
         self.window_s = window_s
@@ -62,7 +67,7 @@ class StragglerTracker:
         self.last_total = [0] * size
         self.late_total_s = [0.0] * size
         self.cycles_total = 0
-        self._last = [0] * size            # this window's
+        self._last = [0] * size  # this window's
         self._late_s = [0.0] * size
         self._cycles = 0
         self._window_start: Optional[float] = None
@@ -76,8 +81,9 @@ class StragglerTracker:
         newest = int(ages_us.argmin())
         return self.observe_summary(newest, int(ages_us[newest]), int(ages_us.max()), now)
 
-    def observe_summary(self, newest: int, youngest_us: int, oldest_us: int, now: float
-                        ) -> Optional[Tuple[int, float]]:
+    def observe_summary(
+        self, newest: int, youngest_us: int, oldest_us: int, now: float
+    ) -> Optional[Tuple[int, float]]:
         """:meth:`observe` from what the control vector carries instead of every age: the
         member that became ready last, and the smallest and largest age (microseconds)."""
         if self._window_start is None:
@@ -116,25 +122,39 @@ class StragglerTracker:
     def describe(self, r: int, elapsed: float) -> str:
         """The one-line warning about member ``r`` for the window now closing."""
         where = f" ({self._label})" if self._label else ""
-        return (f"straggler{where}: rank {self.ranks[r]} was the last to be ready in "
-                f"{self._last[r]} of {self._cycles} completing cycles over the last "
-                f"{elapsed:.0f}s and kept the others waiting {self._late_s[r]:.2f}s "
-                f"({100.0 * min(1.0, self._late_s[r] / elapsed):.0f}% of the time); look for "
-                f"extra work, a slower host or data loading on that rank")
+        return (
+            f"straggler{where}: rank {self.ranks[r]} was the last to be ready in "
+            f"{self._last[r]} of {self._cycles} completing cycles over the last "
+            f"{elapsed:.0f}s and kept the others waiting {self._late_s[r]:.2f}s "
+            f"({100.0 * min(1.0, self._late_s[r] / elapsed):.0f}% of the time); look for "
+            f"extra work, a slower host or data loading on that rank"
+        )
 
 
 def announcer(config) -> Callable[[int, str], None]:
     """How rank 0 delivers a straggler warning: to the launcher's store, which prints it
     with the rank's host (a daemon thread sends it, so the loop never blocks); without a
     store (MPI, one process) to this rank's log."""
-    if config.rendezvous_addr is None or config.rendezvous_port is None \
-            or config.secret_key is None:
+    if (
+        config.rendezvous_addr is None
+        or config.rendezvous_port is None
+        or config.secret_key is None
+    ):
         return _log_warning
 
     def send(rank: int, text: str) -> None:
-        threading.Thread(target=_send, name="hvdlite-straggler-report", daemon=True,
-                         args=((config.rendezvous_addr, int(config.rendezvous_port)),
-                               config.secret_key, rank, text)).start()
+        threading.Thread(
+            target=_send,
+            name="hvdlite-straggler-report",
+            daemon=True,
+            args=(
+                (config.rendezvous_addr, int(config.rendezvous_port)),
+                config.secret_key,
+                rank,
+                text,
+            ),
+        ).start()
+
     return send
 
 
@@ -144,18 +164,18 @@ def _log_warning(rank: int, text: str) -> None:
 
 def _send(addr, key: bytes, rank: int, text: str) -> None:
     from hvdlite.common.net.service import Client
+
     client = Client(addr, key, SEND_TIMEOUT_S, name="rendezvous store")
     try:
-        client.request({"op": "straggler", "rank": rank, "text": text},
-                       timeout_s=SEND_TIMEOUT_S)
-    except Exception as err:   # noqa: BLE001 -- the warning must not end the rank
+        client.request({"op": "straggler", "rank": rank, "text": text}, timeout_s=SEND_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 -- the warning must not end the rank
         log.warning("%s (the launcher could not be told: %s)", text, err)
     finally:
         client.close()
 
 
 #: a rank's entry when nothing of its own was pending (the MIN-allreduce's neutral value)
-NOT_PENDING = 2 ** 31 - 1
+NOT_PENDING = 2**31 - 1
 
 
 def ready_age_us(oldest: Optional[float], agreed_at: float) -> int:

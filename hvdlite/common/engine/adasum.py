@@ -42,20 +42,23 @@ from typing import List, Optional, Sequence, Tuple
 from hvdlite.common import arrays
 
 #: storage dtype -> the dtype pieces are combined in
-_COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
-            "float64": "float64"}
+_COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
 
 
 def refusal(size: int, dtype: str, name: str) -> Optional[Exception]:
     """The error :func:`check` raises for tensor ``name``, or None.  It depends only on what
     every rank agreed on, so every rank refuses alike."""
     if dtype not in _COMPUTE:
-        return TypeError(f"allreduce of tensor {name!r} with op=Adasum: dtype {dtype} is not "
-                         f"supported; Adasum needs a floating tensor (float16, bfloat16, "
-                         f"float32 or float64)")
+        return TypeError(
+            f"allreduce of tensor {name!r} with op=Adasum: dtype {dtype} is not "
+            f"supported; Adasum needs a floating tensor (float16, bfloat16, "
+            f"float32 or float64)"
+        )
     if size < 1 or size & (size - 1):
-        return ValueError(f"allreduce of tensor {name!r} with op=Adasum: Adasum needs a "
-                          f"power-of-two number of ranks, but this job has {size}")
+        return ValueError(
+            f"allreduce of tensor {name!r} with op=Adasum: Adasum needs a "
+            f"power-of-two number of ranks, but this job has {size}"
+        )
     return None
 
 
@@ -95,22 +98,31 @@ def allreduce_(backend, buffer, counts: Sequence[int], name: str = "adasum") -> 
         offsets.append(offsets[-1] + c)
     total = k.numel(buffer)
     if offsets[-1] != total:
-        raise ValueError(f"Adasum of {name!r}: counts {list(counts)} do not add up to the "
-                         f"buffer's {total} elements")
+        raise ValueError(
+            f"Adasum of {name!r}: counts {list(counts)} do not add up to the "
+            f"buffer's {total} elements"
+        )
     scratch = k.empty((total + 1) // 2, dtype)
-    lo, n = 0, total            # the region of the buffer this rank holds
-    held: List[Tuple[int, int, bool]] = []   # the region before each level, and the side
+    lo, n = 0, total  # the region of the buffer this rank holds
+    held: List[Tuple[int, int, bool]] = []  # the region before each level, and the side
     level = 1
     while level < size:
         peer = rank ^ level
         half = n // 2
-        left = rank & level == 0         # left keeps the first half, its partner the second
+        left = rank & level == 0  # left keeps the first half, its partner the second
         keep_lo, keep_n = (lo, half) if left else (lo + half, n - half)
         send_lo, send_n = (lo + half, n - half) if left else (lo, half)
         theirs = scratch[:keep_n]
-        backend.sendrecv_(buffer[send_lo:send_lo + send_n], theirs, peer)
-        _combine(backend, buffer[keep_lo:keep_lo + keep_n], theirs,
-                 _segments(offsets, keep_lo, keep_n), len(counts), left, 2 * level)
+        backend.sendrecv_(buffer[send_lo : send_lo + send_n], theirs, peer)
+        _combine(
+            backend,
+            buffer[keep_lo : keep_lo + keep_n],
+            theirs,
+            _segments(offsets, keep_lo, keep_n),
+            len(counts),
+            left,
+            2 * level,
+        )
         held.append((lo, n, left))
         lo, n = keep_lo, keep_n
         level <<= 1
@@ -120,7 +132,7 @@ def allreduce_(backend, buffer, counts: Sequence[int], name: str = "adasum") -> 
         # the partner finished the other half of the region both held before the level
         other_lo = lo + n if left else outer_lo
         other_n = outer_n - n
-        backend.sendrecv_(buffer[lo:lo + n], buffer[other_lo:other_lo + other_n], rank ^ level)
+        backend.sendrecv_(buffer[lo : lo + n], buffer[other_lo : other_lo + other_n], rank ^ level)
         lo, n = outer_lo, outer_n
 
 
@@ -153,7 +165,7 @@ def _combine(backend, mine, theirs, segments, tensors: int, left: bool, block: i
     stats = k.zeros((tensors, 3), "float64")
     na, nb = (1, 2) if left else (2, 1)
     for i, start, count in segments:
-        x, y = a64[start:start + count], b64[start:start + count]
+        x, y = a64[start : start + count], b64[start : start + count]
         row = stats[i]
         row[0] = k.dot(x, y)
         row[na] = k.dot(x, x)
@@ -164,6 +176,6 @@ def _combine(backend, mine, theirs, segments, tensors: int, left: bool, block: i
     coeff_a = [1.0 - r[0] / (2.0 * r[na]) if r[na] > 0 else 1.0 for r in rows]
     coeff_b = [1.0 - r[0] / (2.0 * r[nb]) if r[nb] > 0 else 1.0 for r in rows]
     for i, start, count in segments:
-        k.axpby_(a[start:start + count], coeff_a[i], b[start:start + count], coeff_b[i])
+        k.axpby_(a[start : start + count], coeff_a[i], b[start : start + count], coeff_b[i])
     if a is not mine:
         k.copy_(mine, a)

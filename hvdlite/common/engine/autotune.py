@@ -40,12 +40,26 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 
 #: the search space: (name, low, high) on a log scale, plus the response cache on / off
-SPACE = (("fusion_threshold_mb", 1.0, 256.0), ("cycle_time_ms", 0.2, 20.0),
-         ("inplace_threshold_mb", 0.125, 64.0), ("fusion_chunk_mb", 1.0, 64.0))
+SPACE = (
+    ("fusion_threshold_mb", 1.0, 256.0),
+    ("cycle_time_ms", 0.2, 20.0),
+    ("inplace_threshold_mb", 0.125, 64.0),
+    ("fusion_chunk_mb", 1.0, 64.0),
+)
 
-CSV_FIELDS = ("sample", "kind", "fusion_threshold_bytes", "fusion_chunk_bytes",
-              "inplace_threshold_bytes", "cycle_time_ms", "cache_enabled", "steps",
-              "seconds", "bytes", "score_bytes_per_s")
+CSV_FIELDS = (
+    "sample",
+    "kind",
+    "fusion_threshold_bytes",
+    "fusion_chunk_bytes",
+    "inplace_threshold_bytes",
+    "cycle_time_ms",
+    "cache_enabled",
+    "steps",
+    "seconds",
+    "bytes",
+    "score_bytes_per_s",
+)
 
 #: candidates measured a second time before the best is kept (the starting one included)
 CONFIRM = 3
@@ -59,18 +73,24 @@ _WAIT_SWITCH, _ALIGN, _MEASURE, _THINK, _DONE = range(5)
 
 def to_point(p: Parameters) -> list:
     """A Parameters as a point of :data:`SPACE` (clipped into it)."""
-    vals = [p.fusion_threshold_bytes / MiB, p.cycle_time_ms, p.inplace_threshold_bytes / MiB,
-            p.fusion_chunk_bytes / MiB]
+    vals = [
+        p.fusion_threshold_bytes / MiB,
+        p.cycle_time_ms,
+        p.inplace_threshold_bytes / MiB,
+        p.fusion_chunk_bytes / MiB,
+    ]
     return [min(max(v, lo), hi) for v, (_, lo, hi) in zip(vals, SPACE)] + [int(p.cache_enabled)]
 
 
 def from_point(base: Parameters, x) -> Parameters:
     """The Parameters of a point (whole bytes, whole microseconds, as the wire carries)."""
-    return base.replace(fusion_threshold_bytes=int(float(x[0]) * MiB),
-                        cycle_time_ms=round(float(x[1]), 3),
-                        inplace_threshold_bytes=int(float(x[2]) * MiB),
-                        fusion_chunk_bytes=max(1, int(float(x[3]) * MiB)),
-                        cache_enabled=bool(int(x[4])))
+    return base.replace(
+        fusion_threshold_bytes=int(float(x[0]) * MiB),
+        cycle_time_ms=round(float(x[1]), 3),
+        inplace_threshold_bytes=int(float(x[2]) * MiB),
+        fusion_chunk_bytes=max(1, int(float(x[3]) * MiB)),
+        cache_enabled=bool(int(x[4])),
+    )
 
 
 def make_optimizer(noise: float, seed: int = 0, initial_points: int = 3):
@@ -86,12 +106,19 @@ def make_optimizer(noise: float, seed: int = 0, initial_points: int = 3):
     except ImportError as exc:
         raise HvdliteConfigError(
             f"--autotune needs scikit-optimize ({exc}); install it with "
-            f"'pip install scikit-optimize' or 'pip install hvdlite[autotune]'") from None
+            f"'pip install scikit-optimize' or 'pip install hvdlite[autotune]'"
+        ) from None
     dims = [Real(lo, hi, prior="log-uniform", name=n) for n, lo, hi in SPACE]
     dims.append(Categorical([0, 1], name="cache_enabled"))
     gp = cook_estimator("GP", space=dims, random_state=seed, noise=noise)
-    return Optimizer(dims, base_estimator=gp, acq_func="EI", n_initial_points=initial_points,
-                     initial_point_generator="random", random_state=seed)
+    return Optimizer(
+        dims,
+        base_estimator=gp,
+        acq_func="EI",
+        n_initial_points=initial_points,
+        initial_point_generator="random",
+        random_state=seed,
+    )
 
 
 def _median_step(ends: List[float]) -> float:
@@ -107,8 +134,13 @@ class Autotuner(Recorder):
 
     active = True
 
-    def __init__(self, config, propose: Callable[..., Parameters], initial: Parameters,
-                 on_finish: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        config,
+        propose: Callable[..., Parameters],
+        initial: Parameters,
+        on_finish: Optional[Callable[[], None]] = None,
+    ):
         self.propose = propose
         self.on_finish = on_finish
         self.initial = initial
@@ -139,14 +171,15 @@ class Autotuner(Recorder):
                 f = open(self.log_file, "w", newline="", encoding="utf-8")
             except OSError as exc:
                 raise HvdliteConfigError(
-                    f"--autotune-log-file {self.log_file!r}: cannot write it "
-                    f"({exc.strerror})") from None
+                    f"--autotune-log-file {self.log_file!r}: cannot write it ({exc.strerror})"
+                ) from None
             self._csv = (f, csv.writer(f))
             self._csv[1].writerow(CSV_FIELDS)
             f.flush()
         self._optimizer = make_optimizer(self.noise, initial_points=min(3, self.max_samples))
-        self._thread = threading.Thread(target=self._decide_loop, name="hvdlite-autotune",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._decide_loop, name="hvdlite-autotune", daemon=True
+        )
         self._thread.start()
 
     # -- the background thread's events -----------------------------------------------------
@@ -164,7 +197,7 @@ class Autotuner(Recorder):
         if state >= _THINK or error is not None:
             return
         names = self._step_names
-        if name in names:                          # a step boundary
+        if name in names:  # a step boundary
             names.clear()
             if state == _ALIGN:
                 self._state = _MEASURE
@@ -175,9 +208,16 @@ class Autotuner(Recorder):
                 self._step_ends.append(end)
                 if self._steps >= self.steps_per_sample:
                     self._state = _THINK
-                    self._inbox.put((self._kind, self._current, self._steps,
-                                     end - self._t_start, self._bytes,
-                                     _median_step(self._step_ends)))
+                    self._inbox.put(
+                        (
+                            self._kind,
+                            self._current,
+                            self._steps,
+                            end - self._t_start,
+                            self._bytes,
+                            _median_step(self._step_ends),
+                        )
+                    )
         names.add(name)
         if self._state == _MEASURE:
             self._bytes += self._sizes.get(name, 0)
@@ -203,8 +243,15 @@ class Autotuner(Recorder):
             self._state = _DONE
             self.finished.set()
 
-    def _take(self, kind: str, params: Parameters, steps: int, seconds: float,
-              nbytes: int, median_step_s: float) -> None:
+    def _take(
+        self,
+        kind: str,
+        params: Parameters,
+        steps: int,
+        seconds: float,
+        nbytes: int,
+        median_step_s: float,
+    ) -> None:
         # bytes of a step over the median step time: a step slowed by a neighbour on a
         # shared machine does not decide the sample
         score = nbytes / steps / median_step_s if median_step_s > 0 else 0.0
@@ -228,7 +275,7 @@ class Autotuner(Recorder):
             # one noisy sample flatters its winner: measure the best few (the starting
             # parameters always among them) once more and keep the best mean
             measured = [s for s in self.samples if s[0] in ("initial", "bayes")]
-            ranked = sorted(measured[1:], key=lambda s: -s[5])[:CONFIRM - 1]
+            ranked = sorted(measured[1:], key=lambda s: -s[5])[: CONFIRM - 1]
             self._confirm = [measured[0][1]] + [s[1] for s in ranked]
         if self._confirm:
             self._measure("confirm", self._confirm.pop(0))
@@ -246,9 +293,13 @@ class Autotuner(Recorder):
         start = mean[start_params]
         self.best = max(mean, key=mean.get)
         if mean[self.best] < start * (1.0 + KEEP_MARGIN):
-            self.best = start_params      # not clearly better: a change is a risk, not a gain
-        log.info("autotune: keeping %s (%.3f GB/s; the starting parameters gave %.3f GB/s)",
-                 self.best, mean[self.best] / 1e9, start / 1e9)
+            self.best = start_params  # not clearly better: a change is a risk, not a gain
+        log.info(
+            "autotune: keeping %s (%.3f GB/s; the starting parameters gave %.3f GB/s)",
+            self.best,
+            mean[self.best] / 1e9,
+            start / 1e9,
+        )
         self._log("best", self.best, 0, 0.0, 0, mean[self.best])
         self._state = _DONE
         self._switch(self.best)
@@ -268,8 +319,19 @@ class Autotuner(Recorder):
         if self._csv is None:
             return
         f, writer = self._csv
-        writer.writerow([len(self.samples), kind, params.fusion_threshold_bytes,
-                         params.fusion_chunk_bytes, params.inplace_threshold_bytes,
-                         params.cycle_time_ms, int(params.cache_enabled), steps,
-                         f"{seconds:.6f}", nbytes, f"{score:.1f}"])
+        writer.writerow(
+            [
+                len(self.samples),
+                kind,
+                params.fusion_threshold_bytes,
+                params.fusion_chunk_bytes,
+                params.inplace_threshold_bytes,
+                params.cycle_time_ms,
+                int(params.cache_enabled),
+                steps,
+                f"{seconds:.6f}",
+                nbytes,
+                f"{score:.1f}",
+            ]
+        )
         f.flush()

@@ -77,7 +77,7 @@ def template(capacity: int) -> np.ndarray:
     vec[AGE_MIN] = NOT_PENDING
     vec[AGE_MAX_NEG] = -NOT_PENDING
     vec[AGE_WHO] = INT_MAX
-    vec[DIG1] = vec[DIG2] = -1                 # "no payload": never uniform
+    vec[DIG1] = vec[DIG2] = -1  # "no payload": never uniform
     vec[DIG1_NEG] = vec[DIG2_NEG] = -INT_MAX
     return vec
 
@@ -88,14 +88,14 @@ def put_slots(vec: np.ndarray, slots: List[int], words: int) -> None:
     packed = np.zeros(words, dtype=np.int64)
     idx = np.asarray(slots, dtype=np.int64)
     np.bitwise_or.at(packed, idx // BITS_PER_WORD, np.left_shift(1, idx % BITS_PER_WORD))
-    vec[BITS:BITS + words] = packed
-    vec[BITS + words:BITS + 2 * words] = -packed
+    vec[BITS : BITS + words] = packed
+    vec[BITS + words : BITS + 2 * words] = -packed
 
 
 def ragged_words(agreed: np.ndarray, words: int) -> np.ndarray:
     """Indices of the words in which the ranks' hits differ (the same on every rank)."""
-    low = agreed[BITS:BITS + words]
-    high = -agreed[BITS + words:BITS + 2 * words]
+    low = agreed[BITS : BITS + words]
+    high = -agreed[BITS + words : BITS + 2 * words]
     return np.flatnonzero(low != high)
 
 
@@ -110,11 +110,12 @@ def own_bits(slots: List[int], word_ids: np.ndarray) -> np.ndarray:
     return bits.ravel()
 
 
-def ready_slots(agreed: np.ndarray, words: int, ragged: np.ndarray,
-                second: Optional[np.ndarray]) -> List[int]:
+def ready_slots(
+    agreed: np.ndarray, words: int, ragged: np.ndarray, second: Optional[np.ndarray]
+) -> List[int]:
     """The slots every rank hit: the agreed words, with the ragged ones replaced by the
     second round's MIN of their unpacked bits."""
-    packed = agreed[BITS:BITS + words].astype(np.int64)
+    packed = agreed[BITS : BITS + words].astype(np.int64)
     if len(ragged):
         packed[ragged] = 0
     ready = np.flatnonzero(((packed[:, None] >> _SHIFTS) & 1).ravel())
@@ -146,8 +147,11 @@ def longest_wait_us(agreed: np.ndarray) -> int:
 
 def uniform(agreed: np.ndarray) -> bool:
     """Whether every rank sent a payload with the same digest (the same requests)."""
-    return bool(agreed[DIG1] >= 0 and agreed[DIG1] == -agreed[DIG1_NEG]
-                and agreed[DIG2] == -agreed[DIG2_NEG])
+    return bool(
+        agreed[DIG1] >= 0
+        and agreed[DIG1] == -agreed[DIG1_NEG]
+        and agreed[DIG2] == -agreed[DIG2_NEG]
+    )
 
 
 # -- straggler summary --------------------------------------------------------------------

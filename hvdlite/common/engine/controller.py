@@ -13,8 +13,14 @@ import logging
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from hvdlite.common.engine.message import (JOIN_NAME, OpType, ReduceOp, Request, Response,
-                                    SAME_SHAPE_OPS)
+from hvdlite.common.engine.message import (
+    JOIN_NAME,
+    OpType,
+    ReduceOp,
+    Request,
+    Response,
+    SAME_SHAPE_OPS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +32,7 @@ class _Pending:
         self.requests: Dict[int, Request] = {}
         self.first_cycle = cycle
         self.first_time = time.monotonic()
-        self.last_cycle = cycle          # when the latest request arrived, and from whom
+        self.last_cycle = cycle  # when the latest request arrived, and from whom
         self.last_ranks: List[int] = []
 
     def add(self, rank: int, req: Request, cycle: int) -> None:
@@ -84,8 +90,16 @@ class Controller:
         out = []
         n = self.size
         for req in requests:
-            resp = Response(req.name, req.op, req.dtype, req.shape, req.root, req.reduce_op,
-                            req.prescale, req.postscale)
+            resp = Response(
+                req.name,
+                req.op,
+                req.dtype,
+                req.shape,
+                req.root,
+                req.reduce_op,
+                req.prescale,
+                req.postscale,
+            )
             if req.op == OpType.ALLGATHER:
                 resp.first_dims = [req.shape[0]] * n
             elif req.op == OpType.ALLTOALL:
@@ -99,7 +113,7 @@ class Controller:
 
     def _complete(self, entry: _Pending) -> bool:
         have = entry.requests
-        if not self.joined:           # the common case, O(1): no set built per request
+        if not self.joined:  # the common case, O(1): no set built per request
             return len(have) == self.size
         missing = sum(1 for r in self.joined if r not in have)
         return len(have) > 0 and len(have) + missing >= self.size
@@ -113,19 +127,27 @@ class Controller:
             error = self._join_conflict(name, first, reqs)
         if error is not None:
             return Response(name, first.op, first.dtype, first.shape, error=error)
-        resp = Response(name, first.op, first.dtype, first.shape, first.root, first.reduce_op,
-                        first.prescale, first.postscale)
+        resp = Response(
+            name,
+            first.op,
+            first.dtype,
+            first.shape,
+            first.root,
+            first.reduce_op,
+            first.prescale,
+            first.postscale,
+        )
         if entry.last_cycle != entry.first_cycle:
             resp.waited_for = tuple(entry.last_ranks)
         if first.op == OpType.ALLGATHER:
             resp.first_dims = [reqs[r].shape[0] if r in reqs else 0 for r in range(self.size)]
-        elif first.op == OpType.ALLTOALL:     # a joined rank sends nothing
-            resp.splits = [reqs[r].splits if r in reqs else (0,) * self.size
-                           for r in range(self.size)]
+        elif first.op == OpType.ALLTOALL:  # a joined rank sends nothing
+            resp.splits = [
+                reqs[r].splits if r in reqs else (0,) * self.size for r in range(self.size)
+            ]
         return resp
 
-    def _join_conflict(self, name: str, first: Request, reqs: Dict[int, Request]
-                       ) -> Optional[str]:
+    def _join_conflict(self, name: str, first: Request, reqs: Dict[int, Request]) -> Optional[str]:
         """As Horovod: allgather and broadcast cannot complete while a rank has joined
         without submitting them (the others get this error at once; the job goes on)."""
         if first.op not in (OpType.ALLGATHER, OpType.BROADCAST):
@@ -134,10 +156,16 @@ class Controller:
         if not absent:
             return None
         what = "Allgather" if first.op == OpType.ALLGATHER else "Broadcast"
-        hint = (" (DistributedOptimizer reduces sparse gradients with allgathers: pass "
-                "sparse_as_dense=True)" if first.op == OpType.ALLGATHER else "")
-        return (f"{what} is not supported with join at this time: {what.lower()} of tensor "
-                f"{name!r} while rank(s) {absent} have joined{hint}")
+        hint = (
+            " (DistributedOptimizer reduces sparse gradients with allgathers: pass "
+            "sparse_as_dense=True)"
+            if first.op == OpType.ALLGATHER
+            else ""
+        )
+        return (
+            f"{what} is not supported with join at this time: {what.lower()} of tensor "
+            f"{name!r} while rank(s) {absent} have joined{hint}"
+        )
 
     def _validate(self, name: str, reqs: Dict[int, Request]) -> Optional[str]:
         ranks = sorted(reqs)
@@ -149,24 +177,34 @@ class Controller:
                 groups.setdefault(str(value_of(reqs[r])), []).append(r)
             if len(groups) == 1:
                 return None
-            seen = "; ".join(f"ranks {[self._job[r] for r in rs]} sent {val}"
-                             for val, rs in groups.items())
+            seen = "; ".join(
+                f"ranks {[self._job[r] for r in rs]} sent {val}" for val, rs in groups.items()
+            )
             return f"mismatched {what} for tensor {name!r}: {seen}"
 
         checks = [("operation", lambda q: q.op.name.lower()), ("dtype", lambda q: q.dtype)]
         if first.op in SAME_SHAPE_OPS:
             checks.append(("shape", lambda q: list(q.shape)))
         elif first.op in (OpType.ALLGATHER, OpType.ALLTOALL):
-            checks.append(("rank (number of dimensions) or trailing shape",
-                           lambda q: ["*"] + list(q.shape[1:]) if q.shape else "scalar"))
+            checks.append(
+                (
+                    "rank (number of dimensions) or trailing shape",
+                    lambda q: ["*"] + list(q.shape[1:]) if q.shape else "scalar",
+                )
+            )
         if first.op == OpType.BROADCAST:
-            checks.append(("root_rank", lambda q: self._job[q.root]
-                           if 0 <= q.root < self.size else q.root))
+            checks.append(
+                ("root_rank", lambda q: self._job[q.root] if 0 <= q.root < self.size else q.root)
+            )
         if first.op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
             checks.append(("reduce op", lambda q: ReduceOp(q.reduce_op).name.lower()))
             checks.append(("prescale/postscale factors", lambda q: (q.prescale, q.postscale)))
-            checks.append(("grouped tensors (count, digest of their shapes)",
-                           lambda q: list(q.parts) if q.parts else "one tensor"))
+            checks.append(
+                (
+                    "grouped tensors (count, digest of their shapes)",
+                    lambda q: list(q.parts) if q.parts else "one tensor",
+                )
+            )
         for what, fn in checks:
             msg = disagree(what, fn)
             if msg:
@@ -175,10 +213,12 @@ class Controller:
             for r in ranks:
                 splits = reqs[r].splits
                 if len(splits) != self.size or sum(splits) != reqs[r].shape[0]:
-                    return (f"alltoall of tensor {name!r}: rank {self._job[r]} sent splits "
-                            f"{list(splits)}, "
-                            f"which must have {self.size} entries summing to its first "
-                            f"dimension {reqs[r].shape[0]}")
+                    return (
+                        f"alltoall of tensor {name!r}: rank {self._job[r]} sent splits "
+                        f"{list(splits)}, "
+                        f"which must have {self.size} entries summing to its first "
+                        f"dimension {reqs[r].shape[0]}"
+                    )
         return None
 
     # -- stall inspection --------------------------------------------------------------------
@@ -190,8 +230,9 @@ class Controller:
             waited = now - entry.first_time
             if waited >= older_than_s:
                 have = sorted(entry.requests)
-                missing = [r for r in range(self.size) if r not in entry.requests
-                           and r not in self.joined]
+                missing = [
+                    r for r in range(self.size) if r not in entry.requests and r not in self.joined
+                ]
                 out.append((name, have, missing, waited))
         return out
 
@@ -201,8 +242,9 @@ class Controller:
         missing = set()
         for entry in self.table.values():
             if entry.first_cycle <= cycle:
-                missing.update(r for r in range(self.size) if r not in entry.requests
-                               and r not in self.joined)
+                missing.update(
+                    r for r in range(self.size) if r not in entry.requests and r not in self.joined
+                )
         return sorted(missing)
 
     def fail_older_than(self, cycle: int) -> List[Response]:
@@ -213,11 +255,21 @@ class Controller:
             first = next(iter(entry.requests.values()))
             job = self._job
             missing = [job[r] for r in range(self.size) if r not in entry.requests]
-            out.append(Response(name, first.op, first.dtype, first.shape, error=(
-                f"tensor {name!r} stalled: submitted by ranks "
-                f"{[job[r] for r in sorted(entry.requests)]} but "
-                f"never by ranks {missing} (stall shutdown time exceeded; see "
-                f"--stall-check-shutdown-time-seconds)"), error_kind="stall"))
+            out.append(
+                Response(
+                    name,
+                    first.op,
+                    first.dtype,
+                    first.shape,
+                    error=(
+                        f"tensor {name!r} stalled: submitted by ranks "
+                        f"{[job[r] for r in sorted(entry.requests)]} but "
+                        f"never by ranks {missing} (stall shutdown time exceeded; see "
+                        f"--stall-check-shutdown-time-seconds)"
+                    ),
+                    error_kind="stall",
+                )
+            )
         return out
 
 
@@ -231,8 +283,11 @@ def plan_fusion(responses: Sequence[Response], threshold_bytes: int) -> List[Lis
     groups: List[List[Response]] = []
     open_groups: Dict[tuple, Tuple[List[Response], int]] = {}
     for resp in responses:
-        if resp.error is not None or threshold_bytes <= 0 or resp.op not in (
-                OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST):
+        if (
+            resp.error is not None
+            or threshold_bytes <= 0
+            or resp.op not in (OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST)
+        ):
             groups.append([resp])
             continue
         if resp.op == OpType.ALLREDUCE:

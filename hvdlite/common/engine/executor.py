@@ -65,8 +65,13 @@ class Executor:
     bound here once, so the per-tensor loops pay no lookup.
     """
 
-    def __init__(self, backend, buffers: fusion.FusionBuffers, params: Parameters,
-                 recorder: Optional[Recorder] = None):
+    def __init__(
+        self,
+        backend,
+        buffers: fusion.FusionBuffers,
+        params: Parameters,
+        recorder: Optional[Recorder] = None,
+    ):
         self.params = params
         self.backend = backend
         self.buffers = buffers
@@ -80,7 +85,7 @@ class Executor:
         #: objects): its sizes and chunks, and the views a result is unpacked from (see
         #: :meth:`_layout`)
         self._layouts: Dict[int, tuple] = {}
-        self._splits: Dict[tuple, tuple] = {}      # see _split_by_size
+        self._splits: Dict[tuple, tuple] = {}  # see _split_by_size
 
     def forget(self) -> None:
         """Drop the remembered views (they hold the backend's memory): before it closes."""
@@ -102,15 +107,15 @@ class Executor:
         """Set up the background thread: its copies and reductions are never autograd ops."""
         self._kind.enter_thread()
 
-    def run(self, group: List[Response], entries: Dict[str, object],
-            complete: Callable, fail: Callable) -> None:
+    def run(
+        self, group: List[Response], entries: Dict[str, object], complete: Callable, fail: Callable
+    ) -> None:
         first = group[0]
         if first.error is not None:
             for resp in group:
                 entry = entries.get(resp.name)
                 if entry is not None:
-                    kind = HvdliteStallError if resp.error_kind == "stall" else \
-                        HvdliteMismatchError
+                    kind = HvdliteStallError if resp.error_kind == "stall" else HvdliteMismatchError
                     fail(entry, kind(resp.error))
             return
         op = first.op
@@ -134,7 +139,7 @@ class Executor:
             if entry is not None:
                 complete(entry, first.value if op == OpType.JOIN else None)
             return
-        if self._rec is not None:      # these ops copy little; one span covers them
+        if self._rec is not None:  # these ops copy little; one span covers them
             self._span(COLLECTIVE, group, start)
 
     # -- allreduce ------------------------------------------------------------------------
@@ -146,15 +151,20 @@ class Executor:
 
     def _reduce(self, buf, resp: Response) -> None:
         op = resp.reduce_op
-        self.backend.allreduce_scaled_(buf, ReduceOp.SUM if op == ReduceOp.AVERAGE else
-                                       ReduceOp(op), resp.prescale, self._post_factor(resp))
+        self.backend.allreduce_scaled_(
+            buf,
+            ReduceOp.SUM if op == ReduceOp.AVERAGE else ReduceOp(op),
+            resp.prescale,
+            self._post_factor(resp),
+        )
 
     def _target(self, resp: Response, entry):
         """The flat tensor this rank reduces for ``resp``: its output holding its input, or
         a neutral stand-in (result discarded) when this rank has joined."""
         if entry is None:
-            return self._kind.full(resp.numel, fusion.neutral(resp.dtype, resp.reduce_op),
-                                   resp.dtype)
+            return self._kind.full(
+                resp.numel, fusion.neutral(resp.dtype, resp.reduce_op), resp.dtype
+            )
         if entry.output is not entry.tensor:
             self._copy(entry.output, entry.tensor)
         return self._flat(entry.output)
@@ -187,7 +197,8 @@ class Executor:
                 direct.append((self._target(resp, entry), entry, resp))
             if direct:
                 works = self.backend.allreduce_scaled_many_async_(
-                    [flat for flat, _, _ in direct], op, first.prescale, post)
+                    [flat for flat, _, _ in direct], op, first.prescale, post
+                )
                 in_flight_direct = [(w, e, r) for w, (_, e, r) in zip(works, direct)]
             group = packed
         if group:
@@ -207,16 +218,19 @@ class Executor:
         known = self._splits.get(key) if len(group) >= _REMEMBER_FROM else None
         if known is not None and known[0] is group:
             return known[1], known[2]
-        if self.backend.shares_buckets():       # zero-copy buckets: never packed
+        if self.backend.shares_buckets():  # zero-copy buckets: never packed
             prefix = BUCKET_NAME_PREFIX
-            packed = [r for r in group if r.nbytes < direct_bytes and
-                      not r.name.startswith(prefix)]
-            direct = [r for r in group if r.nbytes >= direct_bytes or
-                      r.name.startswith(prefix)] if len(packed) < len(group) else []
+            packed = [r for r in group if r.nbytes < direct_bytes and not r.name.startswith(prefix)]
+            direct = (
+                [r for r in group if r.nbytes >= direct_bytes or r.name.startswith(prefix)]
+                if len(packed) < len(group)
+                else []
+            )
         else:
             packed = [r for r in group if r.nbytes < direct_bytes]
-            direct = [r for r in group if r.nbytes >= direct_bytes] \
-                if len(packed) < len(group) else []
+            direct = (
+                [r for r in group if r.nbytes >= direct_bytes] if len(packed) < len(group) else []
+            )
         if len(packed) == len(group):
             packed = group
         if len(group) >= _REMEMBER_FROM:
@@ -230,8 +244,9 @@ class Executor:
         pipeline chunks ``(first, end, offset, count)``, and a dict in which the unpacking
         keeps the views of result regions it saw (:meth:`_result_pieces`).  Remembered for
         groups of many tensors, whose every step would otherwise rebuild them all."""
-        chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // \
-            itemsize(group[0].dtype)
+        chunk_elems = self.backend.pipeline_chunk_bytes(self.params.fusion_chunk_bytes) // itemsize(
+            group[0].dtype
+        )
         if len(group) < _REMEMBER_FROM:
             sizes = [r.numel for r in group]
             return sizes, list(_chunks(sizes, chunk_elems)), None
@@ -243,7 +258,7 @@ class Executor:
             self._layouts.clear()
         sizes = [r.numel for r in group]
         layout = (sizes, list(_chunks(sizes, chunk_elems)), {})
-        self._layouts[key] = (group, chunk_elems, layout)      # the group itself keeps its id
+        self._layouts[key] = (group, chunk_elems, layout)  # the group itself keeps its id
         return layout
 
     def _result_pieces(self, views, region, lo: int, sizes):
@@ -267,9 +282,10 @@ class Executor:
         flats, out_flats, done = [], [], []
         for resp in group:
             entry = entries.get(resp.name)
-            if entry is None:           # joined: contribute a neutral value, discard the result
-                flat = self._kind.full(resp.numel, fusion.neutral(resp.dtype, resp.reduce_op),
-                                       resp.dtype)
+            if entry is None:  # joined: contribute a neutral value, discard the result
+                flat = self._kind.full(
+                    resp.numel, fusion.neutral(resp.dtype, resp.reduce_op), resp.dtype
+                )
                 flats.append(flat)
                 out_flats.append(flat)
                 done.append(None)
@@ -289,24 +305,51 @@ class Executor:
         for chunk, (lo, hi, off, count) in enumerate(chunks):
             staged = self.backend.stage(dtype, count)
             if staged is not None:
-                self._allreduce_staged(staged, group, lo, hi, chunk, flats, out_flats,
-                                       sizes, done, complete, op, post, views)
+                self._allreduce_staged(
+                    staged,
+                    group,
+                    lo,
+                    hi,
+                    chunk,
+                    flats,
+                    out_flats,
+                    sizes,
+                    done,
+                    complete,
+                    op,
+                    post,
+                    views,
+                )
                 continue
-            region = buf[off:off + count]
+            region = buf[off : off + count]
             start = time.monotonic() if rec is not None else 0.0
             self._pack_scaled(flats[lo:hi], region, sizes[lo:hi], first.prescale)
             if rec is not None:
                 start = self._span(COPY_IN, group[lo:hi], start, chunk)
-            in_flight.append((self.backend.allreduce_async_(region, op), region, lo, hi, chunk,
-                              start))
+            in_flight.append(
+                (self.backend.allreduce_async_(region, op), region, lo, hi, chunk, start)
+            )
             if len(in_flight) > 1:
-                self._finish_chunk(in_flight.pop(0), post, group, sizes, out_flats, done,
-                                   complete)
+                self._finish_chunk(in_flight.pop(0), post, group, sizes, out_flats, done, complete)
         for item in in_flight:
             self._finish_chunk(item, post, group, sizes, out_flats, done, complete)
 
-    def _allreduce_staged(self, staged, group, lo, hi, chunk, flats, out_flats, sizes, done,
-                          complete, op, post, views=None) -> None:
+    def _allreduce_staged(
+        self,
+        staged,
+        group,
+        lo,
+        hi,
+        chunk,
+        flats,
+        out_flats,
+        sizes,
+        done,
+        complete,
+        op,
+        post,
+        views=None,
+    ) -> None:
         """One chunk packed straight into the backend's staging area (a shared-memory slot)
         and unpacked straight from where the result lies: two copies fewer."""
         rec = self._rec
@@ -318,8 +361,7 @@ class Executor:
         result = self.backend.allreduce_staged_(staged, op, post)
         if rec is not None:
             start = self._span(COLLECTIVE, group[lo:hi], start, chunk)
-        self._kind.copy_all_(out_flats[lo:hi],
-                             self._result_pieces(views, result, lo, sizes[lo:hi]))
+        self._kind.copy_all_(out_flats[lo:hi], self._result_pieces(views, result, lo, sizes[lo:hi]))
         if rec is not None:
             self._span(COPY_OUT, group[lo:hi], start, chunk)
         for e in done[lo:hi]:
@@ -345,7 +387,7 @@ class Executor:
             self._pack(flats, region)
             return
         for lo, hi, off, count in _chunks(sizes, self._scale_run(region)):
-            part = region[off:off + count]
+            part = region[off : off + count]
             self._pack(flats[lo:hi], part)
             self._scale(part, factor)
 
@@ -356,7 +398,7 @@ class Executor:
             self._unpack(region, outs, sizes)
             return
         for lo, hi, off, count in _chunks(sizes, self._scale_run(region)):
-            part = region[off:off + count]
+            part = region[off : off + count]
             self._scale(part, factor)
             self._unpack(part, outs[lo:hi], sizes[lo:hi])
 
@@ -388,7 +430,7 @@ class Executor:
             flats, outs, done = [], [], []
             for resp in group:
                 entry = entries.get(resp.name)
-                if entry is None:     # joined: a zero vector, which Adasum leaves out
+                if entry is None:  # joined: a zero vector, which Adasum leaves out
                     flat = self._kind.zeros(resp.numel, resp.dtype)
                     flats.append(flat)
                     outs.append(flat)
@@ -412,8 +454,10 @@ class Executor:
     def _allgather(self, group, entries, complete) -> None:
         k = self._kind
         row_bytes = [numel(r.shape[1:]) * itemsize(r.dtype) for r in group]
-        counts = [sum(r.first_dims[rank] * rb for r, rb in zip(group, row_bytes))
-                  for rank in range(self.size)]
+        counts = [
+            sum(r.first_dims[rank] * rb for r, rb in zip(group, row_bytes))
+            for rank in range(self.size)
+        ]
         pieces = []
         for resp in group:
             entry = entries.get(resp.name)
@@ -433,7 +477,7 @@ class Executor:
             parts = []
             for rank in range(self.size):
                 n = resp.first_dims[rank] * rb
-                parts.append(chunks[rank][offsets[rank]:offsets[rank] + n])
+                parts.append(chunks[rank][offsets[rank] : offsets[rank] + n])
                 offsets[rank] += n
             if entry is None:
                 continue
@@ -470,7 +514,7 @@ class Executor:
         for entry, n in zip(present, sizes):
             if entry is not None:
                 if self.rank != root or entry.output is not entry.tensor:
-                    k.copy_(k.as_bytes(entry.output), buf[offset:offset + n])
+                    k.copy_(k.as_bytes(entry.output), buf[offset : offset + n])
                 complete(entry, entry.output)
             offset += n
 
@@ -480,19 +524,20 @@ class Executor:
         rb = numel(resp.shape[1:]) * itemsize(resp.dtype)
         send_rows = resp.splits[self.rank]
         recv_rows = [resp.splits[r][self.rank] for r in range(self.size)]
-        if entry is None:            # joined: send nothing, take in (and drop) what comes
+        if entry is None:  # joined: send nothing, take in (and drop) what comes
             send = k.empty(0, "uint8")
         else:
             send = k.as_bytes(entry.tensor)
-        out = self.backend.alltoall_bytes(send, [n * rb for n in send_rows],
-                                          [n * rb for n in recv_rows])
+        out = self.backend.alltoall_bytes(
+            send, [n * rb for n in send_rows], [n * rb for n in recv_rows]
+        )
         if entry is None:
             return
         result = k.view_as(out, resp.dtype).reshape((sum(recv_rows),) + tuple(resp.shape[1:]))
         complete(entry, (result, k.tensor(recv_rows, "int32")))
 
     def _reducescatter(self, resp, entry, complete) -> None:
-        if entry is None:            # joined: contribute zeros, drop this rank's slice
+        if entry is None:  # joined: contribute zeros, drop this rank's slice
             self._reduce(self._kind.zeros(resp.numel, resp.dtype), resp)
             return
         full = self._clone(entry.tensor)
@@ -501,4 +546,4 @@ class Executor:
         base, extra = divmod(rows, self.size)
         start = self.rank * base + min(self.rank, extra)
         count = base + (1 if self.rank < extra else 0)
-        complete(entry, self._clone(full[start:start + count]))
+        complete(entry, self._clone(full[start : start + count]))

@@ -42,13 +42,34 @@ SAME_SHAPE_OPS = (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER)
 class Request:
     """One rank's request for one named tensor."""
 
-    __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale",
-                 "postscale", "splits", "parts", "sig", "wire")
+    __slots__ = (
+        "name",
+        "op",
+        "dtype",
+        "shape",
+        "root",
+        "reduce_op",
+        "prescale",
+        "postscale",
+        "splits",
+        "parts",
+        "sig",
+        "wire",
+    )
 
-    def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
-                 root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
-                 postscale: float = 1.0, splits: Optional[Tuple[int, ...]] = None,
-                 parts: Optional[Tuple[int, int]] = None):
+    def __init__(
+        self,
+        name: str,
+        op: OpType,
+        dtype: str = "",
+        shape: Tuple[int, ...] = (),
+        root: int = -1,
+        reduce_op: int = -1,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        splits: Optional[Tuple[int, ...]] = None,
+        parts: Optional[Tuple[int, int]] = None,
+    ):
         """``parts``: a packed grouped allreduce's (tensor count, digest of their shapes);
         the ranks must agree on it as on the shape."""
         self.name = name
@@ -62,8 +83,17 @@ class Request:
         self.splits = tuple(splits) if splits is not None else None
         self.parts = tuple(parts) if parts is not None else None
         #: everything that must be equal for a cached response to be reused
-        self.sig = (op, dtype, self.shape, root, reduce_op, prescale, postscale, self.splits,
-                    self.parts)
+        self.sig = (
+            op,
+            dtype,
+            self.shape,
+            root,
+            reduce_op,
+            prescale,
+            postscale,
+            self.splits,
+            self.parts,
+        )
         #: :meth:`wire_bound`, computed once
         self.wire = 12 * len(name) + 24 * (len(self.shape) + len(self.splits or ())) + 250
 
@@ -74,9 +104,17 @@ class Request:
         return self.wire
 
     def to_list(self) -> list:
-        out = [self.name, int(self.op), self.dtype, list(self.shape), self.root,
-               self.reduce_op, self.prescale, self.postscale,
-               list(self.splits) if self.splits is not None else None]
+        out = [
+            self.name,
+            int(self.op),
+            self.dtype,
+            list(self.shape),
+            self.root,
+            self.reduce_op,
+            self.prescale,
+            self.postscale,
+            list(self.splits) if self.splits is not None else None,
+        ]
         if self.parts is not None:
             out.append(list(self.parts))
         return out
@@ -85,10 +123,18 @@ class Request:
     def from_list(cls, item: list) -> "Request":
         name, op, dtype, shape, root, reduce_op, pre, post, splits = item[:9]
         parts = item[9] if len(item) > 9 else None
-        return cls(str(name), OpType(op), str(dtype), tuple(int(s) for s in shape), int(root),
-                   int(reduce_op), float(pre), float(post),
-                   tuple(int(s) for s in splits) if splits is not None else None,
-                   (int(parts[0]), int(parts[1])) if parts is not None else None)
+        return cls(
+            str(name),
+            OpType(op),
+            str(dtype),
+            tuple(int(s) for s in shape),
+            int(root),
+            int(reduce_op),
+            float(pre),
+            float(post),
+            tuple(int(s) for s in splits) if splits is not None else None,
+            (int(parts[0]), int(parts[1])) if parts is not None else None,
+        )
 
 
 def encode_requests(requests: Sequence[Request]) -> bytes:
@@ -110,15 +156,41 @@ class Response:
     late request the others waited for (instrumentation only).
     """
 
-    __slots__ = ("name", "op", "dtype", "shape", "root", "reduce_op", "prescale", "postscale",
-                 "first_dims", "splits", "error", "error_kind", "value", "nbytes", "numel",
-                 "waited_for")
+    __slots__ = (
+        "name",
+        "op",
+        "dtype",
+        "shape",
+        "root",
+        "reduce_op",
+        "prescale",
+        "postscale",
+        "first_dims",
+        "splits",
+        "error",
+        "error_kind",
+        "value",
+        "nbytes",
+        "numel",
+        "waited_for",
+    )
 
-    def __init__(self, name: str, op: OpType, dtype: str = "", shape: Tuple[int, ...] = (),
-                 root: int = -1, reduce_op: int = -1, prescale: float = 1.0,
-                 postscale: float = 1.0, first_dims: Optional[List[int]] = None,
-                 splits: Optional[List[Tuple[int, ...]]] = None, error: Optional[str] = None,
-                 value: int = -1, error_kind: str = "mismatch"):
+    def __init__(
+        self,
+        name: str,
+        op: OpType,
+        dtype: str = "",
+        shape: Tuple[int, ...] = (),
+        root: int = -1,
+        reduce_op: int = -1,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        first_dims: Optional[List[int]] = None,
+        splits: Optional[List[Tuple[int, ...]]] = None,
+        error: Optional[str] = None,
+        value: int = -1,
+        error_kind: str = "mismatch",
+    ):
         self.name = name
         self.op = op
         self.dtype = dtype
@@ -130,10 +202,10 @@ class Response:
         self.first_dims = first_dims
         self.splits = splits
         self.error = error
-        self.error_kind = error_kind   # "mismatch" or "stall"
+        self.error_kind = error_kind  # "mismatch" or "stall"
         self.value = value
-        self.nbytes = 0                # payload size, for fusion planning (set by the runtime)
-        self.waited_for: Tuple[int, ...] = ()   # ranks that asked last, when others waited
+        self.nbytes = 0  # payload size, for fusion planning (set by the runtime)
+        self.waited_for: Tuple[int, ...] = ()  # ranks that asked last, when others waited
         n = 1
         for d in shape:
             n *= d

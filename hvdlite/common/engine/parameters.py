@@ -13,7 +13,7 @@ from typing import List
 
 from hvdlite.common.exceptions import HvdliteConfigError
 
-_INT32_MAX = 2 ** 31 - 1
+_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,13 @@ class Parameters:
     def from_config(cls, config) -> "Parameters":
         """The rank's starting values, taken as they are: ``Config`` checked their ranges
         (the tunables' table bounds each to what the control vector can carry)."""
-        return cls(config.fusion_threshold_bytes, config.fusion_chunk_bytes,
-                   config.inplace_threshold_bytes, config.cycle_time_ms,
-                   config.cache_capacity > 0)
+        return cls(
+            config.fusion_threshold_bytes,
+            config.fusion_chunk_bytes,
+            config.inplace_threshold_bytes,
+            config.cycle_time_ms,
+            config.cache_capacity > 0,
+        )
 
     def replace(self, **changes) -> "Parameters":
         """A proposal (by hand or from the autotuner): checked here, the only values that
@@ -46,26 +50,36 @@ class Parameters:
         """
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise HvdliteConfigError(f"unknown live parameters {sorted(unknown)}; known: "
-                                     f"{[f.name for f in dataclasses.fields(self)]}")
+            raise HvdliteConfigError(
+                f"unknown live parameters {sorted(unknown)}; known: "
+                f"{[f.name for f in dataclasses.fields(self)]}"
+            )
         new = dataclasses.replace(self, **changes)
         for name in ("fusion_threshold_bytes", "inplace_threshold_bytes"):
             if not 0 <= getattr(new, name) <= _INT32_MAX:
-                raise HvdliteConfigError(f"parameter {name}={getattr(new, name)} must be "
-                                         f"0..{_INT32_MAX}")
+                raise HvdliteConfigError(
+                    f"parameter {name}={getattr(new, name)} must be 0..{_INT32_MAX}"
+                )
         if not 1 <= new.fusion_chunk_bytes <= _INT32_MAX:
-            raise HvdliteConfigError(f"parameter fusion_chunk_bytes={new.fusion_chunk_bytes} "
-                                     f"must be 1..{_INT32_MAX}")
+            raise HvdliteConfigError(
+                f"parameter fusion_chunk_bytes={new.fusion_chunk_bytes} must be 1..{_INT32_MAX}"
+            )
         if not 0 <= new.cycle_time_ms * 1000 <= _INT32_MAX:
-            raise HvdliteConfigError(f"parameter cycle_time_ms={new.cycle_time_ms} must be "
-                                     f">= 0 and below {_INT32_MAX // 1000} ms")
+            raise HvdliteConfigError(
+                f"parameter cycle_time_ms={new.cycle_time_ms} must be "
+                f">= 0 and below {_INT32_MAX // 1000} ms"
+            )
         return new
 
     def encode(self) -> List[int]:
         """int32 values for the control vector (the cycle time in microseconds)."""
-        return [self.fusion_threshold_bytes, self.fusion_chunk_bytes,
-                self.inplace_threshold_bytes, int(round(self.cycle_time_ms * 1000)),
-                int(self.cache_enabled)]
+        return [
+            self.fusion_threshold_bytes,
+            self.fusion_chunk_bytes,
+            self.inplace_threshold_bytes,
+            int(round(self.cycle_time_ms * 1000)),
+            int(self.cache_enabled),
+        ]
 
     @classmethod
     def decode(cls, values) -> "Parameters":

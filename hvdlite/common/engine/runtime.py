@@ -50,7 +50,7 @@ from hvdlite.common.diagnostics import stragglers
 from hvdlite.common.engine import control_vector as cv
 from hvdlite.common.config import Config
 from hvdlite.common.engine.controller import Controller, plan_fusion
-from hvdlite.common.exceptions import (HvdliteError, HvdliteInternalError)
+from hvdlite.common.exceptions import HvdliteError, HvdliteInternalError
 from hvdlite.common.engine.executor import Executor
 from hvdlite.common.engine.message import Response, decode_requests, encode_requests
 from hvdlite.common.diagnostics.metrics_counters import Counters
@@ -81,8 +81,14 @@ _CONVERGE_US = 5000
 class Runtime:
     """Owns the queue, the controller, the cache and the backend of one init()."""
 
-    def __init__(self, config: Config, backend, recorder: Recorder = NULL,
-                 ranks: Optional[List[int]] = None, label: Optional[str] = None):
+    def __init__(
+        self,
+        config: Config,
+        backend,
+        recorder: Recorder = NULL,
+        ranks: Optional[List[int]] = None,
+        label: Optional[str] = None,
+    ):
         """``ranks`` are the job ranks of a process set's members, in set-rank order (None:
         the whole job); messages name job ranks through it.  ``label`` names this runtime
         in messages and its thread."""
@@ -97,21 +103,21 @@ class Runtime:
         #: the live parameters every rank applies (changed only through the control vector)
         self.params = Parameters.from_config(config)
         self._params_version = 0
-        self._proposed = (0, self.params)         # rank 0: (version, parameters) it offers
+        self._proposed = (0, self.params)  # rank 0: (version, parameters) it offers
         self._rec = recorder if recorder.active else None
-        self._next_rec: Optional[Recorder] = None   # set_recorder's, taken at a cycle start
+        self._next_rec: Optional[Recorder] = None  # set_recorder's, taken at a cycle start
         self.executor = Executor(backend, fusion.FusionBuffers(), self.params, self._rec)
-        self._unsent: Dict[str, Entry] = {}      # drained, not yet negotiated or executed
-        self._sent: Dict[str, Entry] = {}        # in the controller's table
-        self._wake = threading.Event()           # a submission arrived
-        self._flush = threading.Event()          # a user waits: stop gathering submissions
-        self._progress = False                   # the last cycle negotiated or executed
+        self._unsent: Dict[str, Entry] = {}  # drained, not yet negotiated or executed
+        self._sent: Dict[str, Entry] = {}  # in the controller's table
+        self._wake = threading.Event()  # a submission arrived
+        self._flush = threading.Event()  # a user waits: stop gathering submissions
+        self._progress = False  # the last cycle negotiated or executed
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self._cycle = 0
         # fusion plans of cache-hit cycles, keyed by (cache version, parameters, slots)
         self._plan_memo: Dict[tuple, list] = {}
-        self._done: list = []                    # (entry, result, error) of the running group
+        self._done: list = []  # (entry, result, error) of the running group
         self._set_up_vector(config.cache_capacity)
         self._set_up_diagnosis(config, ranks)
         name = f"hvdlite-background-r{self.ranks[self.rank]}"
@@ -124,9 +130,9 @@ class Runtime:
         starts from (one copy per cycle instead of several fills)."""
         self._words = cv.words_for(cache_capacity)
         self._vec_len = cv.length(cache_capacity)
-        self._ready_age = stragglers.NOT_PENDING   # this rank's entry of the next vector
-        self._completed = False                    # the last cycle executed responses
-        self._leaving = False                      # this rank's vector said it shuts down
+        self._ready_age = stragglers.NOT_PENDING  # this rank's entry of the next vector
+        self._completed = False  # the last cycle executed responses
+        self._leaving = False  # this rank's vector said it shuts down
         self._vec_template = cv.template(cache_capacity)
 
     def _set_up_diagnosis(self, config: Config, ranks: Optional[List[int]]) -> None:
@@ -134,8 +140,7 @@ class Runtime:
         #: this process's flight recorder (None: off), this runtime's key in it, and the
         #: (group, entries) on the wire while a group executes
         self._flight = flight_recorder.current()
-        self.flight_key = "global" if ranks is None else "ranks " + ",".join(
-            map(str, self.ranks))
+        self.flight_key = "global" if ranks is None else "ranks " + ",".join(map(str, self.ranks))
         self._flight_running: Optional[tuple] = None
         if self._flight is not None:
             self._flight.watch(self)
@@ -143,12 +148,22 @@ class Runtime:
         self.stalls = StallWatch(config, self.controller, self.rank, self.ranks, self.hurry)
         # the job's runtime only: users' requests for every rank's stacks
         self._poller = self.stalls.poller(self._liveness) if ranks is None else None
-        self._stragglers = stragglers.StragglerTracker(
-            self.ranks, config.straggler_window_s, stragglers.announcer(config),
-            "" if ranks is None else self.label) if self.rank == 0 and self.size > 1 else None
+        self._stragglers = (
+            stragglers.StragglerTracker(
+                self.ranks,
+                config.straggler_window_s,
+                stragglers.announcer(config),
+                "" if ranks is None else self.label,
+            )
+            if self.rank == 0 and self.size > 1
+            else None
+        )
         #: counters for hvdlite-run --metrics-port (None: metrics off; the job's runtime only)
-        self.metrics = Counters(config.fusion_threshold_bytes) \
-            if config.metrics_port and ranks is None and config.rendezvous_addr else None
+        self.metrics = (
+            Counters(config.fusion_threshold_bytes)
+            if config.metrics_port and ranks is None and config.rendezvous_addr
+            else None
+        )
         if self.metrics is not None:
             self.metrics.stragglers = self._stragglers
 
@@ -188,8 +203,10 @@ class Runtime:
             ValueError: called on a rank other than 0 (only rank 0's proposal travels).
         """
         if self.rank != 0:
-            raise ValueError(f"rank {self.rank}: only rank 0 may change live parameters "
-                             f"(every rank applies rank 0's values in the same cycle)")
+            raise ValueError(
+                f"rank {self.rank}: only rank 0 may change live parameters "
+                f"(every rank applies rank 0's values in the same cycle)"
+            )
         version, current = self._proposed
         params = current.replace(**changes)
         self._proposed = (version + 1, params)
@@ -239,15 +256,15 @@ class Runtime:
                 err = exc
             else:
                 err = HvdliteInternalError(
-                    f"{self.label}: the background thread failed: "
-                    f"{type(exc).__name__}: {exc}")
+                    f"{self.label}: the background thread failed: {type(exc).__name__}: {exc}"
+                )
                 err.__cause__ = exc
             log.debug("rank %d: background loop ended with %s", self.rank, err)
             self._fail_all(err, dump=True)
         finally:
             if self._poller is not None:
                 self._poller.stop()
-            self.executor.forget()          # its views of shared memory go before the mapping
+            self.executor.forget()  # its views of shared memory go before the mapping
             self.backend.close()
 
     def _pace(self) -> None:
@@ -312,7 +329,8 @@ class Runtime:
         self.stalls.answer(agreed, self._cycle)
         stalled = self._stall_failures(agreed)
         negotiate = agreed[_NEED] == 0 and (
-            cv.uniform(agreed) or cv.longest_wait_us(agreed) >= _CONVERGE_US)
+            cv.uniform(agreed) or cv.longest_wait_us(agreed) >= _CONVERGE_US
+        )
         if negotiate:
             responses = self._negotiate(agreed, payload, stalled)
             if self.metrics is not None:
@@ -321,7 +339,7 @@ class Runtime:
         else:
             if self.metrics is not None:
                 self._count_cycle(now, oldest)
-            self._execute(stalled)          # stall errors, if any, first
+            self._execute(stalled)  # stall errors, if any, first
             self._execute_cache_hits(agreed, hits)
         self.stalls.check(now)
         self._progress = negotiate or self._completed
@@ -338,8 +356,12 @@ class Runtime:
         rec.cycle(self._cycle, now)
         for entry in self.queue.drain():
             self._unsent[entry.request.name] = entry
-            rec.queued(entry.request.name, entry.request.op.name.lower(), entry.enqueued_at,
-                       getattr(entry.tensor, "nbytes", 0))
+            rec.queued(
+                entry.request.name,
+                entry.request.op.name.lower(),
+                entry.enqueued_at,
+                getattr(entry.tensor, "nbytes", 0),
+            )
 
     def _oldest_pending(self) -> Optional[float]:
         """When this rank's oldest pending submission was made (None: nothing pending);
@@ -359,13 +381,13 @@ class Runtime:
         if self._completed and self._stragglers is not None:
             newest, youngest, oldest_age = cv.read_ages(agreed, self.size)
             if oldest_age < stragglers.NOT_PENDING:
-                late = self._stragglers.observe_summary(newest, youngest, oldest_age,
-                                                        agreed_at)
+                late = self._stragglers.observe_summary(newest, youngest, oldest_age, agreed_at)
                 if late is not None and self._rec is not None:
                     self._rec.late(agreed_at, self.ranks[late[0]], late[1])
         self._completed = False
-        self._ready_age = stragglers.NOT_PENDING if oldest is None else \
-            stragglers.ready_age_us(oldest, agreed_at)
+        self._ready_age = (
+            stragglers.NOT_PENDING if oldest is None else stragglers.ready_age_us(oldest, agreed_at)
+        )
 
     def _count_cycle(self, start: float, oldest: Optional[float]) -> None:
         """Metrics: this cycle's agreement time (when this rank had work), and rank 0's
@@ -399,7 +421,7 @@ class Runtime:
                 need_full = True
             else:
                 slots.append(slot)
-                bound += entry.wire               # computed once, at submission
+                bound += entry.wire  # computed once, at submission
         return need_full, slots, bound
 
     def _control_vector(self, now: float) -> Tuple[np.ndarray, List[int], Optional[bytes]]:
@@ -432,8 +454,12 @@ class Runtime:
             vec[_LEN] = -len(payload)
             cv.put_digest(vec, payload)
             unsent = self._unsent
-            cv.put_waited(vec, int((now - next(iter(unsent.values())).enqueued_at) * 1e6)
-                          if unsent and not self.controller.joined else _INT_MAX)
+            cv.put_waited(
+                vec,
+                int((now - next(iter(unsent.values())).enqueued_at) * 1e6)
+                if unsent and not self.controller.joined
+                else _INT_MAX,
+            )
         elif bound:
             # every rank reports at least what it would send, so the allgather buffer fits
             # the payload we only encode if some other rank forces a negotiation
@@ -446,8 +472,9 @@ class Runtime:
         everywhere."""
         agreed = self.backend.control_allreduce_min(vec)
         if agreed[_PVER] != self._params_version:
-            self._apply_parameters(int(agreed[_PVER]),
-                                   Parameters.decode(agreed[_PARAMS:_PARAMS_END]))
+            self._apply_parameters(
+                int(agreed[_PVER]), Parameters.decode(agreed[_PARAMS:_PARAMS_END])
+            )
         leaving = int(agreed[cv.LEAVING])
         if leaving == _INT_MAX:
             return agreed
@@ -455,7 +482,8 @@ class Runtime:
             err = HvdliteInternalError(
                 f"{self.label}: rank {self.ranks[leaving]} shut down (hvd.shutdown(), "
                 f"exit, or removal of the process set) while this rank was still running; "
-                f"pending and later operations fail")
+                f"pending and later operations fail"
+            )
         else:
             err = HvdliteInternalError(f"{self.label}: hvdlite was shut down")
         self._fail_all(err)
@@ -469,12 +497,15 @@ class Runtime:
         # itself would overflow the int32 vector after 2^31 cycles
         failed = self.controller.fail_older_than(self._cycle - int(agreed[_STALL]))
         if failed and self._flight is not None:
-            flight_recorder.dump(f"{self.label}: stall past the shutdown time: "
-                                 f"{', '.join(r.name for r in failed[:8])}")
+            flight_recorder.dump(
+                f"{self.label}: stall past the shutdown time: "
+                f"{', '.join(r.name for r in failed[:8])}"
+            )
         return failed
 
-    def _negotiate(self, agreed: np.ndarray, payload: Optional[bytes],
-                   responses: List[Response]) -> List[Response]:
+    def _negotiate(
+        self, agreed: np.ndarray, payload: Optional[bytes], responses: List[Response]
+    ) -> List[Response]:
         """Full negotiation: allgather every rank's unsent requests and run the controller
         on them; returns ``responses`` extended by the controller's, in order."""
         if cv.uniform(agreed):
@@ -567,9 +598,9 @@ class Runtime:
                 t_done = time.monotonic()
                 for entry, _, err in done:
                     rec.done(entry.request.name, t_done, err)
-            if fl is not None:       # after the handles: off the waiting user's path
+            if fl is not None:  # after the handles: off the waiting user's path
                 fl.completed(self.flight_key, self._cycle, group, done)
-            if m is not None:        # likewise
+            if m is not None:  # likewise
                 m.executed(group, end - start)
             done.clear()
         self._flight_running = None
@@ -580,7 +611,7 @@ class Runtime:
         entries: Dict[str, Entry] = {}
         cache = self.cache
         sent_pop, unsent_pop = self._sent.pop, self._unsent.pop
-        if cached:                          # the steady state: one tight loop
+        if cached:  # the steady state: one tight loop
             cache.touch_all(responses)
             for resp in responses:
                 name = resp.name
@@ -620,10 +651,13 @@ class Runtime:
                 running = self._flight_running
                 if running is not None:
                     group, entries = running
-                    out += [("in collective", entries[r.name], self._cycle)
-                            for r in group if r.name in entries]
+                    out += [
+                        ("in collective", entries[r.name], self._cycle)
+                        for r in group
+                        if r.name in entries
+                    ]
                 return out
-            except RuntimeError:          # a table changed size while copied
+            except RuntimeError:  # a table changed size while copied
                 continue
         return []
 

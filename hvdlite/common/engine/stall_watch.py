@@ -45,13 +45,19 @@ class StallWatch:
     process's set rank; ``hurry``: wakes the runtime's loop (a user's request for stacks
     goes out in the next cycle)."""
 
-    def __init__(self, config: Config, controller: Controller, rank: int, ranks: List[int],
-                 hurry: Callable[[], None]):
+    def __init__(
+        self,
+        config: Config,
+        controller: Controller,
+        rank: int,
+        ranks: List[int],
+        hurry: Callable[[], None],
+    ):
         self.config = config
         self.controller = controller
         self.rank, self.ranks = rank, ranks
         self._hurry = hurry
-        self._warned: Dict[str, float] = {}     # name -> when last reported
+        self._warned: Dict[str, float] = {}  # name -> when last reported
         self._last_check = time.monotonic()
         # job ranks whose stacks this stall already asked for, and the request the next
         # control vector carries: (id, cutoff cycle or None for all ranks)
@@ -65,15 +71,19 @@ class StallWatch:
         """The thread that asks the launcher for users' stack requests (None: no target)."""
         if self.target is None:
             return None
-        return stack_report.Poller(self.target, self.rank,
-                                   self._ask_all if self.rank == 0 else None, status=status)
+        return stack_report.Poller(
+            self.target, self.rank, self._ask_all if self.rank == 0 else None, status=status
+        )
 
     # -- rank 0 -----------------------------------------------------------------------------
     def check(self, now: float) -> None:
         """Rank 0, about once a second: warn about each stalled tensor once per warning
         period, and ask the missing ranks for their stacks once per stall."""
-        if self.rank != 0 or not self.config.stall_check or now - self._last_check <= \
-                _CHECK_EVERY_S:
+        if (
+            self.rank != 0
+            or not self.config.stall_check
+            or now - self._last_check <= _CHECK_EVERY_S
+        ):
             return
         self._last_check = now
         every = self.config.stall_check_warning_time_s
@@ -81,19 +91,24 @@ class StallWatch:
         for name in set(self._warned) - {s[0] for s in stalled}:
             del self._warned[name]
         if not stalled:
-            self._asked.clear()        # the stall is over: the next one is reported
+            self._asked.clear()  # the stall is over: the next one is reported
             return
         job = self.ranks
         for name, have, missing, waited in stalled:
             if now - self._warned.get(name, -every) < every:
-                continue                    # reported recently: repeat once per period
+                continue  # reported recently: repeat once per period
             self._warned[name] = now
             have, missing = [job[r] for r in have], [job[r] for r in missing]
-            log.warning("stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
-                        "(waiting %.0fs); one rank may be skipping a collective or running "
-                        "different code (%s)", name, have, missing, waited,
-                        stall_outcome(self.config.stall_check_shutdown_time_s,
-                                      SHUTDOWN_HINT))
+            log.warning(
+                "stall: tensor %r was submitted by ranks %s but not yet by ranks %s "
+                "(waiting %.0fs); one rank may be skipping a collective or running "
+                "different code (%s)",
+                name,
+                have,
+                missing,
+                waited,
+                stall_outcome(self.config.stall_check_shutdown_time_s, SHUTDOWN_HINT),
+            )
         self._ask_for_stacks(stalled)
 
     def _ask_for_stacks(self, stalled: List[Tuple[str, List[int], List[int], float]]) -> None:
@@ -106,13 +121,24 @@ class StallWatch:
         self._asked |= missing
         cutoff = max(self.controller.table[name].first_cycle for name, _, _, _ in stalled)
         request_id = random.randrange(1, _INT_MAX)
-        tensors = [[name, [job[r] for r in have], [job[r] for r in miss], round(waited, 1)]
-                   for name, have, miss, waited in stalled[:_MAX_TENSORS_REPORTED]]
+        tensors = [
+            [name, [job[r] for r in have], [job[r] for r in miss], round(waited, 1)]
+            for name, have, miss, waited in stalled[:_MAX_TENSORS_REPORTED]
+        ]
         stack_report.send_async(
-            self.target, stack_report.STALL, request_id, job[self.rank],
-            {"expected": sorted(missing), "tensors": tensors, "stalled": len(stalled),
-             "hint": SHUTDOWN_HINT,
-             "shutdown_s": self.config.stall_check_shutdown_time_s}, with_stacks=False)
+            self.target,
+            stack_report.STALL,
+            request_id,
+            job[self.rank],
+            {
+                "expected": sorted(missing),
+                "tensors": tensors,
+                "stalled": len(stalled),
+                "hint": SHUTDOWN_HINT,
+                "shutdown_s": self.config.stall_check_shutdown_time_s,
+            },
+            with_stacks=False,
+        )
         with self._lock:
             self._wanted = (request_id, cutoff)
 
@@ -120,8 +146,13 @@ class StallWatch:
         """The poller's thread: a user asked for every rank's stacks.  Rank 0's own go at
         once, from this thread; the others are asked in the next cycle."""
         assert self.target is not None
-        stack_report.send_async(self.target, stack_report.ALL, request_id,
-                                self.ranks[self.rank], {"expected": list(self.ranks)})
+        stack_report.send_async(
+            self.target,
+            stack_report.ALL,
+            request_id,
+            self.ranks[self.rank],
+            {"expected": list(self.ranks)},
+        )
         with self._lock:
             self._wanted = (request_id, None)
         self._hurry()
@@ -147,8 +178,7 @@ class StallWatch:
         if not self.config.stall_check or limit <= 0 or not self.controller.table:
             return _INT_MAX
         horizon = time.monotonic() - limit
-        expired = [e.first_cycle for e in self.controller.table.values()
-                   if e.first_time <= horizon]
+        expired = [e.first_cycle for e in self.controller.table.values() if e.first_time <= horizon]
         return min(cycle - max(expired), _INT_MAX - 1) if expired else _INT_MAX
 
     # -- every rank ---------------------------------------------------------------------------
@@ -159,9 +189,11 @@ class StallWatch:
             return
         request_id, age = int(agreed[cv.DUMP]), int(agreed[cv.DUMP_AGE])
         if age < 0:
-            if self.rank != 0:               # rank 0 sent its own with the summary
-                stack_report.send_async(self.target, stack_report.ALL, request_id,
-                                        self.ranks[self.rank])
+            if self.rank != 0:  # rank 0 sent its own with the summary
+                stack_report.send_async(
+                    self.target, stack_report.ALL, request_id, self.ranks[self.rank]
+                )
         elif self.rank in self.controller.missing_since(cycle - age):
-            stack_report.send_async(self.target, stack_report.STALL, request_id,
-                                    self.ranks[self.rank])
+            stack_report.send_async(
+                self.target, stack_report.STALL, request_id, self.ranks[self.rank]
+            )

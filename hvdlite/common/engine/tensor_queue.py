@@ -25,8 +25,12 @@ class Handle:
 
     __slots__ = ("_done", "_remaining", "_error", "_finish", "_hurry", "results", "names")
 
-    def __init__(self, count: int, finish: Optional[Callable[[list], Any]] = None,
-                 hurry: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        count: int,
+        finish: Optional[Callable[[list], Any]] = None,
+        hurry: Optional[Callable[[], None]] = None,
+    ):
         """``hurry`` (the runtime's) is called when somebody starts waiting: the background
         thread then stops gathering submissions and runs its next cycle."""
         # A lock held until completion is far cheaper to create and signal than an Event,
@@ -90,7 +94,7 @@ class Entry:
         self.handle = handle
         self.index = index
         self.enqueued_at = 0.0
-        self.wire = 0                  # the request's wire bound, counted while in flight
+        self.wire = 0  # the request's wire bound, counted while in flight
 
 
 #: the most request bytes (their wire bound) one rank may have in flight: a negotiation
@@ -107,7 +111,7 @@ class TensorQueue:
         self._incoming: List[Entry] = []
         self._in_flight: Dict[str, Entry] = {}
         self._closed_error: Optional[BaseException] = None
-        self._wire = 0          # wire bound of every request in flight
+        self._wire = 0  # wire bound of every request in flight
 
     def _reserve(self, wire: int, count: int) -> None:
         if self._wire + wire > MAX_IN_FLIGHT_WIRE_BYTES:
@@ -115,7 +119,8 @@ class TensorQueue:
                 f"{count + len(self._in_flight)} operations in flight would need "
                 f"{(self._wire + wire) >> 20} MiB of requests in one negotiation (at most "
                 f"{MAX_IN_FLIGHT_WIRE_BYTES >> 20} MiB); synchronize some handles first, or "
-                f"use shorter names")
+                f"use shorter names"
+            )
         self._wire += wire
 
     def push_one(self, e: Entry, now: float) -> None:
@@ -128,9 +133,10 @@ class TensorQueue:
             if name in self._in_flight:
                 raise HvdliteDuplicateNameError(
                     f"tensor name {name!r} is already in flight; wait for its handle or "
-                    f"give each concurrent operation a distinct name")
+                    f"give each concurrent operation a distinct name"
+                )
             if self._wire + wire > MAX_IN_FLIGHT_WIRE_BYTES:
-                self._reserve(wire, 1)                 # raises, naming the limit
+                self._reserve(wire, 1)  # raises, naming the limit
             self._wire += wire
             e.enqueued_at = now
             self._in_flight[name] = e
@@ -149,7 +155,8 @@ class TensorQueue:
                 if name in self._in_flight or name in seen:
                     raise HvdliteDuplicateNameError(
                         f"tensor name {name!r} is already in flight; wait for its handle or "
-                        f"give each concurrent operation a distinct name")
+                        f"give each concurrent operation a distinct name"
+                    )
                 seen.add(name)
             for e in entries:
                 e.wire = e.request.wire

@@ -79,12 +79,12 @@ def decode_body(body: bytes) -> Tuple[Dict[str, Any], bytes]:
     if hlen > len(body) - _LEN.size:
         raise HvdliteAuthError("malformed message: header length past the end")
     try:
-        header = json.loads(body[_LEN.size:_LEN.size + hlen])
+        header = json.loads(body[_LEN.size : _LEN.size + hlen])
     except ValueError as exc:
         raise HvdliteAuthError(f"malformed message header: {exc}") from None
     if not isinstance(header, dict):
         raise HvdliteAuthError("malformed message: header is not an object")
-    return header, body[_LEN.size + hlen:]
+    return header, body[_LEN.size + hlen :]
 
 
 class SecureChannel:
@@ -132,8 +132,9 @@ class SecureChannel:
         """
         (length,) = _LEN.unpack(prefix)
         if length > HELLO_MAX_BYTES:
-            raise HvdliteAuthError(f"frame of {length} bytes exceeds {HELLO_MAX_BYTES} "
-                                   f"(before the hello)")
+            raise HvdliteAuthError(
+                f"frame of {length} bytes exceeds {HELLO_MAX_BYTES} (before the hello)"
+            )
         return _LEN.size + MAC_BYTES + length
 
     def take_hello(self, frame: bytes) -> None:
@@ -146,15 +147,17 @@ class SecureChannel:
         (length,) = _LEN.unpack_from(frame)
         if length > HELLO_MAX_BYTES or len(frame) != _LEN.size + MAC_BYTES + length:
             raise HvdliteAuthError("malformed first frame")
-        header, blob = self._verified(frame[_LEN.size:_LEN.size + MAC_BYTES],
-                                      frame[_LEN.size + MAC_BYTES:])
+        header, blob = self._verified(
+            frame[_LEN.size : _LEN.size + MAC_BYTES], frame[_LEN.size + MAC_BYTES :]
+        )
         if header != HELLO or blob:
             raise HvdliteAuthError("the first frame is not a hello")
         self.authenticated = True
 
     def _mac(self, tag: bytes, seq: int, body: bytes) -> bytes:
-        return hmac.new(self._key, tag + self._nonce + _SEQ.pack(seq) + body,
-                        hashlib.sha256).digest()
+        return hmac.new(
+            self._key, tag + self._nonce + _SEQ.pack(seq) + body, hashlib.sha256
+        ).digest()
 
     def send(self, header: Dict[str, Any], blob: bytes = b"") -> None:
         body = encode_body(header, blob)
@@ -162,8 +165,12 @@ class SecureChannel:
         self._send_seq += 1
         self.sock.sendall(_LEN.pack(len(body)) + mac + body)
 
-    def recv(self, timeout_s: Optional[float] = None, deadline: Optional[float] = None,
-             max_bytes: int = MAX_FRAME_BYTES) -> Tuple[Dict[str, Any], bytes]:
+    def recv(
+        self,
+        timeout_s: Optional[float] = None,
+        deadline: Optional[float] = None,
+        max_bytes: int = MAX_FRAME_BYTES,
+    ) -> Tuple[Dict[str, Any], bytes]:
         """Read one frame; raise HvdliteAuthError before decoding anything unverified.
 
         ``timeout_s`` bounds each read from the socket, ``deadline`` (monotonic) the
@@ -173,8 +180,10 @@ class SecureChannel:
         self.sock.settimeout(timeout_s)
         (length,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, deadline))
         if length > max_bytes:
-            raise HvdliteAuthError(f"frame of {length} bytes exceeds {max_bytes}"
-                                   + ("" if self.authenticated else " (before the hello)"))
+            raise HvdliteAuthError(
+                f"frame of {length} bytes exceeds {max_bytes}"
+                + ("" if self.authenticated else " (before the hello)")
+            )
         mac = _recv_exact(self.sock, MAC_BYTES, deadline)
         body = _recv_exact(self.sock, length, deadline)
         return self._verified(mac, body)
@@ -182,8 +191,9 @@ class SecureChannel:
     def _verified(self, mac: bytes, body: bytes) -> Tuple[Dict[str, Any], bytes]:
         """The decoded body, once its MAC is checked (the next sequence number counted)."""
         if not hmac.compare_digest(mac, self._mac(self._recv_tag, self._recv_seq, body)):
-            raise HvdliteAuthError("message failed HMAC verification "
-                                   "(wrong job key, forged, replayed or reordered)")
+            raise HvdliteAuthError(
+                "message failed HMAC verification (wrong job key, forged, replayed or reordered)"
+            )
         self._recv_seq += 1
         return decode_body(body)
 

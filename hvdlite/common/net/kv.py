@@ -11,8 +11,11 @@ import dataclasses
 import secrets
 from typing import List, Optional, Tuple
 
-from hvdlite.common.exceptions import (HvdliteRemovedError, HvdliteRoundSupersededError,
-                                        HvdliteTimeoutError)
+from hvdlite.common.exceptions import (
+    HvdliteRemovedError,
+    HvdliteRoundSupersededError,
+    HvdliteTimeoutError,
+)
 from hvdlite.common.net.service import Client, ServiceError
 
 
@@ -82,15 +85,19 @@ class KVClient:
             self.superseded_by = int(reply["superseded"])
             raise HvdliteRoundSupersededError(
                 f"rendezvous: round {self.round} was replaced by round {self.superseded_by} "
-                f"while {what}", self.superseded_by)
+                f"while {what}",
+                self.superseded_by,
+            )
         return out
 
     def set(self, key: str, value: bytes) -> None:
         self._client.request({"op": "set", "key": self._k(key)}, bytes(value))
 
     def get(self, key: str) -> bytes:
-        return self._blocking({"op": "get", "key": self._k(key), "timeout_s": self.timeout_s},
-                              f"waiting for key {key!r}")
+        return self._blocking(
+            {"op": "get", "key": self._k(key), "timeout_s": self.timeout_s},
+            f"waiting for key {key!r}",
+        )
 
     def add(self, key: str, amount: int) -> int:
         reply, _ = self._client.request({"op": "add", "key": self._k(key), "amount": int(amount)})
@@ -102,13 +109,20 @@ class KVClient:
 
     def wait(self, keys: List[str], timeout_s: Optional[float] = None) -> None:
         t = self.timeout_s if timeout_s is None else timeout_s
-        self._blocking({"op": "wait", "keys": [self._k(k) for k in keys], "timeout_s": t},
-                       f"waiting for keys {list(keys)[:5]}")
+        self._blocking(
+            {"op": "wait", "keys": [self._k(k) for k in keys], "timeout_s": t},
+            f"waiting for keys {list(keys)[:5]}",
+        )
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         _, out = self._client.request(
-            {"op": "compare_set", "key": self._k(key),
-             "expected": base64.b64encode(bytes(expected)).decode()}, bytes(desired))
+            {
+                "op": "compare_set",
+                "key": self._k(key),
+                "expected": base64.b64encode(bytes(expected)).decode(),
+            },
+            bytes(desired),
+        )
         return out
 
     def delete(self, key: str) -> bool:
@@ -119,8 +133,7 @@ class KVClient:
         reply, _ = self._client.request({"op": "num_keys"})
         return int(reply["value"])
 
-    def join_round(self, after: int, hostname: str, local_rank: int,
-                   timeout_s: float) -> Placement:
+    def join_round(self, after: int, hostname: str, local_rank: int, timeout_s: float) -> Placement:
         """Join the first round newer than ``after`` that has a place for this host's
         ``local_rank`` slot; blocks until the launcher opens one.
 
@@ -129,18 +142,25 @@ class KVClient:
             HvdliteRemovedError: the newest round has no place for this slot (its host
                 left the job, or this process is stale).
         """
-        header = {"op": "join_round", "after": int(after), "hostname": hostname,
-                  "local_rank": int(local_rank), "timeout_s": float(timeout_s),
-                  "token": PROCESS_TOKEN}
+        header = {
+            "op": "join_round",
+            "after": int(after),
+            "hostname": hostname,
+            "local_rank": int(local_rank),
+            "timeout_s": float(timeout_s),
+            "token": PROCESS_TOKEN,
+        }
         try:
             reply, _ = self._client.request(header, timeout_s=float(timeout_s) + 5)
         except ServiceError as exc:
             raise HvdliteTimeoutError(
                 f"rendezvous: host {hostname} slot {local_rank} could not join a round after "
-                f"round {after}: {exc}") from None
+                f"round {after}: {exc}"
+            ) from None
         if "removed" in reply:
-            raise HvdliteRemovedError(f"rendezvous: {reply['removed']}; this process must leave "
-                                      f"the job")
+            raise HvdliteRemovedError(
+                f"rendezvous: {reply['removed']}; this process must leave the job"
+            )
         return Placement(int(reply["round"]), *(int(reply[f]) for f in PLACE_FIELDS))
 
     def newest_round(self) -> int:
@@ -151,9 +171,10 @@ class KVClient:
     def await_round(self, after: int, timeout_s: float) -> int:
         """The newest round, answered as soon as it is newer than ``after`` or once
         ``timeout_s`` has passed."""
-        reply, _ = self._client.request({"op": "await_round", "after": int(after),
-                                         "timeout_s": float(timeout_s)},
-                                        timeout_s=float(timeout_s) + 5)
+        reply, _ = self._client.request(
+            {"op": "await_round", "after": int(after), "timeout_s": float(timeout_s)},
+            timeout_s=float(timeout_s) + 5,
+        )
         return int(reply["round"])
 
     def close(self) -> None:

@@ -87,8 +87,14 @@ class RejectLog:
     down).
     """
 
-    def __init__(self, logger: logging.Logger, name: str, burst: int = 5,
-                 window_s: float = 10.0, max_peers: int = 8):
+    def __init__(
+        self,
+        logger: logging.Logger,
+        name: str,
+        burst: int = 5,
+        window_s: float = 10.0,
+        max_peers: int = 8,
+    ):
         self._log = logger
         self._name = name
         self._burst = burst
@@ -115,11 +121,14 @@ class RejectLog:
                 self._logged += 1
                 self._log.warning("%s: %s from %s", self._name, what, peer)
                 if self._logged == self._burst:
-                    self._log.warning("%s: further rejections are summarised every %.0fs",
-                                      self._name, self._window_s)
+                    self._log.warning(
+                        "%s: further rejections are summarised every %.0fs",
+                        self._name,
+                        self._window_s,
+                    )
                 return
             self._suppressed += 1
-            host = peer.rsplit(":", 1)[0] if ":" in peer else peer   # by address, not port
+            host = peer.rsplit(":", 1)[0] if ":" in peer else peer  # by address, not port
             self._peers[host] = self._peers.get(host, 0) + 1
 
     def flush(self) -> Optional[str]:
@@ -131,11 +140,13 @@ class RejectLog:
         if not self._suppressed:
             self._logged = 0
             return None
-        top = sorted(self._peers.items(), key=lambda kv: -kv[1])[:self._max_peers]
+        top = sorted(self._peers.items(), key=lambda kv: -kv[1])[: self._max_peers]
         more = len(self._peers) - len(top)
         peers = ", ".join(f"{p} ({n})" for p, n in top) + (f" and {more} more" if more else "")
-        text = (f"{self._name}: {self._suppressed} more rejected frames or connections not "
-                f"logged one by one, from {peers}")
+        text = (
+            f"{self._name}: {self._suppressed} more rejected frames or connections not "
+            f"logged one by one, from {peers}"
+        )
         self._log.warning("%s", text)
         self._suppressed = 0
         self._peers = {}

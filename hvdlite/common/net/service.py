@@ -34,10 +34,10 @@ class ServiceError(HvdliteError):
     """The service answered a request with an error; the message is the service's."""
 
 
-
 def is_int(x) -> bool:
     """Whether a decoded request field is an integer (JSON's ``true`` is a bool, not 1)."""
     return isinstance(x, int) and not isinstance(x, bool)
+
 
 class Service(abc.ABC):
     """A TCP server that answers authenticated requests.
@@ -57,13 +57,20 @@ class Service(abc.ABC):
     that many processes.
     """
 
-    def __init__(self, name: str, key: bytes, bind_addr: str = "127.0.0.1", port: int = 0,
-                 expected_peers: int = 0, max_connections: Optional[int] = None,
-                 max_unauthenticated: Optional[int] = None,
-                 preauth_timeout_s: float = limits.PREAUTH_TIMEOUT_S):
+    def __init__(
+        self,
+        name: str,
+        key: bytes,
+        bind_addr: str = "127.0.0.1",
+        port: int = 0,
+        expected_peers: int = 0,
+        max_connections: Optional[int] = None,
+        max_unauthenticated: Optional[int] = None,
+        preauth_timeout_s: float = limits.PREAUTH_TIMEOUT_S,
+    ):
         self.name = name
         self._key = key
-        self.rejected = 0          # frames that failed verification, for tests and logs
+        self.rejected = 0  # frames that failed verification, for tests and logs
         #: connections refused at accept because a cap was reached
         self.refused = 0
         #: connections closed before their hello to make room for a newcomer
@@ -77,7 +84,8 @@ class Service(abc.ABC):
         self._preauth_timeout_s = preauth_timeout_s
         self._pending = preauth.PreauthTable(
             per_source=max(self._max_unauth // 2, 2 * int(expected_peers), 1),
-            min_age_s=limits.EVICT_MIN_AGE_S)
+            min_age_s=limits.EVICT_MIN_AGE_S,
+        )
         self._count_lock = threading.Lock()
         self._open_auth = 0
         self._backoff = limits.ACCEPT_BACKOFF_S[0]
@@ -89,7 +97,7 @@ class Service(abc.ABC):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((bind_addr, port))
             sock.listen(limits.backlog_for(expected_peers))
-            sock.setblocking(False)            # accept only after the selector says so
+            sock.setblocking(False)  # accept only after the selector says so
             self._selector.register(sock, selectors.EVENT_READ)
         except OSError:
             sock.close()
@@ -102,8 +110,9 @@ class Service(abc.ABC):
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._thread = threading.Thread(target=self._accept_loop,
-                                        name=f"{name}-service", daemon=True)
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"{name}-service", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -166,8 +175,10 @@ class Service(abc.ABC):
             except OSError as exc:
                 if exc.errno in _RESOURCE_ERRNOS:
                     # the queued connection stays queued: sleep instead of spinning on it
-                    self.rejections.note("(accept)", f"accept failed ({exc.strerror}); "
-                                         f"backing off {self._backoff:.2f}s")
+                    self.rejections.note(
+                        "(accept)",
+                        f"accept failed ({exc.strerror}); backing off {self._backoff:.2f}s",
+                    )
                 else:
                     log.warning("%s: accept failed: %s", self.name, exc)
                 self._stopping.wait(self._backoff)
@@ -188,18 +199,19 @@ class Service(abc.ABC):
                 break
             if victim is preauth.REFUSE:
                 return self._refuse(conn, peer)
-            if self._read_hello(victim) is None:      # still no hello: it gives way
+            if self._read_hello(victim) is None:  # still no hello: it gives way
                 self.evicted += 1
-                self.rejections.note(f"{victim.peer[0]}:{victim.peer[1]}",
-                                     "closed a connection still waiting for its hello, to make "
-                                     "room for a new one")
+                self.rejections.note(
+                    f"{victim.peer[0]}:{victim.peer[1]}",
+                    "closed a connection still waiting for its hello, to make room for a new one",
+                )
                 self._close_pending(victim, rst=True)
         else:
             return self._refuse(conn, peer)
         try:
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            chan = SecureChannel.accept(conn, self._key)      # 16 bytes: fits the empty buffer
+            chan = SecureChannel.accept(conn, self._key)  # 16 bytes: fits the empty buffer
             pending = preauth.Pending(conn, peer, chan, now)
             self._selector.register(conn, selectors.EVENT_READ)
         except OSError:
@@ -209,8 +221,9 @@ class Service(abc.ABC):
 
     def _refuse(self, conn: socket.socket, peer) -> None:
         self.refused += 1
-        self.rejections.note(f"{peer[0]}:{peer[1]}",
-                             "refused a connection (too many open or unauthenticated)")
+        self.rejections.note(
+            f"{peer[0]}:{peer[1]}", "refused a connection (too many open or unauthenticated)"
+        )
         _drop(conn)
 
     def _read_hello(self, pending: preauth.Pending) -> Optional[bool]:
@@ -248,9 +261,11 @@ class Service(abc.ABC):
     def _expire(self) -> None:
         for pending in self._pending.expired(time.monotonic(), self._preauth_timeout_s):
             client = pending.peer
-            self.rejections.note(f"{client[0]}:{client[1]}",
-                                 f"closed a connection that did not prove the key within "
-                                 f"{self._preauth_timeout_s:g}s")
+            self.rejections.note(
+                f"{client[0]}:{client[1]}",
+                f"closed a connection that did not prove the key within "
+                f"{self._preauth_timeout_s:g}s",
+            )
             self._close_pending(pending, rst=True)
 
     def _close_pending(self, pending: preauth.Pending, rst: bool = False) -> None:
@@ -278,9 +293,13 @@ class Service(abc.ABC):
             return self._refuse(pending.sock, pending.peer)
         try:
             pending.sock.setblocking(True)
-            threading.Thread(target=self._serve_connection, args=(pending.chan, pending.peer),
-                             name=f"{self.name}-conn", daemon=True).start()
-        except (RuntimeError, OSError):            # no more threads: refuse this one
+            threading.Thread(
+                target=self._serve_connection,
+                args=(pending.chan, pending.peer),
+                name=f"{self.name}-conn",
+                daemon=True,
+            ).start()
+        except (RuntimeError, OSError):  # no more threads: refuse this one
             with self._count_lock:
                 self._open_auth -= 1
             _drop(pending.sock)
@@ -320,8 +339,9 @@ class Service(abc.ABC):
         except (HvdliteError, ValueError, KeyError, TypeError) as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
         except Exception as exc:  # a handler bug must not take the service down
-            log.exception("%s: handler failed on %r from %s", self.name,
-                          header.get("op"), client[0])
+            log.exception(
+                "%s: handler failed on %r from %s", self.name, header.get("op"), client[0]
+            )
             return {"ok": False, "error": f"internal error: {type(exc).__name__}"}, b""
 
     def shutdown(self) -> None:
@@ -398,25 +418,28 @@ class Client:
                     return SecureChannel.connect(self._addr, self._key, left)
                 except (ConnectionResetError, ChannelClosed) as exc:
                     if time.monotonic() + pause >= deadline:
-                        raise ConnectionError(f"{exc} ({tries} tries in "
-                                              f"{timeout_s:.0f}s)") from None
+                        raise ConnectionError(
+                            f"{exc} ({tries} tries in {timeout_s:.0f}s)"
+                        ) from None
                     time.sleep(pause * random.uniform(0.5, 1.0))
                     pause = min(pause * 2, self.RETRY_PAUSE_S[1])
         except socket.timeout:
             raise HvdliteTimeoutError(
                 f"connecting to the {self._name} at {self._addr[0]}:{self._addr[1]} "
-                f"timed out after {timeout_s:.0f}s") from None
+                f"timed out after {timeout_s:.0f}s"
+            ) from None
         except OSError as exc:
             raise ConnectionError(
-                f"cannot connect to the {self._name} at {self._addr[0]}:{self._addr[1]}: "
-                f"{exc}") from None
+                f"cannot connect to the {self._name} at {self._addr[0]}:{self._addr[1]}: {exc}"
+            ) from None
 
-    def request(self, header: Header, blob: bytes = b"",
-                timeout_s: Optional[float] = None) -> Tuple[Header, bytes]:
+    def request(
+        self, header: Header, blob: bytes = b"", timeout_s: Optional[float] = None
+    ) -> Tuple[Header, bytes]:
         wait = self._timeout_s if timeout_s is None else timeout_s
         with self._lock:
             for attempt in (0, 1):
-                if self._chan is None:       # a request's timeout bounds its connecting too
+                if self._chan is None:  # a request's timeout bounds its connecting too
                     self._chan = self._connect(min(wait, self._timeout_s))
                 try:
                     self._chan.send(header, blob)
@@ -426,13 +449,15 @@ class Client:
                     self.close_locked()
                     raise HvdliteTimeoutError(
                         f"no answer from the {self._name} at {self._addr[0]}:{self._addr[1]} "
-                        f"to {header.get('op')!r} within {wait:.0f}s") from None
+                        f"to {header.get('op')!r} within {wait:.0f}s"
+                    ) from None
                 except (ChannelClosed, ConnectionError, BrokenPipeError):
                     self.close_locked()
                     if attempt:
                         raise ConnectionError(
                             f"the {self._name} at {self._addr[0]}:{self._addr[1]} closed the "
-                            f"connection during {header.get('op')!r}") from None
+                            f"connection during {header.get('op')!r}"
+                        ) from None
         if not reply.get("ok"):
             raise ServiceError(f"{self._name}: {reply.get('error')}")
         return reply, out

@@ -12,8 +12,19 @@ import dataclasses
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from hvdlite.common.config.env_names import (CROSS_RANK, CROSS_SIZE, HOSTNAME, JOB_ID, LOCAL_RANK, LOCAL_SIZE,
-                        RANK, RENDEZVOUS_ADDR, RENDEZVOUS_PORT, SECRET_KEY, SIZE)
+from hvdlite.common.config.env_names import (
+    CROSS_RANK,
+    CROSS_SIZE,
+    HOSTNAME,
+    JOB_ID,
+    LOCAL_RANK,
+    LOCAL_SIZE,
+    RANK,
+    RENDEZVOUS_ADDR,
+    RENDEZVOUS_PORT,
+    SECRET_KEY,
+    SIZE,
+)
 from hvdlite.common.exceptions import HvdliteConfigError
 
 #: the allocation's nodes (``SLURM_NODELIST`` is the older spelling)
@@ -76,13 +87,14 @@ def _expand_item(item: str, variable: str) -> List[str]:
     if open_at < 0:
         return [item]
     close_at = item.index("]", open_at)
-    head, body, tail = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
+    head, body, tail = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
     numbers: List[str] = []
     for part in body.split(","):
         m = _RANGE.match(part.strip())
         if not m:
             raise HvdliteConfigError(
-                f"{variable}: {item!r}: {part!r} is not a number or a range lo-hi")
+                f"{variable}: {item!r}: {part!r} is not a number or a range lo-hi"
+            )
         lo, hi = m.group(1), m.group(2) or m.group(1)
         if int(hi) < int(lo):
             raise HvdliteConfigError(f"{variable}: {item!r}: the range {part!r} runs backwards")
@@ -103,19 +115,22 @@ def expand_tasks_per_node(spec: str, variable: str = TASKS_PER_NODE_VARIABLE) ->
         m = _COUNT.match(part.strip())
         if not m or (m.group(2) is not None and int(m.group(2)) < 1):
             raise HvdliteConfigError(
-                f"{variable}={spec!r}: {part!r} is not N or N(xK) (tasks per node)")
+                f"{variable}={spec!r}: {part!r} is not N or N(xK) (tasks per node)"
+            )
         counts += [int(m.group(1))] * int(m.group(2) or 1)
     return counts
 
 
-def _nodes_with_counts(nodelist: str, node_var: str, tasks: str,
-                       tasks_var: str) -> List[Tuple[str, int]]:
+def _nodes_with_counts(
+    nodelist: str, node_var: str, tasks: str, tasks_var: str
+) -> List[Tuple[str, int]]:
     nodes = expand_hostlist(nodelist, node_var)
     counts = expand_tasks_per_node(tasks, tasks_var)
     if len(nodes) != len(counts):
         raise HvdliteConfigError(
             f"{node_var}={nodelist!r} names {len(nodes)} nodes but {tasks_var}={tasks!r} "
-            f"gives task counts for {len(counts)}")
+            f"gives task counts for {len(counts)}"
+        )
     return list(zip(nodes, counts))
 
 
@@ -133,9 +148,11 @@ def allocation(environ: Mapping[str, str]) -> Optional[List[Tuple[str, int]]]:
     if not environ.get(TASKS_PER_NODE_VARIABLE):
         raise HvdliteConfigError(
             f"{node_var} is set but {TASKS_PER_NODE_VARIABLE} is not: cannot tell how many "
-            f"ranks each node of the Slurm allocation takes; give -np and -H")
-    pairs = _nodes_with_counts(environ[node_var], node_var,
-                               environ[TASKS_PER_NODE_VARIABLE], TASKS_PER_NODE_VARIABLE)
+            f"ranks each node of the Slurm allocation takes; give -np and -H"
+        )
+    pairs = _nodes_with_counts(
+        environ[node_var], node_var, environ[TASKS_PER_NODE_VARIABLE], TASKS_PER_NODE_VARIABLE
+    )
     return [(n, c) for n, c in pairs if c > 0]
 
 
@@ -147,7 +164,7 @@ class SrunStep:
     size: int
     local_rank: int
     node_id: int
-    nodes: Tuple[Tuple[str, int], ...]      # (node, tasks) in node-id order
+    nodes: Tuple[Tuple[str, int], ...]  # (node, tasks) in node-id order
     job_id: str
     step_id: str
 
@@ -158,8 +175,7 @@ def _int(environ: Mapping[str, str], *names: str) -> int:
             try:
                 return int(environ[name])
             except ValueError:
-                raise HvdliteConfigError(
-                    f"{name}={environ[name]!r} is not an integer") from None
+                raise HvdliteConfigError(f"{name}={environ[name]!r} is not an integer") from None
     raise HvdliteConfigError(f"{names[0]} is not set in this srun step")
 
 
@@ -171,18 +187,26 @@ def srun_step(environ: Mapping[str, str]) -> Optional[SrunStep]:
     """
     if not any(environ.get(v) for v in STEP_VARIABLES) or "SLURM_PROCID" not in environ:
         return None
-    node_var = next((v for v in ("SLURM_STEP_NODELIST",) + NODELIST_VARIABLES
-                     if environ.get(v)), NODELIST_VARIABLES[0])
-    tasks_var = next((v for v in ("SLURM_STEP_TASKS_PER_NODE", TASKS_PER_NODE_VARIABLE)
-                      if environ.get(v)), TASKS_PER_NODE_VARIABLE)
-    nodes = _nodes_with_counts(environ.get(node_var, ""), node_var,
-                               environ.get(tasks_var, ""), tasks_var)
-    return SrunStep(rank=_int(environ, "SLURM_PROCID"),
-                    size=_int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
-                    local_rank=_int(environ, "SLURM_LOCALID"),
-                    node_id=_int(environ, "SLURM_NODEID"), nodes=tuple(nodes),
-                    job_id=environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0")),
-                    step_id=next(environ[v] for v in STEP_VARIABLES if environ.get(v)))
+    node_var = next(
+        (v for v in ("SLURM_STEP_NODELIST",) + NODELIST_VARIABLES if environ.get(v)),
+        NODELIST_VARIABLES[0],
+    )
+    tasks_var = next(
+        (v for v in ("SLURM_STEP_TASKS_PER_NODE", TASKS_PER_NODE_VARIABLE) if environ.get(v)),
+        TASKS_PER_NODE_VARIABLE,
+    )
+    nodes = _nodes_with_counts(
+        environ.get(node_var, ""), node_var, environ.get(tasks_var, ""), tasks_var
+    )
+    return SrunStep(
+        rank=_int(environ, "SLURM_PROCID"),
+        size=_int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+        local_rank=_int(environ, "SLURM_LOCALID"),
+        node_id=_int(environ, "SLURM_NODEID"),
+        nodes=tuple(nodes),
+        job_id=environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0")),
+        step_id=next(environ[v] for v in STEP_VARIABLES if environ.get(v)),
+    )
 
 
 def rendezvous_port(step: SrunStep) -> int:
@@ -220,18 +244,25 @@ def srun_step_env(environ: Mapping[str, str], mpi_step: bool = False) -> Dict[st
             f"this process is rank {step.rank} of a {step.size}-task srun step, but "
             f"{SECRET_KEY} is not set: every rank needs the same job key to rendezvous. "
             f"Export one before srun: export {SECRET_KEY}=$(python -m "
-            f"hvdlite.runner.slurm.key)")
+            f"hvdlite.runner.slurm.key)"
+        )
     counts = [c for _, c in step.nodes]
-    if sum(counts[:step.node_id]) + step.local_rank != step.rank:
+    if sum(counts[: step.node_id]) + step.local_rank != step.rank:
         raise HvdliteConfigError(
             f"SLURM_PROCID={step.rank} is not node {step.node_id}'s local task "
-            f"{step.local_rank} counted node by node: run srun with --distribution=block")
+            f"{step.local_rank} counted node by node: run srun with --distribution=block"
+        )
     with_local = [n for n, (_, c) in enumerate(step.nodes) if c > step.local_rank]
     env = {
-        RANK: step.rank, SIZE: step.size, LOCAL_RANK: step.local_rank,
-        LOCAL_SIZE: counts[step.node_id], CROSS_RANK: with_local.index(step.node_id),
-        CROSS_SIZE: len(with_local), HOSTNAME: step.nodes[step.node_id][0],
-        RENDEZVOUS_ADDR: step.nodes[0][0], RENDEZVOUS_PORT: rendezvous_port(step),
+        RANK: step.rank,
+        SIZE: step.size,
+        LOCAL_RANK: step.local_rank,
+        LOCAL_SIZE: counts[step.node_id],
+        CROSS_RANK: with_local.index(step.node_id),
+        CROSS_SIZE: len(with_local),
+        HOSTNAME: step.nodes[step.node_id][0],
+        RENDEZVOUS_ADDR: step.nodes[0][0],
+        RENDEZVOUS_PORT: rendezvous_port(step),
         JOB_ID: f"slurm-{step.job_id}.{step.step_id}",
     }
     return {k: str(v) for k, v in env.items() if not environ.get(k)}

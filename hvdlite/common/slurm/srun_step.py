@@ -52,8 +52,11 @@ def adopt() -> None:
             0's store cannot listen on its port.
     """
     env = environ_with_taken_secrets()
-    mpi_step = launched_by_mpi() and env.get(CPU_OPERATIONS, "").strip().lower() != "gloo" \
+    mpi_step = (
+        launched_by_mpi()
+        and env.get(CPU_OPERATIONS, "").strip().lower() != "gloo"
         and mpi_available()
+    )
     derived = slurm.srun_step_env(env, mpi_step)
     if not derived:
         return
@@ -61,13 +64,21 @@ def adopt() -> None:
     port = int(derived.get(RENDEZVOUS_PORT, env.get(RENDEZVOUS_PORT, "0")))
     wait_s = _step_store_wait_s(env)
     if step.rank == 0 and _STORE[0] is None:
-        _STORE[0] = _start_step_store(env[SECRET_KEY], port, derived.get(JOB_ID, ""),
-                                      step.nodes, wait_s)
+        _STORE[0] = _start_step_store(
+            env[SECRET_KEY], port, derived.get(JOB_ID, ""), step.nodes, wait_s
+        )
     elif step.rank != 0:
         _await_step_store(step.nodes[0][0], port, step.rank, wait_s)
     os.environ.update(derived)
-    log.info("srun step %s.%s: rank %d of %d, rendezvous at %s:%d", step.job_id,
-             step.step_id, step.rank, step.size, step.nodes[0][0], port)
+    log.info(
+        "srun step %s.%s: rank %d of %d, rendezvous at %s:%d",
+        step.job_id,
+        step.step_id,
+        step.rank,
+        step.size,
+        step.nodes[0][0],
+        port,
+    )
 
 
 def _await_step_store(host: str, port: int, rank: int, wait_s: float) -> None:
@@ -86,22 +97,31 @@ def _await_step_store(host: str, port: int, rank: int, wait_s: float) -> None:
                 raise HvdliteConfigError(
                     f"rank {rank} of the srun step: rank 0's rendezvous store at {host}:{port} "
                     f"did not answer within {wait_s:.0f}s ({exc}); did rank 0 "
-                    f"start, with the same {SECRET_KEY} and {RENDEZVOUS_PORT}?") from None
+                    f"start, with the same {SECRET_KEY} and {RENDEZVOUS_PORT}?"
+                ) from None
             time.sleep(0.1)
 
 
-def _start_step_store(key_hex: str, port: int, job_id: str, nodes,
-                      wait_s: float) -> subprocess.Popen:
+def _start_step_store(
+    key_hex: str, port: int, job_id: str, nodes, wait_s: float
+) -> subprocess.Popen:
     """Start the store child and wait until it listens; its stdin is its lifeline (it
     ends when this process does).  The key goes on stdin, never on a command line.
 
     Raises:
         HvdliteConfigError: the store did not start listening on ``port``.
     """
-    proc = subprocess.Popen([sys.executable, "-m", STEP_STORE_MODULE], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, start_new_session=True)
-    proc.stdin.write((json.dumps({"key": key_hex, "port": port, "job_id": job_id,
-                                  "nodes": nodes}) + "\n").encode())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", STEP_STORE_MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    proc.stdin.write(
+        (
+            json.dumps({"key": key_hex, "port": port, "job_id": job_id, "nodes": nodes}) + "\n"
+        ).encode()
+    )
     proc.stdin.flush()
     timer = threading.Timer(wait_s, proc.kill)
     timer.start()
@@ -115,5 +135,6 @@ def _start_step_store(key_hex: str, port: int, job_id: str, nodes,
         raise HvdliteConfigError(
             f"rank 0 of the srun step could not serve the rendezvous store on port {port} "
             f"(it {'exited' if exited else 'did not listen'} within "
-            f"{wait_s:.0f}s; in use? export another {RENDEZVOUS_PORT})")
+            f"{wait_s:.0f}s; in use? export another {RENDEZVOUS_PORT})"
+        )
     return proc

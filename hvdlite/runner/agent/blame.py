@@ -21,6 +21,7 @@ from hvdlite.runner.hosts import SlotId
 from hvdlite.runner.processes.workers import describe_exit, failure_message
 from hvdlite.runner.store.exit_reports import first_own_report
 
+
 @dataclasses.dataclass
 class FailureSummary:
     """The facts one failure summary is made of (see the module docstring)."""
@@ -51,44 +52,60 @@ class FailureSummary:
             csid, report = cause
             crank, chost = self.ranks[csid]
             if csid == sid:
-                return (f"hvdlite-run: rank {rank} on host {host} {describe_exit(code)}: "
-                        f"{report['error']}; the other ranks were terminated.\n")
-            return (f"hvdlite-run: rank {crank} on host {chost} failed first: "
-                    f"{report['error']}; rank {rank} on host {host} then failed "
-                    f"({describe_exit(code)}); the other ranks were terminated.\n")
+                return (
+                    f"hvdlite-run: rank {rank} on host {host} {describe_exit(code)}: "
+                    f"{report['error']}; the other ranks were terminated.\n"
+                )
+            return (
+                f"hvdlite-run: rank {crank} on host {chost} failed first: "
+                f"{report['error']}; rank {rank} on host {host} then failed "
+                f"({describe_exit(code)}); the other ranks were terminated.\n"
+            )
         waited_for = self._waited_for(sid, code)
         if waited_for is not None:
             return waited_for
         early = self._left_early(sid)
         silent = next(iter(self.stopped()), None) if early is None else None
         return failure_message(
-            rank, host, code,
+            rank,
+            host,
+            code,
             left_early=self.ranks[early] if early else None,
             stopped=self.ranks[silent] if silent else None,
-            op_timeout_s=self.op_timeout_s)
+            op_timeout_s=self.op_timeout_s,
+        )
 
     def _partitioned(self, failed: SlotId, code: int) -> Optional[str]:
         """The line naming the links that are cut between the round's hosts, if any."""
         cut = self.cut_links()
         if not cut:
             return None
+
         def ranks_on(host: str) -> str:
             ranks = sorted(r for r, h in self.ranks.values() if h == host)
             return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
-        links = "; ".join(f"hosts {a} and {b} cannot reach each other ({ranks_on(a)} and "
-                          f"{ranks_on(b)} could not exchange)" for a, b in cut)
+
+        links = "; ".join(
+            f"hosts {a} and {b} cannot reach each other ({ranks_on(a)} and "
+            f"{ranks_on(b)} could not exchange)"
+            for a, b in cut
+        )
         rank, host = self.ranks.get(failed, (-1, failed[0]))
-        return (f"hvdlite-run: {links}, while both reach the launcher (a partial network "
-                f"partition); rank {rank} on host {host} then failed "
-                f"({describe_exit(code)}); the other ranks were terminated.\n")
+        return (
+            f"hvdlite-run: {links}, while both reach the launcher (a partial network "
+            f"partition); rank {rank} on host {host} then failed "
+            f"({describe_exit(code)}); the other ranks were terminated.\n"
+        )
 
     def _waited_for(self, failed: SlotId, code: int) -> Optional[str]:
         """The line naming the members the others waited for, if any."""
         culprits = dict((sid, why) for sid, why in self.culprits() if sid in self.ranks)
         if not culprits:
             return None
-        named = "; ".join(f"rank {self.ranks[sid][0]} on host {self.ranks[sid][1]} {why}"
-                          for sid, why in culprits.items())
+        named = "; ".join(
+            f"rank {self.ranks[sid][0]} on host {self.ranks[sid][1]} {why}"
+            for sid, why in culprits.items()
+        )
         waiting = sorted(r for sid, (r, _) in self.ranks.items() if sid not in culprits)
         then = ""
         if failed not in culprits:
@@ -96,15 +113,19 @@ class FailureSummary:
             report = self.reports().get(failed)
             said = f": {report['error']}" if report and report.get("error") else ""
             then = f" (rank {rank} then {describe_exit(code)}{said})"
-        only = (f"; rank{'s' if len(waiting) != 1 else ''} {', '.join(map(str, waiting))} "
-                f"only waited for {'it' if len(culprits) == 1 else 'them'}{then}"
-                if waiting else "")
+        only = (
+            f"; rank{'s' if len(waiting) != 1 else ''} {', '.join(map(str, waiting))} "
+            f"only waited for {'it' if len(culprits) == 1 else 'them'}{then}"
+            if waiting
+            else ""
+        )
         return f"hvdlite-run: {named}{only}; the other ranks were terminated.\n"
 
     def _cause(self) -> Optional[Tuple[SlotId, dict]]:
         """The first member's report that was not a peer's failure."""
-        return first_own_report(lambda: [(sid, r) for sid, r in self.reports().items()
-                                         if sid in self.ranks])
+        return first_own_report(
+            lambda: [(sid, r) for sid, r in self.reports().items() if sid in self.ranks]
+        )
 
     def _left_early(self, failed: SlotId) -> Optional[SlotId]:
         """A member that exited 0 before the failure (its peers then lost it)."""

@@ -37,7 +37,7 @@ Banned = Union[str, Tuple[str, int]]
 
 @dataclasses.dataclass
 class _Ban:
-    until: Optional[float]          # None: for the rest of the job
+    until: Optional[float]  # None: for the rest of the job
     reason: str
 
 
@@ -48,8 +48,12 @@ def _label(what: Banned) -> str:
 class HostSet:
     """Blacklist bookkeeping on top of the hosts a source offers."""
 
-    def __init__(self, cooldown_range: Optional[Tuple[float, float]] = None,
-                 clock: Optional[Callable[[], float]] = None, rng: Optional[random.Random] = None):
+    def __init__(
+        self,
+        cooldown_range: Optional[Tuple[float, float]] = None,
+        clock: Optional[Callable[[], float]] = None,
+        rng: Optional[random.Random] = None,
+    ):
         self._clock = clock or time.monotonic
         self._cooldown = cooldown_range
         self._rng = rng or random.Random()
@@ -102,12 +106,14 @@ class HostSet:
         """True while something blacklisted has a cooldown (it will be usable again)."""
         return any(b.until is not None for b in self._banned.values())
 
+
 #: above this many hosts the exact search (every subset) gives way to a greedy one
 EXACT_HOSTS = 12
 
 
-def keep_reachable(hosts: Sequence[str], slots: Dict[str, int],
-                   cut: Sequence[Tuple[str, str]]) -> Tuple[List[str], List[str]]:
+def keep_reachable(
+    hosts: Sequence[str], slots: Dict[str, int], cut: Sequence[Tuple[str, str]]
+) -> Tuple[List[str], List[str]]:
     """``(kept, left_out)``: the hosts (in ``hosts``' order, which is rank order) to keep,
     all reaching each other, and the rest."""
     broken: Set[FrozenSet[str]] = {frozenset(p) for p in cut if p[0] != p[1]}
@@ -120,19 +126,23 @@ def keep_reachable(hosts: Sequence[str], slots: Dict[str, int],
 
     def score(group) -> tuple:
         # most slots, then rank 0's host inside, then the lowest ranks
-        return (sum(slots.get(h, 1) for h in group), hosts[0] in group,
-                [-order[h] for h in group])
+        return (sum(slots.get(h, 1) for h in group), hosts[0] in group, [-order[h] for h in group])
 
     if len(hosts) <= EXACT_HOSTS:
-        groups = (g for n in range(len(hosts), 0, -1)
-                  for g in itertools.combinations(hosts, n) if clique(g))
+        groups = (
+            g
+            for n in range(len(hosts), 0, -1)
+            for g in itertools.combinations(hosts, n)
+            if clique(g)
+        )
         best = max(groups, key=score)
     else:
         best = list(hosts)
         while not clique(best):
             # leave out the host with the most cuts (the latest in rank order on a tie)
-            worst = max(best, key=lambda h: (sum(frozenset((h, o)) in broken for o in best),
-                                             order[h]))
+            worst = max(
+                best, key=lambda h: (sum(frozenset((h, o)) in broken for o in best), order[h])
+            )
             best.remove(worst)
     kept = [h for h in hosts if h in best]
     return kept, [h for h in hosts if h not in best]

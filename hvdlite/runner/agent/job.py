@@ -43,9 +43,14 @@ from hvdlite.runner.store import metrics_server
 from hvdlite.runner.store.exit_reports import report_from_failure
 from hvdlite.runner.store.liveness import Liveness
 from hvdlite.runner.store.metrics_inbox import MetricsInbox
-from hvdlite.runner.store.stack_collection import (OUTSIDE_TIMEOUT_S, Outside, StackReports,
-                                                   on_sigusr1, outside_stack_lines,
-                                                   to_stderr)
+from hvdlite.runner.store.stack_collection import (
+    OUTSIDE_TIMEOUT_S,
+    Outside,
+    StackReports,
+    on_sigusr1,
+    outside_stack_lines,
+    to_stderr,
+)
 from hvdlite.runner.store.torch_store import TorchStore
 from hvdlite.runner.tasks.ssh import SSHOptions
 
@@ -66,7 +71,8 @@ class JobContext:
     stacks: StackReports = dataclasses.field(default_factory=StackReports)
     #: --mpi: the ranks' metrics and straggler lines (elsewhere the rendezvous store's)
     reports_inbox: MetricsInbox = dataclasses.field(
-        default_factory=lambda: MetricsInbox(lambda rank: None))
+        default_factory=lambda: MetricsInbox(lambda rank: None)
+    )
     #: torch's store for the ranks' init_process_group() (None: no torchrun variables)
     torch_store: Optional[TorchStore] = None
     #: each rank's beats and rank 0's stall verdicts, as the store sees them
@@ -90,8 +96,14 @@ class JobContext:
     def job_env(self, local: bool, with_key: bool = False) -> Dict[str, str]:
         """What every rank of this Gloo job shares (``rank_env.shared_env``)."""
         return rank_env.shared_env(
-            self.spec, self.rounds.address, self.job_id, self.key,
-            None if self.torch_store is None else self.torch_store.port, local, with_key)
+            self.spec,
+            self.rounds.address,
+            self.job_id,
+            self.key,
+            None if self.torch_store is None else self.torch_store.port,
+            local,
+            with_key,
+        )
 
 
 def run_job(spec: JobSpec) -> JobResult:
@@ -105,16 +117,21 @@ def run_job(spec: JobSpec) -> JobResult:
     """
     spec.within_ceiling()
     source = spec.host_source or host_source(spec)
-    given = {name: value for name, value in (("key", spec.key), ("job_id", spec.job_id))
-             if value is not None}
+    given = {
+        name: value
+        for name, value in (("key", spec.key), ("job_id", spec.job_id))
+        if value is not None
+    }
     job = JobContext(spec, **given)
-    sink = OutputSink(output_dir=spec.output_dir, timestamp=spec.timestamp_output,
-                      merge_ranks=spec.np if _merges_output(spec) else None)
+    sink = OutputSink(
+        output_dir=spec.output_dir,
+        timestamp=spec.timestamp_output,
+        merge_ranks=spec.np if _merges_output(spec) else None,
+    )
     if _wants_torch_env(spec):
         job.torch_store = TorchStore(loopback=all(is_local(h.hostname) for h in spec.hosts))
     try:
-        starter = spec.starter(job) if spec.starter is not None \
-            else make_starter(job, source, sink)
+        starter = spec.starter(job) if spec.starter is not None else make_starter(job, source, sink)
         return _run_agent(job, source, starter, sink)
     finally:
         if job.torch_store is not None:
@@ -126,43 +143,74 @@ def _merges_output(spec: JobSpec) -> bool:
     """Are every rank's identical stderr lines printed once?  In a static job of processes
     the launcher starts (its ranks keep their numbers), unless ``--no-merge-rank-output``;
     under ``--mpi`` each rank's wrapper tags its own lines."""
-    return bool(spec.tunables.merge_rank_output and spec.controller != "mpi"
-                and spec.settings.static and spec.starter is None and spec.np > 1)
+    return bool(
+        spec.tunables.merge_rank_output
+        and spec.controller != "mpi"
+        and spec.settings.static
+        and spec.starter is None
+        and spec.np > 1
+    )
 
 
 def _wants_torch_env(spec: JobSpec) -> bool:
     """Do the ranks get torchrun's variables?  In a static Gloo job of processes the
     launcher starts, unless ``--no-torch-env``.  (An elastic job renumbers its ranks;
     MPI's ranks are mpiexec's; Ray's and Spark's workers are function calls.)"""
-    return bool(spec.tunables.torch_env and spec.controller == "gloo"
-                and spec.settings.static and spec.starter is None)
+    return bool(
+        spec.tunables.torch_env
+        and spec.controller == "gloo"
+        and spec.settings.static
+        and spec.starter is None
+    )
 
 
-def _run_agent(job: JobContext, source: HostSource, starter: Starter,
-               sink: OutputSink) -> JobResult:
+def _run_agent(
+    job: JobContext, source: HostSource, starter: Starter, sink: OutputSink
+) -> JobResult:
     """The agent's loop over ``source`` and ``starter``, with SIGINT/SIGTERM as a stop
     request, SIGUSR1 as a stack request and the metrics endpoint, then the result."""
     spec = job.spec
-    address = (lambda: spec.store_address) if spec.store_address else \
-        (lambda: starter.rendezvous_addr)
-    job.rounds = Rounds(job.key, address, repeat_last=spec.settings.static,
-                        needed=starter.needs_rendezvous, job_id=job.job_id,
-                        extra_ops=job.liveness.wrap(job.stacks.ops()),
-                        extra_reports=lambda: {**_output_reports(job, sink),
-                                               **_starter_reports(starter)},
-                        port=spec.store_port)
-    wedges = WedgeWatch(job.liveness, outside=starter.outside_stacks,
-                        stack_lines=outside_stack_lines, op_timeout_s=spec.tunables.op_timeout_s,
-                        write=to_stderr) if starter.needs_rendezvous else None
-    job.agent = Agent(spec.settings, _damped(spec, source), starter, job.rounds,
-                      op_timeout_s=spec.tunables.op_timeout_s, wedges=wedges,
-                      elastic_timeout_s=spec.tunables.elastic_timeout_s)
+    address = (
+        (lambda: spec.store_address) if spec.store_address else (lambda: starter.rendezvous_addr)
+    )
+    job.rounds = Rounds(
+        job.key,
+        address,
+        repeat_last=spec.settings.static,
+        needed=starter.needs_rendezvous,
+        job_id=job.job_id,
+        extra_ops=job.liveness.wrap(job.stacks.ops()),
+        extra_reports=lambda: {**_output_reports(job, sink), **_starter_reports(starter)},
+        port=spec.store_port,
+    )
+    wedges = (
+        WedgeWatch(
+            job.liveness,
+            outside=starter.outside_stacks,
+            stack_lines=outside_stack_lines,
+            op_timeout_s=spec.tunables.op_timeout_s,
+            write=to_stderr,
+        )
+        if starter.needs_rendezvous
+        else None
+    )
+    job.agent = Agent(
+        spec.settings,
+        _damped(spec, source),
+        starter,
+        job.rounds,
+        op_timeout_s=spec.tunables.op_timeout_s,
+        wedges=wedges,
+        elastic_timeout_s=spec.tunables.elastic_timeout_s,
+    )
     _take_outside_stacks(job, starter)
     metrics = None
     try:
         metrics = _serve_metrics(job)
-        with StopSignals(job.agent.request_stop, action=starter.stop_action), \
-                on_sigusr1(job.stacks):
+        with (
+            StopSignals(job.agent.request_stop, action=starter.stop_action),
+            on_sigusr1(job.stacks),
+        ):
             code = job.agent.run()
     finally:
         if metrics is not None:
@@ -172,7 +220,7 @@ def _run_agent(job: JobContext, source: HostSource, starter: Starter,
         job.stacks.close()
     if job.agent.launch_error is not None:
         raise job.agent.launch_error
-    sink.flush_pending()            # the ranks' last lines come before the verdict
+    sink.flush_pending()  # the ranks' last lines come before the verdict
     result = _result(job, starter, code)
     _say_why(job, result)
     return result
@@ -182,10 +230,13 @@ def _take_outside_stacks(job: JobContext, starter: Starter) -> None:
     """Let the stack reports take stacks from outside the ranks' processes (py-spy, through
     ``starter``), for ranks that cannot answer; a stack's rank is its slot's place in the
     newest round (a worker outside it has none)."""
+
     def taken(ids: List[SlotId], members: List[SlotId]) -> List[Outside]:
         got = starter.outside_stacks(ids, OUTSIDE_TIMEOUT_S) if ids else {}
-        return [(sid, members.index(sid) if sid in members else None, stack)
-                for sid, stack in got.items()]
+        return [
+            (sid, members.index(sid) if sid in members else None, stack)
+            for sid, stack in got.items()
+        ]
 
     def members() -> List[SlotId]:
         return list(job.agent.round_ids) if job.agent is not None else []
@@ -213,8 +264,10 @@ def _damped(spec: JobSpec, source: HostSource) -> HostSource:
 
 def _starter_reports(starter: Starter) -> Dict[SlotId, dict]:
     """The failures a platform's starter saw (a call's traceback), as exit reports."""
-    return {sid: report_from_failure(sid, why, order)
-            for order, (sid, why) in enumerate(starter.failures().items())}
+    return {
+        sid: report_from_failure(sid, why, order)
+        for order, (sid, why) in enumerate(starter.failures().items())
+    }
 
 
 def _output_reports(job: JobContext, sink: OutputSink) -> Dict[SlotId, dict]:
@@ -224,18 +277,26 @@ def _output_reports(job: JobContext, sink: OutputSink) -> Dict[SlotId, dict]:
     if not job.spec.settings.static or job.agent is None:
         return {}
     ids = job.agent.round_ids
-    return {ids[rank]: report_from_failure(ids[rank], line, at)
-            for rank, (line, at) in sink.raised().items() if 0 <= rank < len(ids)}
+    return {
+        ids[rank]: report_from_failure(ids[rank], line, at)
+        for rank, (line, at) in sink.raised().items()
+        if 0 <= rank < len(ids)
+    }
 
 
 def _result(job: JobContext, starter: Starter, code: int) -> JobResult:
     agent = job.agent
     ranks = list(agent.round_ids)
     returned = starter.results()
-    return JobResult(state=agent.state.name.lower(), exit_code=code, ranks=ranks,
-                     results=[returned.get(sid) for sid in ranks],
-                     failures=dict(starter.failures()), summary=agent.summary or "",
-                     error=agent.error)
+    return JobResult(
+        state=agent.state.name.lower(),
+        exit_code=code,
+        ranks=ranks,
+        results=[returned.get(sid) for sid in ranks],
+        failures=dict(starter.failures()),
+        summary=agent.summary or "",
+        error=agent.error,
+    )
 
 
 def _say_why(job: JobContext, result: JobResult) -> None:
@@ -265,11 +326,12 @@ def host_source(spec: JobSpec) -> HostSource:
         HvdliteConfigError: a listed host name does not resolve.
     """
     if spec.discovery_script:
-        return ScriptHosts(spec.discovery_script, spec.slots_per_host,
-                           max_slots=spec.tunables.max_workers)
+        return ScriptHosts(
+            spec.discovery_script, spec.slots_per_host, max_slots=spec.tunables.max_workers
+        )
     for h in spec.hosts:
         if not is_local(h.hostname):
-            resolve(h.hostname)          # "unknown host" before anything starts
+            resolve(h.hostname)  # "unknown host" before anything starts
     return FixedHosts(spec.hosts)
 
 
@@ -281,40 +343,66 @@ def make_starter(job: JobContext, source: HostSource, sink: OutputSink) -> Start
     if spec.controller == "mpi":
         return _mpiexec_starter(job, source.find())
     remote = [h.hostname for h in source.find() if not is_local(h.hostname)]
-    via_srun = bool(remote) and not spec.discovery_script \
-        and slurm_hosts.srun_reaches(remote)
+    via_srun = bool(remote) and not spec.discovery_script and slurm_hosts.srun_reaches(remote)
     if via_srun:
-        log.info("remote hosts %s are nodes of this Slurm allocation: tasks start through "
-                 "srun, not SSH", ", ".join(remote))
-    ssh = SSHOptions(port=spec.ssh_port, identity_file=spec.ssh_identity_file,
-                     known_hosts_file=spec.ssh_known_hosts_file,
-                     strict_host_key_checking=spec.ssh_strict_host_key_checking,
-                     launcher_agent=spec.launcher_agent)
+        log.info(
+            "remote hosts %s are nodes of this Slurm allocation: tasks start through srun, not SSH",
+            ", ".join(remote),
+        )
+    ssh = SSHOptions(
+        port=spec.ssh_port,
+        identity_file=spec.ssh_identity_file,
+        known_hosts_file=spec.ssh_known_hosts_file,
+        strict_host_key_checking=spec.ssh_strict_host_key_checking,
+        launcher_agent=spec.launcher_agent,
+    )
     return AutoStarter(
-        make_local=lambda: LocalStarter(spec.command, lambda: job.job_env(local=True),
-                                        sink, base_env=dict(os.environ), on_exit=job.wake),
-        make_tasks=lambda: TaskStarter(job.key, job.job_id, spec.command,
-                                       lambda: job.job_env(local=False),
-                                       rank_env.forward_env(spec), ssh, spec.start_timeout_s, sink,
-                                       network_interfaces=spec.network_interfaces,
-                                       on_exit=job.wake, verbose=spec.verbose,
-                                       open_task=task_opener() if via_srun else None,
-                                       ranks_heard=job.liveness.heard_from_host),
-        tasks_from_start=bool(remote))
+        make_local=lambda: LocalStarter(
+            spec.command,
+            lambda: job.job_env(local=True),
+            sink,
+            base_env=dict(os.environ),
+            on_exit=job.wake,
+        ),
+        make_tasks=lambda: TaskStarter(
+            job.key,
+            job.job_id,
+            spec.command,
+            lambda: job.job_env(local=False),
+            rank_env.forward_env(spec),
+            ssh,
+            spec.start_timeout_s,
+            sink,
+            network_interfaces=spec.network_interfaces,
+            on_exit=job.wake,
+            verbose=spec.verbose,
+            open_task=task_opener() if via_srun else None,
+            ranks_heard=job.liveness.heard_from_host,
+        ),
+        tasks_from_start=bool(remote),
+    )
 
 
 def _mpiexec_starter(job: JobContext, hosts: List[HostSlots]) -> MpiexecStarter:
     """One mpiexec for the job, its environment from ``rank_env.mpiexec_env``."""
     spec = job.spec
     on_line, names, hidden = rank_env.mpiexec_env(spec, job.job_id, job.key)
-    return MpiexecStarter(hosts, spec.command, on_line, names,
-                          spec.mpi_args,
-                          ssh_port=spec.ssh_port if spec.ssh_port != 22 else None,
-                          identity_file=spec.ssh_identity_file, verbose=spec.verbose,
-                          output_dir=spec.output_dir, timestamp=spec.timestamp_output,
-                          binding_args=spec.binding_args, hidden_env=hidden,
-                          on_exit=job.wake,
-                          reports=(job.key, {**job.stacks.ops(), **job.reports_inbox.ops()}))
+    return MpiexecStarter(
+        hosts,
+        spec.command,
+        on_line,
+        names,
+        spec.mpi_args,
+        ssh_port=spec.ssh_port if spec.ssh_port != 22 else None,
+        identity_file=spec.ssh_identity_file,
+        verbose=spec.verbose,
+        output_dir=spec.output_dir,
+        timestamp=spec.timestamp_output,
+        binding_args=spec.binding_args,
+        hidden_env=hidden,
+        on_exit=job.wake,
+        reports=(job.key, {**job.stacks.ops(), **job.reports_inbox.ops()}),
+    )
 
 
 def flight_note(job: JobContext) -> str:
@@ -325,5 +413,6 @@ def flight_note(job: JobContext) -> str:
         return ""
     hosts = spec.hosts or ([] if spec.discovery_script else [None])
     local_only = all(h is None or is_local(h.hostname) for h in hosts)
-    return flight_recorder.launcher_note(job.job_id, spec.tunables.flight_recorder_dir,
-                                         local_only=local_only and bool(hosts))
+    return flight_recorder.launcher_note(
+        job.job_id, spec.tunables.flight_recorder_dir, local_only=local_only and bool(hosts)
+    )

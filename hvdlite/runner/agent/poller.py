@@ -36,21 +36,24 @@ class DiscoveryPoller:
     and after the first answer.
     """
 
-    def __init__(self, discovery: HostSource, on_change: Callable[[], None],
-                 interval_s: Optional[float] = None):
+    def __init__(
+        self,
+        discovery: HostSource,
+        on_change: Callable[[], None],
+        interval_s: Optional[float] = None,
+    ):
         self._discovery = discovery
         self._on_change = on_change
         self._interval_s = DISCOVERY_INTERVAL_S if interval_s is None else interval_s
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._hosts: Optional[List[HostSlots]] = None
-        self.failures = 0          # discoveries that raised, for logs and tests
-        self._failing_since: Optional[int] = None   # self.failures when this spell began
-        self._last_error = ""                        # the last error logged in full
-        self._last_log = 0.0                         # when a failure was last logged
-        self._unlogged = 0                           # failures since that line
-        self._thread = threading.Thread(target=self._run, name="elastic-discovery",
-                                        daemon=True)
+        self.failures = 0  # discoveries that raised, for logs and tests
+        self._failing_since: Optional[int] = None  # self.failures when this spell began
+        self._last_error = ""  # the last error logged in full
+        self._last_log = 0.0  # when a failure was last logged
+        self._unlogged = 0  # failures since that line
+        self._thread = threading.Thread(target=self._run, name="elastic-discovery", daemon=True)
 
     @property
     def hosts(self) -> Optional[List[HostSlots]]:
@@ -68,11 +71,13 @@ class DiscoveryPoller:
         except HostDiscoveryError as exc:
             if not self._stop.is_set():
                 self._log_failure(exc)
-            self.failures += 1          # after the log line: tests wait on the count
+            self.failures += 1  # after the log line: tests wait on the count
             return
         if self._failing_since is not None:
-            log.warning("host discovery works again after %d failed attempts",
-                        self.failures - self._failing_since)
+            log.warning(
+                "host discovery works again after %d failed attempts",
+                self.failures - self._failing_since,
+            )
             self._failing_since, self._last_error, self._unlogged = None, "", 0
         with self._lock:
             changed = hosts != self._hosts
@@ -91,15 +96,23 @@ class DiscoveryPoller:
         if text != self._last_error:
             self._last_error, self._last_log, self._unlogged = text, now, 0
             output = exc.output.rstrip() or "(no output)"
-            log.warning("host discovery failed; keeping the previous hosts (%s): %s\n"
-                        "  its output:\n%s", _describe(self.hosts), exc,
-                        "\n".join("    " + line for line in output.splitlines()))
+            log.warning(
+                "host discovery failed; keeping the previous hosts (%s): %s\n  its output:\n%s",
+                _describe(self.hosts),
+                exc,
+                "\n".join("    " + line for line in output.splitlines()),
+            )
             return
         self._unlogged += 1
         if now - self._last_log >= FAILURE_LOG_INTERVAL_S:
-            log.warning("host discovery still failing: %d more failures in the last %.0fs, "
-                        "the same way (%s); keeping the previous hosts (%s)", self._unlogged,
-                        now - self._last_log, text, _describe(self.hosts))
+            log.warning(
+                "host discovery still failing: %d more failures in the last %.0fs, "
+                "the same way (%s); keeping the previous hosts (%s)",
+                self._unlogged,
+                now - self._last_log,
+                text,
+                _describe(self.hosts),
+            )
             self._last_log, self._unlogged = now, 0
 
     def _run(self) -> None:

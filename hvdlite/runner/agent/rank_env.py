@@ -19,10 +19,24 @@ from hvdlite.runner.tasks.nics import loopback_interface
 #: variables every host's workers get from the launcher's environment (besides -x ones)
 FORWARD_ALWAYS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 #: per-job HVDLITE_* names the launcher sets itself; never forwarded from its own environment
-_JOB_NAMES = {cfg.RANK, cfg.SIZE, cfg.LOCAL_RANK, cfg.LOCAL_SIZE, cfg.CROSS_RANK,
-              cfg.CROSS_SIZE, cfg.HOSTNAME, cfg.RENDEZVOUS_ADDR, cfg.RENDEZVOUS_PORT,
-              cfg.SECRET_KEY, cfg.JOB_ID, cfg.GLOO_IFACE, cfg.ELASTIC,
-              cfg.RUN_FUNC_KEY, cfg.RUN_FUNC_PORT, cfg.RUN_FUNC_ADDRS}
+_JOB_NAMES = {
+    cfg.RANK,
+    cfg.SIZE,
+    cfg.LOCAL_RANK,
+    cfg.LOCAL_SIZE,
+    cfg.CROSS_RANK,
+    cfg.CROSS_SIZE,
+    cfg.HOSTNAME,
+    cfg.RENDEZVOUS_ADDR,
+    cfg.RENDEZVOUS_PORT,
+    cfg.SECRET_KEY,
+    cfg.JOB_ID,
+    cfg.GLOO_IFACE,
+    cfg.ELASTIC,
+    cfg.RUN_FUNC_KEY,
+    cfg.RUN_FUNC_PORT,
+    cfg.RUN_FUNC_ADDRS,
+}
 _HOROVOD_IDENTITY = set(cfg.HOROVOD_ALIASES.values())
 
 
@@ -46,8 +60,15 @@ def forward_env(spec: JobSpec) -> Dict[str, str]:
     return env
 
 
-def shared_env(spec: JobSpec, store: Tuple[str, int], job_id: str, key: bytes,
-               torch_port: Optional[int], local: bool, with_key: bool) -> Dict[str, str]:
+def shared_env(
+    spec: JobSpec,
+    store: Tuple[str, int],
+    job_id: str,
+    key: bytes,
+    torch_port: Optional[int],
+    local: bool,
+    with_key: bool,
+) -> Dict[str, str]:
     """What every rank of a Gloo job shares (``JobContext.job_env``).
 
     ``store``: the rendezvous store's address; ``torch_port``: torch's store beside it
@@ -60,8 +81,9 @@ def shared_env(spec: JobSpec, store: Tuple[str, int], job_id: str, key: bytes,
     env = spec.tunable_env()
     env.update(spec.user_env)
     env.update(spec.secret_env)
-    env.update({cfg.RENDEZVOUS_ADDR: store[0], cfg.RENDEZVOUS_PORT: str(store[1]),
-                cfg.JOB_ID: job_id})
+    env.update(
+        {cfg.RENDEZVOUS_ADDR: store[0], cfg.RENDEZVOUS_PORT: str(store[1]), cfg.JOB_ID: job_id}
+    )
     if not spec.settings.static:
         env[cfg.ELASTIC] = "1"
     if local or with_key:
@@ -76,14 +98,20 @@ def shared_env(spec: JobSpec, store: Tuple[str, int], job_id: str, key: bytes,
 def _torch_env(addr: str, port: int, job_id: str) -> Dict[str, str]:
     """torchrun's variables every rank shares (each rank's place is added where it
     starts): torch's store beside ours, every rank its client, and the job's id."""
-    return {cfg.TORCH_MASTER_ADDR: addr, cfg.TORCH_MASTER_PORT: str(port),
-            cfg.TORCH_USE_AGENT_STORE: "True", cfg.TORCH_RUN_ID: job_id,
-            cfg.TORCH_RESTART_COUNT: "0", cfg.TORCH_MAX_RESTARTS: "0",
-            cfg.TORCH_ROLE_NAME: "default"}
+    return {
+        cfg.TORCH_MASTER_ADDR: addr,
+        cfg.TORCH_MASTER_PORT: str(port),
+        cfg.TORCH_USE_AGENT_STORE: "True",
+        cfg.TORCH_RUN_ID: job_id,
+        cfg.TORCH_RESTART_COUNT: "0",
+        cfg.TORCH_MAX_RESTARTS: "0",
+        cfg.TORCH_ROLE_NAME: "default",
+    }
 
 
-def mpiexec_env(spec: JobSpec, job_id: str, key: bytes
-                ) -> Tuple[Dict[str, str], List[str], Dict[str, str]]:
+def mpiexec_env(
+    spec: JobSpec, job_id: str, key: bytes
+) -> Tuple[Dict[str, str], List[str], Dict[str, str]]:
     """``(on_command_line, names, hidden)`` for mpiexec: the tunables go on its command
     line; everything else is passed by name from its own environment, never on a
     command line (which ``ps`` shows to every user): PATH & co, the user's HVDLITE_* and
@@ -92,6 +120,6 @@ def mpiexec_env(spec: JobSpec, job_id: str, key: bytes
     hidden = dict(spec.user_env)
     hidden.update(spec.secret_env)
     hidden[cfg.SECRET_KEY] = key.hex()
-    hidden[cfg.JOB_ID] = job_id          # names the ranks' flight-recorder directory
+    hidden[cfg.JOB_ID] = job_id  # names the ranks' flight-recorder directory
     names = [n for n in os.environ if forwarded(n) and n not in hidden] + sorted(hidden)
     return spec.tunable_env(), names, hidden

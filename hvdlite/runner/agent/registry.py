@@ -19,14 +19,14 @@ from hvdlite.runner.hosts import SlotId, SlotInfo
 class WorkerState(enum.Enum):
     """What the agent makes of one worker."""
 
-    STANDBY = "on standby"        # started ahead of the round that will take it
-    LIVE = "live"                 # started into a round, running
-    SUSPENDED = "suspended"       # a member whose process is stopped (SIGSTOP, a debugger)
-    ENDING = "ending"             # a member ended for being stopped or stuck: its exit fails
-    STOPPING = "stopping"         # ended by the agent: its exit is no failure
-    EXCUSED = "excused"           # a newcomer stopped when training finished: not waited for
-    FINISHED = "finished"         # a member that exited 0
-    FAILED = "failed"             # a member that exited non-zero
+    STANDBY = "on standby"  # started ahead of the round that will take it
+    LIVE = "live"  # started into a round, running
+    SUSPENDED = "suspended"  # a member whose process is stopped (SIGSTOP, a debugger)
+    ENDING = "ending"  # a member ended for being stopped or stuck: its exit fails
+    STOPPING = "stopping"  # ended by the agent: its exit is no failure
+    EXCUSED = "excused"  # a newcomer stopped when training finished: not waited for
+    FINISHED = "finished"  # a member that exited 0
+    FAILED = "failed"  # a member that exited non-zero
 
 
 S = WorkerState
@@ -49,14 +49,14 @@ MOVES: Dict[WorkerState, frozenset] = {
 class WorkerRecord:
     """One worker: where it was started, its state, since when."""
 
-    slot: SlotInfo            # its place in the round it was started in (env, output prefix)
+    slot: SlotInfo  # its place in the round it was started in (env, output prefix)
     started_round: int
     state: WorkerState
     started_at: float = dataclasses.field(default_factory=time.monotonic)
-    since: float = dataclasses.field(default_factory=time.monotonic)   # in this state
-    running: bool = True      # its process has not exited (an excused one may have)
-    said: bool = False        # SUSPENDED: the static job's warning was logged
-    peer_error: Optional[str] = None   # FAILED: its rank only saw a peer fail (its words)
+    since: float = dataclasses.field(default_factory=time.monotonic)  # in this state
+    running: bool = True  # its process has not exited (an excused one may have)
+    said: bool = False  # SUSPENDED: the static job's warning was logged
+    peer_error: Optional[str] = None  # FAILED: its rank only saw a peer fail (its words)
 
     @property
     def stopping(self) -> bool:
@@ -84,8 +84,9 @@ class WorkerRegistry:
         rec = self._records[sid]
         if state is not rec.state:
             if state not in MOVES[rec.state]:
-                raise AssertionError(f"agent: worker {sid}: no move {rec.state.name} -> "
-                                     f"{state.name}")
+                raise AssertionError(
+                    f"agent: worker {sid}: no move {rec.state.name} -> {state.name}"
+                )
             rec.state = state
             rec.since = time.monotonic() if now is None else now
             rec.said = False

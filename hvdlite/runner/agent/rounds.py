@@ -18,10 +18,17 @@ from hvdlite.runner.hosts import SlotId
 class Rounds:
     """Opens rounds on the job's store, made on the first :meth:`publish`."""
 
-    def __init__(self, key: bytes, bind_addr: Callable[[], str], repeat_last: bool,
-                 needed: bool = True, job_id: str = "",
-                 extra_ops: Optional[Dict[str, Callable]] = None,
-                 extra_reports: Callable[[], Dict[SlotId, dict]] = dict, port: int = 0):
+    def __init__(
+        self,
+        key: bytes,
+        bind_addr: Callable[[], str],
+        repeat_last: bool,
+        needed: bool = True,
+        job_id: str = "",
+        extra_ops: Optional[Dict[str, Callable]] = None,
+        extra_reports: Callable[[], Dict[SlotId, dict]] = dict,
+        port: int = 0,
+    ):
         """``extra_ops``: more store ops (see ``RendezvousService``); ``extra_reports()``:
         exit reports that did not come through the store (a platform's starter saw the
         failure itself), overridden by the ranks' own; ``port``: the store's (0: any)."""
@@ -43,9 +50,14 @@ class Rounds:
             self._count += 1
             return self._count
         if self.service is None:
-            self.service = RendezvousService(self._key, repeat_last=self._repeat_last,
-                                             bind_addr=self._bind_addr(), port=self._port,
-                                             job_id=self._job_id, extra_ops=self._extra_ops)
+            self.service = RendezvousService(
+                self._key,
+                repeat_last=self._repeat_last,
+                bind_addr=self._bind_addr(),
+                port=self._port,
+                job_id=self._job_id,
+                extra_ops=self._extra_ops,
+            )
             if self._waker is not None:
                 self.service.set_waker(self._waker)
         return self.service.publish(slots, ids)

@@ -22,11 +22,11 @@ from hvdlite.common.exceptions import HvdliteConfigError
 class JobSettings:
     """What the agent needs from the flags: how many ranks, and what a failure does."""
 
-    np: int                                     # -np: the first round waits for this many
-    min_np: int                                 # --min-np
-    max_np: Optional[int] = None                # --max-np (None: no cap)
-    reset_limit: Optional[int] = None           # --reset-limit (None: unlimited)
-    cooldown_range: Optional[Tuple[float, float]] = None   # --blacklist-cooldown-range
+    np: int  # -np: the first round waits for this many
+    min_np: int  # --min-np
+    max_np: Optional[int] = None  # --max-np (None: no cap)
+    reset_limit: Optional[int] = None  # --reset-limit (None: unlimited)
+    cooldown_range: Optional[Tuple[float, float]] = None  # --blacklist-cooldown-range
     #: a static job: exactly ``np`` ranks, no rounds after the first, and a failed rank
     #: ends the job (its summary names the rank that failed first)
     static: bool = False
@@ -58,8 +58,14 @@ class SizeNames:
 FLAGS = SizeNames()
 
 
-def check_sizes(np: int, min_np: Optional[int] = None, max_np: Optional[int] = None, *,
-                ceiling: int, names: SizeNames = FLAGS) -> None:
+def check_sizes(
+    np: int,
+    min_np: Optional[int] = None,
+    max_np: Optional[int] = None,
+    *,
+    ceiling: int,
+    names: SizeNames = FLAGS,
+) -> None:
     """At least one process, and no size above ``ceiling`` (``--max-workers`` /
     ``HVDLITE_MAX_WORKERS``), before a host list is built or a slot placed: without -H the
     host list is ``localhost:NP``, and placing 10**20 slots fills the memory first.
@@ -70,14 +76,16 @@ def check_sizes(np: int, min_np: Optional[int] = None, max_np: Optional[int] = N
     """
     if np < 1:
         raise HvdliteConfigError(
-            f"{names.said('np', np)}: the number of processes must be at least 1")
+            f"{names.said('np', np)}: the number of processes must be at least 1"
+        )
     for field, value in (("np", np), ("min_np", min_np), ("max_np", max_np)):
         if value is not None and value > ceiling:
             said = names.said(field, value)
             raise HvdliteConfigError(
                 f"{said}: more than the {ceiling} worker processes one job may run "
                 f"(--max-workers / {cfg.MAX_WORKERS}); lower {getattr(names, field)}, or "
-                f"raise --max-workers if the hosts can hold {value} processes")
+                f"raise --max-workers if the hosts can hold {value} processes"
+            )
 
 
 def check_elastic_timeout(seconds: Optional[float], name: str) -> Optional[float]:
@@ -96,11 +104,19 @@ def check_elastic_timeout(seconds: Optional[float], name: str) -> Optional[float
     return float(seconds)
 
 
-def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
-             reset_limit: Optional[int],
-             cooldown_range: Optional[Sequence[float]], slots_per_host: Optional[int],
-             discovery_script: Optional[str], fixed_hosts: bool, mpi: bool,
-             names: SizeNames = FLAGS) -> JobSettings:
+def validate(
+    *,
+    np: int,
+    min_np: Optional[int],
+    max_np: Optional[int],
+    reset_limit: Optional[int],
+    cooldown_range: Optional[Sequence[float]],
+    slots_per_host: Optional[int],
+    discovery_script: Optional[str],
+    fixed_hosts: bool,
+    mpi: bool,
+    names: SizeNames = FLAGS,
+) -> JobSettings:
     """Check the elastic flags of one launch (``np`` >= 1 is already checked).
 
     ``fixed_hosts``: -H or --hostfile was given.  ``None`` means the flag was not given.
@@ -112,21 +128,23 @@ def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
     if mpi:
         raise HvdliteConfigError(
             "--min-np/--max-np/--host-discovery-script cannot be used with --mpi: an MPI job "
-            "cannot change its world; use Gloo (drop --mpi)")
+            "cannot change its world; use Gloo (drop --mpi)"
+        )
     if discovery_script and fixed_hosts:
         raise HvdliteConfigError(
-            "--host-discovery-script replaces -H/--hostfile; give one or the other")
+            "--host-discovery-script replaces -H/--hostfile; give one or the other"
+        )
     min_np = np if min_np is None else min_np
     said = names.said
     if min_np < 1:
         raise HvdliteConfigError(f"{said('min_np', min_np)}: must be at least 1")
     if max_np is not None and max_np < min_np:
-        raise HvdliteConfigError(
-            f"{said('min_np', min_np)} is more than {said('max_np', max_np)}")
+        raise HvdliteConfigError(f"{said('min_np', min_np)} is more than {said('max_np', max_np)}")
     if not min_np <= np <= (np if max_np is None else max_np):
         raise HvdliteConfigError(
             f"{said('np', np)} must be between {said('min_np', min_np)} and "
-            f"{said('max_np', 'unlimited' if max_np is None else max_np)}")
+            f"{said('max_np', 'unlimited' if max_np is None else max_np)}"
+        )
     if slots_per_host is not None and slots_per_host < 1:
         raise HvdliteConfigError(f"--slots-per-host {slots_per_host}: must be at least 1")
     if reset_limit is not None and reset_limit < 0:
@@ -136,13 +154,16 @@ def validate(*, np: int, min_np: Optional[int], max_np: Optional[int],
         low, high = (float(x) for x in cooldown_range)
         if not 0 <= low <= high:
             raise HvdliteConfigError(
-                f"--blacklist-cooldown-range {low:g} {high:g}: expected 0 <= MIN <= MAX seconds")
+                f"--blacklist-cooldown-range {low:g} {high:g}: expected 0 <= MIN <= MAX seconds"
+            )
         cooldown = (low, high)
     if discovery_script is not None:
         if not os.path.isfile(discovery_script):
             raise HvdliteConfigError(f"--host-discovery-script {discovery_script}: no such file")
         if not os.access(discovery_script, os.X_OK):
             raise HvdliteConfigError(
-                f"--host-discovery-script {discovery_script}: not executable (chmod +x it)")
-    return JobSettings(np=np, min_np=min_np, max_np=max_np, reset_limit=reset_limit,
-                       cooldown_range=cooldown)
+                f"--host-discovery-script {discovery_script}: not executable (chmod +x it)"
+            )
+    return JobSettings(
+        np=np, min_np=min_np, max_np=max_np, reset_limit=reset_limit, cooldown_range=cooldown
+    )

@@ -47,8 +47,9 @@ class SettlingHosts(HostSource):
     seconds (see the module docstring).  :meth:`find` runs on the poller's thread only;
     ``clock`` (monotonic seconds) is for tests."""
 
-    def __init__(self, source: HostSource, settle_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, source: HostSource, settle_s: float, clock: Callable[[], float] = time.monotonic
+    ):
         self._source = source
         self._settle_s = float(settle_s)
         self._clock = clock
@@ -77,14 +78,21 @@ class SettlingHosts(HostSource):
             del self._offered[host]
         for host in [h for h in self._since if h not in listed]:
             del self._since[host]
-            log.info("host %s dropped again before it settled; its wait starts anew when it "
-                     "is next listed", host)
+            log.info(
+                "host %s dropped again before it settled; its wait starts anew when it "
+                "is next listed",
+                host,
+            )
         for host, slots in listed.items():
             self._settle(host, slots, now)
         self._seen.update(listed)
-        return [h if h.slots == self._offered[h.hostname]
-                else dataclasses.replace(h, slots=self._offered[h.hostname])
-                for h in answer if self._offered.get(h.hostname, 0) > 0]
+        return [
+            h
+            if h.slots == self._offered[h.hostname]
+            else dataclasses.replace(h, slots=self._offered[h.hostname])
+            for h in answer
+            if self._offered.get(h.hostname, 0) > 0
+        ]
 
     def _settle(self, host: str, slots: int, now: float) -> None:
         """One listed host: shrink at once, grow once listed so for ``settle_s``."""
@@ -99,22 +107,36 @@ class SettlingHosts(HostSource):
             del self._since[host]
             self._offered[host] = slots
             if offered:
-                log.warning("host %s: its %s are used (listed for %.3gs)", host,
-                            _slots(slots), now - since)
+                log.warning(
+                    "host %s: its %s are used (listed for %.3gs)", host, _slots(slots), now - since
+                )
             else:
-                log.warning("host %s listed for %.3gs: it is added (%s)", host,
-                            now - since, _slots(slots))
+                log.warning(
+                    "host %s listed for %.3gs: it is added (%s)", host, now - since, _slots(slots)
+                )
             return
         if not first:
-            return                                   # still settling, said already
+            return  # still settling, said already
         if offered:
-            log.warning("host %s lists %d slots, up from %d; the %d more are added once "
-                        "listed for %gs (%s)", host, slots, offered, slots - offered,
-                        self._settle_s, SETTLE_FLAG)
+            log.warning(
+                "host %s lists %d slots, up from %d; the %d more are added once "
+                "listed for %gs (%s)",
+                host,
+                slots,
+                offered,
+                slots - offered,
+                self._settle_s,
+                SETTLE_FLAG,
+            )
         else:
             again = " again" if host in self._seen else ""
-            log.warning("host %s listed%s; it is added once listed for %gs (%s)", host,
-                        again, self._settle_s, SETTLE_FLAG)
+            log.warning(
+                "host %s listed%s; it is added once listed for %gs (%s)",
+                host,
+                again,
+                self._settle_s,
+                SETTLE_FLAG,
+            )
 
     def close(self) -> None:
         self._source.close()

@@ -19,6 +19,7 @@ from hvdlite.runner.hosts import HostSlots, SlotId
 from hvdlite.runner.hosts.source import HostSource
 from hvdlite.runner.starters.base import Starter
 
+
 @dataclasses.dataclass
 class JobSpec:
     """Everything one job needs: its size, hosts, command (or a platform's starter), the
@@ -39,7 +40,7 @@ class JobSpec:
     ssh_identity_file: Optional[str] = None
     ssh_known_hosts_file: Optional[str] = None
     ssh_strict_host_key_checking: bool = False
-    launcher_agent: Optional[str] = None       # --launcher-agent (None: SSH)
+    launcher_agent: Optional[str] = None  # --launcher-agent (None: SSH)
     network_interfaces: Optional[List[str]] = None
     mpi_args: List[str] = dataclasses.field(default_factory=list)
     #: --binding-args (--mpi only): replaces mpiexec's default binding flags
@@ -86,7 +87,7 @@ class JobSpec:
 
     @property
     def controller(self) -> str:
-        """"gloo" or "mpi": the tunables' ``cpu_operations``, which the launcher settles
+        """ "gloo" or "mpi": the tunables' ``cpu_operations``, which the launcher settles
         (a platform's job is Gloo); the ranks get it with the other tunables."""
         return self.tunables.cpu_operations or "gloo"
 
@@ -119,9 +120,13 @@ class JobSpec:
             HvdliteConfigError: a size out of range, named as the caller gave it.
         """
         ceiling, elastic = self.tunables.max_workers, self.elastic
-        check_sizes(self.np, elastic.min_np if elastic else None,
-                    elastic.max_np if elastic else None, ceiling=ceiling,
-                    names=self.size_names)
+        check_sizes(
+            self.np,
+            elastic.min_np if elastic else None,
+            elastic.max_np if elastic else None,
+            ceiling=ceiling,
+            names=self.size_names,
+        )
         if elastic is not None and elastic.max_np is None:
             self.elastic = dataclasses.replace(elastic, max_np=ceiling)
         return self

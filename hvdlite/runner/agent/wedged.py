@@ -48,10 +48,14 @@ StackLines = Callable[[OutsideStack], List[str]]
 class WedgeWatch:
     """Verdicts on the members of the newest round (called from the agent's thread)."""
 
-    def __init__(self, liveness: Liveness, outside: Optional[Outside] = None,
-                 stack_lines: Optional[StackLines] = None,
-                 op_timeout_s: Optional[float] = None,
-                 write: Callable[[str], None] = lambda text: log.warning("%s", text.rstrip())):
+    def __init__(
+        self,
+        liveness: Liveness,
+        outside: Optional[Outside] = None,
+        stack_lines: Optional[StackLines] = None,
+        op_timeout_s: Optional[float] = None,
+        write: Callable[[str], None] = lambda text: log.warning("%s", text.rstrip()),
+    ):
         self.liveness = liveness
         self._outside = outside
         self._stack_lines = stack_lines
@@ -84,8 +88,9 @@ class WedgeWatch:
             return
         self._said.update(new)
         facts = [(sid, rank_of(sid), self.liveness.beat(sid), silent[sid]) for sid in new]
-        threading.Thread(target=self._say_silent, args=(facts,), daemon=True,
-                         name="hvdlite-wedge-report").start()
+        threading.Thread(
+            target=self._say_silent, args=(facts,), daemon=True, name="hvdlite-wedge-report"
+        ).start()
 
     def _say_silent(self, facts) -> None:
         stacks = {}
@@ -101,11 +106,13 @@ class WedgeWatch:
                 f"hvdlite-run: rank {rank} on host {sid[0]} (pid {pid}) has not answered for "
                 f"{seconds:.0f}s while its process runs: no thread of it gets to run (a C "
                 f"call holding the interpreter lock, or a loop in native code); the other "
-                f"ranks wait for it in their next collective")
+                f"ranks wait for it in their next collective"
+            )
             stack = stacks.get(sid)
             if stack is not None and self._stack_lines is not None:
-                lines.append("  its stack, taken from outside the process by py-spy "
-                             "(innermost frame first):")
+                lines.append(
+                    "  its stack, taken from outside the process by py-spy (innermost frame first):"
+                )
                 lines += self._stack_lines(stack)
             else:
                 lines.append("  (no stack: this starter cannot take one from outside)")
@@ -113,8 +120,9 @@ class WedgeWatch:
 
     # ---- ending (elastic) -----------------------------------------------------------------
 
-    def to_end(self, members: Sequence[SlotId], asking: Set[SlotId],
-               rank_of: Callable[[SlotId], int]) -> List[Tuple[SlotId, str]]:
+    def to_end(
+        self, members: Sequence[SlotId], asking: Set[SlotId], rank_of: Callable[[SlotId], int]
+    ) -> List[Tuple[SlotId, str]]:
         """Members to end now, with why: the others ask for a new round and these are
         confirmed as not progressing (see the module docstring)."""
         now = time.monotonic()
@@ -130,31 +138,48 @@ class WedgeWatch:
                 continue
             why = self._why_stuck(sid, now, first)
             if why is not None:
-                out.append((sid, f"rank {rank_of(sid)} on host {sid[0]} {why}; ranks "
-                                 f"{sorted(rank_of(a) for a in askers)} gave up waiting for "
-                                 f"it and ask for a new round"))
+                out.append(
+                    (
+                        sid,
+                        f"rank {rank_of(sid)} on host {sid[0]} {why}; ranks "
+                        f"{sorted(rank_of(a) for a in askers)} gave up waiting for "
+                        f"it and ask for a new round",
+                    )
+                )
         return out
 
     def _why_stuck(self, sid: SlotId, now: float, first_ask: float) -> Optional[str]:
         silent = self.liveness.silent_for(sid, now)
         if silent is not None:
-            return (f"has not answered for {silent:.0f}s while its process runs (a C call "
-                    f"holding the interpreter lock, or a loop in native code)")
+            return (
+                f"has not answered for {silent:.0f}s while its process runs (a C call "
+                f"holding the interpreter lock, or a loop in native code)"
+            )
         missing = self.liveness.missing(sid, since=self._round_since)
         if missing is not None:
-            return (f"never submitted {_tensors(missing.tensors)} that the others waited "
-                    f"for (a deadlock or other code on that rank)")
-        if self._op_timeout_s is not None and \
-                now - first_ask >= 2 * self._op_timeout_s + ASK_GRACE_S:
-            return (f"did not leave the failed round within {now - first_ask:.0f}s "
-                    f"(twice --op-timeout-seconds {self._op_timeout_s:g}, + {ASK_GRACE_S:g}s)")
+            return (
+                f"never submitted {_tensors(missing.tensors)} that the others waited "
+                f"for (a deadlock or other code on that rank)"
+            )
+        if (
+            self._op_timeout_s is not None
+            and now - first_ask >= 2 * self._op_timeout_s + ASK_GRACE_S
+        ):
+            return (
+                f"did not leave the failed round within {now - first_ask:.0f}s "
+                f"(twice --op-timeout-seconds {self._op_timeout_s:g}, + {ASK_GRACE_S:g}s)"
+            )
         return None
 
     # ---- blame ----------------------------------------------------------------------------
 
-    def culprits(self, members: Sequence[SlotId], rank_of: Callable[[SlotId], int],
-                 arrived: Optional[Set[int]] = None,
-                 running: Optional[Set[SlotId]] = None) -> List[Tuple[SlotId, str]]:
+    def culprits(
+        self,
+        members: Sequence[SlotId],
+        rank_of: Callable[[SlotId], int],
+        arrived: Optional[Set[int]] = None,
+        running: Optional[Set[SlotId]] = None,
+    ) -> List[Tuple[SlotId, str]]:
         """The members the others waited for, each with why, for the failure summary:
         silent ones, those a stall of this round named, and -- when the round never formed
         -- those that never reached ``init()`` while others did (``arrived``: the ranks that
@@ -166,21 +191,35 @@ class WedgeWatch:
         for sid in members:
             beat = self.liveness.beat(sid)
             pid = f" (pid {beat.pid})" if beat is not None else ""
-            silent = self.liveness.silent_for(sid, now) \
-                if running is None or sid in running else None
+            silent = (
+                self.liveness.silent_for(sid, now) if running is None or sid in running else None
+            )
             if silent is not None:
-                out.append((sid, f"stopped answering{pid}: no thread of it ran for "
-                                 f"{silent:.0f}s while its process stayed up (a C call "
-                                 f"holding the interpreter lock, or a loop in native code)"))
+                out.append(
+                    (
+                        sid,
+                        f"stopped answering{pid}: no thread of it ran for "
+                        f"{silent:.0f}s while its process stayed up (a C call "
+                        f"holding the interpreter lock, or a loop in native code)",
+                    )
+                )
                 continue
             missing = self.liveness.missing(sid, since=self._round_since)
             if missing is not None:
                 waited = missing.waited_s + now - missing.since
-                out.append((sid, f"never submitted {_tensors(missing.tensors)}{pid}, which "
-                                 f"the others waited for {waited:.0f}s"))
+                out.append(
+                    (
+                        sid,
+                        f"never submitted {_tensors(missing.tensors)}{pid}, which "
+                        f"the others waited for {waited:.0f}s",
+                    )
+                )
         if not out and arrived:
-            out = [(sid, "never reached hvd.init()") for sid in members
-                   if rank_of(sid) not in arrived and (running is None or sid in running)]
+            out = [
+                (sid, "never reached hvd.init()")
+                for sid in members
+                if rank_of(sid) not in arrived and (running is None or sid in running)
+            ]
         return out
 
 

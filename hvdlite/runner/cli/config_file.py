@@ -34,17 +34,17 @@ def _negate(value):
 _OTHER_KEYS: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
     "library_options": {
         "mpi_threads_disable": ("mpi_threads_disable", _same),
-        "mpi_threads_disabled": ("mpi_threads_disable", _same),    # older Horovod spelling
+        "mpi_threads_disabled": ("mpi_threads_disable", _same),  # older Horovod spelling
         "num_nccl_streams": ("num_nccl_streams", _same),
         "thread_affinity": ("thread_affinity", _same),
     },
     "logging": {
         "with_timestamp": ("log_with_timestamp", _same),
-        "hide_timestamp": ("log_with_timestamp", _negate),           # older Horovod spelling
+        "hide_timestamp": ("log_with_timestamp", _negate),  # older Horovod spelling
     },
     "elastic": {
-        "slots": ("slots_per_host", _same),                          # horovod.run's name
-        "cooldown_range": ("blacklist_cooldown_range", _same),       # horovod.run's name
+        "slots": ("slots_per_host", _same),  # horovod.run's name
+        "cooldown_range": ("blacklist_cooldown_range", _same),  # horovod.run's name
     },
 }
 
@@ -66,8 +66,11 @@ HOROVOD_SECTIONS = _sections()
 
 #: keys that only older Horovod versions knew and today's horovodrun ignores: ignored here
 #: too (with a note) so that such a file still runs
-IGNORED_KEYS = {("autotune", "cycles_per_sample"), ("library_options", "mlsl_bgt_affinity"),
-                ("library_options", "ccl_bgt_affinity")}
+IGNORED_KEYS = {
+    ("autotune", "cycles_per_sample"),
+    ("library_options", "mlsl_bgt_affinity"),
+    ("library_options", "ccl_bgt_affinity"),
+}
 
 #: a section's ``enabled: false`` switches off the feature its other keys configure
 _SWITCHED = {"autotune": "autotune", "timeline": "timeline_filename"}
@@ -89,15 +92,18 @@ def _load(path: str) -> Dict[str, Any]:
     except OSError as exc:
         raise HvdliteConfigError(f"--config-file {path}: {exc.strerror}") from None
     if len(raw) > _MAX_FILE_BYTES:
-        raise HvdliteConfigError(f"--config-file {path}: more than {_MAX_FILE_BYTES} bytes; "
-                                 f"expected a YAML file of settings")
+        raise HvdliteConfigError(
+            f"--config-file {path}: more than {_MAX_FILE_BYTES} bytes; "
+            f"expected a YAML file of settings"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         raise HvdliteConfigError(
             f"--config-file {path}: line {line} is not UTF-8 text (byte "
-            f"{raw[exc.start:exc.start + 1]!r}); expected a YAML file") from None
+            f"{raw[exc.start : exc.start + 1]!r}); expected a YAML file"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -120,13 +126,13 @@ def _actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     return by_name
 
 
-
 def _converter(action: argparse.Action) -> Callable[[Any], Any]:
     """The flag's ``type=``: every flag of hvdlite-run's parser gives a callable."""
     convert = action.type
     if not callable(convert):
         raise TypeError(f"{action.dest}: type={convert!r} is not callable")
     return convert
+
 
 class _Reader:
     """Turns one file's entries into ``{dest: value}``, naming the file in every error."""
@@ -146,10 +152,9 @@ class _Reader:
         """A long flag name; a switch's true value means the flag was given."""
         name = str(key).replace("_", "-")
         action = self.by_name.get(name)
-        if action is None or name in ("config-file", "command", "help", "version",
-                                      "check-build"):
+        if action is None or name in ("config-file", "command", "help", "version", "check-build"):
             raise self.error(f"unknown key '{where}{key}'")
-        if action.nargs == 0:                      # a switch: true gives it, false leaves it
+        if action.nargs == 0:  # a switch: true gives it, false leaves it
             if not isinstance(value, bool):
                 raise self.error(f"{where}{key}: expected true or false, got {value!r}")
             if value:
@@ -170,17 +175,20 @@ class _Reader:
             HvdliteConfigError: names the key and the value seen.
         """
         action = self.by_dest.get(dest)
-        switch = action is not None and (action.nargs == 0 or isinstance(
-            action, (argparse._StoreConstAction, argparse._StoreTrueAction)))
+        switch = action is not None and (
+            action.nargs == 0
+            or isinstance(action, (argparse._StoreConstAction, argparse._StoreTrueAction))
+        )
         if switch and value is not None and not isinstance(value, bool):
-            raise self.error(f"{key}: expected true or false (a YAML boolean, unquoted), "
-                             f"got {value!r}")
+            raise self.error(
+                f"{key}: expected true or false (a YAML boolean, unquoted), got {value!r}"
+            )
 
     def set(self, dest: str, value: Any, key: str) -> None:
         """Store ``value`` for ``dest`` after the flag's own type and choice checks."""
         action = self.by_dest[dest]
         value = self._shape(action, value, key)
-        if isinstance(value, list):                # nargs=N or a repeatable flag: checked
+        if isinstance(value, list):  # nargs=N or a repeatable flag: checked
             self.out[dest] = value
             self.keys[dest] = key
             return
@@ -191,8 +199,10 @@ class _Reader:
                 except ValueError:
                     raise self.error(f"{key}: {value!r} is not a valid value") from None
             elif action.type in (int, float) and (
-                    isinstance(value, bool) or not isinstance(value, (int, float))
-                    or (action.type is int and not isinstance(value, int))):
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or (action.type is int and not isinstance(value, int))
+            ):
                 raise self.error(f"{key}: {value!r} is not a valid {action.type.__name__}")
         if action.choices is not None and value not in action.choices:
             raise self.error(f"{key}: {value!r} is not one of {', '.join(action.choices)}")
@@ -213,44 +223,51 @@ class _Reader:
             return list(items)
         if isinstance(action.nargs, int) and action.nargs > 0:
             if not isinstance(value, list) or len(value) != action.nargs:
-                raise self.error(f"{key}: expected a list of {action.nargs} values, got "
-                                 f"{value!r}")
+                raise self.error(f"{key}: expected a list of {action.nargs} values, got {value!r}")
             out = []
             for v in value:
-                if action.type in (int, float) and (isinstance(v, bool)
-                                                    or not isinstance(v, (int, float))):
+                if action.type in (int, float) and (
+                    isinstance(v, bool) or not isinstance(v, (int, float))
+                ):
                     raise self.error(f"{key}: {v!r} is not a number")
                 out.append(_converter(action)(v) if action.type is not None else v)
             return out
         if not isinstance(action, argparse._StoreAction):
-            return value                           # a switch's constant (checked by caller)
+            return value  # a switch's constant (checked by caller)
         if isinstance(value, (list, dict)):
             kind = "list" if isinstance(value, list) else "mapping"
             raise self.error(f"{key}: expected one value, got a {kind} {value!r}")
         if action.type is None and value is not None and not isinstance(value, str):
             if isinstance(value, bool):
                 raise self.error(f"{key}: expected text, got {value!r}")
-            value = str(value)                     # e.g. "hosts: 5" is the text "5"
+            value = str(value)  # e.g. "hosts: 5" is the text "5"
         return value
 
     def section(self, name: str, entries: Dict[str, Any]) -> None:
         known = HOROVOD_SECTIONS.get(name, {})
         switch = _SWITCHED.get(name)
         if "enabled" in entries and not isinstance(entries["enabled"], bool):
-            raise self.error(f"{name}.enabled: expected true or false (a YAML boolean, "
-                             f"unquoted), got {entries['enabled']!r}")
+            raise self.error(
+                f"{name}.enabled: expected true or false (a YAML boolean, "
+                f"unquoted), got {entries['enabled']!r}"
+            )
         if switch and entries.get("enabled") is False:
             # Horovod exports a section's settings only with its feature on
-            log.info("--config-file %s: %s is disabled; its other keys are ignored",
-                     self.path, name)
+            log.info(
+                "--config-file %s: %s is disabled; its other keys are ignored", self.path, name
+            )
             return
         for key, value in entries.items():
             norm = str(key).replace("-", "_")
             if (name, norm) in IGNORED_KEYS:
-                log.warning("--config-file %s: %s.%s is ignored (today's horovodrun ignores "
-                            "it too)", self.path, name, key)
+                log.warning(
+                    "--config-file %s: %s.%s is ignored (today's horovodrun ignores it too)",
+                    self.path,
+                    name,
+                    key,
+                )
             elif name == "timeline" and norm == "enabled":
-                continue                               # the switch itself, handled above
+                continue  # the switch itself, handled above
             elif norm in known:
                 dest, convert = known[norm]
                 self.check_boolean(dest, value, f"{name}.{key}")
@@ -259,9 +276,12 @@ class _Reader:
                 self.flag_entry(key, value, f"{name}.")
 
 
-def config_file_defaults(parser: argparse.ArgumentParser, path: str,
-                         controller_given: bool = False,
-                         keys: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+def config_file_defaults(
+    parser: argparse.ArgumentParser,
+    path: str,
+    controller_given: bool = False,
+    keys: Optional[Dict[str, str]] = None,
+) -> Dict[str, Any]:
     """Read ``--config-file`` into ``{flag dest: value}`` (parser defaults; flags win).
 
     ``controller_given``: --gloo/--mpi/--jsrun is on the command line, so the file's

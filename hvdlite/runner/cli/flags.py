@@ -27,35 +27,52 @@ TUNABLE_FLAGS = tunables.flag_variables()
 #: reason instead of argparse's "unrecognized arguments", then refused when the parsed value
 #: asks for the feature (anything but unset or False).  dest -> (flag, reason)
 REFUSED_FLAGS: Dict[str, Tuple[str, str]] = {
-    "num_nccl_streams": ("--num-nccl-streams",
-                         "NCCL is GPU only and hvdlite is a CPU build without NCCL"),
-    "torus_allreduce": ("--torus-allreduce",
-                        "the torus allreduce is an NCCL algorithm (GPU only) and hvdlite is a "
-                        "CPU build without NCCL"),
-    "thread_affinity": ("--thread-affinity", "hvdlite's background loop is a Python thread "
-                        "and pinning it to a core is not implemented"),
-    "mpi_threads_disable": ("--mpi-threads-disable", "hvdlite calls MPI from its background "
-                            "thread, so MPI's thread support cannot be turned off"),
-    "log_with_timestamp": ("--log-with-timestamp/--no-log-hide-timestamp",
-                           "hvdlite's log lines carry no timestamp; use "
-                           "--prefix-output-with-timestamp to timestamp every output line"),
-    "jsrun": ("--jsrun", "jsrun (IBM LSF) is not supported; launch with Gloo (the default) "
-              "or --mpi"),
+    "num_nccl_streams": (
+        "--num-nccl-streams",
+        "NCCL is GPU only and hvdlite is a CPU build without NCCL",
+    ),
+    "torus_allreduce": (
+        "--torus-allreduce",
+        "the torus allreduce is an NCCL algorithm (GPU only) and hvdlite is a "
+        "CPU build without NCCL",
+    ),
+    "thread_affinity": (
+        "--thread-affinity",
+        "hvdlite's background loop is a Python thread and pinning it to a core is not implemented",
+    ),
+    "mpi_threads_disable": (
+        "--mpi-threads-disable",
+        "hvdlite calls MPI from its background "
+        "thread, so MPI's thread support cannot be turned off",
+    ),
+    "log_with_timestamp": (
+        "--log-with-timestamp/--no-log-hide-timestamp",
+        "hvdlite's log lines carry no timestamp; use "
+        "--prefix-output-with-timestamp to timestamp every output line",
+    ),
+    "jsrun": (
+        "--jsrun",
+        "jsrun (IBM LSF) is not supported; launch with Gloo (the default) or --mpi",
+    ),
 }
 
 #: horovodrun flags accepted because they ask for what hvdlite always does: flag -> why
 NO_OP_FLAGS: Dict[str, str] = {
     "--disable-cache": "hvdlite-run never caches its host checks; every run checks afresh",
     "--tcp": "hvdlite's own traffic (Gloo, control plane) is TCP; in --mpi mode, as with "
-             "horovodrun on MPICH and Open MPI, MPI keeps its transport (see --mpi-args)",
+    "horovodrun on MPICH and Open MPI, MPI keeps its transport (see --mpi-args)",
     "--no-mpi-threads-disable": "hvdlite keeps MPI's thread support",
     "--no-torus-allreduce": "hvdlite has no torus allreduce (an NCCL algorithm)",
     "--log-without-timestamp": "hvdlite's log lines carry no timestamp",
     "--log-hide-timestamp": "hvdlite's log lines carry no timestamp",
     # --no-hierarchical-allreduce and --no-hierarchical-allgather, from the table
-    **{name: switch.off_help for t in tunables.TUNABLES for switch in t.flags
-       if isinstance(switch, tunables.Switch) and switch.off_is_default_only
-       for name in switch.off},
+    **{
+        name: switch.off_help
+        for t in tunables.TUNABLES
+        for switch in t.flags
+        if isinstance(switch, tunables.Switch) and switch.off_is_default_only
+        for name in switch.off
+    },
 }
 
 
@@ -64,7 +81,7 @@ def refusal(args: Any) -> Optional[str]:
     for, else None."""
     for dest, (flag, reason) in REFUSED_FLAGS.items():
         value = getattr(args, dest)
-        if value is not None and value is not False:           # 0 is a value, too
+        if value is not None and value is not False:  # 0 is a value, too
             return f"{flag}: {reason}; remove the flag"
     return None
 
@@ -75,8 +92,6 @@ def _no_op(flag: str) -> str:
 
 def _refused(dest: str) -> str:
     return f"refused: {REFUSED_FLAGS[dest][1]}"
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,126 +127,292 @@ _CONTROLLER_DEFAULT = "--gloo, or --mpi where only MPI is available"
 
 #: every flag that is not a tunable, section by section, in --help's order
 GROUPS: Tuple[Group, ...] = (
-    Group(None, None, (
-        Flag(("-v", "--version"), "print the version and exit", options=_SWITCH),
-        Flag(("-np", "--num-proc"), "total number of training processes",
-             "none: required, except that an elastic job takes --min-np",
-             {"dest": "np", "type": int}),
-        Flag(("-cb", "--check-build"),
-             "show which frameworks and controllers are available, and exit", options=_SWITCH),
-        Flag(("--check-hosts",),
-             "check each host of -H/--hostfile for what a job needs there (SSH login with a "
-             "key, hvdlite-run's Python and the command's interpreter at the same paths, the "
-             "working directory, TCP back to this host), print what fails with its fix, and "
-             "exit (1 when something fails)", options=_SWITCH),
-        Flag(("--config-file",),
-             "YAML file: horovodrun's format (params:, timeline:, autotune:, stall_check:, "
-             "library_options:, logging:, controller:) and any long flag name (e.g. "
-             "'fusion-threshold-mb: 32'), top level or in a section such as elastic:; flags "
-             "given on the command line win", "none", {"metavar": "FILE"}),
-        Flag(("--verbose",), "report each launch step", "off", _SWITCH),
-        Flag(("--dump-stacks",),
-             "ask the running hvdlite-run with this process id for every rank's Python "
-             "stacks (as SIGUSR1 to it does; the report appears in that launcher's output), "
-             "and exit", "none", {"metavar": "PID", "type": int}),
-        Flag(("--disable-cache",), _no_op("--disable-cache"), "off", _SWITCH),
-    )),
-    Group("host arguments", None, (
-        OneOf((Flag(("-H", "--hosts"), "[user@]host:slots list, e.g. localhost:2,node2:4",
-                    "localhost:NP", {"metavar": "HOSTS"}),
-               Flag(("-hostfile", "--hostfile"),
-                    "file with one 'host slots=N' per line (# comments allowed)", "none",
-                    {"metavar": "FILE"}))),
-        Flag(("--network-interfaces", "--network-interface", "--nics"),
-             "comma-separated interfaces to use between hosts",
-             "probe and pick one routable between all hosts",
-             {"dest": "network_interfaces", "metavar": "NICS"}),
-    )),
-    Group("SSH", None, (
-        Flag(("-p", "--ssh-port"), "SSH port", "22", {"type": int, "metavar": "PORT"}),
-        Flag(("-i", "--ssh-identity-file"), "SSH private key file", "ssh's own keys",
-             {"metavar": "FILE"}),
-        Flag(("--ssh-known-hosts",),
-             "known_hosts file to trust in addition to ~/.ssh/known_hosts", "none",
-             {"metavar": "FILE"}),
-        Flag(("--ssh-strict-host-key-checking",), "refuse hosts whose key is not known",
-             "off: warn and accept", _SWITCH),
-        Flag(("--launcher-agent",),
-             "start remote hosts' tasks with 'CMD HOST COMMAND' instead of SSH (like Open "
-             "MPI's plm_rsh_agent; e.g. a kubectl exec -i wrapper; it must pass stdin on)",
-             "SSH", {"metavar": "CMD"}),
-    )),
-    Group("controller parameters", None, (
-        OneOf((Flag(("--gloo",), "run collectives through Gloo", _CONTROLLER_DEFAULT, _SWITCH),
-               Flag(("--mpi",), "run the job under mpiexec", _CONTROLLER_DEFAULT, _SWITCH),
-               Flag(("--jsrun",), _refused("jsrun"), "off", _SWITCH))),
-        Flag(("--mpi-args",), "extra arguments for mpiexec (one string)", "none",
-             {"metavar": "ARGS"}),
-        Flag(("--binding-args",),
-             "--mpi only: process binding arguments for mpiexec, replacing the default",
-             "Open MPI: --bind-to none --map-by slot", {"metavar": "ARGS"}),
-        Flag(("--tcp",), _no_op("--tcp"), "off", _SWITCH),
-        OneOf((Flag(("--mpi-threads-disable",), _refused("mpi_threads_disable"),
-                    "--no-mpi-threads-disable", {"action": "store_const", "const": True}),
-               Flag(("--no-mpi-threads-disable",), _no_op("--no-mpi-threads-disable"),
-                    "--no-mpi-threads-disable",
-                    {"dest": "mpi_threads_disable", "action": "store_const", "const": False}))),
-        Flag(("--num-nccl-streams",), _refused("num_nccl_streams"), "unset",
-             {"type": int, "metavar": "N"}),
-        Flag(("--thread-affinity",), _refused("thread_affinity"), "unset",
-             {"type": int, "metavar": "CORE"}),
-    )),
-    Group("environment", None, (
-        Flag(("-x",), "also pass NAME (from this environment, or =VALUE) to every rank; "
-                      "repeatable. Remote ranks get only HVDLITE_*, HOROVOD_*, PATH, "
-                      "PYTHONPATH, LD_LIBRARY_PATH and these", "none",
-             {"dest": "env", "action": "append", "default": None, "metavar": "NAME[=VALUE]"}),
-    )),
-    Group("output", None, (
-        Flag(("--output-filename",), "also write each rank's output to "
-             "DIR/rank.N/{stdout,stderr}", "none", {"metavar": "DIR"}),
-        Flag(("-prefix-timestamp", "--prefix-output-with-timestamp"),
-             "put a timestamp before each output line's [rank] prefix", "off",
-             {"action": "store_true", "dest": "prefix_output_with_timestamp"}),
-        OneOf((Flag(("--log-without-timestamp", "--log-hide-timestamp"),
-                    _no_op("--log-without-timestamp"), "--log-without-timestamp",
-                    {"dest": "log_with_timestamp", "action": "store_const", "const": False}),
-               Flag(("--log-with-timestamp", "--no-log-hide-timestamp"),
-                    _refused("log_with_timestamp"), "--log-without-timestamp",
-                    {"dest": "log_with_timestamp", "action": "store_const", "const": True}))),
-    )),
-    Group("tunable parameters", None, (
-        OneOf((Flag(("--torus-allreduce",), _refused("torus_allreduce"), "--no-torus-allreduce",
-                    {"action": "store_const", "const": True}),
-               Flag(("--no-torus-allreduce",), _no_op("--no-torus-allreduce"),
-                    "--no-torus-allreduce",
-                    {"dest": "torus_allreduce", "action": "store_const", "const": False}))),
-    )),
-    Group("timeline parameters", "rank 0 writes a Chrome-trace JSON (open it in Perfetto or "
-          "chrome://tracing; summarise it with 'python -m hvdlite.timeline summary FILE')"),
-    Group("elastic arguments", "any of --min-np, --max-np, --host-discovery-script makes the "
-          "job elastic: it survives failed workers and follows the hosts discovery offers", (
-        Flag(("--min-np", "--min-num-proc"), "fewest processes the job may run with", "-np",
-             {"dest": "min_np", "type": int, "metavar": "N"}),
-        Flag(("--max-np", "--max-num-proc"), "most processes the job may grow to",
-             "--max-workers (1024)", {"dest": "max_np", "type": int, "metavar": "N"}),
-        Flag(("--slots-per-host",), "slots of a discovered host printed without ':N'", "1",
-             {"type": int, "metavar": "N"}),
-        Flag(("--host-discovery-script",), "executable printing the available hosts, one "
-             "'host[:slots]' per line; run about once a second",
-             "none: the -H/--hostfile list is fixed", {"metavar": "FILE"}),
-        Flag(("--reset-limit",), "fail once the job would need more than N resets",
-             "no limit", {"type": int, "metavar": "N"}),
-        Flag(("--blacklist-cooldown-range",),
-             "a failed host rejoins after a cooldown drawn from [MIN, MAX] seconds",
-             "it stays out", {"type": float, "nargs": 2, "metavar": ("MIN", "MAX")}),
-    )),
+    Group(
+        None,
+        None,
+        (
+            Flag(("-v", "--version"), "print the version and exit", options=_SWITCH),
+            Flag(
+                ("-np", "--num-proc"),
+                "total number of training processes",
+                "none: required, except that an elastic job takes --min-np",
+                {"dest": "np", "type": int},
+            ),
+            Flag(
+                ("-cb", "--check-build"),
+                "show which frameworks and controllers are available, and exit",
+                options=_SWITCH,
+            ),
+            Flag(
+                ("--check-hosts",),
+                "check each host of -H/--hostfile for what a job needs there (SSH login with a "
+                "key, hvdlite-run's Python and the command's interpreter at the same paths, the "
+                "working directory, TCP back to this host), print what fails with its fix, and "
+                "exit (1 when something fails)",
+                options=_SWITCH,
+            ),
+            Flag(
+                ("--config-file",),
+                "YAML file: horovodrun's format (params:, timeline:, autotune:, stall_check:, "
+                "library_options:, logging:, controller:) and any long flag name (e.g. "
+                "'fusion-threshold-mb: 32'), top level or in a section such as elastic:; flags "
+                "given on the command line win",
+                "none",
+                {"metavar": "FILE"},
+            ),
+            Flag(("--verbose",), "report each launch step", "off", _SWITCH),
+            Flag(
+                ("--dump-stacks",),
+                "ask the running hvdlite-run with this process id for every rank's Python "
+                "stacks (as SIGUSR1 to it does; the report appears in that launcher's output), "
+                "and exit",
+                "none",
+                {"metavar": "PID", "type": int},
+            ),
+            Flag(("--disable-cache",), _no_op("--disable-cache"), "off", _SWITCH),
+        ),
+    ),
+    Group(
+        "host arguments",
+        None,
+        (
+            OneOf(
+                (
+                    Flag(
+                        ("-H", "--hosts"),
+                        "[user@]host:slots list, e.g. localhost:2,node2:4",
+                        "localhost:NP",
+                        {"metavar": "HOSTS"},
+                    ),
+                    Flag(
+                        ("-hostfile", "--hostfile"),
+                        "file with one 'host slots=N' per line (# comments allowed)",
+                        "none",
+                        {"metavar": "FILE"},
+                    ),
+                )
+            ),
+            Flag(
+                ("--network-interfaces", "--network-interface", "--nics"),
+                "comma-separated interfaces to use between hosts",
+                "probe and pick one routable between all hosts",
+                {"dest": "network_interfaces", "metavar": "NICS"},
+            ),
+        ),
+    ),
+    Group(
+        "SSH",
+        None,
+        (
+            Flag(("-p", "--ssh-port"), "SSH port", "22", {"type": int, "metavar": "PORT"}),
+            Flag(
+                ("-i", "--ssh-identity-file"),
+                "SSH private key file",
+                "ssh's own keys",
+                {"metavar": "FILE"},
+            ),
+            Flag(
+                ("--ssh-known-hosts",),
+                "known_hosts file to trust in addition to ~/.ssh/known_hosts",
+                "none",
+                {"metavar": "FILE"},
+            ),
+            Flag(
+                ("--ssh-strict-host-key-checking",),
+                "refuse hosts whose key is not known",
+                "off: warn and accept",
+                _SWITCH,
+            ),
+            Flag(
+                ("--launcher-agent",),
+                "start remote hosts' tasks with 'CMD HOST COMMAND' instead of SSH (like Open "
+                "MPI's plm_rsh_agent; e.g. a kubectl exec -i wrapper; it must pass stdin on)",
+                "SSH",
+                {"metavar": "CMD"},
+            ),
+        ),
+    ),
+    Group(
+        "controller parameters",
+        None,
+        (
+            OneOf(
+                (
+                    Flag(("--gloo",), "run collectives through Gloo", _CONTROLLER_DEFAULT, _SWITCH),
+                    Flag(("--mpi",), "run the job under mpiexec", _CONTROLLER_DEFAULT, _SWITCH),
+                    Flag(("--jsrun",), _refused("jsrun"), "off", _SWITCH),
+                )
+            ),
+            Flag(
+                ("--mpi-args",),
+                "extra arguments for mpiexec (one string)",
+                "none",
+                {"metavar": "ARGS"},
+            ),
+            Flag(
+                ("--binding-args",),
+                "--mpi only: process binding arguments for mpiexec, replacing the default",
+                "Open MPI: --bind-to none --map-by slot",
+                {"metavar": "ARGS"},
+            ),
+            Flag(("--tcp",), _no_op("--tcp"), "off", _SWITCH),
+            OneOf(
+                (
+                    Flag(
+                        ("--mpi-threads-disable",),
+                        _refused("mpi_threads_disable"),
+                        "--no-mpi-threads-disable",
+                        {"action": "store_const", "const": True},
+                    ),
+                    Flag(
+                        ("--no-mpi-threads-disable",),
+                        _no_op("--no-mpi-threads-disable"),
+                        "--no-mpi-threads-disable",
+                        {"dest": "mpi_threads_disable", "action": "store_const", "const": False},
+                    ),
+                )
+            ),
+            Flag(
+                ("--num-nccl-streams",),
+                _refused("num_nccl_streams"),
+                "unset",
+                {"type": int, "metavar": "N"},
+            ),
+            Flag(
+                ("--thread-affinity",),
+                _refused("thread_affinity"),
+                "unset",
+                {"type": int, "metavar": "CORE"},
+            ),
+        ),
+    ),
+    Group(
+        "environment",
+        None,
+        (
+            Flag(
+                ("-x",),
+                "also pass NAME (from this environment, or =VALUE) to every rank; "
+                "repeatable. Remote ranks get only HVDLITE_*, HOROVOD_*, PATH, "
+                "PYTHONPATH, LD_LIBRARY_PATH and these",
+                "none",
+                {"dest": "env", "action": "append", "default": None, "metavar": "NAME[=VALUE]"},
+            ),
+        ),
+    ),
+    Group(
+        "output",
+        None,
+        (
+            Flag(
+                ("--output-filename",),
+                "also write each rank's output to DIR/rank.N/{stdout,stderr}",
+                "none",
+                {"metavar": "DIR"},
+            ),
+            Flag(
+                ("-prefix-timestamp", "--prefix-output-with-timestamp"),
+                "put a timestamp before each output line's [rank] prefix",
+                "off",
+                {"action": "store_true", "dest": "prefix_output_with_timestamp"},
+            ),
+            OneOf(
+                (
+                    Flag(
+                        ("--log-without-timestamp", "--log-hide-timestamp"),
+                        _no_op("--log-without-timestamp"),
+                        "--log-without-timestamp",
+                        {"dest": "log_with_timestamp", "action": "store_const", "const": False},
+                    ),
+                    Flag(
+                        ("--log-with-timestamp", "--no-log-hide-timestamp"),
+                        _refused("log_with_timestamp"),
+                        "--log-without-timestamp",
+                        {"dest": "log_with_timestamp", "action": "store_const", "const": True},
+                    ),
+                )
+            ),
+        ),
+    ),
+    Group(
+        "tunable parameters",
+        None,
+        (
+            OneOf(
+                (
+                    Flag(
+                        ("--torus-allreduce",),
+                        _refused("torus_allreduce"),
+                        "--no-torus-allreduce",
+                        {"action": "store_const", "const": True},
+                    ),
+                    Flag(
+                        ("--no-torus-allreduce",),
+                        _no_op("--no-torus-allreduce"),
+                        "--no-torus-allreduce",
+                        {"dest": "torus_allreduce", "action": "store_const", "const": False},
+                    ),
+                )
+            ),
+        ),
+    ),
+    Group(
+        "timeline parameters",
+        "rank 0 writes a Chrome-trace JSON (open it in Perfetto or "
+        "chrome://tracing; summarise it with 'python -m hvdlite.timeline summary FILE')",
+    ),
+    Group(
+        "elastic arguments",
+        "any of --min-np, --max-np, --host-discovery-script makes the "
+        "job elastic: it survives failed workers and follows the hosts discovery offers",
+        (
+            Flag(
+                ("--min-np", "--min-num-proc"),
+                "fewest processes the job may run with",
+                "-np",
+                {"dest": "min_np", "type": int, "metavar": "N"},
+            ),
+            Flag(
+                ("--max-np", "--max-num-proc"),
+                "most processes the job may grow to",
+                "--max-workers (1024)",
+                {"dest": "max_np", "type": int, "metavar": "N"},
+            ),
+            Flag(
+                ("--slots-per-host",),
+                "slots of a discovered host printed without ':N'",
+                "1",
+                {"type": int, "metavar": "N"},
+            ),
+            Flag(
+                ("--host-discovery-script",),
+                "executable printing the available hosts, one "
+                "'host[:slots]' per line; run about once a second",
+                "none: the -H/--hostfile list is fixed",
+                {"metavar": "FILE"},
+            ),
+            Flag(
+                ("--reset-limit",),
+                "fail once the job would need more than N resets",
+                "no limit",
+                {"type": int, "metavar": "N"},
+            ),
+            Flag(
+                ("--blacklist-cooldown-range",),
+                "a failed host rejoins after a cooldown drawn from [MIN, MAX] seconds",
+                "it stays out",
+                {"type": float, "nargs": 2, "metavar": ("MIN", "MAX")},
+            ),
+        ),
+    ),
     Group("stall check parameters", None),
-    Group("monitoring", "live Prometheus metrics served by hvdlite-run, and the straggler "
-          "report"),
-    Group("autotune parameters", "rank 0 searches the fusion threshold, cycle time, in-place "
-          "threshold, chunk size and response-cache use by Bayesian optimisation during the "
-          "first steps, then keeps the best; every rank switches in the same cycle"),
+    Group("monitoring", "live Prometheus metrics served by hvdlite-run, and the straggler report"),
+    Group(
+        "autotune parameters",
+        "rank 0 searches the fusion threshold, cycle time, in-place "
+        "threshold, chunk size and response-cache use by Bayesian optimisation during the "
+        "first steps, then keeps the best; every rank switches in the same cycle",
+    ),
 )
 
 
@@ -242,14 +423,15 @@ COMPAT_TITLE = "horovodrun flags kept for compatibility"
 
 def _compat_flag(name: str) -> bool:
     """A flag accepted only because horovodrun has it: no effect here, or refused."""
-    return name in NO_OP_FLAGS or any(name in flag.split("/")
-                                      for flag, _ in REFUSED_FLAGS.values())
+    return name in NO_OP_FLAGS or any(name in flag.split("/") for flag, _ in REFUSED_FLAGS.values())
 
 
 def _compat_description() -> str:
     refused = [name for flag, _ in REFUSED_FLAGS.values() for name in flag.split("/")]
-    return (f"accepted, no effect here: {', '.join(NO_OP_FLAGS)}. Refused with the reason "
-            f"when given: {', '.join(refused)}. docs/reference.md says why for each.")
+    return (
+        f"accepted, no effect here: {', '.join(NO_OP_FLAGS)}. Refused with the reason "
+        f"when given: {', '.join(refused)}. docs/reference.md says why for each."
+    )
 
 
 def _with_default(text: str, default: str) -> str:
@@ -257,29 +439,37 @@ def _with_default(text: str, default: str) -> str:
 
 
 def _add_flag(target, flag: Flag) -> None:
-    text = argparse.SUPPRESS if _compat_flag(flag.names[0]) else \
-        _with_default(flag.help, flag.default)
+    text = (
+        argparse.SUPPRESS if _compat_flag(flag.names[0]) else _with_default(flag.help, flag.default)
+    )
     target.add_argument(*flag.names, help=text, **flag.options)
 
 
 def _add_option(target, t: tunables.Tunable, option: tunables.Option) -> None:
     kind = option.type or (t.type if t.type in (int, float) else None)
-    target.add_argument(*option.names, dest=option.dest, type=kind, metavar=option.metavar,
-                        choices=option.choices,
-                        help=_with_default(option.help or t.help,
-                                           tunables.flag_default(t, option)))
+    target.add_argument(
+        *option.names,
+        dest=option.dest,
+        type=kind,
+        metavar=option.metavar,
+        choices=option.choices,
+        help=_with_default(option.help or t.help, tunables.flag_default(t, option)),
+    )
 
 
 def _add_switch(target, t: tunables.Tunable, switch: tunables.Switch) -> None:
     default = tunables.switch_default(t, switch)
     pair = target.add_mutually_exclusive_group()
     off_help = _no_op(switch.off[0]) if switch.off_is_default_only else switch.off_help
-    for names, text, value in ((switch.on, switch.on_help, True),
-                               (switch.off, off_help, False)):
+    for names, text, value in ((switch.on, switch.on_help, True), (switch.off, off_help, False)):
         mark = "(the default)" if default == names[0] else f"(default: {default})"
-        pair.add_argument(*names, dest=switch.dest, action="store_const", const=value,
-                          help=argparse.SUPPRESS if _compat_flag(names[0]) else
-                          f"{text} {mark}")
+        pair.add_argument(
+            *names,
+            dest=switch.dest,
+            action="store_const",
+            const=value,
+            help=argparse.SUPPRESS if _compat_flag(names[0]) else f"{text} {mark}",
+        )
 
 
 def _add_tunables(target, title: Optional[str]) -> None:
@@ -326,13 +516,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvdlite-run",
         usage="hvdlite-run -np N [-H host:slots,... | --hostfile FILE] [options] "
-              "[python] train.py [args...]",
+        "[python] train.py [args...]",
         description="Launch a distributed training job (horovodrun-compatible flags). "
-                    "Local hosts start directly; others over SSH.",
-        epilog=EXAMPLES, formatter_class=_Formatter)
+        "Local hosts start directly; others over SSH.",
+        epilog=EXAMPLES,
+        formatter_class=_Formatter,
+    )
     for group in GROUPS:
-        target = p if group.title is None else p.add_argument_group(group.title,
-                                                                     group.description)
+        target = p if group.title is None else p.add_argument_group(group.title, group.description)
         for entry in group.entries:
             if isinstance(entry, OneOf):
                 exclusive = target.add_mutually_exclusive_group()
@@ -342,8 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_flag(target, entry)
         _add_tunables(target, group.title)
     p.add_argument_group(COMPAT_TITLE, _compat_description())
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="the training command: 'python train.py ...' or 'train.py ...'")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="the training command: 'python train.py ...' or 'train.py ...'",
+    )
     return p
 
 

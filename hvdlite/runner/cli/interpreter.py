@@ -20,8 +20,10 @@ from typing import List, Optional
 CHECKED = ("hvdlite", "torch")
 #: bound on asking the command's interpreter
 ASK_TIMEOUT_S = 20.0
-_ASK = ("import importlib.util as u, sys; "
-        "print(','.join(m for m in sys.argv[1:] if u.find_spec(m) is None))")
+_ASK = (
+    "import importlib.util as u, sys; "
+    "print(','.join(m for m in sys.argv[1:] if u.find_spec(m) is None))"
+)
 
 
 def mismatch(command: List[str]) -> Optional[str]:
@@ -34,16 +36,19 @@ def mismatch(command: List[str]) -> Optional[str]:
         return None
     ours = [m for m in CHECKED if importlib.util.find_spec(m) is not None]
     try:
-        answer = subprocess.run([exe, "-c", _ASK, *ours], capture_output=True, text=True,
-                                timeout=ASK_TIMEOUT_S)
+        answer = subprocess.run(
+            [exe, "-c", _ASK, *ours], capture_output=True, text=True, timeout=ASK_TIMEOUT_S
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     missing = [m for m in answer.stdout.strip().split(",") if m]
     if answer.returncode != 0 or not missing:
         return None
-    return (f"the command's interpreter {exe} ({command[0]!r} on PATH) cannot import "
-            f"{', '.join(missing)}, which hvdlite-run's Python {sys.executable} can; the ranks "
-            f"will fail with \"No module named {missing[0]!r}\". Activate the environment "
-            f"hvdlite-run is installed in (e.g. source {os.path.dirname(sys.executable)}/"
-            f"activate), or give its interpreter: hvdlite-run ... {sys.executable} "
-            f"{' '.join(command[1:])}")
+    return (
+        f"the command's interpreter {exe} ({command[0]!r} on PATH) cannot import "
+        f"{', '.join(missing)}, which hvdlite-run's Python {sys.executable} can; the ranks "
+        f'will fail with "No module named {missing[0]!r}". Activate the environment '
+        f"hvdlite-run is installed in (e.g. source {os.path.dirname(sys.executable)}/"
+        f"activate), or give its interpreter: hvdlite-run ... {sys.executable} "
+        f"{' '.join(command[1:])}"
+    )

@@ -26,8 +26,14 @@ from hvdlite.runner.agent.settings import FLAGS, JobSettings, check_sizes, valid
 from hvdlite.runner.agent.spec import JobSpec
 from hvdlite.runner.cli.config_file import config_file_defaults
 from hvdlite.runner.cli.options import LaunchOptions
-from hvdlite.runner.hosts import (HostSlots, assign_slots, hosts_used, is_local,
-                                  parse_hostfile, parse_hosts)
+from hvdlite.runner.hosts import (
+    HostSlots,
+    assign_slots,
+    hosts_used,
+    is_local,
+    parse_hostfile,
+    parse_hosts,
+)
 from hvdlite.runner.hosts.cluster_env import hosts_from_environment
 from hvdlite.runner.slurm import allocation as slurm_hosts
 from hvdlite.runner.store.stack_collection import signal_launcher
@@ -38,6 +44,7 @@ from hvdlite.version import __version__
 
 log = logging.getLogger("hvdlite.runner")
 
+
 def parse_args(argv: Optional[List[str]] = None) -> LaunchOptions:
     """Parse the flags; --config-file's values become defaults that the flags override."""
     args = flags.shared_parser().parse_args(argv)
@@ -45,13 +52,14 @@ def parse_args(argv: Optional[List[str]] = None) -> LaunchOptions:
         return LaunchOptions.from_namespace(args)
     given = args.gloo or args.mpi or args.jsrun
     keys: Dict[str, str] = {}
-    parser = flags.build_parser()               # the file's values become its defaults
+    parser = flags.build_parser()  # the file's values become its defaults
     parser.set_defaults(**config_file_defaults(parser, args.config_file, given, keys))
     cli = args
     # the file's key for each value the command line did not give (for messages)
     return LaunchOptions.from_namespace(
         parser.parse_args(argv),
-        {d: k for d, k in keys.items() if getattr(cli, d, None) in (None, False)})
+        {d: k for d, k in keys.items() if getattr(cli, d, None) in (None, False)},
+    )
 
 
 def _resolve_command(command: List[str]) -> List[str]:
@@ -59,7 +67,8 @@ def _resolve_command(command: List[str]) -> List[str]:
         command = command[1:]
     if not command:
         raise HvdliteConfigError(
-            "no training command given (e.g. hvdlite-run -np 2 python train.py)")
+            "no training command given (e.g. hvdlite-run -np 2 python train.py)"
+        )
     if command[0].endswith(".py"):
         command = [sys.executable] + command
     exe = command[0]
@@ -86,7 +95,8 @@ def _check_interpreter(command: List[str], hosts, allow: bool) -> None:
     variable = tunables.BY_FIELD["allow_other_interpreter"].env
     raise HvdliteConfigError(
         f"{warning}. Nothing was started; to start it anyway (a program that needs neither), "
-        f"add --allow-other-interpreter ({variable}=1)")
+        f"add --allow-other-interpreter ({variable}=1)"
+    )
 
 
 def _user_env(items: Optional[List[str]]) -> Dict[str, str]:
@@ -111,14 +121,17 @@ FRAMEWORKS = {"TensorFlow": "tensorflow", "PyTorch": "torch"}
 def frameworks_available() -> Dict[str, bool]:
     """Each framework hvdlite adapts -> whether it is installed (found, not imported:
     importing TensorFlow takes seconds)."""
-    return {name: importlib.util.find_spec(module) is not None
-            for name, module in FRAMEWORKS.items()}
+    return {
+        name: importlib.util.find_spec(module) is not None for name, module in FRAMEWORKS.items()
+    }
 
 
 def controllers_available() -> Dict[str, bool]:
     has_torch = importlib.util.find_spec("torch") is not None
-    return {"gloo": has_torch,
-            "mpi": find_mpiexec() is not None and importlib.util.find_spec("mpi4py") is not None}
+    return {
+        "gloo": has_torch,
+        "mpi": find_mpiexec() is not None and importlib.util.find_spec("mpi4py") is not None,
+    }
 
 
 def check_build() -> str:
@@ -132,11 +145,23 @@ def check_build() -> str:
 
     lines = [f"hvdlite v{__version__}:", "", "Available Frameworks:"]
     lines += [f"    {box(ok)} {name}" for name, ok in frameworks_available().items()]
-    lines += ["", "Available Controllers:", f"    {box(ctl['gloo'])} Gloo",
-              f"    {box(ctl['mpi'])} MPI", ""]
-    lines += ["Available Tensor Operations:", "    [ ] NCCL", "    [ ] DDL", "    [ ] CCL",
-              f"    {box(ctl['mpi'])} MPI", f"    {box(ctl['gloo'])} Gloo",
-              "    (CPU tensors only: no CUDA tensors, no NCCL)", ""]
+    lines += [
+        "",
+        "Available Controllers:",
+        f"    {box(ctl['gloo'])} Gloo",
+        f"    {box(ctl['mpi'])} MPI",
+        "",
+    ]
+    lines += [
+        "Available Tensor Operations:",
+        "    [ ] NCCL",
+        "    [ ] DDL",
+        "    [ ] CCL",
+        f"    {box(ctl['mpi'])} MPI",
+        f"    {box(ctl['gloo'])} Gloo",
+        "    (CPU tensors only: no CUDA tensors, no NCCL)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -147,7 +172,7 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
         HvdliteConfigError: any bad flag value, host list or command, or a flag for a
             feature hvdlite does not offer (names the flag and why).
     """
-    args = dataclasses.replace(args)            # -np is settled below: not in the caller's
+    args = dataclasses.replace(args)  # -np is settled below: not in the caller's
     elastic = _is_elastic(args)
     allocation, np = _check_size_and_combinations(args, elastic)
     parser = flags.shared_parser()
@@ -157,8 +182,9 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
     user_env = _user_env(args.env)
     # -x HVDLITE_...=... reaches the ranks too: the one Config sees what they will see;
     # the spec stores only this config (the ranks' variables are derived from it)
-    config = validation.check_tunables(args, parser, flags.TUNABLE_FLAGS, flag_env,
-                                       environ={**os.environ, **user_env})
+    config = validation.check_tunables(
+        args, parser, flags.TUNABLE_FLAGS, flag_env, environ={**os.environ, **user_env}
+    )
     # before any host list is built or slot placed: -np 10**20 must not be looped over
     _check_ceiling(args, config.max_workers, parser)
     elastic_settings = _elastic_settings(args, np, elastic)
@@ -170,22 +196,31 @@ def spec_from_args(args: LaunchOptions) -> JobSpec:
     if args.network_interfaces:
         nics = [n.strip() for n in args.network_interfaces.split(",") if n.strip()]
     return JobSpec(
-        np=np, hosts=hosts, command=command, tunables=config,
+        np=np,
+        hosts=hosts,
+        command=command,
+        tunables=config,
         verbose=args.verbose,
-        output_dir=args.output_filename, timestamp_output=args.prefix_output_with_timestamp,
+        output_dir=args.output_filename,
+        timestamp_output=args.prefix_output_with_timestamp,
         ssh_port=args.ssh_port or 22,
-        ssh_identity_file=args.ssh_identity_file, ssh_known_hosts_file=args.ssh_known_hosts,
+        ssh_identity_file=args.ssh_identity_file,
+        ssh_known_hosts_file=args.ssh_known_hosts,
         ssh_strict_host_key_checking=args.ssh_strict_host_key_checking,
         launcher_agent=args.launcher_agent,
-        network_interfaces=nics, mpi_args=shlex.split(args.mpi_args or ""),
+        network_interfaces=nics,
+        mpi_args=shlex.split(args.mpi_args or ""),
         binding_args=shlex.split(args.binding_args) if args.binding_args else None,
-        user_env=user_env, elastic=elastic_settings,
+        user_env=user_env,
+        elastic=elastic_settings,
         discovery_script=args.host_discovery_script,
-        slots_per_host=args.slots_per_host or 1).within_ceiling()
+        slots_per_host=args.slots_per_host or 1,
+    ).within_ceiling()
 
 
 def _check_size_and_combinations(
-        args: LaunchOptions, elastic: bool) -> Tuple[Optional[List[HostSlots]], int]:
+    args: LaunchOptions, elastic: bool
+) -> Tuple[Optional[List[HostSlots]], int]:
     """Refuse what hvdlite does not offer and flags that exclude each other; settle -np
     (from --min-np, or a Slurm allocation's tasks).  Returns the allocation's hosts, if
     they are the job's, and -np.
@@ -200,21 +235,23 @@ def _check_size_and_combinations(
     if args.np is None and elastic and args.min_np is not None:
         args.np = args.min_np
     if args.np is None:
-        raise HvdliteConfigError("-np is required (the number of processes)"
-                                 + (" or --min-np" if elastic else ""))
+        raise HvdliteConfigError(
+            "-np is required (the number of processes)" + (" or --min-np" if elastic else "")
+        )
     if args.binding_args and not args.mpi:
         raise HvdliteConfigError(
             "--binding-args: it is passed to mpiexec, so it needs --mpi (in Gloo mode "
-            "hvdlite-run starts the ranks itself and does not bind them)")
+            "hvdlite-run starts the ranks itself and does not bind them)"
+        )
     if args.launcher_agent and args.mpi:
         raise HvdliteConfigError(
             "--launcher-agent: with --mpi, mpiexec starts the remote ranks itself; give its "
-            "own option instead (MPICH: --mpi-args '-launcher-exec CMD')")
+            "own option instead (MPICH: --mpi-args '-launcher-exec CMD')"
+        )
     return allocation, args.np
 
 
-def _check_ceiling(args: LaunchOptions, ceiling: int,
-                   parser: argparse.ArgumentParser) -> None:
+def _check_ceiling(args: LaunchOptions, ceiling: int, parser: argparse.ArgumentParser) -> None:
     """-np >= 1, and -np, --min-np and --max-np at most --max-workers (``check_sizes``),
     before the hosts are parsed or slots placed; a size from --config-file is named as
     its key there.
@@ -223,9 +260,14 @@ def _check_ceiling(args: LaunchOptions, ceiling: int,
         HvdliteConfigError: names the flag, its value and the ceiling (and how to raise it).
     """
     sizes = ("np", "min_np", "max_np")
-    names = dataclasses.replace(FLAGS, **{
-        dest: validation.setting_name(args, parser, dest)
-        for dest in sizes if dest in args.config_file_keys})
+    names = dataclasses.replace(
+        FLAGS,
+        **{
+            dest: validation.setting_name(args, parser, dest)
+            for dest in sizes
+            if dest in args.config_file_keys
+        },
+    )
     check_sizes(*(args.value(dest) for dest in sizes), ceiling=ceiling, names=names)
 
 
@@ -249,14 +291,21 @@ def _slurm_defaults(args: LaunchOptions) -> Optional[List[HostSlots]]:
         raise HvdliteConfigError(
             f"-np {args.np} asks for more processes than the {total} tasks of the Slurm "
             f"allocation ({slurm_hosts.describe()}: {listing}); lower -np, ask Slurm for "
-            f"more tasks, or give the hosts yourself with -H/--hostfile")
-    log.info("hosts from the Slurm allocation (%s): %s; -np %s%s", slurm_hosts.describe(),
-             listing, args.np, " (the allocation's total)" if args.np == total else "")
+            f"more tasks, or give the hosts yourself with -H/--hostfile"
+        )
+    log.info(
+        "hosts from the Slurm allocation (%s): %s; -np %s%s",
+        slurm_hosts.describe(),
+        listing,
+        args.np,
+        " (the allocation's total)" if args.np == total else "",
+    )
     return hosts
 
 
-def _hosts(args: LaunchOptions, np: int, allocation: Optional[List[HostSlots]],
-           static: bool) -> List[HostSlots]:
+def _hosts(
+    args: LaunchOptions, np: int, allocation: Optional[List[HostSlots]], static: bool
+) -> List[HostSlots]:
     """-H or --hostfile, else the Slurm ``allocation``, else a cluster's host list from the
     environment, else this host (none with a discovery script); checked to hold -np
     slots, and for a ``static`` job cut to the slots its ranks use (placed once, here)."""
@@ -273,7 +322,7 @@ def _hosts(args: LaunchOptions, np: int, allocation: Optional[List[HostSlots]],
     else:
         hosts = parse_hosts(args.hosts or f"localhost:{np}")
     if hosts and static:
-        return hosts_used(hosts, np)       # -np > slots is an error before anything starts
+        return hosts_used(hosts, np)  # -np > slots is an error before anything starts
     if hosts:
         assign_slots(hosts, np)
     return hosts
@@ -286,10 +335,11 @@ def _tunable_env(args: LaunchOptions) -> Dict[str, str]:
         value = args.value(dest)
         try:
             text = conv(value) if value is not None else None
-        except OverflowError:              # 1e308 MiB in bytes is infinite
+        except OverflowError:  # 1e308 MiB in bytes is infinite
             raise HvdliteConfigError(
                 f"{validation.setting_name(args, flags.shared_parser(), dest)} {value:g}: the "
-                f"value must be {_range_words(var)}") from None
+                f"value must be {_range_words(var)}"
+            ) from None
         if text is not None:
             env[var] = text
     return env
@@ -302,7 +352,7 @@ def _range_words(variable: str) -> str:
 
 
 def _controller(args: LaunchOptions, elastic: bool) -> str:
-    """"gloo" or "mpi": the flag's, else Gloo unless only MPI is available."""
+    """ "gloo" or "mpi": the flag's, else Gloo unless only MPI is available."""
     if args.mpi:
         return "mpi"
     if args.gloo or elastic:
@@ -322,34 +372,40 @@ def _elastic_settings(args: LaunchOptions, np: int, elastic: bool) -> Optional[J
             if args.value(dest) is not None:
                 raise HvdliteConfigError(
                     f"{flag} applies to elastic jobs only; add --min-np, --max-np or "
-                    f"--host-discovery-script, or drop it")
+                    f"--host-discovery-script, or drop it"
+                )
         return None
     return validate(
-        np=np, min_np=args.min_np, max_np=args.max_np, reset_limit=args.reset_limit,
-        cooldown_range=args.blacklist_cooldown_range, slots_per_host=args.slots_per_host,
+        np=np,
+        min_np=args.min_np,
+        max_np=args.max_np,
+        reset_limit=args.reset_limit,
+        cooldown_range=args.blacklist_cooldown_range,
+        slots_per_host=args.slots_per_host,
         discovery_script=args.host_discovery_script,
-        fixed_hosts=bool(args.hosts or args.hostfile), mpi=args.mpi)
+        fixed_hosts=bool(args.hosts or args.hostfile),
+        mpi=args.mpi,
+    )
 
 
 def _check_ssh(args: LaunchOptions) -> None:
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         raise HvdliteConfigError(f"-p/--ssh-port {args.ssh_port}: not a port number")
     if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
-        raise HvdliteConfigError(
-            f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
+        raise HvdliteConfigError(f"-i/--ssh-identity-file {args.ssh_identity_file}: no such file")
 
 
 def _is_elastic(args: LaunchOptions) -> bool:
-    return any(args.value(f) is not None
-               for f in ("min_np", "max_np", "host_discovery_script"))
+    return any(args.value(f) is not None for f in ("min_np", "max_np", "host_discovery_script"))
 
 
 #: flags that mean something only in an elastic job
-_ELASTIC_ONLY = {"slots_per_host": "--slots-per-host", "elastic_timeout": "--elastic-timeout",
-                 "reset_limit": "--reset-limit",
-                 "blacklist_cooldown_range": "--blacklist-cooldown-range"}
-
-
+_ELASTIC_ONLY = {
+    "slots_per_host": "--slots-per-host",
+    "elastic_timeout": "--elastic-timeout",
+    "reset_limit": "--reset-limit",
+    "blacklist_cooldown_range": "--blacklist-cooldown-range",
+}
 
 
 def _check_hosts(args: LaunchOptions) -> int:
@@ -361,13 +417,17 @@ def _check_hosts(args: LaunchOptions) -> int:
     if not (args.hosts or args.hostfile):
         raise HvdliteConfigError("--check-hosts: give the hosts to check with -H or --hostfile")
     if args.launcher_agent:
-        raise HvdliteConfigError("--check-hosts checks SSH hosts; with --launcher-agent, run "
-                                 "the agent's own check")
+        raise HvdliteConfigError(
+            "--check-hosts checks SSH hosts; with --launcher-agent, run the agent's own check"
+        )
     _check_ssh(args)
     hosts = parse_hostfile(args.hostfile) if args.hostfile else parse_hosts(args.hosts or "")
-    opts = SSHOptions(port=args.ssh_port or 22, identity_file=args.ssh_identity_file,
-                      known_hosts_file=args.ssh_known_hosts,
-                      strict_host_key_checking=args.ssh_strict_host_key_checking)
+    opts = SSHOptions(
+        port=args.ssh_port or 22,
+        identity_file=args.ssh_identity_file,
+        known_hosts_file=args.ssh_known_hosts,
+        strict_host_key_checking=args.ssh_strict_host_key_checking,
+    )
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]

@@ -75,12 +75,15 @@ class LaunchOptions:
         return getattr(self, dest)
 
     @classmethod
-    def from_namespace(cls, parsed: argparse.Namespace,
-                       config_file_keys: Optional[Dict[str, str]] = None) -> "LaunchOptions":
+    def from_namespace(
+        cls, parsed: argparse.Namespace, config_file_keys: Optional[Dict[str, str]] = None
+    ) -> "LaunchOptions":
         """The options argparse parsed (a dest this class lacks is a bug: ``TypeError``)."""
         given = dict(vars(parsed))
-        tunable_values = {dest: given.pop(dest) for dest in flags.TUNABLE_FLAGS
-                          if dest in given}
+        tunable_values = {dest: given.pop(dest) for dest in flags.TUNABLE_FLAGS if dest in given}
         given["command"] = list(given.get("command") or [])
-        return cls(**given, config_file_keys=dict(config_file_keys or {}),
-                   tunable_values={d: v for d, v in tunable_values.items() if v is not None})
+        return cls(
+            **given,
+            config_file_keys=dict(config_file_keys or {}),
+            tunable_values={d: v for d, v in tunable_values.items() if v is not None},
+        )

@@ -56,12 +56,17 @@ def check_finite_numbers(args: LaunchOptions, parser: argparse.ArgumentParser) -
             if isinstance(v, float) and not math.isfinite(v):
                 raise HvdliteConfigError(
                     f"{setting_name(args, parser, action.dest)} {_show(value)}: must be a finite "
-                    f"number")
+                    f"number"
+                )
 
 
-def check_tunables(args: LaunchOptions, parser: argparse.ArgumentParser,
-                   tunable_flags: Mapping[str, tuple], tunable_env: Mapping[str, str],
-                   environ: Optional[Mapping[str, str]] = None) -> cfg.Config:
+def check_tunables(
+    args: LaunchOptions,
+    parser: argparse.ArgumentParser,
+    tunable_flags: Mapping[str, tuple],
+    tunable_env: Mapping[str, str],
+    environ: Optional[Mapping[str, str]] = None,
+) -> cfg.Config:
     """Build the ranks' Config from the launcher's side and refuse it as the ranks would.
 
     ``tunable_flags`` maps flag dests to (variable, conversion) (``flags.TUNABLE_FLAGS``);
@@ -72,9 +77,10 @@ def check_tunables(args: LaunchOptions, parser: argparse.ArgumentParser,
     """
     env = os.environ if environ is None else environ
     merged: Dict[str, str] = {
-        k: v for k, v in env.items()
-        if (k.startswith(cfg.PREFIX) or k.startswith(cfg.HOROVOD_PREFIX))
-        and k not in _IDENTITY}
+        k: v
+        for k, v in env.items()
+        if (k.startswith(cfg.PREFIX) or k.startswith(cfg.HOROVOD_PREFIX)) and k not in _IDENTITY
+    }
     merged.update(tunable_env)
     try:
         return cfg.Config.from_env(merged, warn=False)
@@ -84,8 +90,8 @@ def check_tunables(args: LaunchOptions, parser: argparse.ArgumentParser,
             if var == exc.variable and value is not None:
                 raise HvdliteConfigError(
                     f"{setting_name(args, parser, dest)} {_show(value)}: the value must be "
-                    f"{exc.reason.replace('must be ', '')} (it is {_show(exc.value)})") \
-                    from None
+                    f"{exc.reason.replace('must be ', '')} (it is {_show(exc.value)})"
+                ) from None
         raise HvdliteConfigError(f"{exc} (set in this environment)") from None
 
 

@@ -4,11 +4,34 @@ sources the agent asks (:mod:`.source` is the interface; :mod:`.fixed`,
 part of the launcher speaks it.
 May import ``hvdlite.runner.processes`` and ``hvdlite.common`` only."""
 
-from hvdlite.runner.hosts.slots import (HostSlots, SlotInfo, assign_slots, hosts_used, is_local,
-                                        local_addresses, parse_hostfile, parse_hosts,
-                                        place_slots, resolve, slot_id, slots_by_node,
-                                        SlotId)
+from hvdlite.runner.hosts.slots import (
+    HostSlots,
+    SlotInfo,
+    assign_slots,
+    hosts_used,
+    is_local,
+    local_addresses,
+    parse_hostfile,
+    parse_hosts,
+    place_slots,
+    resolve,
+    slot_id,
+    slots_by_node,
+    SlotId,
+)
 
-__all__ = ["HostSlots", "SlotInfo", "assign_slots", "hosts_used", "is_local", "local_addresses",
-           "parse_hostfile", "parse_hosts", "place_slots", "resolve", "SlotId", "slot_id",
-           "slots_by_node"]
+__all__ = [
+    "HostSlots",
+    "SlotInfo",
+    "assign_slots",
+    "hosts_used",
+    "is_local",
+    "local_addresses",
+    "parse_hostfile",
+    "parse_hosts",
+    "place_slots",
+    "resolve",
+    "SlotId",
+    "slot_id",
+    "slots_by_node",
+]

@@ -24,7 +24,8 @@ HOSTFILE_VARIABLES = ("OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_h
 
 
 def hosts_from_environment(
-        env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[List[HostSlots], str]]:
+    env: Optional[Mapping[str, str]] = None,
+) -> Optional[Tuple[List[HostSlots], str]]:
     """``(hosts, where they came from)`` from the first cluster variable that is set, or
     None when none is.
 
@@ -62,7 +63,8 @@ def parse_lsf_mcpu_hosts(value: str) -> List[HostSlots]:
         if not count.isdigit() or int(count) < 1:
             raise HvdliteConfigError(
                 f"LSB_MCPU_HOSTS={value!r}: host {name!r} has slots {count!r}, not a positive "
-                f"number")
+                f"number"
+            )
         hosts.append(HostSlots(name, int(count)))
     return merge_hosts(hosts, "LSB_MCPU_HOSTS")
 

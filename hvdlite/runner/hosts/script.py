@@ -41,8 +41,9 @@ MAX_OUTPUT_BYTES = 1024 * 1024
 _CHUNK = 64 * 1024
 
 
-def parse_discovery_output(text: str, default_slots: int = 1,
-                           max_slots: Optional[int] = None) -> List[HostSlots]:
+def parse_discovery_output(
+    text: str, default_slots: int = 1, max_slots: Optional[int] = None
+) -> List[HostSlots]:
     """Parse ``host[:slots]`` lines (see the module docstring); a host listed twice adds up.
 
     ``max_slots`` (--max-workers): a host with more slots is refused, so that a typo
@@ -62,28 +63,36 @@ def parse_discovery_output(text: str, default_slots: int = 1,
         if not sep:
             name, slots_text = line, str(default_slots)
         user, at, host = name.rpartition("@")
-        bad = (not host or any(c.isspace() for c in line) or (at and not user)
-               or any(c in host for c in ":/=,") or host_name_problem(host) is not None)
+        bad = (
+            not host
+            or any(c.isspace() for c in line)
+            or (at and not user)
+            or any(c in host for c in ":/=,")
+            or host_name_problem(host) is not None
+        )
         try:
             slots = int(slots_text)
         except ValueError:
             bad, slots = True, 0
         if bad or slots < 1:
             raise HostDiscoveryError(
-                f"line {number} ({raw.strip()!r}) is not 'host' or 'host:slots' with "
-                f"slots >= 1",
-                output=text)
+                f"line {number} ({raw.strip()!r}) is not 'host' or 'host:slots' with slots >= 1",
+                output=text,
+            )
         total = slots + (found[host].slots if host in found else 0)
         if max_slots is not None and total > max_slots:
             raise HostDiscoveryError(
                 f"line {number} ({raw.strip()!r}): host {host!r} has {total} slots, "
                 f"more than the {max_slots} worker processes one job may run "
-                f"(--max-workers / {cfg.MAX_WORKERS})", output=text)
+                f"(--max-workers / {cfg.MAX_WORKERS})",
+                output=text,
+            )
         if host in found:
             prev = found[host]
             if prev.user != (user or None):
                 raise HostDiscoveryError(
-                    f"line {number}: host {host!r} is listed with two login names", output=text)
+                    f"line {number}: host {host!r} is listed with two login names", output=text
+                )
             found[host] = HostSlots(host, prev.slots + slots, prev.user)
         else:
             order.append(host)
@@ -99,9 +108,14 @@ class ScriptHosts(HostSource):
     ``sleep`` inside it cannot keep it (or its pipes) alive.
     """
 
-    def __init__(self, script: str, default_slots: int = 1,
-                 timeout_s: float = SCRIPT_TIMEOUT_S, max_slots: Optional[int] = None,
-                 max_output_bytes: int = MAX_OUTPUT_BYTES):
+    def __init__(
+        self,
+        script: str,
+        default_slots: int = 1,
+        timeout_s: float = SCRIPT_TIMEOUT_S,
+        max_slots: Optional[int] = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ):
         self.script = os.path.abspath(script)
         self.default_slots = default_slots
         self.timeout_s = timeout_s
@@ -124,17 +138,20 @@ class ScriptHosts(HostSource):
                 raise HostDiscoveryError("host discovery was closed")
             try:
                 # tied to our life like the workers: a killed launcher leaves no script
-                proc = lifeline.popen([self.script], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      start_new_session=True)
+                proc = lifeline.popen(
+                    [self.script],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
             except OSError as exc:
                 raise HostDiscoveryError(
-                    f"--host-discovery-script {self.script}: cannot run it: "
-                    f"{exc.strerror}") from None
+                    f"--host-discovery-script {self.script}: cannot run it: {exc.strerror}"
+                ) from None
             self._proc = proc
         try:
-            out, err, why = _read_bounded(proc, self.timeout_s, self.max_output_bytes,
-                                          self._end)
+            out, err, why = _read_bounded(proc, self.timeout_s, self.max_output_bytes, self._end)
         finally:
             with self._lock:
                 self._proc = None
@@ -142,22 +159,28 @@ class ScriptHosts(HostSource):
             raise HostDiscoveryError(
                 f"--host-discovery-script {self.script} printed more than "
                 f"{self.max_output_bytes} bytes (one 'host[:slots]' line per host is "
-                f"expected); it was ended", output=_both(out, err))
+                f"expected); it was ended",
+                output=_both(out, err),
+            )
         if why == "timeout":
             raise HostDiscoveryError(
                 f"--host-discovery-script {self.script} did not finish within "
-                f"{self.timeout_s:g}s; it was ended", output=_both(out, err))
+                f"{self.timeout_s:g}s; it was ended",
+                output=_both(out, err),
+            )
         text = out.decode(errors="replace")
         if proc.returncode != 0:
             code = proc.returncode
             how = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
-            raise HostDiscoveryError(f"--host-discovery-script {self.script} {how}",
-                                     output=_both(out, err))
+            raise HostDiscoveryError(
+                f"--host-discovery-script {self.script} {how}", output=_both(out, err)
+            )
         try:
             return parse_discovery_output(text, self.default_slots, self.max_slots)
         except HostDiscoveryError as exc:
-            raise HostDiscoveryError(f"--host-discovery-script {self.script}: {exc}",
-                                     output=_both(out, err)) from None
+            raise HostDiscoveryError(
+                f"--host-discovery-script {self.script}: {exc}", output=_both(out, err)
+            ) from None
 
     def close(self) -> None:
         with self._lock:
@@ -189,13 +212,16 @@ def _both(out: Optional[bytes], err: Optional[bytes]) -> str:
     """The script's stdout and stderr as the log quotes them: cut, and printable."""
     text = (out or b"").decode(errors="replace")
     if err:
-        text += ("\n" if text and not text.endswith("\n") else "") + \
-            "[stderr] " + err.decode(errors="replace")
+        text += (
+            ("\n" if text and not text.endswith("\n") else "")
+            + "[stderr] "
+            + err.decode(errors="replace")
+        )
     size = len(text)
     text = text[:_OUTPUT_QUOTE_CHARS]
     text = "\n".join(printable(line) for line in text.split("\n"))
     if size > _OUTPUT_QUOTE_CHARS or len(text) > _OUTPUT_QUOTE_CHARS:
-        text = text[:_OUTPUT_QUOTE_CHARS]          # escapes are up to 10 characters each
+        text = text[:_OUTPUT_QUOTE_CHARS]  # escapes are up to 10 characters each
         text += f"... ({size} characters in all)"
     return text
 
@@ -228,29 +254,33 @@ def _read_bounded(proc: subprocess.Popen, timeout_s: float, limit: int, end):
                 if len(buffers["out"]) + len(buffers["err"]) > limit:
                     over.set()
         except (OSError, ValueError):
-            return                              # the pipe was closed under us
+            return  # the pipe was closed under us
 
-    readers = [threading.Thread(target=pump, args=(n, p), daemon=True,
-                                name=f"hvdlite-discovery-{n}")
-               for n, p in (("out", proc.stdout), ("err", proc.stderr))]
+    readers = [
+        threading.Thread(target=pump, args=(n, p), daemon=True, name=f"hvdlite-discovery-{n}")
+        for n, p in (("out", proc.stdout), ("err", proc.stderr))
+    ]
     for r in readers:
         r.start()
     deadline = time.monotonic() + timeout_s
-    while not over.is_set() and time.monotonic() < deadline and (
-            proc.poll() is None or any(r.is_alive() for r in readers)):
+    while (
+        not over.is_set()
+        and time.monotonic() < deadline
+        and (proc.poll() is None or any(r.is_alive() for r in readers))
+    ):
         over.wait(0.02)
     unfinished = proc.poll() is None or any(r.is_alive() for r in readers)
     why = "over" if over.is_set() else ("timeout" if unfinished else None)
     if why is not None:
-        over.set()                              # the readers stop at their next chunk
+        over.set()  # the readers stop at their next chunk
         end(proc)
         try:
             proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             proc.kill()
     for r in readers:
-        r.join(2.0)                             # a grandchild may still hold a pipe
+        r.join(2.0)  # a grandchild may still hold a pipe
     for r, pipe in zip(readers, (proc.stdout, proc.stderr)):
-        if not r.is_alive():                    # closing under a blocked read could hang
+        if not r.is_alive():  # closing under a blocked read could hang
             pipe.close()
     return bytes(buffers["out"][:limit]), bytes(buffers["err"][:limit]), why

@@ -106,7 +106,8 @@ def parse_hosts(spec: str) -> List[HostSlots]:
             count = int(slots)
         except ValueError:
             raise HvdliteConfigError(
-                f"-H/--hosts: entry {item!r}: slots {slots!r} is not a number") from None
+                f"-H/--hosts: entry {item!r}: slots {slots!r} is not a number"
+            ) from None
         if count < 1:
             raise HvdliteConfigError(f"-H/--hosts: entry {item!r}: slots must be at least 1")
         host, user = _split_user(name, f"-H/--hosts entry {item!r}")
@@ -161,9 +162,11 @@ def parse_hostfile(path: str) -> List[HostSlots]:
 
 def _undecodable(exc: UnicodeDecodeError) -> str:
     """Where a file stops being UTF-8 text: its line and the byte, for the message."""
-    line = exc.object[:exc.start].count(b"\n") + 1
-    return (f"line {line} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r}); "
-            f"expected one host per line")
+    line = exc.object[: exc.start].count(b"\n") + 1
+    return (
+        f"line {line} is not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r}); "
+        f"expected one host per line"
+    )
 
 
 def _colon_slots(field: str, where: str) -> Tuple[str, int]:
@@ -226,8 +229,9 @@ def assign_slots(hosts: List[HostSlots], np: int) -> List[SlotInfo]:
         listing = ", ".join(f"{h.hostname}:{h.slots}" for h in hosts)
         raise HvdliteConfigError(
             f"-np {np} asks for more processes than the {total} slots of the "
-            f"hosts ({listing}); add hosts or slots, or lower -np")
-    placed = []          # (hostname, local_rank)
+            f"hosts ({listing}); add hosts or slots, or lower -np"
+        )
+    placed = []  # (hostname, local_rank)
     for host in hosts:
         for local in range(host.slots):
             if len(placed) == np:
@@ -246,8 +250,7 @@ def hosts_used(hosts: List[HostSlots], np: int) -> List[HostSlots]:
     used: Dict[str, int] = {}
     for slot in assign_slots(hosts, np):
         used[slot.hostname] = used.get(slot.hostname, 0) + 1
-    return [HostSlots(h.hostname, used[h.hostname], h.user) for h in hosts
-            if h.hostname in used]
+    return [HostSlots(h.hostname, used[h.hostname], h.user) for h in hosts if h.hostname in used]
 
 
 def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
@@ -263,21 +266,30 @@ def place_slots(placed: Sequence[Tuple[str, int]]) -> List[SlotInfo]:
     by_host: Dict[str, List[int]] = {}
     for name, slot in placed:
         by_host.setdefault(name, []).append(slot)
-    dense = {(name, slot): i for name, slots in by_host.items()
-             for i, slot in enumerate(sorted(slots))}
+    dense = {
+        (name, slot): i for name, slots in by_host.items() for i, slot in enumerate(sorted(slots))
+    }
     hosts_with_local: Dict[int, List[str]] = {}
     for name, slot in placed:
         hosts_with_local.setdefault(dense[(name, slot)], []).append(name)
-    host_order = list(by_host)               # dicts keep the order of first appearance
+    host_order = list(by_host)  # dicts keep the order of first appearance
     result = []
     for rank, (name, slot) in enumerate(placed):
         local = dense[(name, slot)]
         peers = hosts_with_local[local]
-        result.append(SlotInfo(hostname=name, rank=rank, local_rank=local,
-                               cross_rank=peers.index(name), size=len(placed),
-                               local_size=len(by_host[name]), cross_size=len(peers),
-                               host_index=host_order.index(name),
-                               host_count=len(host_order)))
+        result.append(
+            SlotInfo(
+                hostname=name,
+                rank=rank,
+                local_rank=local,
+                cross_rank=peers.index(name),
+                size=len(placed),
+                local_size=len(by_host[name]),
+                cross_size=len(peers),
+                host_index=host_order.index(name),
+                host_count=len(host_order),
+            )
+        )
     return result
 
 
@@ -307,7 +319,8 @@ def resolve(hostname: str) -> str:
     except (socket.gaierror, UnicodeError) as exc:
         raise HvdliteConfigError(
             f"unknown host {hostname!r}: it does not resolve ({exc}); check -H/--hostfile "
-            f"and DNS or /etc/hosts") from None
+            f"and DNS or /etc/hosts"
+        ) from None
     return infos[0][4][0]
 
 

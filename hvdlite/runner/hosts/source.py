@@ -43,4 +43,3 @@ class HostSource(abc.ABC):
 
     def close(self) -> None:
         """End whatever a running :meth:`find` is waiting on (default: nothing)."""
-

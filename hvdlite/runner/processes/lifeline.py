@@ -34,6 +34,7 @@ def _prctl() -> Optional[Callable[..., int]]:
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
+
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
@@ -91,8 +92,9 @@ class _Spawner:
     def run(self, fn: Callable[[], subprocess.Popen]) -> subprocess.Popen:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="hvdlite-spawner",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="hvdlite-spawner", daemon=True
+                )
                 self._thread.start()
         fut: Future = Future()
         self._jobs.put((fn, fut))
@@ -103,7 +105,7 @@ class _Spawner:
             fn, fut = self._jobs.get()
             try:
                 fut.set_result(fn())
-            except BaseException as exc:        # delivered to the caller, raised there
+            except BaseException as exc:  # delivered to the caller, raised there
                 fut.set_exception(exc)
 
 
@@ -124,7 +126,9 @@ def popen(args, death_signal: int = signal.SIGKILL, **kwargs) -> subprocess.Pope
     if extra is None:
         preexec = tie
     else:
+
         def preexec():
             tie()
             extra()
+
     return _SPAWNER.run(lambda: subprocess.Popen(args, preexec_fn=preexec, **kwargs))

@@ -44,8 +44,7 @@ class RankLineMerger:
     one (``label`` as :func:`rank_label`).  A thread of its own prints lines whose window
     ended; :meth:`flush` prints everything held (before the job's summary)."""
 
-    def __init__(self, size: int, emit: Callable[[str, bytes], None],
-                 window_s: float = WINDOW_S):
+    def __init__(self, size: int, emit: Callable[[str, bytes], None], window_s: float = WINDOW_S):
         self._size = size
         self._emit = emit
         self._window_s = window_s
@@ -56,8 +55,7 @@ class RankLineMerger:
         self._seq = 0
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="merged-rank-lines",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="merged-rank-lines", daemon=True)
         self._thread.start()
 
     def add(self, rank: int, line: bytes) -> None:
@@ -84,8 +82,9 @@ class RankLineMerger:
     def _print_ready(self, now: float, everything: bool = False) -> None:
         while self._held:
             first = self._held[0]
-            if not (everything or len(first.ranks) >= self._size
-                    or now - first.born >= self._window_s):
+            if not (
+                everything or len(first.ranks) >= self._size or now - first.born >= self._window_s
+            ):
                 return
             self._held.popleft()
             same = self._by_line[first.line]

@@ -60,8 +60,7 @@ class OutsideStack:
 
 def find_py_spy() -> Optional[str]:
     """The py-spy beside this interpreter, else the one on PATH, else None."""
-    return shutil.which("py-spy", path=os.path.dirname(sys.executable)) or \
-        shutil.which("py-spy")
+    return shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
 
 
 def dump(pid: int, timeout_s: float = 10.0) -> OutsideStack:
@@ -70,13 +69,16 @@ def dump(pid: int, timeout_s: float = 10.0) -> OutsideStack:
     result's note says why there are no threads."""
     exe = find_py_spy()
     if exe is None:
-        return OutsideStack(pid, None, f"py-spy is not installed on this host "
-                                       f"({INSTALL_HINT})")
+        return OutsideStack(pid, None, f"py-spy is not installed on this host ({INSTALL_HINT})")
     timeout_s = max(0.1, float(timeout_s))
     try:
-        done = subprocess.run([exe, "dump", "--pid", str(int(pid)), "--json"],
-                              stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=timeout_s, env=dict(os.environ, RUST_BACKTRACE="0"))
+        done = subprocess.run(
+            [exe, "dump", "--pid", str(int(pid)), "--json"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            env=dict(os.environ, RUST_BACKTRACE="0"),
+        )
     except subprocess.TimeoutExpired:
         return OutsideStack(pid, None, f"py-spy did not finish within {timeout_s:g}s")
     except OSError as exc:
@@ -109,8 +111,14 @@ def from_py_spy(raw, pid: int) -> Optional[List[dict]]:
                 continue
             path = str(frame.get("filename") or frame.get("short_filename") or "?")
             line = frame.get("line")
-            frames.append([path, line if isinstance(line, int) else 0,
-                           str(frame.get("name") or "?"), is_runtime_file(path)])
+            frames.append(
+                [
+                    path,
+                    line if isinstance(line, int) else 0,
+                    str(frame.get("name") or "?"),
+                    is_runtime_file(path),
+                ]
+            )
         frames.reverse()
         tid = entry.get("os_thread_id") or entry.get("thread_id")
         main = tid == pid
@@ -133,11 +141,19 @@ def valid_threads(raw) -> Optional[List[dict]]:
     for thread in raw[:MAX_THREADS]:
         if not isinstance(thread, dict) or not isinstance(thread.get("frames"), list):
             continue
-        frames = [[str(f[0]), f[1], str(f[2]), f[3]] for f in thread["frames"][-MAX_FRAMES:]
-                  if isinstance(f, list) and len(f) == 4 and isinstance(f[1], int)
-                  and isinstance(f[3], bool)]
-        kept = {"name": str(thread.get("name", "?"))[:200], "main": thread.get("main") is True,
-                "frames": frames}
+        frames = [
+            [str(f[0]), f[1], str(f[2]), f[3]]
+            for f in thread["frames"][-MAX_FRAMES:]
+            if isinstance(f, list)
+            and len(f) == 4
+            and isinstance(f[1], int)
+            and isinstance(f[3], bool)
+        ]
+        kept = {
+            "name": str(thread.get("name", "?"))[:200],
+            "main": thread.get("main") is True,
+            "frames": frames,
+        }
         if thread.get("gil") is True:
             kept["gil"] = True
         threads.append(kept)
@@ -164,8 +180,12 @@ def dump_tree(pid: int, timeout_s: float = 10.0) -> OutsideStack:
     pythons = [p for p in tree if _looks_like_python(p)][:MAX_TRIES]
     if not pythons:
         others = len(tree) - 1
-        return OutsideStack(pid, None, f"pid {pid} ({_name(root)}) is not a Python process"
-                            + (f", nor is any of its {others} descendants" if others else ""))
+        return OutsideStack(
+            pid,
+            None,
+            f"pid {pid} ({_name(root)}) is not a Python process"
+            + (f", nor is any of its {others} descendants" if others else ""),
+        )
     readable: Optional[OutsideStack] = None
     failed: Optional[OutsideStack] = None
     for proc in pythons:
@@ -180,9 +200,12 @@ def dump_tree(pid: int, timeout_s: float = 10.0) -> OutsideStack:
         else:
             failed = failed or got
             if "ptrace" in got.note or "not installed" in got.note:
-                break              # no other process of the tree would do better
-    return readable or failed or OutsideStack(
-        pid, None, f"py-spy did not finish within {timeout_s:g}s")
+                break  # no other process of the tree would do better
+    return (
+        readable
+        or failed
+        or OutsideStack(pid, None, f"py-spy did not finish within {timeout_s:g}s")
+    )
 
 
 def _nearest_first(root: psutil.Process) -> List[psutil.Process]:
@@ -244,14 +267,22 @@ def _why_failed(pid: int, stderr: str) -> str:
     if status == psutil.STATUS_ZOMBIE:
         return f"pid {pid} has exited"
     if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-        return (f"pid {pid} is stopped (SIGSTOP, or a debugger holds it), and py-spy cannot "
-                f"read a stopped process ({said})")
-    if "permission denied" in low or "operation not permitted" in low \
-            or "os error 1)" in low or "os error 13)" in low:
-        return (f"py-spy may not attach to pid {pid} (ptrace denied: {said}); in a container, "
-                f"start it with --cap-add SYS_PTRACE; on a host, allow it with "
-                f"'sysctl kernel.yama.ptrace_scope=0'{_yama_now()} or run the launcher's "
-                f"tasks as root")
+        return (
+            f"pid {pid} is stopped (SIGSTOP, or a debugger holds it), and py-spy cannot "
+            f"read a stopped process ({said})"
+        )
+    if (
+        "permission denied" in low
+        or "operation not permitted" in low
+        or "os error 1)" in low
+        or "os error 13)" in low
+    ):
+        return (
+            f"py-spy may not attach to pid {pid} (ptrace denied: {said}); in a container, "
+            f"start it with --cap-add SYS_PTRACE; on a host, allow it with "
+            f"'sysctl kernel.yama.ptrace_scope=0'{_yama_now()} or run the launcher's "
+            f"tasks as root"
+        )
     if "python version" in low or "python interpreter" in low or "not a python" in low:
         return f"pid {pid} is not a Python process py-spy can read ({said})"
     return f"py-spy failed on pid {pid}: {said}"
@@ -270,7 +301,7 @@ def _py_spy_error(stderr: str) -> str:
         elif in_causes and not cause:
             cause = line.split(":", 1)[1].strip() if line[:1].isdigit() else line
         elif not error:
-            error = line[len("Error:"):].strip() if line.startswith("Error:") else line
+            error = line[len("Error:") :].strip() if line.startswith("Error:") else line
     said = f"{error}: {cause}" if error and cause else (error or cause or "no message")
     return said[:300]
 
@@ -293,11 +324,13 @@ def dumps(pids: Dict[object, int], timeout_s: float) -> Dict[object, OutsideStac
     def one(pid: int) -> OutsideStack:
         left = deadline - time.monotonic()
         if left <= 0.1:
-            return OutsideStack(pid, None, f"not taken: py-spy's {timeout_s:g}s ran out "
-                                           f"on the other processes")
+            return OutsideStack(
+                pid, None, f"not taken: py-spy's {timeout_s:g}s ran out on the other processes"
+            )
         return dump_tree(pid, left)
 
-    with ThreadPoolExecutor(max_workers=min(16, len(pids)),
-                            thread_name_prefix="hvdlite-py-spy") as pool:
+    with ThreadPoolExecutor(
+        max_workers=min(16, len(pids)), thread_name_prefix="hvdlite-py-spy"
+    ) as pool:
         futures = {key: pool.submit(one, pid) for key, pid in pids.items()}
         return {key: fut.result() for key, fut in futures.items()}

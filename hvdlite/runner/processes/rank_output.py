@@ -61,11 +61,10 @@ EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt
 _TERMINATE = "terminate called "
 #: what the summary adds to last words that say little by themselves
 _EXPLAINED = {
-    "terminate called without an active exception":
-        "a C++ thread was still running as the process ended; under torch.distributed "
-        "that is usually a Gloo process group freed only at exit (e.g. a "
-        "DistributedDataParallel model still alive): call gc.collect() before "
-        "dist.destroy_process_group()",
+    "terminate called without an active exception": "a C++ thread was still running as the process ended; under torch.distributed "
+    "that is usually a Gloo process group freed only at exit (e.g. a "
+    "DistributedDataParallel model still alive): call gc.collect() before "
+    "dist.destroy_process_group()",
 }
 
 
@@ -81,8 +80,14 @@ class OutputSink:
     the failure summary.
     """
 
-    def __init__(self, out=None, err=None, output_dir: Optional[str] = None,
-                 timestamp: bool = False, merge_ranks: Optional[int] = None):
+    def __init__(
+        self,
+        out=None,
+        err=None,
+        output_dir: Optional[str] = None,
+        timestamp: bool = False,
+        merge_ranks: Optional[int] = None,
+    ):
         self._out = out if out is not None else sys.stdout.buffer
         self._err = err if err is not None else sys.stderr.buffer
         self._output_dir = output_dir
@@ -98,8 +103,11 @@ class OutputSink:
         #: (rank, stream) whose progress update ends the terminal's current line (no \n)
         self._open_progress: Optional[Tuple[int, str]] = None
         #: stderr lines that every one of ``merge_ranks`` ranks prints are printed once
-        self._merger = RankLineMerger(merge_ranks, self._emit_merged) \
-            if merge_ranks and merge_ranks > 1 else None
+        self._merger = (
+            RankLineMerger(merge_ranks, self._emit_merged)
+            if merge_ranks and merge_ranks > 1
+            else None
+        )
 
     def _prefix(self, label, stream: str) -> bytes:
         prefix = f"[{label}]<{stream}>:".encode()
@@ -117,7 +125,7 @@ class OutputSink:
             if self._merger is None or stream != "stderr":
                 self._show(self._prefix(rank, stream), stream, line, (rank, stream))
         if self._merger is not None and stream == "stderr":
-            self._merger.add(rank, line)        # not under our lock: it prints through it
+            self._merger.add(rank, line)  # not under our lock: it prints through it
 
     def progress(self, rank: int, stream: str, text: bytes) -> None:
         """One ``\\r`` update of a progress bar (tqdm's): on a terminal it replaces the
@@ -129,8 +137,11 @@ class OutputSink:
             if not _is_tty(sink):
                 self._show(prefix, stream, text + b"\n", (rank, stream))
                 return
-            lead = b"\r" if self._open_progress == (rank, stream) else \
-                (b"\n" if self._open_progress is not None else b"")
+            lead = (
+                b"\r"
+                if self._open_progress == (rank, stream)
+                else (b"\n" if self._open_progress is not None else b"")
+            )
             self._put(sink, lead + prefix + text)
             self._open_progress = (rank, stream)
 
@@ -182,12 +193,11 @@ class OutputSink:
             self._in_traceback[rank] = False
         elif text.startswith(_TERMINATE):
             explained = _EXPLAINED.get(text)
-            self._raised[rank] = (f"{text} ({explained})" if explained else text,
-                                  time.monotonic())
+            self._raised[rank] = (f"{text} ({explained})" if explained else text, time.monotonic())
             self._terminating[rank] = True
         elif terminating and text.strip().startswith("what():"):
-            said, at = self._raised[rank]          # the exception C++ did not catch
-            self._raised[rank] = (f"{said}: {text.strip()[len('what():'):].strip()}", at)
+            said, at = self._raised[rank]  # the exception C++ did not catch
+            self._raised[rank] = (f"{said}: {text.strip()[len('what():') :].strip()}", at)
 
     def raised(self) -> Dict[int, Tuple[str, float]]:
         """Each rank's last exception line printed after a traceback (or the C++
@@ -198,9 +208,12 @@ class OutputSink:
 
     def attach(self, rank: int, stream: str, pipe: IO[bytes]) -> threading.Thread:
         """Start a thread that writes each line of ``pipe`` as ``rank``'s ``stream``."""
-        return pump_lines(pipe, lambda line: self.write(rank, stream, line),
-                          name=f"output-rank{rank}-{stream}",
-                          on_progress=lambda text: self.progress(rank, stream, text))
+        return pump_lines(
+            pipe,
+            lambda line: self.write(rank, stream, line),
+            name=f"output-rank{rank}-{stream}",
+            on_progress=lambda text: self.progress(rank, stream, text),
+        )
 
     def close(self) -> None:
         if self._merger is not None:
@@ -225,7 +238,7 @@ def _pieces(stream):
     on its last update as a line."""
     read = getattr(stream, "read1", None) or stream.read
     buf = b""
-    update: Optional[bytes] = None      # the text after the last lone \r, once handed on
+    update: Optional[bytes] = None  # the text after the last lone \r, once handed on
     while True:
         chunk = read(65536)
         if not chunk:
@@ -235,31 +248,35 @@ def _pieces(stream):
             nl, cr = buf.find(b"\n"), buf.find(b"\r")
             if cr != -1 and (nl == -1 or cr < nl):
                 if cr == len(buf) - 1:
-                    break                        # the \r of a \r\n cut in two: wait
-                if buf[cr + 1:cr + 2] == b"\n":
+                    break  # the \r of a \r\n cut in two: wait
+                if buf[cr + 1 : cr + 2] == b"\n":
                     yield buf[:cr] + b"\n", False
-                    buf, update = buf[cr + 2:], None
+                    buf, update = buf[cr + 2 :], None
                     continue
                 if cr:
-                    yield buf[:cr], True         # the update this \r ends
-                buf, update = buf[cr + 1:], b""
+                    yield buf[:cr], True  # the update this \r ends
+                buf, update = buf[cr + 1 :], b""
                 continue
             if nl == -1:
                 break
-            line, buf = buf[:nl + 1], buf[nl + 1:]
+            line, buf = buf[: nl + 1], buf[nl + 1 :]
             if line == b"\n" and update:
-                line = update + line             # the bar's last state, as its line
+                line = update + line  # the bar's last state, as its line
             yield line, False
             update = None
         if buf and update is not None and b"\r" not in buf:
-            yield buf, True                      # an update written in one go: show it now
+            yield buf, True  # an update written in one go: show it now
             buf, update = b"", buf
     if buf:
         yield buf.rstrip(b"\r"), False
 
 
-def pump_lines(stream, on_line: Callable[[bytes], None], name: str,
-               on_progress: Optional[Callable[[bytes], None]] = None) -> threading.Thread:
+def pump_lines(
+    stream,
+    on_line: Callable[[bytes], None],
+    name: str,
+    on_progress: Optional[Callable[[bytes], None]] = None,
+) -> threading.Thread:
     """Start a thread that hands each line of ``stream`` to ``on_line`` until EOF, and each
     ``\\r`` progress update to ``on_progress`` (default: ``on_line``, as a line)."""
     progress = on_progress or (lambda text: on_line(text + b"\n"))
@@ -285,8 +302,12 @@ def pump_lines(stream, on_line: Callable[[bytes], None], name: str,
 # the per-rank wrapper of MPI mode
 
 
-def wrapper_command(command: Sequence[str], output_dir: Optional[str] = None,
-                    timestamp: bool = False, python: str = sys.executable) -> List[str]:
+def wrapper_command(
+    command: Sequence[str],
+    output_dir: Optional[str] = None,
+    timestamp: bool = False,
+    python: str = sys.executable,
+) -> List[str]:
     """The command mpiexec runs on every rank to run ``command`` under the wrapper."""
     cmd = [python, "-m", MODULE]
     if output_dir:
@@ -313,15 +334,21 @@ def mpi_rank(environ: Mapping[str, str]) -> int:
     raise HvdliteConfigError(
         f"{MODULE}: no MPI rank in the environment (expected one of "
         f"{', '.join(RANK_ENV_VARS)}); it is meant to be started by mpiexec through "
-        f"hvdlite-run --mpi")
+        f"hvdlite-run --mpi"
+    )
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
-                                description="Run one MPI rank's command with its output "
-                                            "tagged [rank]<stdout>: / [rank]<stderr>:.")
-    p.add_argument("--output-dir", metavar="DIR",
-                   help="also write the rank's lines to DIR/rank.N/stdout and stderr")
+    p = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}",
+        description="Run one MPI rank's command with its output "
+        "tagged [rank]<stdout>: / [rank]<stderr>:.",
+    )
+    p.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="also write the rank's lines to DIR/rank.N/stdout and stderr",
+    )
     p.add_argument("--timestamp", action="store_true", help="prefix each line with the time")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command")
     args = p.parse_args(list(argv))
@@ -332,8 +359,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
-             environ: Optional[Mapping[str, str]] = None) -> int:
+def run_rank(
+    command: Sequence[str], rank: int, sink: OutputSink, environ: Optional[Mapping[str, str]] = None
+) -> int:
     """Run ``command`` as rank ``rank``, its output through ``sink``; returns our exit status.
 
     Raises:
@@ -343,12 +371,19 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
         # close_fds=False: the child gets every descriptor mpiexec gave us (PMI_FD)
-        proc = lifeline.popen(list(command), env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, close_fds=False,
-                              start_new_session=True)
+        proc = lifeline.popen(
+            list(command),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=False,
+            start_new_session=True,
+        )
     except OSError as exc:
-        raise HvdliteLaunchError(f"rank {rank} on host {socket.gethostname()}: cannot start "
-                                 f"{command[0]!r}: {exc.strerror}") from None
+        raise HvdliteLaunchError(
+            f"rank {rank} on host {socket.gethostname()}: cannot start "
+            f"{command[0]!r}: {exc.strerror}"
+        ) from None
     # Our copy of the PMI connection (Hydra's PMI_FD) stays open until we exit: Hydra
     # takes an EOF on it without a finalize as an abort and SIGKILLs the job, so the EOF
     # must come with our exit code, as it does without the wrapper, not before it.
@@ -358,7 +393,7 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
         signalled.set()
         try:
             os.killpg(proc.pid, signum)
-        except OSError:          # the group is already gone
+        except OSError:  # the group is already gone
             pass
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -374,8 +409,7 @@ def run_rank(command: Sequence[str], rank: int, sink: OutputSink,
             signal.signal(s, h)
         sink.close()
     if code != 0 and not signalled.is_set():
-        _report(f"hvdlite-run: rank {rank} on host {socket.gethostname()} "
-                f"{describe_exit(code)}.\n")
+        _report(f"hvdlite-run: rank {rank} on host {socket.gethostname()} {describe_exit(code)}.\n")
     return 0 if code == 0 else exit_status(code)
 
 

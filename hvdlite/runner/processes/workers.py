@@ -43,10 +43,14 @@ def exit_status(code: int) -> int:
     return code if code > 0 else 128 - code
 
 
-def failure_message(rank: int, host: str, code: int,
-                    left_early: Optional[Tuple[int, str]] = None,
-                    stopped: Optional[Tuple[int, str]] = None,
-                    op_timeout_s: Optional[float] = None) -> str:
+def failure_message(
+    rank: int,
+    host: str,
+    code: int,
+    left_early: Optional[Tuple[int, str]] = None,
+    stopped: Optional[Tuple[int, str]] = None,
+    op_timeout_s: Optional[float] = None,
+) -> str:
     """The launcher's one line about the rank that failed the job.
 
     The rank that exits non-zero first is often only the one that *noticed*: its
@@ -56,16 +60,23 @@ def failure_message(rank: int, host: str, code: int,
     """
     then = f"rank {rank} on host {host} then failed ({describe_exit(code)})"
     if stopped is not None:
-        waited = (f" for {op_timeout_s:g}s (--op-timeout-seconds)"
-                  if op_timeout_s is not None else "")
-        return (f"hvdlite-run: rank {stopped[0]} on host {stopped[1]} stopped answering"
-                f"{waited}: its process is stopped (SIGSTOP or a debugger); {then}; "
-                f"the other ranks were terminated.\n")
+        waited = (
+            f" for {op_timeout_s:g}s (--op-timeout-seconds)" if op_timeout_s is not None else ""
+        )
+        return (
+            f"hvdlite-run: rank {stopped[0]} on host {stopped[1]} stopped answering"
+            f"{waited}: its process is stopped (SIGSTOP or a debugger); {then}; "
+            f"the other ranks were terminated.\n"
+        )
     if left_early is not None:
-        return (f"hvdlite-run: rank {left_early[0]} on host {left_early[1]} exited with code 0 "
-                f"before its peers finished; {then}; the other ranks were terminated.\n")
-    return (f"hvdlite-run: rank {rank} on host {host} {describe_exit(code)}; "
-            f"the other ranks were terminated.\n")
+        return (
+            f"hvdlite-run: rank {left_early[0]} on host {left_early[1]} exited with code 0 "
+            f"before its peers finished; {then}; the other ranks were terminated.\n"
+        )
+    return (
+        f"hvdlite-run: rank {rank} on host {host} {describe_exit(code)}; "
+        f"the other ranks were terminated.\n"
+    )
 
 
 def slot_env(slot, base_env: Dict[str, str], job_env: Dict[str, str]) -> Dict[str, str]:
@@ -79,12 +90,18 @@ def slot_env(slot, base_env: Dict[str, str], job_env: Dict[str, str]) -> Dict[st
     """
     env = dict(base_env)
     env.update(job_env)
-    place = {cfg.RANK: slot.rank, cfg.SIZE: slot.size, cfg.LOCAL_RANK: slot.local_rank,
-             cfg.LOCAL_SIZE: slot.local_size, cfg.CROSS_RANK: slot.cross_rank,
-             cfg.CROSS_SIZE: slot.cross_size, cfg.HOSTNAME: slot.hostname}
+    place = {
+        cfg.RANK: slot.rank,
+        cfg.SIZE: slot.size,
+        cfg.LOCAL_RANK: slot.local_rank,
+        cfg.LOCAL_SIZE: slot.local_size,
+        cfg.CROSS_RANK: slot.cross_rank,
+        cfg.CROSS_SIZE: slot.cross_size,
+        cfg.HOSTNAME: slot.hostname,
+    }
     env.update({name: str(value) for name, value in place.items()})
     env.update({cfg.HOROVOD_ALIASES[name]: str(value) for name, value in place.items()})
-    if cfg.TORCH_MASTER_PORT in job_env:      # the job serves torch's store: torchrun's place
+    if cfg.TORCH_MASTER_PORT in job_env:  # the job serves torch's store: torchrun's place
         env.update(torch_place(slot))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slot.local_size)))
@@ -93,10 +110,16 @@ def slot_env(slot, base_env: Dict[str, str], job_env: Dict[str, str]) -> Dict[st
 
 def torch_place(slot) -> Dict[str, str]:
     """The place of ``slot`` under torchrun's names (one role, no restarts)."""
-    place = {cfg.TORCH_RANK: slot.rank, cfg.TORCH_WORLD_SIZE: slot.size,
-             cfg.TORCH_LOCAL_RANK: slot.local_rank, cfg.TORCH_LOCAL_WORLD_SIZE: slot.local_size,
-             cfg.TORCH_GROUP_RANK: slot.host_index, cfg.TORCH_GROUP_WORLD_SIZE: slot.host_count,
-             cfg.TORCH_ROLE_RANK: slot.rank, cfg.TORCH_ROLE_WORLD_SIZE: slot.size}
+    place = {
+        cfg.TORCH_RANK: slot.rank,
+        cfg.TORCH_WORLD_SIZE: slot.size,
+        cfg.TORCH_LOCAL_RANK: slot.local_rank,
+        cfg.TORCH_LOCAL_WORLD_SIZE: slot.local_size,
+        cfg.TORCH_GROUP_RANK: slot.host_index,
+        cfg.TORCH_GROUP_WORLD_SIZE: slot.host_count,
+        cfg.TORCH_ROLE_RANK: slot.rank,
+        cfg.TORCH_ROLE_WORLD_SIZE: slot.size,
+    }
     return {name: str(value) for name, value in place.items()}
 
 
@@ -109,7 +132,7 @@ def kill_tree(proc: psutil.Process, grace_s: float = TERMINATE_GRACE_S) -> None:
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
-            p.send_signal(signal.SIGCONT)     # a stopped process acts on SIGTERM only now
+            p.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only now
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
@@ -132,9 +155,15 @@ class OutputTarget(Protocol):
 class WorkerGroup:
     """The worker processes of one job on this host (used by the launcher and by tasks)."""
 
-    def __init__(self, slots: Sequence, command: Sequence[str], job_env: Dict[str, str],
-                 sink: OutputTarget, base_env: Optional[Dict[str, str]] = None,
-                 cwd: Optional[str] = None):
+    def __init__(
+        self,
+        slots: Sequence,
+        command: Sequence[str],
+        job_env: Dict[str, str],
+        sink: OutputTarget,
+        base_env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+    ):
         self.slots = list(slots)
         self.command = list(command)
         self.job_env = dict(job_env)
@@ -161,16 +190,25 @@ class WorkerGroup:
                 try:
                     # a session of its own (tree kills reach its children), tied to our
                     # life: if we die, even by SIGKILL, the kernel kills the rank
-                    proc = lifeline.popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          start_new_session=True, cwd=self.cwd)
+                    proc = lifeline.popen(
+                        self.command,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,
+                        cwd=self.cwd,
+                    )
                 except OSError as exc:
                     raise HvdliteLaunchError(
                         f"rank {slot.rank} on host {slot.hostname}: cannot start "
-                        f"{self.command[0]!r}: {exc.strerror}") from None
+                        f"{self.command[0]!r}: {exc.strerror}"
+                    ) from None
                 self.procs.append(proc)
-            self._pumps += [self.sink.attach(slot.rank, "stdout", proc.stdout),
-                            self.sink.attach(slot.rank, "stderr", proc.stderr)]
+            self._pumps += [
+                self.sink.attach(slot.rank, "stdout", proc.stdout),
+                self.sink.attach(slot.rank, "stderr", proc.stderr),
+            ]
             log.info("started rank %d on %s as pid %d", slot.rank, slot.hostname, proc.pid)
 
     def poll(self) -> List[Tuple[object, int]]:
@@ -244,11 +282,13 @@ class StopSignals:
     def __enter__(self) -> "StopSignals":
         def handler(signum, frame):
             if not self.stopped.is_set():
-                sys.stderr.write(f"hvdlite-run: received {signal.Signals(signum).name}; "
-                                 f"{self._action}.\n")
+                sys.stderr.write(
+                    f"hvdlite-run: received {signal.Signals(signum).name}; {self._action}.\n"
+                )
                 sys.stderr.flush()
             self.stopped.set()
             self._on_stop()
+
         if threading.current_thread() is threading.main_thread():
             self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
@@ -261,8 +301,9 @@ class StopSignals:
 def terminate_groups(groups: Sequence["WorkerGroup"]) -> None:
     """End several worker groups at once (each tree kill waits out its own grace period, so
     in parallel), then collect their last output."""
-    threads = [threading.Thread(target=g.terminate, name="terminate-workers", daemon=True)
-               for g in groups]
+    threads = [
+        threading.Thread(target=g.terminate, name="terminate-workers", daemon=True) for g in groups
+    ]
     for t in threads:
         t.start()
     for t in threads:

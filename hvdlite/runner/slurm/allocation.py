@@ -35,13 +35,15 @@ def allocation_hosts(environ: Optional[Mapping[str, str]] = None) -> Optional[Li
 def describe(environ: Optional[Mapping[str, str]] = None) -> str:
     """Where the hosts came from, for the launcher's message (``SLURM_JOB_NODELIST=...``)."""
     env = os.environ if environ is None else environ
-    parts = [f"{v}={env[v]}" for v in (slurm.NODELIST_VARIABLES
-                                       + (slurm.TASKS_PER_NODE_VARIABLE,)) if env.get(v)]
+    parts = [
+        f"{v}={env[v]}"
+        for v in (slurm.NODELIST_VARIABLES + (slurm.TASKS_PER_NODE_VARIABLE,))
+        if env.get(v)
+    ]
     return ", ".join(parts[-2:])
 
 
-def srun_reaches(hostnames: Sequence[str],
-                 environ: Optional[Mapping[str, str]] = None) -> bool:
+def srun_reaches(hostnames: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether ``srun`` can start tasks on all of ``hostnames``: we are inside an allocation
     that holds each of them, and ``srun`` is on PATH."""
     hosts = allocation_hosts(environ)

@@ -28,14 +28,29 @@ from hvdlite.runner.tasks.ssh import TASK_MODULE, LocalTask, TaskProcess
 log = logging.getLogger(__name__)
 
 #: the flags of every task step (checked against Slurm 22.05's srun)
-SRUN_FLAGS = ("--nodes=1", "--ntasks=1", "--overlap", "--cpu-bind=none", "--mpi=none",
-              "--kill-on-bad-exit=1", "--job-name=hvdlite-task", "--quiet")
+SRUN_FLAGS = (
+    "--nodes=1",
+    "--ntasks=1",
+    "--overlap",
+    "--cpu-bind=none",
+    "--mpi=none",
+    "--kill-on-bad-exit=1",
+    "--job-name=hvdlite-task",
+    "--quiet",
+)
 
 
 def srun_command(node: str, python: str = sys.executable, srun: str = "srun") -> List[str]:
     """The command line that starts ``node``'s task service as a one-task step."""
-    return [srun, *SRUN_FLAGS, f"--nodelist={node}", f"--chdir={os.getcwd()}",
-            python, "-m", TASK_MODULE]
+    return [
+        srun,
+        *SRUN_FLAGS,
+        f"--nodelist={node}",
+        f"--chdir={os.getcwd()}",
+        python,
+        "-m",
+        TASK_MODULE,
+    ]
 
 
 class SrunTask(LocalTask):
@@ -47,17 +62,20 @@ class SrunTask(LocalTask):
         if srun is None:
             raise HvdliteLaunchError(f"host {host.hostname}: srun is not on PATH")
         # SIGTERM to srun if we die: srun then ends the step, the task and its workers
-        self._proc = lifeline.popen(srun_command(host.hostname, python, srun),
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True,
-                                    death_signal=signal.SIGTERM)
+        self._proc = lifeline.popen(
+            srun_command(host.hostname, python, srun),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            death_signal=signal.SIGTERM,
+        )
         self._proc.stdin.write(payload)
         self._proc.stdin.flush()
         log.info("task of %s started through srun (pid %d)", host.hostname, self._proc.pid)
 
 
-def task_opener(local_too: bool = False
-                ) -> Callable[[HostSlots, bool, Dict, float], TaskProcess]:
+def task_opener(local_too: bool = False) -> Callable[[HostSlots, bool, Dict, float], TaskProcess]:
     """What :class:`~hvdlite.runner.starters.ssh_tasks.TaskStarter` starts a host's task
     with: ``srun`` for the allocation's other nodes, a plain child for this machine
     (``local_too``: srun for this machine as well, as the tests do on one node)."""

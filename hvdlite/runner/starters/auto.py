@@ -23,8 +23,12 @@ log = logging.getLogger(__name__)
 class AutoStarter(Starter):
     """This machine's workers directly, or every host's through tasks (decided once)."""
 
-    def __init__(self, make_local: Callable[[], Starter],
-                 make_tasks: Callable[[], Starter], tasks_from_start: bool = False):
+    def __init__(
+        self,
+        make_local: Callable[[], Starter],
+        make_tasks: Callable[[], Starter],
+        tasks_from_start: bool = False,
+    ):
         self._make_local = make_local
         self._make_tasks = make_tasks
         self._impl: Optional[Starter] = make_tasks() if tasks_from_start else None
@@ -34,13 +38,22 @@ class AutoStarter(Starter):
         if self._impl is None:
             self._local_only = all(is_local(h.hostname) for h in hosts)
             self._impl = self._make_local() if self._local_only else self._make_tasks()
-            log.info("job: %s", "every host is this machine: no SSH"
-                     if self._local_only else "workers start through a task per host")
+            log.info(
+                "job: %s",
+                "every host is this machine: no SSH"
+                if self._local_only
+                else "workers start through a task per host",
+            )
         if self._local_only:
-            return {h.hostname: (
-                "it is not this machine, and this job runs its workers and rendezvous store "
-                "locally (every host of its first round was local); list a remote host in the "
-                "first round to let remote hosts join") for h in hosts if not is_local(h.hostname)}
+            return {
+                h.hostname: (
+                    "it is not this machine, and this job runs its workers and rendezvous store "
+                    "locally (every host of its first round was local); list a remote host in the "
+                    "first round to let remote hosts join"
+                )
+                for h in hosts
+                if not is_local(h.hostname)
+            }
         return self._impl.prepare(hosts)
 
     @property
@@ -68,8 +81,7 @@ class AutoStarter(Starter):
     def suspended(self) -> List[SlotId]:
         return [] if self._impl is None else self._impl.suspended()
 
-    def outside_stacks(self, ids: Sequence[SlotId],
-                       timeout_s: float) -> Dict[SlotId, OutsideStack]:
+    def outside_stacks(self, ids: Sequence[SlotId], timeout_s: float) -> Dict[SlotId, OutsideStack]:
         impl = self._impl
         return {} if impl is None else impl.outside_stacks(ids, timeout_s)
 

@@ -22,6 +22,7 @@ from hvdlite.runner.processes.py_spy import OutsideStack
 
 log = logging.getLogger(__name__)
 
+
 class Starter(abc.ABC):
     """Starts, stops and watches the workers of a job.
 
@@ -90,8 +91,7 @@ class Starter(abc.ABC):
         reaches the store instead)."""
         return {}
 
-    def outside_stacks(self, ids: Sequence[SlotId],
-                       timeout_s: float) -> Dict[SlotId, OutsideStack]:
+    def outside_stacks(self, ids: Sequence[SlotId], timeout_s: float) -> Dict[SlotId, OutsideStack]:
         """Stacks taken from outside the rank's process, by py-spy on the host that runs it
         (``hvdlite.runner.processes.py_spy``): they need nothing of the rank, so they show a
         program that runs no hvdlite runtime and a rank whose interpreter lock a C call
@@ -112,4 +112,3 @@ class Starter(abc.ABC):
         """A whole summary line for a failure, for starters that cannot tell ranks apart
         (mpiexec); None (the default): the agent names the rank itself."""
         return None
-

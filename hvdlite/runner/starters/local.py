@@ -24,9 +24,14 @@ class LocalStarter(Starter):
     the worker started with.
     """
 
-    def __init__(self, command: Sequence[str], job_env: Callable[[], Dict[str, str]],
-                 sink: OutputTarget, base_env: Optional[Dict[str, str]] = None,
-                 on_exit: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        job_env: Callable[[], Dict[str, str]],
+        sink: OutputTarget,
+        base_env: Optional[Dict[str, str]] = None,
+        on_exit: Callable[[], None] = lambda: None,
+    ):
         self._command = list(command)
         self._job_env = job_env
         self._sink = sink
@@ -54,8 +59,12 @@ class LocalStarter(Starter):
                 self._live[sid] = group
                 self._all.append(group)
             proc = group.procs[0]
-            threading.Thread(target=self._watch, args=(proc,), daemon=True,
-                             name=f"elastic-watch-{sid[0]}-{sid[1]}").start()
+            threading.Thread(
+                target=self._watch,
+                args=(proc,),
+                daemon=True,
+                name=f"elastic-watch-{sid[0]}-{sid[1]}",
+            ).start()
         return failed
 
     def _watch(self, proc) -> None:
@@ -86,11 +95,15 @@ class LocalStarter(Starter):
             live = list(self._live.items())
         return [sid for sid, group in live if group.stopped_slots()]
 
-    def outside_stacks(self, ids: Sequence[SlotId],
-                       timeout_s: float) -> Dict[SlotId, py_spy.OutsideStack]:
+    def outside_stacks(
+        self, ids: Sequence[SlotId], timeout_s: float
+    ) -> Dict[SlotId, py_spy.OutsideStack]:
         """py-spy of each live worker's process tree (the workers are our children)."""
         with self._lock:
             live = {sid: self._live[sid] for sid in ids if sid in self._live}
-        pids = {sid: group.procs[0].pid for sid, group in live.items()
-                if group.procs and group.procs[0].returncode is None}
+        pids = {
+            sid: group.procs[0].pid
+            for sid, group in live.items()
+            if group.procs and group.procs[0].returncode is None
+        }
         return py_spy.dumps(pids, timeout_s)

@@ -33,12 +33,22 @@ def parse_exit_report(header: dict) -> Tuple[SlotId, dict]:
     """
     host, slot = header.get("hostname"), header.get("local_rank")
     peer, error, rank = header.get("peer"), header.get("error"), header.get("rank")
-    if not (isinstance(host, str) and len(host) <= 255 and is_int(slot)
-            and isinstance(peer, bool) and isinstance(error, str)
-            and (rank is None or is_int(rank))):
+    if not (
+        isinstance(host, str)
+        and len(host) <= 255
+        and is_int(slot)
+        and isinstance(peer, bool)
+        and isinstance(error, str)
+        and (rank is None or is_int(rank))
+    ):
         raise ServiceError("exit_report: hostname, local_rank, peer and error are required")
-    return (host, slot), {"peer": peer, "error": error[:ERROR_CHARS], "rank": rank,
-                          "slot": (host, slot), "at": time.monotonic()}
+    return (host, slot), {
+        "peer": peer,
+        "error": error[:ERROR_CHARS],
+        "rank": rank,
+        "slot": (host, slot),
+        "at": time.monotonic(),
+    }
 
 
 class ExitReports:
@@ -65,14 +75,17 @@ class ExitReports:
 
     def cause(self) -> Optional[Tuple[SlotId, dict]]:
         """The earliest report that was not a peer's failure, with the slot it came from."""
+
         def reports():
             with self._lock:
                 return [(r["slot"], r) for r in self._reports.values()]
+
         return first_own_report(reports)
 
 
-def first_own_report(reports: Callable[[], List[Tuple[SlotId, dict]]],
-                     grace_s: Optional[float] = None) -> Optional[Tuple[SlotId, dict]]:
+def first_own_report(
+    reports: Callable[[], List[Tuple[SlotId, dict]]], grace_s: Optional[float] = None
+) -> Optional[Tuple[SlotId, dict]]:
     """The earliest of ``reports()`` that was not a peer's failure, asked again for up to
     ``grace_s``: a rank reports before it exits, but its report may still be on the wire."""
     deadline = time.monotonic() + (REPORT_GRACE_S if grace_s is None else grace_s)
@@ -83,7 +96,6 @@ def first_own_report(reports: Callable[[], List[Tuple[SlotId, dict]]],
         time.sleep(0.05)
 
 
-
 def report_from_failure(slot: SlotId, text: str, order: float) -> dict:
     """The exit report of a worker whose failure its starter saw itself (a Ray call's or a
     Spark task's traceback), as a rank would have sent it: its exception's line, and
@@ -91,11 +103,16 @@ def report_from_failure(slot: SlotId, text: str, order: float) -> dict:
     such reports among themselves (the order the starter saw the failures)."""
     lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
     named = [x for x in lines if EXCEPTION_LINE.match(x)]
-    line = (named[-1] if named else (lines[0] if lines else "failed"))
+    line = named[-1] if named else (lines[0] if lines else "failed")
     kind = EXCEPTION_LINE.match(line)
     peer = bool(kind) and _is_peer_error(kind.group(1).rsplit(".", 1)[-1])
-    return {"peer": peer, "error": line[:ERROR_CHARS], "rank": None, "slot": slot,
-            "at": float(order)}
+    return {
+        "peer": peer,
+        "error": line[:ERROR_CHARS],
+        "rank": None,
+        "slot": slot,
+        "at": float(order),
+    }
 
 
 def _is_peer_error(name: str) -> bool:

@@ -42,9 +42,9 @@ class Beat:
     rank: int
     round: int
     pid: int
-    seen: float                  # when it last polled (monotonic)
-    progress: int = -1           # its background thread's cycle count
-    leaving: bool = False        # its poller said it stops
+    seen: float  # when it last polled (monotonic)
+    progress: int = -1  # its background thread's cycle count
+    leaving: bool = False  # its poller said it stops
 
 
 @dataclasses.dataclass
@@ -52,7 +52,7 @@ class Missing:
     """A stall's verdict on one slot: the others wait for it."""
 
     rank: int
-    since: float                 # when rank 0 reported it
+    since: float  # when rank 0 reported it
     tensors: List[str]
     waited_s: float
 
@@ -74,17 +74,23 @@ class Liveness:
         """``ops`` with ``stacks_wanted`` (the pollers' beat) and ``stack_report`` (rank 0's
         stall summary) observed before they are handled."""
         out = dict(ops)
-        for name, take in (("stacks_wanted", self.take_poll),
-                           ("stack_report", self.take_stall)):
+        for name, take in (("stacks_wanted", self.take_poll), ("stack_report", self.take_stall)):
             if name in ops:
                 out[name] = _observed(take, ops[name])
         return out
 
     def take_poll(self, header: dict) -> None:
         slot, rank, pid = header.get("slot"), header.get("rank"), header.get("pid")
-        if not (isinstance(slot, list) and len(slot) == 2 and isinstance(slot[0], str)
-                and len(slot[0]) <= 255 and is_int(slot[1]) and is_int(rank) and is_int(pid)):
-            return                              # an old or foreign poller: no liveness
+        if not (
+            isinstance(slot, list)
+            and len(slot) == 2
+            and isinstance(slot[0], str)
+            and len(slot[0]) <= 255
+            and is_int(slot[1])
+            and is_int(rank)
+            and is_int(pid)
+        ):
+            return  # an old or foreign poller: no liveness
         sid = (slot[0], slot[1])
         round_ = header.get("round")
         progress = header.get("progress")
@@ -105,12 +111,21 @@ class Liveness:
     def take_stall(self, header: dict) -> None:
         """Rank 0's summary of a stall: the ranks it names as missing."""
         expected, tensors = header.get("expected"), header.get("tensors")
-        if header.get("kind") != "stall" or not isinstance(expected, list) \
-                or not isinstance(tensors, list):
+        if (
+            header.get("kind") != "stall"
+            or not isinstance(expected, list)
+            or not isinstance(tensors, list)
+        ):
             return
         names = [str(t[0]) for t in tensors if isinstance(t, list) and t][:5]
-        waited = max((t[3] for t in tensors if isinstance(t, list) and len(t) == 4
-                      and isinstance(t[3], (int, float))), default=0.0)
+        waited = max(
+            (
+                t[3]
+                for t in tensors
+                if isinstance(t, list) and len(t) == 4 and isinstance(t[3], (int, float))
+            ),
+            default=0.0,
+        )
         now = time.monotonic()
         with self._lock:
             by_rank = self._slots_by_rank_locked()
@@ -164,12 +179,12 @@ class Liveness:
         """Did a rank on ``host`` poll within the last ``within_s`` seconds?"""
         now = time.monotonic()
         with self._lock:
-            return any(sid[0] == host and now - b.seen < within_s
-                       for sid, b in self._beats.items())
+            return any(sid[0] == host and now - b.seen < within_s for sid, b in self._beats.items())
 
 
 def _observed(observe: Callable[[dict], None], handler: Handler) -> Handler:
     def handle(header: dict, blob: bytes) -> Tuple[dict, bytes]:
         observe(header)
         return handler(header, blob)
+
     return handle

@@ -49,8 +49,9 @@ class MetricsInbox:
         if not (isinstance(host, str) and len(host) <= 255 and is_int(slot) and is_int(rank)):
             raise ServiceError("metrics: hostname, local_rank and rank are required")
         if len(blob) > MAX_SNAPSHOT_BYTES:
-            raise ServiceError(f"metrics: a snapshot of {len(blob)} bytes is over "
-                               f"{MAX_SNAPSHOT_BYTES}")
+            raise ServiceError(
+                f"metrics: a snapshot of {len(blob)} bytes is over {MAX_SNAPSHOT_BYTES}"
+            )
         try:
             snap = json.loads(blob)
         except ValueError:
@@ -59,8 +60,7 @@ class MetricsInbox:
             raise ServiceError("metrics: the snapshot is not a JSON object")
         with self._lock:
             if (host, slot) in self._snapshots or len(self._snapshots) < MAX_SLOTS:
-                self._snapshots[(host, slot)] = {"rank": rank, "at": time.monotonic(),
-                                                 "data": snap}
+                self._snapshots[(host, slot)] = {"rank": rank, "at": time.monotonic(), "data": snap}
 
     def take_straggler(self, header: dict) -> None:
         """Op ``straggler``: print rank 0's warning, naming the straggler's host.
@@ -77,12 +77,14 @@ class MetricsInbox:
 
     def _host_in_snapshots(self, rank: int) -> Optional[str]:
         with self._lock:
-            return next((host for (host, _), s in self._snapshots.items()
-                         if s["rank"] == rank), None)
+            return next(
+                (host for (host, _), s in self._snapshots.items() if s["rank"] == rank), None
+            )
 
     def ops(self) -> Dict[str, Callable[[dict, bytes], Tuple[dict, bytes]]]:
         """The store ops this serves, for a store other than the rendezvous store (the
         report store of an ``--mpi`` job)."""
+
         def metrics(header, blob):
             self.take_metrics(header, blob)
             return {}, b""
@@ -90,6 +92,7 @@ class MetricsInbox:
         def straggler(header, _blob):
             self.take_straggler(header)
             return {}, b""
+
         return {"metrics": metrics, "straggler": straggler}
 
     def snapshots(self) -> Dict[SlotKey, dict]:

@@ -81,9 +81,12 @@ class StackReports:
     """Collects the parts of each request and writes each report once (to stderr by
     default: the launcher's own output, beside the ranks')."""
 
-    def __init__(self, write: Optional[Callable[[str], None]] = None,
-                 outside: Optional[OutsideEvery] = None,
-                 outside_for_ranks: Optional[OutsideForRanks] = None):
+    def __init__(
+        self,
+        write: Optional[Callable[[str], None]] = None,
+        outside: Optional[OutsideEvery] = None,
+        outside_for_ranks: Optional[OutsideForRanks] = None,
+    ):
         """``outside``, ``outside_for_ranks``: see :meth:`use_outside`."""
         self._write = write or to_stderr
         self._outside = outside
@@ -103,8 +106,11 @@ class StackReports:
         self._announced_at = 0.0
         self._unpolled_said = 0
 
-    def use_outside(self, outside: Optional[OutsideEvery] = None,
-                    outside_for_ranks: Optional[OutsideForRanks] = None) -> None:
+    def use_outside(
+        self,
+        outside: Optional[OutsideEvery] = None,
+        outside_for_ranks: Optional[OutsideForRanks] = None,
+    ) -> None:
         """How to take stacks from outside the ranks' processes (py-spy, through the job's
         starter), once it is known: ``outside()`` -- every live worker's, for an on-demand
         request no rank polled for -- and ``outside_for_ranks(ranks)`` -- for the expected
@@ -147,26 +153,41 @@ class StackReports:
 
     def _unanswered_locked(self, rank: int, now: float) -> Optional[Tuple[str, int]]:
         for key, entry in self._pending.items():
-            if entry.summary is not None and rank in entry.summary["expected"] \
-                    and rank not in entry.stacks and now - entry.summary_at > POLLER_AFTER_S:
+            if (
+                entry.summary is not None
+                and rank in entry.summary["expected"]
+                and rank not in entry.stacks
+                and now - entry.summary_at > POLLER_AFTER_S
+            ):
                 return key
         return None
 
     def _take(self, header: dict, blob: bytes) -> Tuple[dict, bytes]:
         kind, req, rank = header.get("kind"), header.get("id"), header.get("rank")
         host, pid = header.get("host"), header.get("pid")
-        if not (kind in (STALL, ALL) and is_int(req) and is_int(rank) and rank >= 0
-                and isinstance(host, str) and len(host) <= 255 and is_int(pid)):
+        if not (
+            kind in (STALL, ALL)
+            and is_int(req)
+            and is_int(rank)
+            and rank >= 0
+            and isinstance(host, str)
+            and len(host) <= 255
+            and is_int(pid)
+        ):
             raise ServiceError("stack_report: kind, id, rank, host and pid are required")
         expected = header.get("expected")
-        if expected is not None and not (isinstance(expected, list) and len(expected) <= 1 << 20
-                                         and all(is_int(r) for r in expected)):
+        if expected is not None and not (
+            isinstance(expected, list)
+            and len(expected) <= 1 << 20
+            and all(is_int(r) for r in expected)
+        ):
             raise ServiceError("stack_report: expected must be a list of ranks")
         try:
             threads = json.loads(blob) if blob else None
         except ValueError as exc:
-            raise ServiceError(f"stack_report from rank {rank}: stacks are not JSON: "
-                               f"{exc}") from None
+            raise ServiceError(
+                f"stack_report from rank {rank}: stacks are not JSON: {exc}"
+            ) from None
         if threads is not None and not isinstance(threads, list):
             raise ServiceError(f"stack_report from rank {rank}: stacks must be a list")
         with self._cond:
@@ -179,7 +200,7 @@ class StackReports:
                 entry.summary, entry.summary_at = header, time.monotonic()
                 if kind == ALL and req == self._wanted:
                     self._wanted = 0
-            if threads is not None and rank not in entry.stacks:     # the first answer
+            if threads is not None and rank not in entry.stacks:  # the first answer
                 entry.stacks[rank] = (host, pid, threads, header.get("via") == "poller")
                 left = _raised_of(header.get("raised"))
                 if left is not None:
@@ -190,8 +211,9 @@ class StackReports:
 
     def _start_locked(self) -> None:
         if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._run, name="hvdlite-stack-reports",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="hvdlite-stack-reports", daemon=True
+            )
             self._thread.start()
 
     def _run(self) -> None:
@@ -204,9 +226,11 @@ class StackReports:
             if self._serial > self._announced:
                 self._announced = self._serial
                 self._announced_at = time.monotonic()
-                self._write(f"hvdlite-run: stacks of every rank requested (request "
-                            f"{self._serial}); rank 0 checks for it once a second and the "
-                            f"report follows here\n")
+                self._write(
+                    f"hvdlite-run: stacks of every rank requested (request "
+                    f"{self._serial}); rank 0 checks for it once a second and the "
+                    f"report follows here\n"
+                )
             self._say_if_unpolled(time.monotonic())
             for (kind, _), entry in done:
                 if entry.summary is not None:
@@ -239,15 +263,21 @@ class StackReports:
         except Exception as exc:  # noqa: BLE001 -- a diagnosis never fails the job
             log.info("stacks from outside ranks %s failed: %s", missing, exc)
             return {}
-        return {rank: (sid, rank, stack) for sid, rank, stack in taken
-                if rank is not None and rank in missing}
+        return {
+            rank: (sid, rank, stack)
+            for sid, rank, stack in taken
+            if rank is not None and rank in missing
+        }
 
     def _say_if_unpolled(self, now: float) -> None:
         """Once per request: no rank polled since it was announced, so none will answer;
         every live worker's stack is taken from outside instead (when ``outside`` is
         given and finds any)."""
-        if self._announced > self._unpolled_said and self._polled_at < self._announced_at \
-                and now - self._announced_at > UNPOLLED_S:
+        if (
+            self._announced > self._unpolled_said
+            and self._polled_at < self._announced_at
+            and now - self._announced_at > UNPOLLED_S
+        ):
             self._unpolled_said = self._announced
             taken: List[Outside] = []
             if self._outside is not None:
@@ -258,11 +288,13 @@ class StackReports:
             if taken:
                 self._write_unless_closed(format_outside(self._announced, taken))
                 return
-            self._write(f"hvdlite-run: no rank asked for request {self._announced} within "
-                        f"{UNPOLLED_S:.0f}s: stacks come from hvdlite's runtime in each rank, "
-                        f"which these ranks do not run (hvd.init() was not called: a plain "
-                        f"torch.distributed program, or a rank still starting) or which is "
-                        f"stuck; 'py-spy dump --pid PID' shows such a rank's stack\n")
+            self._write(
+                f"hvdlite-run: no rank asked for request {self._announced} within "
+                f"{UNPOLLED_S:.0f}s: stacks come from hvdlite's runtime in each rank, "
+                f"which these ranks do not run (hvd.init() was not called: a plain "
+                f"torch.distributed program, or a rank still starting) or which is "
+                f"stuck; 'py-spy dump --pid PID' shows such a rank's stack\n"
+            )
 
     def _take_ready_locked(self, now: float) -> List[Tuple[Tuple[str, int], _Pending]]:
         done = []
@@ -272,7 +304,7 @@ class StackReports:
                 if not expected - set(entry.stacks) or now - entry.summary_at > ANSWER_WAIT_S:
                     done.append((key, self._pending.pop(key)))
             elif now - entry.first > ORPHAN_S:
-                self._pending.pop(key)          # rank 0's part never came: nothing to say
+                self._pending.pop(key)  # rank 0's part never came: nothing to say
         return done
 
     def close(self) -> None:
@@ -283,8 +315,7 @@ class StackReports:
             self._cond.notify_all()
         for (kind, _), entry in done:
             if entry.summary is not None:
-                self._write(format_report(kind, entry.summary, entry.stacks,
-                                           raised=entry.raised))
+                self._write(format_report(kind, entry.summary, entry.stacks, raised=entry.raised))
                 self.written += 1
 
 
@@ -323,13 +354,18 @@ def signal_launcher(pid: int) -> str:
         raise HvdliteConfigError(f"--dump-stacks {pid}: not your process") from None
     if uid != os.getuid():
         raise HvdliteConfigError(f"--dump-stacks {pid}: not your process")
-    if not any(os.path.basename(part) == "hvdlite-run" or part in _LAUNCHER_MODULES
-               for part in cmdline[:3]):
-        raise HvdliteConfigError(f"--dump-stacks {pid}: not an hvdlite launcher "
-                                 f"({' '.join(cmdline)[:120]!r}); give hvdlite-run's pid")
+    if not any(
+        os.path.basename(part) == "hvdlite-run" or part in _LAUNCHER_MODULES for part in cmdline[:3]
+    ):
+        raise HvdliteConfigError(
+            f"--dump-stacks {pid}: not an hvdlite launcher "
+            f"({' '.join(cmdline)[:120]!r}); give hvdlite-run's pid"
+        )
     os.kill(pid, signal.SIGUSR1)
-    return (f"hvdlite-run: asked launcher {pid} for every rank's stacks; the report appears "
-            f"in that launcher's output (its stderr) within a few seconds")
+    return (
+        f"hvdlite-run: asked launcher {pid} for every rank's stacks; the report appears "
+        f"in that launcher's output (its stderr) within a few seconds"
+    )
 
 
 class ReportStore(Service):
@@ -339,23 +375,32 @@ class ReportStore(Service):
     ``bind_addr``: 127.0.0.1 for a local job, else this host's address towards the first
     remote host."""
 
-    def __init__(self, key: bytes, ops: Dict[str, Handler], bind_addr: str = "127.0.0.1",
-                 expected_peers: int = 0):
+    def __init__(
+        self,
+        key: bytes,
+        ops: Dict[str, Handler],
+        bind_addr: str = "127.0.0.1",
+        expected_peers: int = 0,
+    ):
         self._ops = dict(ops)
         super().__init__("report store", key, bind_addr, 0, expected_peers=expected_peers)
 
     def handle(self, header, blob, client):
         handler = self._ops.get(header.get("op"))
         if handler is None:
-            raise ServiceError(f"the report store takes only {sorted(self._ops)}, not "
-                               f"{header.get('op')!r}")
+            raise ServiceError(
+                f"the report store takes only {sorted(self._ops)}, not {header.get('op')!r}"
+            )
         return handler(header, blob)
 
 
-def format_report(kind: str, summary: dict,
-                  stacks: Dict[int, Tuple[str, int, list, bool]],
-                  outside: Optional[Dict[int, Outside]] = None,
-                  raised: Optional[Dict[int, dict]] = None) -> str:
+def format_report(
+    kind: str,
+    summary: dict,
+    stacks: Dict[int, Tuple[str, int, list, bool]],
+    outside: Optional[Dict[int, Outside]] = None,
+    raised: Optional[Dict[int, dict]] = None,
+) -> str:
     """The report's text: what stalled (for a stall), then per rank its host, pid and
     threads, innermost frames first, user code first and runtime frames folded.
     ``outside``: stacks py-spy took of expected ranks that did not answer; ``raised``: per
@@ -366,43 +411,58 @@ def format_report(kind: str, summary: dict,
     if kind == STALL:
         lines = _stall_lines(summary, expected)
     else:
-        lines = ["hvdlite-run: stacks of every rank, on request (innermost frame first; "
-                 "runtime frames folded):"]
+        lines = [
+            "hvdlite-run: stacks of every rank, on request (innermost frame first; "
+            "runtime frames folded):"
+        ]
     for rank in sorted(set(expected) | set(stacks)):
         if rank not in stacks and rank in outside:
             sid, _, stack = outside[rank]
-            lines += _outside_lines(f"rank {rank}", sid[0], stack,
-                                    f"neither its background thread nor its stack poller "
-                                    f"answered within {ANSWER_WAIT_S:.0f}s")
+            lines += _outside_lines(
+                f"rank {rank}",
+                sid[0],
+                stack,
+                f"neither its background thread nor its stack poller "
+                f"answered within {ANSWER_WAIT_S:.0f}s",
+            )
             continue
         if rank not in stacks:
-            lines.append(f"  rank {rank}: no stacks within {ANSWER_WAIT_S:.0f}s: neither its "
-                         f"background thread nor its stack poller answered (the process may "
-                         f"have ended, or a C call holds its interpreter lock)")
+            lines.append(
+                f"  rank {rank}: no stacks within {ANSWER_WAIT_S:.0f}s: neither its "
+                f"background thread nor its stack poller answered (the process may "
+                f"have ended, or a C call holds its interpreter lock)"
+            )
             continue
         host, pid, threads, by_poller = stacks[rank]
-        how = "; its background thread did not answer, its stack poller thread took these" \
-            if by_poller else ""
+        how = (
+            "; its background thread did not answer, its stack poller thread took these"
+            if by_poller
+            else ""
+        )
         lines.append(f"  rank {rank} (host {host}, pid {pid}{how}):")
         if rank in raised:
             lines.append(_raised_line(rank, raised[rank], kind == STALL))
         lines += _threads_lines(threads, "    ")
     if kind == STALL:
-        lines.append("  " + stall_outcome(summary.get("shutdown_s"),
-                                           summary.get("hint", SHUTDOWN_FLAG)))
+        lines.append(
+            "  " + stall_outcome(summary.get("shutdown_s"), summary.get("hint", SHUTDOWN_FLAG))
+        )
     return "\n".join(lines) + "\n"
 
 
 def format_outside(request: int, taken: List[Outside]) -> str:
     """The report of an on-demand request no rank polled for: every worker's stacks as
     py-spy took them from outside, by rank (a worker of no known rank by its slot)."""
-    lines = [f"hvdlite-run: stacks of every rank, on request {request}: no rank asked for it "
-             f"within {UNPOLLED_S:.0f}s (hvdlite's runtime does not run in them: a plain "
-             f"torch.distributed program, a rank still starting, or one whose interpreter "
-             f"lock a C call holds), so py-spy took them from outside each process "
-             f"(innermost frame first; runtime frames folded):"]
-    order = sorted(taken, key=lambda t: (t[1] is None, t[1] if t[1] is not None else 0,
-                                         str(t[0][0]), t[0][1]))
+    lines = [
+        f"hvdlite-run: stacks of every rank, on request {request}: no rank asked for it "
+        f"within {UNPOLLED_S:.0f}s (hvdlite's runtime does not run in them: a plain "
+        f"torch.distributed program, a rank still starting, or one whose interpreter "
+        f"lock a C call holds), so py-spy took them from outside each process "
+        f"(innermost frame first; runtime frames folded):"
+    ]
+    order = sorted(
+        taken, key=lambda t: (t[1] is None, t[1] if t[1] is not None else 0, str(t[0][0]), t[0][1])
+    )
     for sid, rank, stack in order:
         who = f"rank {rank}" if rank is not None else f"slot {sid[0]}:{sid[1]}"
         lines += _outside_lines(who, sid[0], stack)
@@ -414,10 +474,13 @@ def _outside_lines(who: str, host: str, stack: OutsideStack, why: str = "") -> L
     pid = f", pid {stack.pid}" if stack.pid else ""
     why = f"; {why}" if why else ""
     if stack.threads is None:
-        return [f"  {who} (host {host}{pid}{why}): no stacks from outside either: "
-                f"{stack.note or 'py-spy gave none'}"]
-    return [f"  {who} (host {host}{pid}{why}; taken from outside the process by py-spy):"] \
-        + _threads_lines(stack.threads, "    ")
+        return [
+            f"  {who} (host {host}{pid}{why}): no stacks from outside either: "
+            f"{stack.note or 'py-spy gave none'}"
+        ]
+    return [
+        f"  {who} (host {host}{pid}{why}; taken from outside the process by py-spy):"
+    ] + _threads_lines(stack.threads, "    ")
 
 
 def _raised_of(field) -> Optional[dict]:
@@ -425,15 +488,30 @@ def _raised_of(field) -> Optional[dict]:
     drops what it cannot print rather than fail the report)."""
     if not isinstance(field, dict):
         return None
-    kind, message, ago, where = (field.get("type"), field.get("message"), field.get("ago_s"),
-                                 field.get("where"))
-    if not (isinstance(kind, str) and isinstance(message, str) and len(kind) <= 200
-            and len(message) <= 2000 and isinstance(ago, (int, float))
-            and not isinstance(ago, bool)):
+    kind, message, ago, where = (
+        field.get("type"),
+        field.get("message"),
+        field.get("ago_s"),
+        field.get("where"),
+    )
+    if not (
+        isinstance(kind, str)
+        and isinstance(message, str)
+        and len(kind) <= 200
+        and len(message) <= 2000
+        and isinstance(ago, (int, float))
+        and not isinstance(ago, bool)
+    ):
         return None
-    if not (isinstance(where, list) and len(where) == 3 and isinstance(where[0], str)
-            and len(where[0]) <= 4096 and is_int(where[1]) and isinstance(where[2], str)
-            and len(where[2]) <= 200):
+    if not (
+        isinstance(where, list)
+        and len(where) == 3
+        and isinstance(where[0], str)
+        and len(where[0]) <= 4096
+        and is_int(where[1])
+        and isinstance(where[2], str)
+        and len(where[2]) <= 200
+    ):
         where = None
     return {"type": kind, "message": message, "ago_s": float(ago), "where": where}
 
@@ -444,19 +522,24 @@ def _raised_line(rank: int, left: dict, stall: bool) -> str:
     what = "left the collective" if stall else "last got an error from hvdlite"
     where = left["where"]
     at = f"at {_short(where[0])}:{where[1]} in {where[2]}, " if where else ""
-    return (f"    rank {rank} {what} by raising {left['type']}: {left['message']} "
-            f"({at}{left['ago_s']:g}s before these stacks)")
+    return (
+        f"    rank {rank} {what} by raising {left['type']}: {left['message']} "
+        f"({at}{left['ago_s']:g}s before these stacks)"
+    )
 
 
 def _stall_lines(summary: dict, expected: List[int]) -> List[str]:
     tensors = [t for t in summary.get("tensors", []) if isinstance(t, list) and len(t) == 4]
-    waiting = sorted({r for t in tensors if isinstance(t[1], list) for r in t[1]
-                      if is_int(r)})
-    lines = [f"hvdlite-run: stall: ranks {waiting} wait for ranks {expected}, which have not "
-             f"submitted these tensors:"]
+    waiting = sorted({r for t in tensors if isinstance(t[1], list) for r in t[1] if is_int(r)})
+    lines = [
+        f"hvdlite-run: stall: ranks {waiting} wait for ranks {expected}, which have not "
+        f"submitted these tensors:"
+    ]
     for name, have, missing, waited in tensors:
-        lines.append(f"  tensor {str(name)!r}: submitted by ranks {have}, not by ranks "
-                     f"{missing} (waiting {waited}s)")
+        lines.append(
+            f"  tensor {str(name)!r}: submitted by ranks {have}, not by ranks "
+            f"{missing} (waiting {waited}s)"
+        )
     more = summary.get("stalled", len(tensors))
     if is_int(more) and more > len(tensors):
         lines.append(f"  ... and {more - len(tensors)} more tensors")
@@ -475,13 +558,18 @@ def _threads_lines(threads: list, indent: str) -> List[str]:
         if all(f[3] for f in frames):
             runtime_only.append(f"{name} in {frames[-1][2]}" if frames else name)
             continue
-        marks = [m for m, on in (("main", thread.get("main")),
-                                 ("holds the interpreter lock", thread.get("gil"))) if on]
+        marks = [
+            m
+            for m, on in (
+                ("main", thread.get("main")),
+                ("holds the interpreter lock", thread.get("gil")),
+            )
+            if on
+        ]
         lines.append(f"{indent}thread {name}{' (' + ', '.join(marks) + ')' if marks else ''}:")
         lines += _frame_lines(list(reversed(frames)), indent + "  ")
     if runtime_only:
-        lines.append(f"{indent}+ {len(runtime_only)} runtime threads: "
-                     f"{', '.join(runtime_only)}")
+        lines.append(f"{indent}+ {len(runtime_only)} runtime threads: {', '.join(runtime_only)}")
     return lines
 
 

@@ -52,15 +52,16 @@ class TorchStore:
         # stop() writes here so the waiting thread's select returns at once: a launch's
         # end then costs no wait slice (closing the listening socket does not wake select)
         self._wake_r, self._wake_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._serve_when_asked, daemon=True,
-                                        name="hvdlite-torch-store")
+        self._thread = threading.Thread(
+            target=self._serve_when_asked, daemon=True, name="hvdlite-torch-store"
+        )
         self._thread.start()
 
     def _serve_when_asked(self) -> None:
         while not self._closed.is_set():
             try:
                 ready, _, _ = select.select([self._sock, self._wake_r], [], [], WAIT_SLICE_S)
-            except (OSError, ValueError):         # closed by stop()
+            except (OSError, ValueError):  # closed by stop()
                 return
             if self._sock in ready and not self._closed.is_set():
                 self._start_server()
@@ -74,26 +75,33 @@ class TorchStore:
             fd = self._sock.fileno()
             try:
                 self._proc = lifeline.popen(
-                    [sys.executable, "-m", MODULE, str(self.port), str(fd)], pass_fds=(fd,),
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+                    [sys.executable, "-m", MODULE, str(self.port), str(fd)],
+                    pass_fds=(fd,),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    start_new_session=True,
+                )
             except OSError as exc:
-                log.warning("cannot start torch's store for the ranks (MASTER_PORT %d): %s",
-                            self.port, exc)
+                log.warning(
+                    "cannot start torch's store for the ranks (MASTER_PORT %d): %s", self.port, exc
+                )
                 return
             proc = self._proc
         timer = threading.Timer(START_S, proc.kill)
         timer.start()
         try:
-            line = proc.stdout.readline()           # EOF too when stop() ends the child
+            line = proc.stdout.readline()  # EOF too when stop() ends the child
         finally:
             timer.cancel()
         if self._closed.is_set():
             return
         if not line.startswith(b"listening"):
-            log.warning("torch's store for the ranks (MASTER_PORT %d) did not start (see the "
-                        "line above): the ranks' init_process_group() will time out; rerun "
-                        "with --no-torch-env if your program sets MASTER_ADDR itself",
-                        self.port)
+            log.warning(
+                "torch's store for the ranks (MASTER_PORT %d) did not start (see the "
+                "line above): the ranks' init_process_group() will time out; rerun "
+                "with --no-torch-env if your program sets MASTER_ADDR itself",
+                self.port,
+            )
 
     def stop(self) -> None:
         """End the server (closing its stdin; killed after :data:`STOP_S`), or stop

@@ -48,7 +48,7 @@ def _check(cond: bool, what: str) -> None:
 class _Registration:
     hostname: str
     nics: Dict[str, List[str]]
-    addr: str          # where the driver reaches the task (the registration's source)
+    addr: str  # where the driver reaches the task (the registration's source)
     port: int
     driver_reachable: List[str]
 
@@ -56,8 +56,14 @@ class _Registration:
 class DriverService(Service):
     """Collects registrations and worker exits; wakes waiters on every change."""
 
-    def __init__(self, key: bytes, job_id: str, bind_addr: str = "0.0.0.0",
-                 on_exit: Optional[Callable[[], None]] = None, **limits):
+    def __init__(
+        self,
+        key: bytes,
+        job_id: str,
+        bind_addr: str = "0.0.0.0",
+        on_exit: Optional[Callable[[], None]] = None,
+        **limits,
+    ):
         self.job_id = job_id
         self.hostnames: List[str] = []
         self._on_exit = on_exit
@@ -80,30 +86,50 @@ class DriverService(Service):
         index = header.get("host_index")
         with self.cond:
             n_hosts = len(self.hostnames)
-        _check(isinstance(index, int) and not isinstance(index, bool)
-               and 0 <= index < n_hosts, "host_index out of range")
+        _check(
+            isinstance(index, int) and not isinstance(index, bool) and 0 <= index < n_hosts,
+            "host_index out of range",
+        )
         if op == "register":
             nics = header.get("nics")
-            _check(isinstance(nics, dict) and all(
-                isinstance(k, str) and isinstance(v, list) and all(isinstance(a, str) for a in v)
-                for k, v in nics.items()), "nics must map names to address lists")
+            _check(
+                isinstance(nics, dict)
+                and all(
+                    isinstance(k, str)
+                    and isinstance(v, list)
+                    and all(isinstance(a, str) for a in v)
+                    for k, v in nics.items()
+                ),
+                "nics must map names to address lists",
+            )
             port = header.get("port")
             _check(isinstance(port, int) and 0 < port < 65536, "port")
             reach = header.get("driver_reachable")
-            _check(isinstance(reach, list) and all(isinstance(x, str) for x in reach),
-                   "driver_reachable")
+            _check(
+                isinstance(reach, list) and all(isinstance(x, str) for x in reach),
+                "driver_reachable",
+            )
             hostname = header.get("hostname")
             _check(hostname == self.hostnames[index], "hostname does not match host_index")
             with self.cond:
                 self.registrations[index] = _Registration(hostname, nics, client[0], port, reach)
                 self.cond.notify_all()
-            log.info("task on %s registered from %s:%d (interfaces %s)", hostname, client[0],
-                     port, ", ".join(sorted(nics)))
+            log.info(
+                "task on %s registered from %s:%d (interfaces %s)",
+                hostname,
+                client[0],
+                port,
+                ", ".join(sorted(nics)),
+            )
             return {}, b""
         if op == "worker_exit":
             local_rank, code = header.get("local_rank"), header.get("code")
-            _check(isinstance(local_rank, int) and not isinstance(local_rank, bool)
-                   and local_rank >= 0, "local_rank")
+            _check(
+                isinstance(local_rank, int)
+                and not isinstance(local_rank, bool)
+                and local_rank >= 0,
+                "local_rank",
+            )
             _check(isinstance(code, int) and not isinstance(code, bool), "code")
             with self.cond:
                 self.slot_exits.append(((self.hostnames[index], local_rank), code))
@@ -144,13 +170,18 @@ class Driver:
     def _client(self, index: int, timeout_s: float = 10.0) -> Client:
         if index not in self._clients:
             reg = self.service.registrations[index]
-            self._clients[index] = Client((reg.addr, reg.port), self.key, timeout_s,
-                                          name=f"task service on {reg.hostname}")
+            self._clients[index] = Client(
+                (reg.addr, reg.port), self.key, timeout_s, name=f"task service on {reg.hostname}"
+            )
         return self._clients[index]
 
-    def choose_interface(self, deadline: float, wanted: Optional[List[str]],
-                         verbose: bool = False,
-                         indices: Optional[List[int]] = None) -> Tuple[str, str]:
+    def choose_interface(
+        self,
+        deadline: float,
+        wanted: Optional[List[str]],
+        verbose: bool = False,
+        indices: Optional[List[int]] = None,
+    ) -> Tuple[str, str]:
         """Probe the ring of tasks; return ``(interface, rendezvous address)``.
 
         ``indices``: the hosts to probe between (default: all; every one registered).
@@ -171,14 +202,19 @@ class Driver:
                 raise HvdliteLaunchError(
                     f"--network-interfaces {','.join(wanted)}: none of them is routable between "
                     f"all hosts; routable: {sorted(common) or 'none'}; interfaces per host: "
-                    + "; ".join(f"{r.hostname}: {sorted(r.nics)}" for r in regs.values()))
+                    + "; ".join(f"{r.hostname}: {sorted(r.nics)}" for r in regs.values())
+                )
         if not candidates:
             n = len(ring)
             raise HvdliteLaunchError(
                 "no network interface is routable between all hosts ("
-                + "; ".join(f"{self.hostnames[ring[p]]} -> {self.hostnames[ring[(p + 1) % n]]}: "
-                            f"{sorted(r) or 'none'}" for p, r in enumerate(results))
-                + "); check firewalls, or name one with --network-interfaces")
+                + "; ".join(
+                    f"{self.hostnames[ring[p]]} -> {self.hostnames[ring[(p + 1) % n]]}: "
+                    f"{sorted(r) or 'none'}"
+                    for p, r in enumerate(results)
+                )
+                + "); check firewalls, or name one with --network-interfaces"
+            )
 
         def rank_key(iface):
             # prefer a real interface the driver is reachable on, then any real one
@@ -188,21 +224,30 @@ class Driver:
         iface = candidates[0] if wanted else sorted(candidates, key=rank_key)[0]
         return iface, self._store_address(iface, driver_ok)
 
-    def _probe_ring(self, ring: List[int], regs: Dict[int, "_Registration"], deadline: float,
-                    verbose: bool) -> List[set]:
+    def _probe_ring(
+        self, ring: List[int], regs: Dict[int, "_Registration"], deadline: float, verbose: bool
+    ) -> List[set]:
         """Have each task probe the next one's interfaces; the reachable ones, per pair."""
         n = len(ring)
 
         def probe(pos):
             i, j = ring[pos], ring[(pos + 1) % n]
-            targets = [[iface, addrs[0], regs[j].port] for iface, addrs in
-                       sorted(regs[j].nics.items())]
+            targets = [
+                [iface, addrs[0], regs[j].port] for iface, addrs in sorted(regs[j].nics.items())
+            ]
             left = max(1.0, deadline - time.monotonic())
             each = min(3.0, left)
             wait = max(left, each * _PROBE_ATTEMPTS * len(targets)) + 5
             reply, _ = self._client(i, wait).request(
-                {"op": "probe", "targets": targets, "expect_host_index": j,
-                 "timeout_s": each, "attempts": _PROBE_ATTEMPTS}, timeout_s=wait)
+                {
+                    "op": "probe",
+                    "targets": targets,
+                    "expect_host_index": j,
+                    "timeout_s": each,
+                    "attempts": _PROBE_ATTEMPTS,
+                },
+                timeout_s=wait,
+            )
             return set(reply["reachable"])
 
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -210,25 +255,38 @@ class Driver:
         for pos, r in enumerate(results):
             i, j = ring[pos], ring[(pos + 1) % n]
             (log.warning if verbose else log.info)(
-                "%s reaches %s on %s", self.hostnames[i], self.hostnames[j],
-                sorted(r) or "no interface")
+                "%s reaches %s on %s",
+                self.hostnames[i],
+                self.hostnames[j],
+                sorted(r) or "no interface",
+            )
         return results
 
-    def cut_pairs(self, indices: List[int], iface: str, timeout_s: float = 2.0,
-                  involving: Optional[Set[int]] = None) -> List[Tuple[int, int]]:
+    def cut_pairs(
+        self,
+        indices: List[int],
+        iface: str,
+        timeout_s: float = 2.0,
+        involving: Optional[Set[int]] = None,
+    ) -> List[Tuple[int, int]]:
         """The pairs ``(i, j)``, ``i < j``, of these hosts' tasks where one could not reach
         the other on ``iface`` just now (each task pings the others, on connections of its
         own, in parallel; ``involving``: only pairs with one of these).  A task the
         launcher cannot ask is left out: its own silence is the heartbeats' business, not
         a cut between two hosts."""
-        regs = {i: self.service.registrations[i] for i in indices
-                if i in self.service.registrations}
+        regs = {
+            i: self.service.registrations[i] for i in indices if i in self.service.registrations
+        }
         wanted = set(regs) if involving is None else set(involving)
 
         def probe_from(i: int) -> Optional[Set[int]]:
             reg = regs[i]
-            client = Client((reg.addr, reg.port), self.key, timeout_s + 3.0,
-                            name=f"task service on {reg.hostname}")
+            client = Client(
+                (reg.addr, reg.port),
+                self.key,
+                timeout_s + 3.0,
+                name=f"task service on {reg.hostname}",
+            )
             failed = set()
             try:
                 for j, other in regs.items():
@@ -236,9 +294,14 @@ class Driver:
                     if j == i or not addrs or (i not in wanted and j not in wanted):
                         continue
                     reply, _ = client.request(
-                        {"op": "probe", "targets": [[iface, addrs[0], other.port]],
-                         "expect_host_index": j, "timeout_s": timeout_s},
-                        timeout_s=timeout_s + 3.0)
+                        {
+                            "op": "probe",
+                            "targets": [[iface, addrs[0], other.port]],
+                            "expect_host_index": j,
+                            "timeout_s": timeout_s,
+                        },
+                        timeout_s=timeout_s + 3.0,
+                    )
                     if iface not in reply.get("reachable", []):
                         failed.add(j)
             except (HvdliteError, OSError) as exc:
@@ -250,8 +313,7 @@ class Driver:
 
         with ThreadPoolExecutor(max_workers=max(1, len(regs))) as pool:
             found = dict(zip(regs, pool.map(probe_from, list(regs))))
-        pairs = {(min(i, j), max(i, j)) for i, failed in found.items() if failed
-                 for j in failed}
+        pairs = {(min(i, j), max(i, j)) for i, failed in found.items() if failed for j in failed}
         return sorted(pairs)
 
     def _store_address(self, iface: str, driver_ok: set) -> str:
@@ -263,12 +325,12 @@ class Driver:
         """
         if iface in driver_ok and iface in self.nics:
             return self.nics[iface][0]
-        usable = sorted(driver_ok & set(self.nics),
-                        key=lambda x: (is_loopback(x, self.nics[x]), x))
+        usable = sorted(driver_ok & set(self.nics), key=lambda x: (is_loopback(x, self.nics[x]), x))
         if not usable:
             raise HvdliteLaunchError(
                 "no address of this host is reachable from all hosts for the rendezvous "
-                "store (check firewalls)")
+                "store (check firewalls)"
+            )
         return self.nics[usable[0]][0]
 
     def shutdown(self) -> None:

@@ -20,9 +20,9 @@ from hvdlite.common.exceptions import HvdliteError
 from hvdlite.common.net.service import Client
 from hvdlite.runner.processes.rank_output import mpi_rank
 
-try:                                   # cloudpickle carries lambdas and closures by value
+try:  # cloudpickle carries lambdas and closures by value
     import cloudpickle
-except ImportError:                    # pragma: no cover - depends on the installation
+except ImportError:  # pragma: no cover - depends on the installation
     cloudpickle = None
 
 MODULE = "hvdlite.runner.tasks.function_rank"
@@ -93,8 +93,7 @@ def _connect(environ: Mapping[str, str], key: bytes) -> Tuple[Client, bytes]:
 def _report_failure(client: Client, rank: int, text: str) -> int:
     sys.stderr.write(text)
     sys.stderr.flush()
-    client.request({"op": "failure", "rank": rank, "traceback": text},
-                   timeout_s=TRANSFER_TIMEOUT_S)
+    client.request({"op": "failure", "rank": rank, "traceback": text}, timeout_s=TRANSFER_TIMEOUT_S)
     return 1
 
 
@@ -114,14 +113,14 @@ def main() -> int:
         try:
             fn, args, kwargs = loads(blob)
             result = fn(*args, **kwargs)
-        except (Exception, SystemExit):           # the user's error, reported to the caller
+        except (Exception, SystemExit):  # the user's error, reported to the caller
             return _report_failure(client, rank, traceback.format_exc())
         try:
             payload = dumps(result)
-        except Exception:                         # pickling errors come in many types
+        except Exception:  # pickling errors come in many types
             return _report_failure(
-                client, rank, "the function's result cannot be pickled:\n"
-                + traceback.format_exc())
+                client, rank, "the function's result cannot be pickled:\n" + traceback.format_exc()
+            )
         client.request({"op": "result", "rank": rank}, payload, timeout_s=TRANSFER_TIMEOUT_S)
         return 0
     finally:

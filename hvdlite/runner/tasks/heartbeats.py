@@ -51,8 +51,9 @@ class TaskHeartbeats:
         self._clients: Dict[int, Client] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hvdlite-task-heartbeats",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="hvdlite-task-heartbeats", daemon=True
+        )
         self._started = False
 
     def start(self) -> None:
@@ -88,8 +89,9 @@ class TaskHeartbeats:
         index, (addr, port, hostname) = item
         client = self._clients.get(index)
         if client is None:
-            client = self._clients[index] = Client((addr, port), self._key, PING_TIMEOUT_S,
-                                                   name=f"task service on {hostname}")
+            client = self._clients[index] = Client(
+                (addr, port), self._key, PING_TIMEOUT_S, name=f"task service on {hostname}"
+            )
         try:
             client.request({"op": "ping"}, timeout_s=PING_TIMEOUT_S)
         except (HvdliteError, OSError) as exc:

@@ -31,8 +31,12 @@ from typing import Callable, Optional
 
 import psutil
 
-from hvdlite.common.exceptions import (HvdliteConfigError, HvdliteError, HvdliteLaunchError,
-                                       HvdliteTimeoutError)
+from hvdlite.common.exceptions import (
+    HvdliteConfigError,
+    HvdliteError,
+    HvdliteLaunchError,
+    HvdliteTimeoutError,
+)
 from hvdlite.runner.processes import lifeline
 from hvdlite.runner.hosts import HostSlots, resolve
 from hvdlite.runner.hosts.slots import host_name_problem
@@ -45,10 +49,12 @@ def _paramiko():
     """paramiko, imported when a task is first started over SSH (later calls find it in
     ``sys.modules``): it costs ~0.1 s of CPU, which a launch on this host alone need not pay."""
     import paramiko
+
     # paramiko logs every failure it raises to us as a traceback from its transport
     # thread; we report each in one line (host, port, what was expected) instead
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     return paramiko
+
 
 TASK_MODULE = "hvdlite.runner.tasks.task_service"
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
@@ -76,8 +82,11 @@ class TaskProcess(abc.ABC):
     #: what a read of the task's output raises when the task or its connection is gone
     stream_errors: tuple = (OSError, ValueError, EOFError)
 
-    def pump_output(self, on_rank_line: Callable[[int, str, bytes], None],
-                    on_other_line: Callable[[bytes], None]) -> None:
+    def pump_output(
+        self,
+        on_rank_line: Callable[[int, str, bytes], None],
+        on_other_line: Callable[[bytes], None],
+    ) -> None:
         """Start threads that route each stdout line to a rank and each stderr line out."""
 
         def on_stdout(line: bytes):
@@ -87,10 +96,12 @@ class TaskProcess(abc.ABC):
             else:
                 on_other_line(line)
 
-        self._pumps = [_pump(self._stdout(), on_stdout, f"task-{self.hostname}-stdout",
-                             self.stream_errors),
-                       _pump(self._stderr(), on_other_line, f"task-{self.hostname}-stderr",
-                             self.stream_errors)]
+        self._pumps = [
+            _pump(self._stdout(), on_stdout, f"task-{self.hostname}-stdout", self.stream_errors),
+            _pump(
+                self._stderr(), on_other_line, f"task-{self.hostname}-stderr", self.stream_errors
+            ),
+        ]
 
     def join_output(self, timeout_s: float) -> None:
         for p in getattr(self, "_pumps", []):
@@ -141,13 +152,17 @@ class LocalTask(TaskProcess):
     """The task as a child process: this host's, or (``argv`` given) a launcher agent
     that runs it on another host."""
 
-    def __init__(self, host: HostSlots, payload: bytes, python: str,
-                 argv: Optional[list] = None):
+    def __init__(self, host: HostSlots, payload: bytes, python: str, argv: Optional[list] = None):
         self.hostname = host.hostname
         # SIGTERM if we die: its workers are tied to the task's life in turn
-        self._proc = lifeline.popen(argv or [python, "-m", TASK_MODULE], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, death_signal=signal.SIGTERM)
+        self._proc = lifeline.popen(
+            argv or [python, "-m", TASK_MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            death_signal=signal.SIGTERM,
+        )
         self._proc.stdin.write(payload)
         self._proc.stdin.flush()
 
@@ -194,8 +209,7 @@ class SSHTask(TaskProcess):
             chan.exec_command(remote_command(opts.python))
         except (paramiko.SSHException, OSError) as exc:
             client.close()
-            raise HvdliteLaunchError(f"SSH to {target}: cannot start the task: {exc}") \
-                from None
+            raise HvdliteLaunchError(f"SSH to {target}: cannot start the task: {exc}") from None
         self._chan = chan
         # held for the task's life: closing (or collecting) it shuts the lifeline
         self._stdin = chan.makefile_stdin("wb")
@@ -248,11 +262,18 @@ def ssh_connect(host: HostSlots, opts: SSHOptions, timeout_s: float):
     user = host.user or getpass.getuser()
     sock = _open_ssh_socket(host.hostname, opts.port, timeout_s)
     try:
-        client.connect(host.hostname, port=opts.port, username=user, sock=sock,
-                       key_filename=opts.identity_file, timeout=timeout_s,
-                       banner_timeout=timeout_s, auth_timeout=timeout_s,
-                       allow_agent=opts.identity_file is None,
-                       look_for_keys=opts.identity_file is None)
+        client.connect(
+            host.hostname,
+            port=opts.port,
+            username=user,
+            sock=sock,
+            key_filename=opts.identity_file,
+            timeout=timeout_s,
+            banner_timeout=timeout_s,
+            auth_timeout=timeout_s,
+            allow_agent=opts.identity_file is None,
+            look_for_keys=opts.identity_file is None,
+        )
     except (paramiko.SSHException, OSError) as exc:
         client.close()
         raise _connect_error(exc, target, user, opts, timeout_s) from None
@@ -262,8 +283,7 @@ def ssh_connect(host: HostSlots, opts: SSHOptions, timeout_s: float):
 def remote_command(python: str) -> str:
     """The shell command that starts a task on another host (in the launcher's directory
     when the host has it)."""
-    return (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; "
-            f"exec {shlex.quote(python)} -m {TASK_MODULE}")
+    return f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec {shlex.quote(python)} -m {TASK_MODULE}"
 
 
 def agent_task(host: HostSlots, payload: bytes, opts: SSHOptions) -> LocalTask:
@@ -281,13 +301,16 @@ def agent_task(host: HostSlots, payload: bytes, opts: SSHOptions) -> LocalTask:
     if host.ssh_target.startswith("-") or host_name_problem(host.hostname):
         raise HvdliteConfigError(
             f"--launcher-agent: host {host.ssh_target!r} is not passed to the agent: "
-            f"{host_name_problem(host.hostname) or 'it starts with -'}")
+            f"{host_name_problem(host.hostname) or 'it starts with -'}"
+        )
     try:
-        task = LocalTask(host, payload, opts.python,
-                         argv + [host.ssh_target, remote_command(opts.python)])
+        task = LocalTask(
+            host, payload, opts.python, argv + [host.ssh_target, remote_command(opts.python)]
+        )
     except OSError as exc:
-        raise HvdliteConfigError(f"--launcher-agent {opts.launcher_agent!r}: cannot run it: "
-                                 f"{exc.strerror or exc}") from None
+        raise HvdliteConfigError(
+            f"--launcher-agent {opts.launcher_agent!r}: cannot run it: {exc.strerror or exc}"
+        ) from None
     log.info("launcher agent %s: task on %s started", argv[0], host.hostname)
     return task
 
@@ -311,13 +334,18 @@ def _open_ssh_socket(hostname: str, port: int, timeout_s: float) -> socket.socke
     except socket.timeout:
         raise HvdliteTimeoutError(
             f"SSH to {target}: no answer within {timeout_s:.0f}s (raise --start-timeout, or "
-            f"check the host and -p/--ssh-port)") from None
+            f"check the host and -p/--ssh-port)"
+        ) from None
     except OSError as exc:
-        reason = "connection refused" if isinstance(exc, ConnectionRefusedError) \
+        reason = (
+            "connection refused"
+            if isinstance(exc, ConnectionRefusedError)
             else (exc.strerror or str(exc))
+        )
         raise HvdliteLaunchError(
             f"SSH to {target}: cannot connect: {reason} (is sshd running there? check "
-            f"-p/--ssh-port)") from None
+            f"-p/--ssh-port)"
+        ) from None
     try:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         first = sock.recv(4, socket.MSG_PEEK)
@@ -326,22 +354,26 @@ def _open_ssh_socket(hostname: str, port: int, timeout_s: float) -> socket.socke
         raise HvdliteTimeoutError(
             f"SSH to {target}: the host accepted the TCP connection but sent no SSH banner "
             f"within {timeout_s:.0f}s (expected an SSH server on port {port}; check "
-            f"-p/--ssh-port, or raise --start-timeout if the host is overloaded)") from None
+            f"-p/--ssh-port, or raise --start-timeout if the host is overloaded)"
+        ) from None
     except OSError as exc:
         sock.close()
-        raise HvdliteLaunchError(f"SSH to {target}: the connection failed before the SSH "
-                                 f"banner: {exc.strerror or exc}") from None
+        raise HvdliteLaunchError(
+            f"SSH to {target}: the connection failed before the SSH banner: {exc.strerror or exc}"
+        ) from None
     if not first:
         sock.close()
         raise HvdliteLaunchError(
             f"SSH to {target}: the host closed the connection without an SSH banner (is "
-            f"this port an SSH server? check -p/--ssh-port)")
+            f"this port an SSH server? check -p/--ssh-port)"
+        )
     sock.settimeout(timeout_s)
     return sock
 
 
-def start_task(host: HostSlots, local: bool, payload: dict, opts: SSHOptions,
-               timeout_s: float) -> TaskProcess:
+def start_task(
+    host: HostSlots, local: bool, payload: dict, opts: SSHOptions, timeout_s: float
+) -> TaskProcess:
     """Start the task service process for ``host``.
 
     Raises:
@@ -373,7 +405,8 @@ def _ssh_client(opts: SSHOptions):
             client.load_host_keys(opts.known_hosts_file)
         except OSError as exc:
             raise HvdliteConfigError(
-                f"--ssh-known-hosts {opts.known_hosts_file}: {exc.strerror}") from None
+                f"--ssh-known-hosts {opts.known_hosts_file}: {exc.strerror}"
+            ) from None
     else:
         default = os.path.expanduser("~/.ssh/known_hosts")
         if os.path.exists(default):
@@ -382,7 +415,8 @@ def _ssh_client(opts: SSHOptions):
             except (OSError, paramiko.SSHException):
                 pass
     client.set_missing_host_key_policy(
-        paramiko.RejectPolicy() if opts.strict_host_key_checking else _LogMissingKey())
+        paramiko.RejectPolicy() if opts.strict_host_key_checking else _LogMissingKey()
+    )
     return client
 
 
@@ -391,33 +425,42 @@ class _LogMissingKey:
     key and say so in the log, unlike its WarningPolicy's warning on stderr."""
 
     def missing_host_key(self, client, hostname, key):
-        log.info("SSH: host %s is not in known_hosts; accepting its %s key", hostname,
-                 key.get_name())
+        log.info(
+            "SSH: host %s is not in known_hosts; accepting its %s key", hostname, key.get_name()
+        )
 
 
-def _connect_error(exc: BaseException, target: str, user: str, opts: SSHOptions,
-                   timeout_s: float) -> HvdliteError:
+def _connect_error(
+    exc: BaseException, target: str, user: str, opts: SSHOptions, timeout_s: float
+) -> HvdliteError:
     """The one-line error for a failed SSH connection: what failed, and what to check."""
     paramiko = _paramiko()
     if isinstance(exc, paramiko.AuthenticationException):
-        hint = (f"the key {opts.identity_file} (-i/--ssh-identity-file)"
-                if opts.identity_file else "your default keys (give one with -i)")
+        hint = (
+            f"the key {opts.identity_file} (-i/--ssh-identity-file)"
+            if opts.identity_file
+            else "your default keys (give one with -i)"
+        )
         return HvdliteLaunchError(
-            f"SSH to {target}: authentication as {user!r} failed with {hint}: {exc}")
+            f"SSH to {target}: authentication as {user!r} failed with {hint}: {exc}"
+        )
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return HvdliteTimeoutError(
             f"SSH to {target}: no answer within {timeout_s:.0f}s "
-            f"(raise --start-timeout, or check the host and -p/--ssh-port)")
+            f"(raise --start-timeout, or check the host and -p/--ssh-port)"
+        )
     if isinstance(exc, paramiko.BadHostKeyException):
         return HvdliteLaunchError(f"SSH to {target}: host key mismatch: {exc}")
     if isinstance(exc, paramiko.SSHException):
         return HvdliteLaunchError(
             f"SSH to {target}: {exc} (strict host key checking: add the host to "
             f"--ssh-known-hosts, or drop --ssh-strict-host-key-checking)"
-            if "not found in known_hosts" in str(exc) else f"SSH to {target}: {exc}")
+            if "not found in known_hosts" in str(exc)
+            else f"SSH to {target}: {exc}"
+        )
     reason = exc.strerror or str(exc)
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         reason = "connection refused"
     return HvdliteLaunchError(
-        f"SSH to {target}: cannot connect: {reason} (is sshd running there? "
-        f"check -p/--ssh-port)")
+        f"SSH to {target}: cannot connect: {reason} (is sshd running there? check -p/--ssh-port)"
+    )

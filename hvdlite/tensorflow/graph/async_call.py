@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context as _context   # what py_function itself uses
+from tensorflow.python.eager import context as _context  # what py_function itself uses
 
 from hvdlite.common import basics
 from hvdlite.common.config import tunables
@@ -43,25 +43,35 @@ from hvdlite.common.exceptions import HvdliteNotInitializedError
 _LOG = logging.getLogger("hvdlite.tensorflow")
 _SOURCE = Path(__file__).with_name("async_call.cc")
 #: TensorFlow's error codes for Python exceptions, as ``py_function`` maps them
-_CODES = ((ValueError, tf.errors.INVALID_ARGUMENT), (TypeError, tf.errors.INVALID_ARGUMENT),
-          (NotImplementedError, tf.errors.UNIMPLEMENTED),
-          (MemoryError, tf.errors.RESOURCE_EXHAUSTED), (StopIteration, tf.errors.OUT_OF_RANGE))
+_CODES = (
+    (ValueError, tf.errors.INVALID_ARGUMENT),
+    (TypeError, tf.errors.INVALID_ARGUMENT),
+    (NotImplementedError, tf.errors.UNIMPLEMENTED),
+    (MemoryError, tf.errors.RESOURCE_EXHAUSTED),
+    (StopIteration, tf.errors.OUT_OF_RANGE),
+)
 
 
 # -- building and loading ---------------------------------------------------------------------
 def _flags():
     """The compiler command's flags: TensorFlow's ABI and headers, Python's headers."""
     include = sysconfig.get_paths()["include"]
-    return (["-shared", "-fPIC", "-O2", "-w"] + tf.sysconfig.get_compile_flags()
-            + [f"-I{include}"], tf.sysconfig.get_link_flags())
+    return (
+        ["-shared", "-fPIC", "-O2", "-w"] + tf.sysconfig.get_compile_flags() + [f"-I{include}"],
+        tf.sysconfig.get_link_flags(),
+    )
 
 
 def library_path() -> Path:
     """Where the built kernel lives: keyed by everything that decides its binary."""
     compile_flags, link_flags = _flags()
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), tf.__version__.encode(), sys.version.encode(),
-                 " ".join(compile_flags + link_flags).encode()):
+    for part in (
+        _SOURCE.read_bytes(),
+        tf.__version__.encode(),
+        sys.version.encode(),
+        " ".join(compile_flags + link_flags).encode(),
+    ):
         key.update(part)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "hvdlite" / f"async_call-{key.hexdigest()[:16]}.so"
@@ -81,8 +91,9 @@ def build(path: Path) -> Path:
             done = subprocess.run(command, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 partial.unlink(missing_ok=True)
-                raise RuntimeError(f"{cxx} failed ({done.returncode}): "
-                                   f"{done.stderr.strip()[-2000:]}")
+                raise RuntimeError(
+                    f"{cxx} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+                )
             os.replace(partial, path)
     return path
 
@@ -110,10 +121,13 @@ def library():
             if _wanted():
                 try:
                     _LOADED["module"] = tf.load_op_library(str(build(library_path())))
-                except Exception as exc:                     # noqa: BLE001 - said, then off
-                    _LOG.warning("hvdlite: the asynchronous TensorFlow kernel is not "
-                                 "available (%s); TF1 graphs run collectives through "
-                                 "tf.data pipelines instead", exc)
+                except Exception as exc:  # noqa: BLE001 - said, then off
+                    _LOG.warning(
+                        "hvdlite: the asynchronous TensorFlow kernel is not "
+                        "available (%s); TF1 graphs run collectives through "
+                        "tf.data pipelines instead",
+                        exc,
+                    )
         return _LOADED["module"]
 
 
@@ -128,7 +142,7 @@ class _Work:
         self.fn = fn
 
 
-_WORK: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()   # key -> _Work
+_WORK: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # key -> _Work
 _KEYS = itertools.count(1)
 
 
@@ -169,11 +183,10 @@ class _Workers:
         with self._lock:
             spawn = self._idle == 0
             if not spawn:
-                self._idle -= 1                # that idle thread takes this job
+                self._idle -= 1  # that idle thread takes this job
         self._jobs.put(job)
         if spawn:
-            threading.Thread(target=self._serve, name="hvdlite-tf-collective",
-                             daemon=True).start()
+            threading.Thread(target=self._serve, name="hvdlite-tf-collective", daemon=True).start()
 
     def _serve(self):
         while True:
@@ -219,10 +232,10 @@ def _run(fn, arrays, complete):
             result = []
             for out in outs:
                 a = np.asarray(out)
-                if not a.flags.c_contiguous:    # (ascontiguousarray would make 0-d 1-d)
+                if not a.flags.c_contiguous:  # (ascontiguousarray would make 0-d 1-d)
                     a = a.copy(order="C")
                 result.append((a.shape, a.reshape(-1).view(np.uint8)))
-    except BaseException as exc:                          # noqa: BLE001 - handed to TF
+    except BaseException as exc:  # noqa: BLE001 - handed to TF
         complete((), *_error(exc))
         return
     complete(result, 0, "")

@@ -68,7 +68,7 @@ def _pipeline_options() -> bytes:
     options.experimental_optimization.apply_default_optimizations = False
     options.experimental_optimization.inject_prefetch = False
     options.experimental_warm_start = False
-    return options._to_proto().SerializeToString()   # what Dataset.with_options writes
+    return options._to_proto().SerializeToString()  # what Dataset.with_options writes
 
 
 _OPTIONS = _pipeline_options()
@@ -91,15 +91,17 @@ class _Handoff:
 
     def give(self, *xs):
         with self._lock:
-            self._inputs = xs           # replaces what a failed run may have left
+            self._inputs = xs  # replaces what a failed run may have left
         return tf.constant(0, tf.int32)
 
     def take(self):
         with self._lock:
             xs, self._inputs = self._inputs, None
         if xs is None:
-            raise RuntimeError("hvdlite: a collective's inputs were not handed over in this "
-                               "session.run (an earlier run of it failed part-way?)")
+            raise RuntimeError(
+                "hvdlite: a collective's inputs were not handed over in this "
+                "session.run (an earlier run of it failed part-way?)"
+            )
         return xs
 
 
@@ -115,8 +117,8 @@ class _GraphPipelines:
 
     def __init__(self):
         self.prefix = f"hvdlite_pipeline_{uuid.uuid4().hex}"
-        self.work = {}                  # node number -> the function computing its element
-        self._mappers = {}              # output dtypes -> the map function
+        self.work = {}  # node number -> the function computing its element
+        self._mappers = {}  # output dtypes -> the map function
 
     def add(self, compute) -> int:
         number = len(self.work)
@@ -133,8 +135,11 @@ class _GraphPipelines:
             def element(number):
                 return work[int(number)]()
 
-            @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False,
-                         experimental_attributes=_TF_DATA_FUNCTION)
+            @tf.function(
+                input_signature=[tf.TensorSpec([], tf.int64)],
+                autograph=False,
+                experimental_attributes=_TF_DATA_FUNCTION,
+            )
             def compute(number):
                 return tf.py_function(element, [number], list(touts))
 
@@ -169,13 +174,16 @@ def _off_pool(fn, inputs, touts):
     name = f"{pipelines.prefix}_{number}"
     types = {"output_types": list(touts), "output_shapes": [None] * len(touts)}
     iterator = tf.raw_ops.IteratorV2(shared_name=name, container="", **types)
-    flag = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name=f"{name}_made",
-                                  container="")
+    flag = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name=f"{name}_made", container="")
     made_before = tf.raw_ops.VarIsInitializedOp(resource=flag)
     to_make, already = tf.raw_ops.Switch(data=tf.constant(number, tf.int64), pred=made_before)
     data = tf.raw_ops.TensorDataset(components=[to_make], output_shapes=[[]])
-    data = tf.raw_ops.RepeatDataset(input_dataset=data, count=tf.constant(-1, tf.int64),
-                                    output_types=[tf.int64], output_shapes=[[]])
+    data = tf.raw_ops.RepeatDataset(
+        input_dataset=data,
+        count=tf.constant(-1, tf.int64),
+        output_types=[tf.int64],
+        output_shapes=[[]],
+    )
     data = tf.raw_ops.MapDataset(input_dataset=data, other_arguments=[], f=mapper, **types)
     data = tf.raw_ops.OptionsDataset(input_dataset=data, serialized_options=_OPTIONS, **types)
     make = tf.raw_ops.MakeIterator(dataset=data, iterator=iterator)
@@ -207,8 +215,9 @@ def _order_token(graph):
         graph = graph.outer_graph
     if graph not in _TOKENS:
         with graph.as_default(), tf.control_dependencies(None):
-            _TOKENS[graph] = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[],
-                                                    shared_name=_TOKEN_NAME)
+            _TOKENS[graph] = tf.raw_ops.VarHandleOp(
+                dtype=tf.int32, shape=[], shared_name=_TOKEN_NAME
+            )
     return _TOKENS[graph]
 
 
@@ -239,8 +248,7 @@ def kernel_call(fn, inputs, touts):
     its control-flow contexts and functions, where the kernel is built and its dtypes
     allow; None elsewhere (then :func:`collective_node` applies)."""
     graph = tf.compat.v1.get_default_graph()
-    if graph.building_function or _in_tf1_context(graph) or \
-            not async_call.usable(inputs, touts):
+    if graph.building_function or _in_tf1_context(graph) or not async_call.usable(inputs, touts):
         return None
     return async_call.call_node(fn, inputs, touts)
 
@@ -255,7 +263,7 @@ def collective_node(fn, inputs, touts):
     if graph.building_function:
         if tf.compat.v1.executing_eagerly_outside_functions():
             return _function_py_function(fn, inputs, touts)
-        return tf.py_function(fn, inputs, touts)       # a function inside a TF1 graph
+        return tf.py_function(fn, inputs, touts)  # a function inside a TF1 graph
     if _in_tf1_context(graph):
         return tf.py_function(fn, inputs, touts)
     return _off_pool(fn, inputs, touts)

@@ -8,8 +8,12 @@ from hvdlite.common.process_sets import global_process_set
 from hvdlite.tensorflow import mpi_ops
 from hvdlite.tensorflow.functions import broadcast_variables
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "MetricAverageCallback",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+]
 
 
 def _optimizer_variables(model):
@@ -20,8 +24,9 @@ def _optimizer_variables(model):
 
 
 def broadcast_model(model, root_rank, process_set=global_process_set) -> None:
-    broadcast_variables(list(model.variables) + _optimizer_variables(model), root_rank,
-                        process_set=process_set)
+    broadcast_variables(
+        list(model.variables) + _optimizer_variables(model), root_rank, process_set=process_set
+    )
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -82,9 +87,14 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        avg = np.asarray(mpi_ops.allreduce(values, op=mpi_ops.Average,
-                                           name=f"MetricAverageCallback.{epoch}",
-                                           process_set=self.process_set))
+        avg = np.asarray(
+            mpi_ops.allreduce(
+                values,
+                op=mpi_ops.Average,
+                name=f"MetricAverageCallback.{epoch}",
+                process_set=self.process_set,
+            )
+        )
         for k, v in zip(keys, avg):
             logs[k] = float(v)
 
@@ -114,8 +124,17 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             cannot be found; pass ``steps_per_epoch``.
     """
 
-    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 momentum_correction=True, steps_per_epoch=None, verbose=0):
+    def __init__(
+        self,
+        initial_lr,
+        multiplier,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        momentum_correction=True,
+        steps_per_epoch=None,
+        verbose=0,
+    ):
         super().__init__()
         self.initial_lr = initial_lr
         self.start_epoch = start_epoch
@@ -138,8 +157,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         if steps:
             return steps
-        raise ValueError(f"{type(self).__name__}: could not detect the number of steps per "
-                         f"epoch; pass steps_per_epoch=")
+        raise ValueError(
+            f"{type(self).__name__}: could not detect the number of steps per "
+            f"epoch; pass steps_per_epoch="
+        )
 
     def _adjust_learning_rate(self, epoch):
         self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
@@ -154,8 +175,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.current_epoch < self.start_epoch or \
-                (self.end_epoch is not None and self.current_epoch >= self.end_epoch):
+        if self.current_epoch < self.start_epoch or (
+            self.end_epoch is not None and self.current_epoch >= self.end_epoch
+        ):
             return
         if self.staircase:
             if batch == 0:
@@ -188,20 +210,27 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         ValueError: (when training begins) the steps per epoch cannot be found.
     """
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
-                 steps_per_epoch=None, verbose=0):
+    def __init__(
+        self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0
+    ):
         def multiplier(epoch):
             epoch += 1.0 / self.steps_per_epoch
             n = basics.size()
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
 
-        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
-                         staircase=False, momentum_correction=momentum_correction,
-                         steps_per_epoch=steps_per_epoch, verbose=verbose)
+        super().__init__(
+            initial_lr,
+            multiplier,
+            start_epoch=0,
+            end_epoch=warmup_epochs,
+            staircase=False,
+            momentum_correction=momentum_correction,
+            steps_per_epoch=steps_per_epoch,
+            verbose=verbose,
+        )
         self.warmup_epochs = warmup_epochs
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0:
-            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
-                  f"{self._lr():g}.")
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self._lr():g}.")

@@ -11,15 +11,24 @@ from hvdlite.tensorflow import mpi_ops
 
 __all__ = ["allreduce", "allgather", "broadcast", "reducescatter"]
 
-_ARGS = {**api_docs.ARGS,
-         "value": "a tensor, or a value convertible to one (a number, a list, a numpy array).",
-         "name": api_docs.NAME + "  ``None`` generates one."}
+_ARGS = {
+    **api_docs.ARGS,
+    "value": "a tensor, or a value convertible to one (a number, a list, a numpy array).",
+    "name": api_docs.NAME + "  ``None`` generates one.",
+}
 _args = functools.partial(api_docs.documented, _ARGS)
 
 
 @_args()
-def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=None):
+def allreduce(
+    value,
+    name=None,
+    average=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    op=None,
+    compression=None,
+):
     """Reduce ``value`` over the ranks (by default: average it), as
     :func:`hvdlite.tensorflow.allreduce`.
 
@@ -29,9 +38,15 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
     Raises:
         ValueError: ``op`` is unknown or given with ``average``.
     """
-    return mpi_ops.allreduce(tf.convert_to_tensor(value), average=average,
-                             compression=compression, op=op, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, name=name)
+    return mpi_ops.allreduce(
+        tf.convert_to_tensor(value),
+        average=average,
+        compression=compression,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        name=name,
+    )
 
 
 @_args()

@@ -14,8 +14,13 @@ import keras
 
 from hvdlite.tensorflow.elastic import TensorFlowKerasState, run
 
-__all__ = ["run", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
-           "UpdateEpochStateCallback"]
+__all__ = [
+    "run",
+    "KerasState",
+    "CommitStateCallback",
+    "UpdateBatchStateCallback",
+    "UpdateEpochStateCallback",
+]
 
 
 class KerasState(TensorFlowKerasState):

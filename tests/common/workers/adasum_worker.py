@@ -24,8 +24,9 @@ torch.set_num_threads(1)
 def data(rank, dtype, n, seed=0):
     """Rank ``rank``'s input: a direction every rank shares plus its own noise."""
     shared = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    own = torch.randn(n, generator=torch.Generator().manual_seed(seed * 100 + rank + 1),
-                      dtype=torch.float64)
+    own = torch.randn(
+        n, generator=torch.Generator().manual_seed(seed * 100 + rank + 1), dtype=torch.float64
+    )
     return (0.5 * shared + own).to(dtype)
 
 
@@ -44,20 +45,24 @@ def check_allreduce_matches_reference():
         assert torch.equal(every[r], data(r, dtype, 37)), "input was modified"
     # several tensors in one fused buffer: the rule applies tensor by tensor
     shapes = [(3, 4), (1,), (5,), (2, 2, 2)]
-    every = [[data(q, torch.float32, int(torch.Size(s).numel()), seed=i + 1).reshape(s)
-              for i, s in enumerate(shapes)] for q in range(n)]
-    every[1][2] = torch.zeros(5)                        # rank 1's is zero: left out
+    every = [
+        [
+            data(q, torch.float32, int(torch.Size(s).numel()), seed=i + 1).reshape(s)
+            for i, s in enumerate(shapes)
+        ]
+        for q in range(n)
+    ]
+    every[1][2] = torch.zeros(5)  # rank 1's is zero: left out
     outs = hvd.grouped_allreduce(every[r], op=hvd.Adasum, name="ada.grouped")
     for i, out in enumerate(outs):
         assert_close(out, tree([ts[i] for ts in every]), torch.float32, f"grouped {i}")
     # pre/post scaling, in place, async
     x = data(r, torch.float64, 9)
-    hvd.allreduce_(x, op=hvd.Adasum, prescale_factor=0.5, postscale_factor=4.0,
-                   name="ada.scaled")
+    hvd.allreduce_(x, op=hvd.Adasum, prescale_factor=0.5, postscale_factor=4.0, name="ada.scaled")
     expected = tree([data(q, torch.float64, 9) * 0.5 for q in range(n)]) * 4.0
     assert_close(x, expected, torch.float64, "scaled")
     h = hvd.allreduce_async(torch.full((4,), 3.0), op=hvd.Adasum, name="ada.async")
-    assert hvd.synchronize(h).tolist() == [3.0] * 4      # equal vectors: that vector
+    assert hvd.synchronize(h).tolist() == [3.0] * 4  # equal vectors: that vector
 
 
 def check_integers_refused():
@@ -91,13 +96,16 @@ def check_optimizer_step_is_adasum_of_updates():
     r = hvd.rank()
     model = _model()
     lr = 0.1
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
-                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr),
+        named_parameters=model.named_parameters(),
+        op=hvd.Adasum,
+    )
     old = {name: p.detach().clone() for name, p in model.named_parameters()}
     x = torch.randn(16, 6, generator=torch.Generator().manual_seed(r))
     model(x).pow(2).mean().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    for name, p in model.named_parameters():         # the model stays usable until step()
+    for name, p in model.named_parameters():  # the model stays usable until step()
         assert torch.equal(p.detach(), old[name]), name
     opt.step()
     for name, p in model.named_parameters():
@@ -111,9 +119,12 @@ def check_optimizer_api():
     r = hvd.rank()
     model = _model()
     lr = 0.1
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
-                                   named_parameters=model.named_parameters(), op=hvd.Adasum,
-                                   backward_passes_per_step=2)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr),
+        named_parameters=model.named_parameters(),
+        op=hvd.Adasum,
+        backward_passes_per_step=2,
+    )
     assert isinstance(opt, torch.optim.SGD) and opt.backward_passes_per_step == 2
     try:
         opt.skip_synchronize()
@@ -122,7 +133,7 @@ def check_optimizer_api():
     else:
         raise AssertionError("skip_synchronize() was accepted with Adasum")
     old = {name: p.detach().clone() for name, p in model.named_parameters()}
-    for k in range(2):                      # two passes accumulate, then one local step
+    for k in range(2):  # two passes accumulate, then one local step
         x = torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * r + k))
         model(x).pow(2).mean().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -132,7 +143,7 @@ def check_optimizer_api():
         assert "in flight" in str(exc), exc
     else:
         raise AssertionError("zero_grad() with reductions in flight was accepted")
-    opt.synchronize()                       # nothing to do: step() finishes the reductions
+    opt.synchronize()  # nothing to do: step() finishes the reductions
     opt.step()
     for name, p in model.named_parameters():
         every = hvd.allgather(grads[name].unsqueeze(0), name=f"ada.acc.{name}")
@@ -146,16 +157,19 @@ def _train(opt_factory, steps, compression=hvd.Compression.none):
     averaged over ranks, and checks every rank ends with the same parameters."""
     r = hvd.rank()
     model = _model()
-    model.unused = torch.nn.Parameter(torch.zeros(3))   # never gets a gradient
+    model.unused = torch.nn.Parameter(torch.zeros(3))  # never gets a gradient
     teacher = torch.nn.Linear(6, 1)
     torch.nn.init.normal_(teacher.weight, generator=torch.Generator().manual_seed(42))
     gen = torch.Generator().manual_seed(100 + r)
     x = torch.randn(64, 6, generator=gen)
     with torch.no_grad():
         y = teacher(x)
-    opt = hvd.DistributedOptimizer(opt_factory(model.parameters()),
-                                   named_parameters=model.named_parameters(), op=hvd.Adasum,
-                                   compression=compression)
+    opt = hvd.DistributedOptimizer(
+        opt_factory(model.parameters()),
+        named_parameters=model.named_parameters(),
+        op=hvd.Adasum,
+        compression=compression,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     losses = []
     for step in range(steps):
@@ -175,13 +189,15 @@ def check_training_converges():
     # no learning-rate scaling with the number of ranks (Adasum keeps one rank's step size)
     first, last = _train(lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), 60)
     assert last < 0.05 * first, (first, last)
-    first, last = _train(lambda ps: torch.optim.Adam(ps, lr=0.02), 60,
-                         compression=hvd.Compression.fp16)
+    first, last = _train(
+        lambda ps: torch.optim.Adam(ps, lr=0.02), 60, compression=hvd.Compression.fp16
+    )
     assert last < 0.1 * first, (first, last)
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in list(globals().items())
-          if name.startswith("check_")}
+CHECKS = {
+    name[len("check_") :]: fn for name, fn in list(globals().items()) if name.startswith("check_")
+}
 
 
 def hang_in_exchange():
@@ -195,7 +211,7 @@ def hang_in_exchange():
 
         def freezing(send, recv, peer):
             calls.append(peer)
-            if len(calls) == 2:            # after the first halving, before the norms' sum
+            if len(calls) == 2:  # after the first halving, before the norms' sum
                 os.kill(os.getpid(), signal.SIGSTOP)
                 # the stop may be taken by another thread; this one must not run on meanwhile
                 time.sleep(600)
@@ -206,8 +222,9 @@ def hang_in_exchange():
     try:
         hvd.allreduce(torch.ones(64), op=hvd.Adasum, name="ada.hang")
     except HvdliteInternalError as exc:
-        print(f"RAISED {type(exc).__name__} after {time.monotonic() - start:.2f}s: {exc}",
-              flush=True)
+        print(
+            f"RAISED {type(exc).__name__} after {time.monotonic() - start:.2f}s: {exc}", flush=True
+        )
         os._exit(3)
     raise AssertionError("the exchange with a frozen peer returned")
 

@@ -49,12 +49,13 @@ def main():
     if mode == "cycles":
         for cycle in range(20):
             hvd.init()
-            got = hvd.allreduce(torch.full((3,), float(cycle + hvd.rank())), op=hvd.Sum,
-                                name="cycle")
+            got = hvd.allreduce(
+                torch.full((3,), float(cycle + hvd.rank())), op=hvd.Sum, name="cycle"
+            )
             expect = float(cycle * hvd.size() + sum(range(hvd.size())))
             assert got.tolist() == [expect] * 3, (cycle, got)
             hvd.shutdown()
-            hvd.shutdown()            # idempotent
+            hvd.shutdown()  # idempotent
         print("CYCLES DONE", flush=True)
         return
     if mode == "noinit":
@@ -83,7 +84,7 @@ def main():
     elif mode == "shutdown":
         if r == 1:
             hvd.shutdown()
-            time.sleep(2)           # alive (not dead) while rank 0 learns of the shutdown
+            time.sleep(2)  # alive (not dead) while rank 0 learns of the shutdown
             return
         expect_internal_error("after_shutdown", "rank 1 shut down")
     elif mode == "stall":

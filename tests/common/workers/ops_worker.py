@@ -15,7 +15,7 @@ import torch
 
 import hvdlite.torch as hvd
 from tests.worker_cases import run_cases, run_each
-from hvdlite.common.exceptions import (HvdliteDuplicateNameError, HvdliteMismatchError)
+from hvdlite.common.exceptions import HvdliteDuplicateNameError, HvdliteMismatchError
 
 torch.set_num_threads(1)
 
@@ -37,7 +37,7 @@ def value(rank, dtype, shape=(3, 4)):
 def reference(dtype, op, shape=(3, 4), pre=1.0, post=1.0):
     n = hvd.size()
     vals = [value(r, dtype, shape).to(torch.float64) * pre for r in range(n)]
-    if not dtype.is_floating_point:      # integer buffers are scaled in place: truncated
+    if not dtype.is_floating_point:  # integer buffers are scaled in place: truncated
         vals = [v.trunc() for v in vals]
     stack = torch.stack(vals)
     if op == hvd.Sum:
@@ -81,14 +81,16 @@ def check_allreduce_all_dtypes_ops():
 def check_allreduce_scaling_and_variants():
     for dtype in (torch.float32, torch.float64, torch.int32):
         x = value(hvd.rank(), dtype)
-        got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
-                            name=f"scaled.{dtype}")
+        got = hvd.allreduce(
+            x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name=f"scaled.{dtype}"
+        )
         assert close(got, reference(dtype, hvd.Sum, pre=0.5, post=3.0), dtype), (dtype, got)
     # tensors of several pieces (MPI reduces 4 MiB at a time, scaling each piece)
     for dtype in (torch.float32, torch.int32):
         x = value(hvd.rank(), dtype, (1_200_001,))
-        got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
-                            name=f"scaled.big.{dtype}")
+        got = hvd.allreduce(
+            x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name=f"scaled.big.{dtype}"
+        )
         want = reference(dtype, hvd.Sum, (1_200_001,), pre=0.5, post=3.0)
         assert close(got, want, dtype), (dtype, got[:4], want[:4])
         got = hvd.allreduce(x, op=hvd.Average, name=f"avg.big.{dtype}")
@@ -122,8 +124,10 @@ def check_allreduce_scaling_and_variants():
     # call with its own values, and a second synchronize
     for step in (1, 2, 3):
         one_d = [value(hvd.rank(), torch.float32, (i + 2,)) * step for i in range(4)]
-        mixed = [value(hvd.rank(), torch.float32, (2, 3)) * step,
-                 value(hvd.rank(), torch.float32, (3, 2)).t() * step]
+        mixed = [
+            value(hvd.rank(), torch.float32, (2, 3)) * step,
+            value(hvd.rank(), torch.float32, (3, 2)).t() * step,
+        ]
         mixed.append(torch.zeros(4, 3).t())
         mixed[-1].copy_(value(hvd.rank(), torch.float32, (3, 4)) * step)
         for group, tag in ((one_d, "1d"), (mixed, "nd")):
@@ -160,8 +164,10 @@ def check_allgather():
     x = torch.ones(0 if r == 0 else 2, 2)
     got = hvd.allgather(x, name="ag.empty")
     assert got.shape == (2 * (n - 1), 2)
-    outs = hvd.grouped_allgather([torch.full((r + 1,), r, dtype=torch.int64),
-                                  torch.full((1, 2), float(r))], name="ag.grouped")
+    outs = hvd.grouped_allgather(
+        [torch.full((r + 1,), r, dtype=torch.int64), torch.full((1, 2), float(r))],
+        name="ag.grouped",
+    )
     assert outs[0].tolist() == [q for q in range(n) for _ in range(q + 1)], outs[0]
     assert outs[1].tolist() == [[float(q)] * 2 for q in range(n)], outs[1]
     h = hvd.allgather_async(torch.tensor([r]), name="ag.async")
@@ -204,7 +210,7 @@ def check_alltoall():
     assert out.tolist() == expect, (out, expect)
     # default splits: even division
     x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
-    out = hvd.alltoall(x, name="a2a.even")          # no splits: the tensor alone, as Horovod
+    out = hvd.alltoall(x, name="a2a.even")  # no splits: the tensor alone, as Horovod
     received = hvd.synchronize(hvd.alltoall_async(x, name="a2a.even.async"))[1]
     assert received.tolist() == [2] * n, received
     assert out.tolist() == [float(2 * r + k + 100 * s) for s in range(n) for k in range(2)]
@@ -212,19 +218,20 @@ def check_alltoall():
 
 def check_reducescatter():
     r, n = hvd.rank(), hvd.size()
-    rows = 2 * n + 1                    # uneven: the first rank gets one row more
+    rows = 2 * n + 1  # uneven: the first rank gets one row more
     x = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (r + 1)
     total = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * sum(
-        q + 1 for q in range(n))
+        q + 1 for q in range(n)
+    )
     base, extra = divmod(rows, n)
     start = r * base + min(r, extra)
     count = base + (1 if r < extra else 0)
     got = hvd.reducescatter(x, op=hvd.Sum, name="rs.sum")
-    assert torch.equal(got, total[start:start + count]), (got, total)
-    got = hvd.reducescatter(x, "rs.avg")            # the second positional is the name
-    assert torch.allclose(got, total[start:start + count] / n)
+    assert torch.equal(got, total[start : start + count]), (got, total)
+    got = hvd.reducescatter(x, "rs.avg")  # the second positional is the name
+    assert torch.allclose(got, total[start : start + count] / n)
     outs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum, name="rs.grouped")
-    assert torch.equal(outs[1], 2 * total[start:start + count])
+    assert torch.equal(outs[1], 2 * total[start : start + count])
 
 
 def check_submission_order():
@@ -232,8 +239,10 @@ def check_submission_order():
     names = ["order.a", "order.b", "order.c"]
     if r % 2:
         names = names[::-1]
-    handles = {nm: hvd.allreduce_async(torch.full((4,), float(ord(nm[-1]))), name=nm,
-                                       op=hvd.Sum) for nm in names}
+    handles = {
+        nm: hvd.allreduce_async(torch.full((4,), float(ord(nm[-1]))), name=nm, op=hvd.Sum)
+        for nm in names
+    }
     for nm, h in handles.items():
         assert hvd.synchronize(h).tolist() == [float(ord(nm[-1]) * hvd.size())] * 4
 
@@ -252,20 +261,36 @@ def check_many_small_tensors():
 def check_mismatch_errors():
     r = hvd.rank()
     if hvd.size() == 1:
-        return                          # a single rank cannot disagree with itself
+        return  # a single rank cannot disagree with itself
     cases = [
         ("mm.shape", lambda: hvd.allreduce(torch.ones(2 + r), name="mm.shape"), "shape"),
-        ("mm.dtype", lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if r == 0
-                                                      else torch.float64), name="mm.dtype"),
-         "dtype"),
-        ("mm.op", lambda: hvd.allreduce(torch.ones(2), name="mm.op",
-                                        op=hvd.Sum if r == 0 else hvd.Max), "reduce op"),
-        ("mm.root", lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="mm.root"),
-         "root_rank"),
-        ("mm.kind", lambda: (hvd.allreduce(torch.ones(2), name="mm.kind") if r == 0 else
-                             hvd.allgather(torch.ones(2), name="mm.kind")), "operation"),
-        ("mm.trailing", lambda: hvd.allgather(torch.ones(2, 1 + r), name="mm.trailing"),
-         "trailing shape"),
+        (
+            "mm.dtype",
+            lambda: hvd.allreduce(
+                torch.ones(2, dtype=torch.float32 if r == 0 else torch.float64), name="mm.dtype"
+            ),
+            "dtype",
+        ),
+        (
+            "mm.op",
+            lambda: hvd.allreduce(torch.ones(2), name="mm.op", op=hvd.Sum if r == 0 else hvd.Max),
+            "reduce op",
+        ),
+        ("mm.root", lambda: hvd.broadcast(torch.ones(2), root_rank=r, name="mm.root"), "root_rank"),
+        (
+            "mm.kind",
+            lambda: (
+                hvd.allreduce(torch.ones(2), name="mm.kind")
+                if r == 0
+                else hvd.allgather(torch.ones(2), name="mm.kind")
+            ),
+            "operation",
+        ),
+        (
+            "mm.trailing",
+            lambda: hvd.allgather(torch.ones(2, 1 + r), name="mm.trailing"),
+            "trailing shape",
+        ),
     ]
     for name, fn, what in cases:
         try:
@@ -277,17 +302,21 @@ def check_mismatch_errors():
         else:
             raise AssertionError(f"{name}: no mismatch error")
     # the runtime keeps working afterwards, and a cached name may change shape later
-    assert hvd.allreduce(torch.ones(3), name="mm.after", op=hvd.Sum).tolist() == \
-        [float(hvd.size())] * 3
-    assert hvd.allreduce(torch.ones(5), name="mm.after", op=hvd.Sum).tolist() == \
-        [float(hvd.size())] * 5
+    assert (
+        hvd.allreduce(torch.ones(3), name="mm.after", op=hvd.Sum).tolist()
+        == [float(hvd.size())] * 3
+    )
+    assert (
+        hvd.allreduce(torch.ones(5), name="mm.after", op=hvd.Sum).tolist()
+        == [float(hvd.size())] * 5
+    )
 
 
 def check_duplicate_name():
     if hvd.size() == 1:
-        return                          # the first op may finish before the second is pushed
+        return  # the first op may finish before the second is pushed
     if hvd.rank() == 1:
-        time.sleep(0.5)                 # keeps "dup" in flight on rank 0 meanwhile
+        time.sleep(0.5)  # keeps "dup" in flight on rank 0 meanwhile
     h = hvd.allreduce_async(torch.ones(2), name="dup")
     try:
         if hvd.rank() == 0:
@@ -304,16 +333,33 @@ def check_duplicate_name():
 def check_bad_input():
     for fn, kind, text in [
         (lambda: hvd.allreduce([1, 2], name="bad.list"), TypeError, "torch.Tensor"),
-        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="bad.complex"),
-         TypeError, "complex64"),
-        (lambda: hvd.broadcast(torch.ones(2), root_rank=hvd.size(), name="bad.root"),
-         ValueError, "root_rank"),
-        (lambda: hvd.alltoall(torch.ones(3), splits=[1] * (hvd.size() + 1), name="bad.splits"),
-         ValueError, "splits"),
-        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), name="bad.boolsum"),
-         TypeError, "bool"),
-        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum,
-                               name="bad.adasum"), TypeError, "Adasum"),
+        (
+            lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="bad.complex"),
+            TypeError,
+            "complex64",
+        ),
+        (
+            lambda: hvd.broadcast(torch.ones(2), root_rank=hvd.size(), name="bad.root"),
+            ValueError,
+            "root_rank",
+        ),
+        (
+            lambda: hvd.alltoall(torch.ones(3), splits=[1] * (hvd.size() + 1), name="bad.splits"),
+            ValueError,
+            "splits",
+        ),
+        (
+            lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), name="bad.boolsum"),
+            TypeError,
+            "bool",
+        ),
+        (
+            lambda: hvd.allreduce(
+                torch.ones(2, dtype=torch.int32), op=hvd.Adasum, name="bad.adasum"
+            ),
+            TypeError,
+            "Adasum",
+        ),
         (lambda: hvd.allgather(torch.tensor(1.0), name="bad.scalar"), ValueError, "scalar"),
     ]:
         try:
@@ -334,7 +380,7 @@ def check_join_uneven():
         assert got.tolist() == [float(sum(q + 1 for q in active))] * 5, (step, got)
         mx = hvd.allreduce(torch.full((2,), -5.0 + r), op=hvd.Max, name=f"join.max.{step}")
         assert mx.tolist() == [max(-5.0 + q for q in active)] * 2, (step, mx)
-        if len(active) == n:              # no rank has joined yet: allgather works
+        if len(active) == n:  # no rank has joined yet: allgather works
             ag = hvd.allgather(torch.tensor([r]), name=f"join.ag.{step}")
             assert ag.tolist() == active, (step, ag)
     last = hvd.join()
@@ -396,7 +442,7 @@ def check_autograd_every_op():
     (gs[0] * w).sum().backward()
     mean_w = torch.arange(float(gs[0].numel())) * sum(q + 1 for q in range(n)) / n
     start = sum(q + 1 for q in range(r))
-    assert torch.allclose(xs[0].grad, mean_w[start:start + r + 1]), xs[0].grad
+    assert torch.allclose(xs[0].grad, mean_w[start : start + r + 1]), xs[0].grad
     # alltoall with splits: each row's gradient comes back from the rank it was sent to
     splits = [1] * n
     x = torch.full((n, 2), float(r), requires_grad=True)
@@ -426,10 +472,11 @@ def check_join_every_collective():
     else:
         s = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="jc.ar")
         assert s.tolist() == [float(n - 1)] * 2, s
-        for call in (lambda: hvd.allgather(torch.tensor([r]), name="jc.ag"),
-                     lambda: hvd.broadcast(torch.tensor([float(r)]), root_rank=1,
-                                           name="jc.bc")):
-            try:                          # as in Horovod: not supported while a rank joined
+        for call in (
+            lambda: hvd.allgather(torch.tensor([r]), name="jc.ag"),
+            lambda: hvd.broadcast(torch.tensor([float(r)]), root_rank=1, name="jc.bc"),
+        ):
+            try:  # as in Horovod: not supported while a rank joined
                 call()
             except RuntimeError as exc:
                 assert "not supported with join" in str(exc), exc
@@ -448,7 +495,7 @@ def check_join_every_collective():
 def check_objects_and_their_errors():
     import threading
 
-    class Local:                              # a locally defined class: cloudpickle's job
+    class Local:  # a locally defined class: cloudpickle's job
         def __init__(self, v):
             self.v = v
 
@@ -456,12 +503,20 @@ def check_objects_and_their_errors():
     got = hvd.broadcast_object(Local(lambda k: k + 41), root_rank=0, name="obj.lambda")
     assert got.v(1) == 42
     assert [o.v for o in hvd.allgather_object(Local(r), name="obj.local")] == list(range(n))
-    for name, fn in (("obj.bad.bcast",
-                      lambda: hvd.broadcast_object(threading.Lock() if r == 0 else None,
-                                                   root_rank=0, name="obj.bad.bcast")),
-                     ("obj.bad.gather",
-                      lambda: hvd.allgather_object(threading.Lock() if r == n - 1 else r,
-                                                   name="obj.bad.gather"))):
+    for name, fn in (
+        (
+            "obj.bad.bcast",
+            lambda: hvd.broadcast_object(
+                threading.Lock() if r == 0 else None, root_rank=0, name="obj.bad.bcast"
+            ),
+        ),
+        (
+            "obj.bad.gather",
+            lambda: hvd.allgather_object(
+                threading.Lock() if r == n - 1 else r, name="obj.bad.gather"
+            ),
+        ),
+    ):
         try:
             fn()
         except hvd.HvdliteError as exc:
@@ -479,12 +534,12 @@ def check_error_classes_are_runtime_errors():
     except RuntimeError as exc:
         assert "err.shape" in str(exc)
     else:
-        if hvd.size() > 1:                    # one rank cannot disagree with itself
+        if hvd.size() > 1:  # one rank cannot disagree with itself
             raise AssertionError("a shape mismatch did not raise a RuntimeError")
     h = hvd.allreduce_async(torch.ones(1), name="err.dup")
     try:
         hvd.allreduce_async(torch.ones(1), name="err.dup")
-    except ValueError as exc:             # Horovod: an invalid argument, a ValueError
+    except ValueError as exc:  # Horovod: an invalid argument, a ValueError
         assert "already in flight" in str(exc)
     else:
         raise AssertionError("a duplicate name did not raise a ValueError")
@@ -493,8 +548,9 @@ def check_error_classes_are_runtime_errors():
 
 def check_sparse_allreduce():
     r, n = hvd.rank(), hvd.size()
-    t = torch.sparse_coo_tensor(torch.tensor([[r % 3]]), torch.tensor([float(r + 1)]), (3,),
-                                check_invariants=True)
+    t = torch.sparse_coo_tensor(
+        torch.tensor([[r % 3]]), torch.tensor([float(r + 1)]), (3,), check_invariants=True
+    )
     h = hvd.sparse_allreduce_async(t, name="sparse", op=hvd.Sum)
     dense = hvd.synchronize(h).to_dense()
     expect = torch.zeros(3)
@@ -511,6 +567,7 @@ def check_torch_distributed_coexists():
     import os
     import socket
     import torch.distributed as dist
+
     if hvd.size() == 1 or hvd.mpi_enabled():
         return
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
@@ -520,8 +577,9 @@ def check_torch_distributed_coexists():
             s.bind(("127.0.0.1", 0))
             port[0] = s.getsockname()[1]
     hvd.broadcast_(port, 0, name="coexist.port")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port)}",
-                            rank=hvd.rank(), world_size=hvd.size())
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{int(port)}", rank=hvd.rank(), world_size=hvd.size()
+    )
     t = torch.ones(2)
     dist.all_reduce(t)
     h = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="coexist")
@@ -541,8 +599,9 @@ def check_identity():
     assert hvd.gloo_built() and hvd.mpi_built()
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in list(globals().items())
-          if name.startswith("check_")}
+CHECKS = {
+    name[len("check_") :]: fn for name, fn in list(globals().items()) if name.startswith("check_")
+}
 
 
 def run_variants(variants) -> None:
@@ -567,8 +626,11 @@ def run_variants(variants) -> None:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
-    parser.add_argument("--variants", help="JSON: {name: [tunables env, [checks]]}, run one "
-                        "after another with a shutdown and init between them")
+    parser.add_argument(
+        "--variants",
+        help="JSON: {name: [tunables env, [checks]]}, run one "
+        "after another with a shutdown and init between them",
+    )
     args = parser.parse_args()
     if args.variants:
         run_variants(json.loads(args.variants))

@@ -17,14 +17,17 @@ def main(inits: int) -> int:
     for _ in range(inits):
         try:
             hvd.init()
-        except Exception as exc:        # reported for the test to check
+        except Exception as exc:  # reported for the test to check
             print(f"INIT FAILED {type(exc).__name__}: {exc}", flush=True)
             return 3
         rank, size = hvd.rank(), hvd.size()
         total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum)
         named = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Max, name="max.rank")
-        print(f"PLACE round={basics.rendezvous_round()} rank={rank} size={size} "
-              f"sum={total.item():g} max={named.item():g}", flush=True)
+        print(
+            f"PLACE round={basics.rendezvous_round()} rank={rank} size={size} "
+            f"sum={total.item():g} max={named.item():g}",
+            flush=True,
+        )
         hvd.shutdown()
     return 0
 

@@ -1,5 +1,6 @@
 """argv: STEPS NUMEL. Every step an allreduce of NUMEL floats (rank-dependent values) whose
 sum is checked; prints ``STEP k`` every 10 steps, then ``SUMS_OK rank=R host=H``."""
+
 import socket
 import sys
 
@@ -17,6 +18,5 @@ for step in range(steps):
     assert torch.equal(y, want), (step, (y - want).abs().max())
     if step % 10 == 0:
         print(f"STEP {step} rank={hvd.rank()}", flush=True)
-print(f"SUMS_OK rank={hvd.rank()} host={socket.gethostname()} cross={hvd.cross_rank()}",
-      flush=True)
+print(f"SUMS_OK rank={hvd.rank()} host={socket.gethostname()} cross={hvd.cross_rank()}", flush=True)
 hvd.shutdown()

@@ -1,6 +1,7 @@
 """A torch.distributed program that never imports hvdlite: the env:// rendezvous, a Gloo group
 and one allreduce, then ``PLAIN rank=R sum=S ifname=I`` (I: GLOO_SOCKET_IFNAME, "-" if unset).
 With ``--env-only`` it prints the line without joining a group (sum=-)."""
+
 import datetime
 import os
 import sys

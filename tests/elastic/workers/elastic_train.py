@@ -65,7 +65,7 @@ def hold_gil(step: int) -> None:
     me = (os.environ.get("HVDLITE_HOSTNAME"), os.environ.get("HVDLITE_LOCAL_RANK"))
     if me == (host, local_rank) and step == int(at):
         print(f"HOLDING the GIL for {seconds}s at step {step}", flush=True)
-        ctypes.PyDLL(None).usleep(int(float(seconds) * 1e6))   # PyDLL: the lock stays held
+        ctypes.PyDLL(None).usleep(int(float(seconds) * 1e6))  # PyDLL: the lock stays held
 
 
 def deadlock(step: int) -> None:
@@ -107,13 +107,15 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die, slow=still_slow):
         print(f"TRAIN rank={hvd.rank()} size={hvd.size()} step={state.step}", flush=True)
         while state.step < steps:
             x, y = batch(state.step)
-            shard = slice(hvd.rank() * GLOBAL_BATCH // hvd.size(),
-                          (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size())
+            shard = slice(
+                hvd.rank() * GLOBAL_BATCH // hvd.size(),
+                (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size(),
+            )
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
             hold_gil(state.step)
             deadlock(state.step)
-            loss.backward()                       # gradient allreduce starts here
+            loss.backward()  # gradient allreduce starts here
             if die(state.step):
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.step()
@@ -133,9 +135,16 @@ def main():
     model, state = run_training()
     if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
         with open(os.environ["ELASTIC_OUT"], "w") as f:
-            json.dump({"weight": model.weight.detach().view(-1).tolist(),
-                       "bias": model.bias.detach().tolist(), "history": state.history,
-                       "sizes": state.sizes, "size": hvd.size()}, f)
+            json.dump(
+                {
+                    "weight": model.weight.detach().view(-1).tolist(),
+                    "bias": model.bias.detach().tolist(),
+                    "history": state.history,
+                    "sizes": state.sizes,
+                    "size": hvd.size(),
+                },
+                f,
+            )
     print(f"DONE rank={hvd.rank()} size={hvd.size()} steps={state.step}", flush=True)
     hvd.shutdown()
 

@@ -56,14 +56,22 @@ def listeners(pid: int, cwd: str):
     ports = {}
     for p in procs:
         try:
-            conns = p.net_connections(kind="tcp") if hasattr(p, "net_connections") \
+            conns = (
+                p.net_connections(kind="tcp")
+                if hasattr(p, "net_connections")
                 else p.connections(kind="tcp")
+            )
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         what = "task service" if p.pid != pid else "launcher"
-        ports.update(((c.laddr.ip if c.laddr.ip != "0.0.0.0" else "127.0.0.1", c.laddr.port),
-                      f"{what} (pid {p.pid}) on {c.laddr.ip}")
-                     for c in conns if c.status == psutil.CONN_LISTEN and "." in c.laddr.ip)
+        ports.update(
+            (
+                (c.laddr.ip if c.laddr.ip != "0.0.0.0" else "127.0.0.1", c.laddr.port),
+                f"{what} (pid {p.pid}) on {c.laddr.ip}",
+            )
+            for c in conns
+            if c.status == psutil.CONN_LISTEN and "." in c.laddr.ip
+        )
     return ports
 
 
@@ -71,8 +79,11 @@ def sample(pid: int, peak) -> None:
     """Keep the launcher's most descriptors, threads and resident memory seen so far."""
     try:
         p = psutil.Process(pid)
-        now = {"fds": p.num_fds(), "threads": p.num_threads(),
-               "rss_mib": p.memory_info().rss // (1 << 20)}
+        now = {
+            "fds": p.num_fds(),
+            "threads": p.num_threads(),
+            "rss_mib": p.memory_info().rss // (1 << 20),
+        }
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return
     for k, v in now.items():
@@ -105,8 +116,16 @@ def signed(key: bytes, nonce: bytes, seq: int, header: dict) -> bytes:
     return struct.pack("!I", len(body)) + mac + body
 
 
-KINDS = ["random", "truncated", "oversized", "huge", "flipped", "replayed_hello",
-         "replayed_request", "hello_then_replay"]
+KINDS = [
+    "random",
+    "truncated",
+    "oversized",
+    "huge",
+    "flipped",
+    "replayed_hello",
+    "replayed_request",
+    "hello_then_replay",
+]
 
 
 def junk(rng: random.Random, key, nonce: bytes, other_nonce: bytes):
@@ -120,7 +139,7 @@ def junk(rng: random.Random, key, nonce: bytes, other_nonce: bytes):
     if kind == "random":
         return kind, os.urandom(rng.randrange(1, 400))
     if kind == "truncated":
-        return kind, frame[:rng.randrange(1, len(frame))]
+        return kind, frame[: rng.randrange(1, len(frame))]
     if kind == "oversized":
         return kind, struct.pack("!I", 2048) + os.urandom(2048 + 32)
     if kind == "huge":
@@ -185,7 +204,7 @@ class Attack:
             st[0] += data[:take]
             data = data[take:]
         if data:
-            self.stats[port]["answered_bytes"] += len(data)     # must stay 0
+            self.stats[port]["answered_bytes"] += len(data)  # must stay 0
         if self.rng is not None and len(st[0]) == NONCE_BYTES and st[1] is None:
             kind, msg = junk(self.rng, self.key, st[0], self.last_nonce)
             self.last_nonce = st[0]
@@ -241,7 +260,7 @@ def main():
             found = listeners(a.pid, a.cwd)
             sample(a.pid, peak)
             where.update(found)
-            ports = set(found)                  # a listener that is gone is left alone
+            ports = set(found)  # a listener that is gone is left alone
             next_look = time.monotonic() + 0.05
         attack.top_up(ports)
         if not ready and attack.under_attack(ports):

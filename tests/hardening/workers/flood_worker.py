@@ -21,8 +21,7 @@ while not os.path.exists(ready):
     time.sleep(0.05)
 hvd.init()
 for step in range(steps):
-    total = hvd.allreduce(torch.full((4,), float(hvd.rank() + 1)), op=hvd.Sum,
-                          name=f"step{step}")
+    total = hvd.allreduce(torch.full((4,), float(hvd.rank() + 1)), op=hvd.Sum, name=f"step{step}")
     time.sleep(0.05)
 print(f"OK rank={hvd.rank()} size={hvd.size()} sum={float(total[0])}", flush=True)
 hvd.shutdown()

@@ -9,8 +9,12 @@ import hvdlite.torch as hvd
 from hvdlite.common import config as cfg
 
 hvd.init()
-listening = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
-                    if c.status == psutil.CONN_LISTEN})
-print(f"LISTEN rank={hvd.rank()} iface={os.environ.get(cfg.GLOO_IFACE)} {listening}",
-      flush=True)
+listening = sorted(
+    {
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+)
+print(f"LISTEN rank={hvd.rank()} iface={os.environ.get(cfg.GLOO_IFACE)} {listening}", flush=True)
 hvd.shutdown()

@@ -12,12 +12,18 @@ from hvdlite.common import config as cfg
 before = cfg.SECRET_KEY in os.environ
 hvd.init()
 got = hvd.broadcast_object({"from": hvd.rank()}, root_rank=0)
-child = subprocess.run([sys.executable, "-c",
-                        f"import os; print({cfg.SECRET_KEY!r} in os.environ)"],
-                       capture_output=True, text=True, timeout=60).stdout.strip()
-print(f"SECRETS rank={hvd.rank()} before={before} after={cfg.SECRET_KEY in os.environ} "
-      f"child={child} obj={got['from']} x={os.environ.get('SECRET_X')}", flush=True)
+child = subprocess.run(
+    [sys.executable, "-c", f"import os; print({cfg.SECRET_KEY!r} in os.environ)"],
+    capture_output=True,
+    text=True,
+    timeout=60,
+).stdout.strip()
+print(
+    f"SECRETS rank={hvd.rank()} before={before} after={cfg.SECRET_KEY in os.environ} "
+    f"child={child} obj={got['from']} x={os.environ.get('SECRET_X')}",
+    flush=True,
+)
 hvd.shutdown()
-hvd.init()                                   # re-init after the key left the environment
+hvd.init()  # re-init after the key left the environment
 print(f"REINIT rank={hvd.rank()} {hvd.allgather_object(hvd.rank())}", flush=True)
 hvd.shutdown()

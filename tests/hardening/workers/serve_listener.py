@@ -34,8 +34,15 @@ def main():
     elif a.kind == "driver":
         svc = DriverService(key, "job", bind_addr="127.0.0.1", **kw)
     else:
-        svc = TaskService(key, "job", 0, on_run=lambda *x: None, on_terminate=lambda: None,
-                          bind_addr="127.0.0.1", **kw)
+        svc = TaskService(
+            key,
+            "job",
+            0,
+            on_run=lambda *x: None,
+            on_terminate=lambda: None,
+            bind_addr="127.0.0.1",
+            **kw,
+        )
     print(svc.address[1], flush=True)
     sys.stdin.read()
     svc.shutdown()

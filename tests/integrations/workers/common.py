@@ -32,8 +32,10 @@ def reference():
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     x, y = dataset()
     for step in range(STEPS):
-        xb, yb = x[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH], \
-            y[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
+        xb, yb = (
+            x[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH],
+            y[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH],
+        )
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(xb), yb).backward()
         opt.step()

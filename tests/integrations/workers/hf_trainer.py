@@ -28,15 +28,30 @@ class Tokens(torch.utils.data.Dataset):
 def main():
     out_dir = sys.argv[1]
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=32, num_labels=2,
-                        max_position_embeddings=16)
+    config = BertConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=2,
+        max_position_embeddings=16,
+    )
     model = BertForSequenceClassification(config)
     initial = float(torch.cat([p.detach().flatten() for p in model.parameters()]).double().sum())
-    args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=4, max_steps=4,
-                             learning_rate=1e-3, use_cpu=True, ddp_backend="gloo",
-                             report_to=[], save_strategy="no", logging_strategy="no",
-                             seed=0, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=out_dir,
+        per_device_train_batch_size=4,
+        max_steps=4,
+        learning_rate=1e-3,
+        use_cpu=True,
+        ddp_backend="gloo",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
     Trainer(model=model, args=args, train_dataset=Tokens()).train()
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     print(f"WORLD {args.world_size} INIT {initial!r}", flush=True)

@@ -35,15 +35,22 @@ def main():
     data = TensorDataset(x, y)
     # each rank every size-th sample in order (Lightning's own sampler would shuffle), so
     # that the ranks' batches together are the one-process run's
-    sampler = DistributedSampler(data, num_replicas=size, rank=int(os.environ["RANK"]),
-                                 shuffle=False)
+    sampler = DistributedSampler(
+        data, num_replicas=size, rank=int(os.environ["RANK"]), shuffle=False
+    )
     loader = DataLoader(data, batch_size=GLOBAL_BATCH // size, sampler=sampler)
     module = Regression()
-    trainer = L.Trainer(strategy=strategy, accelerator="cpu",
-                        devices=size if strategy == "ddp" else 1, max_epochs=1,
-                        use_distributed_sampler=False, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=size if strategy == "ddp" else 1,
+        max_epochs=1,
+        use_distributed_sampler=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, loader)
     print("WEIGHTS " + json.dumps(weights(module.net)), flush=True)
     print(f"LOSS {float(trainer.callback_metrics['loss']):.6f}", flush=True)

@@ -16,9 +16,20 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-         "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-         "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 GLOBAL_BATCH = 8
 STEPS = 10
 
@@ -39,7 +50,7 @@ def train(rank: int, size: int, wrap=lambda m: m):
     shard = GLOBAL_BATCH // size
     for step in range(STEPS):
         x, y = batch(step)
-        x, y = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
+        x, y = x[rank * shard : (rank + 1) * shard], y[rank * shard : (rank + 1) * shard]
         opt.zero_grad()
         torch.nn.functional.mse_loss(trained(x), y).backward()
         opt.step()
@@ -51,8 +62,7 @@ def main():
     parser.add_argument("--fail-rank", type=int)
     parser.add_argument("--with-hvdlite", action="store_true")
     args = parser.parse_args()
-    print("TORCHENV " + " ".join(f"{n}={os.environ.get(n, '<unset>')}" for n in NAMES),
-          flush=True)
+    print("TORCHENV " + " ".join(f"{n}={os.environ.get(n, '<unset>')}" for n in NAMES), flush=True)
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     if rank == args.fail_rank:
@@ -61,6 +71,7 @@ def main():
     print("WEIGHTS " + json.dumps(weights), flush=True)
     if args.with_hvdlite:
         import hvdlite.torch as hvd
+
         hvd.init()
         total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
         print(f"HVD rank={hvd.rank()} size={hvd.size()} total={total}", flush=True)

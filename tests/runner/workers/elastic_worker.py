@@ -7,6 +7,7 @@ first round (with --fail-once: only while MARKER does not exist; it creates it).
 The others keep joining newer rounds until --done-file exists or they joined round
 --done-after (then exit 0), or the newest round has no place for them (exit 0: stale).
 """
+
 import argparse
 import os
 import sys
@@ -30,8 +31,11 @@ assert env[cfg.ELASTIC] == "1"
 host, local = env[cfg.HOSTNAME], int(env[cfg.LOCAL_RANK])
 me = f"{host}:{local}"
 print(f"ENV slot={me} elastic_timeout={env.get(cfg.ELASTIC_TIMEOUT)}", flush=True)
-store = KVClient((env[cfg.RENDEZVOUS_ADDR], int(env[cfg.RENDEZVOUS_PORT])),
-                 bytes.fromhex(env[cfg.SECRET_KEY]), timeout_s=30)
+store = KVClient(
+    (env[cfg.RENDEZVOUS_ADDR], int(env[cfg.RENDEZVOUS_PORT])),
+    bytes.fromhex(env[cfg.SECRET_KEY]),
+    timeout_s=30,
+)
 last = -1
 while True:
     if a.done_file and os.path.exists(a.done_file):
@@ -49,9 +53,12 @@ while True:
     except HvdliteTimeoutError:
         continue
     last = place.round
-    print(f"JOINED round={place.round} rank={place.rank} size={place.size} slot={me} "
-          f"local={place.local_rank}/{place.local_size} cross={place.cross_rank}/"
-          f"{place.cross_size}", flush=True)
+    print(
+        f"JOINED round={place.round} rank={place.rank} size={place.size} slot={me} "
+        f"local={place.local_rank}/{place.local_size} cross={place.cross_rank}/"
+        f"{place.cross_size}",
+        flush=True,
+    )
     if me == a.fail and not (a.fail_once and os.path.exists(a.fail_once)):
         if a.fail_once:
             open(a.fail_once, "w").close()

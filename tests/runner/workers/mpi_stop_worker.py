@@ -5,6 +5,7 @@ argv: RANK -- the rank that stops.  The waiting rank prints ``WAITED rank=R s=SE
 ``ERROR <type>: <message>`` before it re-raises (so its exit report and exit code are the
 usual ones for an uncaught collective error).
 """
+
 import os
 import signal
 import sys
@@ -20,9 +21,9 @@ hvd.allreduce(torch.ones(1), name="warm.up")
 if hvd.rank() == stopping:
     print(f"STOPPING rank={hvd.rank()} pid={os.getpid()}", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
-    time.sleep(60)          # only if someone sent SIGCONT: it must not be needed
+    time.sleep(60)  # only if someone sent SIGCONT: it must not be needed
     sys.exit(0)
-time.sleep(0.5)             # the peer is stopped by now
+time.sleep(0.5)  # the peer is stopped by now
 start = time.monotonic()
 try:
     hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after.stop")

@@ -7,6 +7,7 @@ timeout, and the backend must refuse the next call at once.  Rank 0 prints one
 ``TIMEDOUT <op> s=<seconds>`` line per operation and ``ALLTIMEDOUT``; rank 1 exits 0 after
 its sleep.
 """
+
 import sys
 import time
 

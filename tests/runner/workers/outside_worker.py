@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 def wait_in_user_code(flag: str, hold_gil: bool) -> None:
     deadline = time.monotonic() + 60
-    libc = ctypes.PyDLL(None)       # PyDLL: the interpreter lock stays held during the call
+    libc = ctypes.PyDLL(None)  # PyDLL: the interpreter lock stays held during the call
     while not os.path.exists(flag) and time.monotonic() < deadline:
         if hold_gil:
             libc.usleep(500_000)

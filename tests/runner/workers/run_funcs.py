@@ -1,4 +1,5 @@
 """Functions for the hvdlite.run tests, importable by the ranks (PYTHONPATH is this folder)."""
+
 import os
 import threading
 import time
@@ -8,8 +9,11 @@ from hvdlite.runner.tasks.function_rank import this_rank
 
 
 def whoami():
-    return {"rank": this_rank(os.environ), "host": os.environ.get(cfg.HOSTNAME),
-            "size": os.environ.get(cfg.SIZE)}
+    return {
+        "rank": this_rank(os.environ),
+        "host": os.environ.get(cfg.HOSTNAME),
+        "size": os.environ.get(cfg.SIZE),
+    }
 
 
 def fail_on(bad_rank, sleep_s=60.0):
@@ -28,6 +32,7 @@ def allreduce_rank():
     """A real training-style use: init, one allreduce across the ranks, shutdown."""
     import torch
     import hvdlite.torch as hvd
+
     hvd.init()
     try:
         total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="r")

@@ -11,6 +11,7 @@ argv: MODE SECONDS [FLAG]
   SECONDS  how long the dawdling lasts at most
   FLAG     a file the test creates once it saw the report: dawdling ends a second later
 """
+
 import os
 import sys
 import threading
@@ -36,8 +37,7 @@ def dawdle_in_user_code(seconds, flag):
     report must still show this frame)."""
     lock = threading.Lock()
     lock.acquire()
-    threading.Thread(target=_release_when_seen, args=(lock, seconds, flag),
-                     daemon=True).start()
+    threading.Thread(target=_release_when_seen, args=(lock, seconds, flag), daemon=True).start()
     lock.acquire()
 
 

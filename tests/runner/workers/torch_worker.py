@@ -1,4 +1,5 @@
 """Trains a tiny linear model with hvdlite.torch allreduce; every rank must end equal."""
+
 import os
 
 import torch
@@ -19,7 +20,7 @@ for step in range(30):
     loss.backward()
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
-            g = hvd.allreduce(p.grad, name=f"grad.{i}")      # average over ranks
+            g = hvd.allreduce(p.grad, name=f"grad.{i}")  # average over ranks
             p -= 0.1 * g
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 summed = hvd.allreduce(flat, name="check", op=hvd.Sum)

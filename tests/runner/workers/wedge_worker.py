@@ -5,6 +5,7 @@ allreduce; the launcher must name that rank, not the ones that waited.
 argv: RANK SECONDS -- the rank that holds the lock, and for how long; or ``late SECONDS``:
 local slot 1 sleeps that long before ``hvd.init()`` (its peer waits for it there).
 """
+
 import ctypes
 import os
 import sys

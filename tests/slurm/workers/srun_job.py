@@ -20,13 +20,22 @@ def main() -> int:
     sink = OutputSink()
 
     def starter(job):
-        return TaskStarter(job.key, job.job_id, job.spec.command,
-                           lambda: job.job_env(local=False), rank_env.forward_env(job.spec),
-                           SSHOptions(), job.spec.start_timeout_s, sink, on_exit=job.wake,
-                           open_task=task_opener(local_too=True))
+        return TaskStarter(
+            job.key,
+            job.job_id,
+            job.spec.command,
+            lambda: job.job_env(local=False),
+            rank_env.forward_env(job.spec),
+            SSHOptions(),
+            job.spec.start_timeout_s,
+            sink,
+            on_exit=job.wake,
+            open_task=task_opener(local_too=True),
+        )
 
-    spec = JobSpec(np=np, hosts=hosts, command=sys.argv[1:],
-                   starter=starter).with_start_timeout(60.0)
+    spec = JobSpec(np=np, hosts=hosts, command=sys.argv[1:], starter=starter).with_start_timeout(
+        60.0
+    )
     try:
         return run_job(spec).exit_code
     finally:

@@ -35,7 +35,7 @@ def train(rank: int, size: int):
     shard = GLOBAL_BATCH // size
     for step in range(STEPS):
         x, y = batch(step)
-        x, y = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
+        x, y = x[rank * shard : (rank + 1) * shard], y[rank * shard : (rank + 1) * shard]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
@@ -54,10 +54,10 @@ def main():
         hvd.init()
         if hvd.rank() == args.fail_rank:
             raise ValueError(f"rank {hvd.rank()} gives up on purpose")
-        places = hvd.allgather_object((hvd.rank(), hvd.local_rank(), hvd.cross_rank(),
-                                       os.environ.get("SLURM_PROCID")))
-        result = {"size": hvd.size(), "weights": train(hvd.rank(), hvd.size()),
-                  "places": places}
+        places = hvd.allgather_object(
+            (hvd.rank(), hvd.local_rank(), hvd.cross_rank(), os.environ.get("SLURM_PROCID"))
+        )
+        result = {"size": hvd.size(), "weights": train(hvd.rank(), hvd.size()), "places": places}
         if hvd.rank() != 0:
             return
     text = json.dumps(result)

@@ -6,9 +6,10 @@ import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, REPO)
-os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
 from tests.tf_integration.no_torch import block_torch, torch_modules  # noqa: E402
+
 block_torch()
 
 import tensorflow as tf  # noqa: E402
@@ -30,4 +31,4 @@ assert hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Adasum).numpy().tolist() ==
 assert hvd.broadcast_object({"a": 1}) == {"a": 1} and hvd.allgather_object(3) == [3]
 assert not torch_modules(), torch_modules()[:3]
 hvd.shutdown()
-print('ok')
+print("ok")

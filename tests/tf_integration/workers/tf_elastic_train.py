@@ -64,6 +64,7 @@ def step_fn(model, opt, distributed):
             tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
+
     return train_step
 
 
@@ -91,8 +92,10 @@ def main():
         print(f"TRAIN rank={hvd.rank()} size={hvd.size()} step={state.step}", flush=True)
         while state.step < STEPS:
             x, y = batch(state.step)
-            shard = slice(hvd.rank() * GLOBAL_BATCH // hvd.size(),
-                          (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size())
+            shard = slice(
+                hvd.rank() * GLOBAL_BATCH // hvd.size(),
+                (hvd.rank() + 1) * GLOBAL_BATCH // hvd.size(),
+            )
             if should_die(state.step):
                 os.kill(os.getpid(), signal.SIGKILL)
             train_step(x[shard], y[shard])
@@ -104,9 +107,16 @@ def main():
     train(state)
     if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
         with open(os.environ["ELASTIC_OUT"], "w") as f:
-            json.dump({"weights": [w.tolist() for w in model.get_weights()],
-                       "reference": reference(), "history": state.history,
-                       "sizes": state.sizes, "size": hvd.size()}, f)
+            json.dump(
+                {
+                    "weights": [w.tolist() for w in model.get_weights()],
+                    "reference": reference(),
+                    "history": state.history,
+                    "sizes": state.sizes,
+                    "size": hvd.size(),
+                },
+                f,
+            )
     print(f"DONE rank={hvd.rank()} size={hvd.size()} steps={state.step}", flush=True)
     hvd.shutdown()
 

@@ -31,8 +31,18 @@ BOUND_S = 3.0
 #: a bound on every ``session.run`` here: a deadlock fails the case instead of hanging it
 RUN_OPTIONS = v1.RunOptions(timeout_in_ms=60_000)
 #: the ten dtypes of the allgather graph
-DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.float32,
-          tf.float64, tf.bool]
+DTYPES = [
+    tf.uint8,
+    tf.int8,
+    tf.uint16,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.float16,
+    tf.float32,
+    tf.float64,
+    tf.bool,
+]
 
 
 def rows_of(k):
@@ -53,6 +63,7 @@ class Counted:
             with self._lock:
                 self.calls += 1
             return self._original(*args, **kwargs)
+
         setattr(ops, self.name, counting)
         return self
 
@@ -89,8 +100,9 @@ def _want_gathered(n, dims):
 
 
 def _check_gathered(what, got, dims, n):
-    np.testing.assert_array_equal(np.asarray(got, np.float64), _want_gathered(n, dims),
-                                  err_msg=f"{what} on rank {hvd.rank()}")
+    np.testing.assert_array_equal(
+        np.asarray(got, np.float64), _want_gathered(n, dims), err_msg=f"{what} on rank {hvd.rank()}"
+    )
 
 
 def _check_static(what, out, dims, dt):
@@ -110,8 +122,10 @@ def check_graph_thirty_allgathers():
     graph = tf.Graph()
     with graph.as_default():
         specs = [(DTYPES[i % 10], _dims(i)) for i in range(30)]
-        outs = [hvd.allgather(_filled(r, dims, dt), name=f"g30.{i}")
-                for i, (dt, dims) in enumerate(specs)]
+        outs = [
+            hvd.allgather(_filled(r, dims, dt), name=f"g30.{i}")
+            for i, (dt, dims) in enumerate(specs)
+        ]
     for i, (dt, dims) in enumerate(specs):
         _check_static(f"allgather {i}", outs[i], dims, dt)
     _check_graph_shape(graph, 30)
@@ -128,8 +142,7 @@ def check_graph_thirty_allgathers():
 
 #: whether this launch runs TF1 collectives as the asynchronous kernel: unless the launcher
 #: turned it off or the test made its build fail (``CXX=false``), it must
-WANT_KERNEL = os.environ.get("HVDLITE_TF_ASYNC_KERNEL") != "0" and \
-    os.environ.get("CXX") != "false"
+WANT_KERNEL = os.environ.get("HVDLITE_TF_ASYNC_KERNEL") != "0" and os.environ.get("CXX") != "false"
 
 
 def _check_graph_shape(graph, collectives):
@@ -143,8 +156,11 @@ def _check_graph_shape(graph, collectives):
         assert "IteratorGetNext" not in types and not library, library
         return
     assert "HvdliteAsyncCall" not in types, types
-    signatures = {tuple(op.get_attr("output_types")) for op in graph.get_operations()
-                  if op.type == "IteratorGetNext"}
+    signatures = {
+        tuple(op.get_attr("output_types"))
+        for op in graph.get_operations()
+        if op.type == "IteratorGetNext"
+    }
     assert 1 < len(library) == len(signatures), (library, signatures)
 
 
@@ -154,11 +170,11 @@ def check_graph_grouped_allgathers():
     r, n = hvd.rank(), hvd.size()
     graph = tf.Graph()
     with graph.as_default():
-        groups = [[(DTYPES[(3 * g + j) % 10], _dims(g + j)) for j in range(3)]
-                  for g in range(10)]
-        outs = [hvd.grouped_allgather([_filled(r, dims, dt) for dt, dims in group],
-                                      name=f"gg.{g}")
-                for g, group in enumerate(groups)]
+        groups = [[(DTYPES[(3 * g + j) % 10], _dims(g + j)) for j in range(3)] for g in range(10)]
+        outs = [
+            hvd.grouped_allgather([_filled(r, dims, dt) for dt, dims in group], name=f"gg.{g}")
+            for g, group in enumerate(groups)
+        ]
     timed = Timed()
     with v1.Session(graph=graph) as s:
         for step in range(3):
@@ -189,9 +205,13 @@ def check_graph_grouped_indexed_slices():
             group = []
             for i in range(4):
                 values, indices = _slices(r, i, n)
-                group.append(tf.IndexedSlices(tf.constant(values.astype(dt.as_numpy_dtype)),
-                                              tf.constant(indices),
-                                              dense_shape=tf.constant(shape)))
+                group.append(
+                    tf.IndexedSlices(
+                        tf.constant(values.astype(dt.as_numpy_dtype)),
+                        tf.constant(indices),
+                        dense_shape=tf.constant(shape),
+                    )
+                )
             reduced = hvd.grouped_allreduce(group, op=op, name=f"gis.{g}")
             fetches.append([tf.convert_to_tensor(t) for t in reduced])
     timed = Timed()
@@ -206,8 +226,9 @@ def check_graph_grouped_indexed_slices():
                         np.add.at(want, indices, values)
                     if op == hvd.Average:
                         want /= n
-                    np.testing.assert_allclose(got[g][i], want, rtol=1e-6,
-                                               err_msg=f"run {step} group {g} slices {i}")
+                    np.testing.assert_allclose(
+                        got[g][i], want, rtol=1e-6, err_msg=f"run {step} group {g} slices {i}"
+                    )
     timed.check("graph_grouped_indexed_slices")
 
 
@@ -216,8 +237,11 @@ def check_graph_evaluate_loop():
     times; each run executes the one collective it fetches, none built before it."""
     r, n = hvd.rank(), hvd.size()
     timed, built = Timed(), 0
-    with tf.Graph().as_default() as graph, v1.Session(graph=graph) as s, \
-            Counted("allgather_async") as counted:
+    with (
+        tf.Graph().as_default() as graph,
+        v1.Session(graph=graph) as s,
+        Counted("allgather_async") as counted,
+    ):
         for i in range(21):
             dt, dims = DTYPES[i % 10], _dims(i)
             out = hvd.allgather(_filled(r, dims, dt))
@@ -276,7 +300,8 @@ def check_graph_mismatch():
         else:
             raise AssertionError("a fed shape mismatch in a TF1 graph did not raise")
         np.testing.assert_array_equal(
-            s.run(again, {fed: np.ones(2, np.float32)}, options=RUN_OPTIONS), [n, n])
+            s.run(again, {fed: np.ones(2, np.float32)}, options=RUN_OPTIONS), [n, n]
+        )
 
 
 def _grouped_forward(n, r, watch):
@@ -286,8 +311,9 @@ def _grouped_forward(n, r, watch):
     allgather), so both the average and the gather show in the values."""
     xs = [watch(tf.fill([rows_of(r), 3], float(r))) for _ in range(5)]
     ys = [watch(tf.fill([4 * n, 2], float(r - i))) for i in range(5)]
-    outs = (hvd.grouped_allgather(xs, name="ggrad.gather")
-            + hvd.grouped_reducescatter(ys, op=hvd.Sum, name="ggrad.scatter"))
+    outs = hvd.grouped_allgather(xs, name="ggrad.gather") + hvd.grouped_reducescatter(
+        ys, op=hvd.Sum, name="ggrad.scatter"
+    )
     up = tf.concat([tf.fill([rows_of(k), 3], float((k + 1) * (r + 1))) for k in range(n)], 0)
     dys = [up] * 5 + [tf.fill([4, 2], float(r + 1)) for _ in range(5)]
     return outs, xs + ys, dys
@@ -300,16 +326,19 @@ def _check_grouped_gradients(what, got, n, r):
     assert len(got) == 10, (what, len(got))
     for i, g in enumerate(got):
         want = want_gather if i < 5 else want_scatter
-        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6,
-                                   err_msg=f"{what}: gradient {i} on rank {r}")
+        np.testing.assert_allclose(
+            np.asarray(g), want, rtol=1e-6, err_msg=f"{what}: gradient {i} on rank {r}"
+        )
 
 
 def _taped_grouped_gradients(n, r):
     """The gradients through a persistent tape, one ``tape.gradient`` per output."""
     with tf.GradientTape(persistent=True) as tape:
+
         def watch(t):
             tape.watch(t)
             return t
+
         outs, sources, dys = _grouped_forward(n, r, watch)
     return [tape.gradient(o, x, d) for o, x, d in zip(outs, sources, dys)]
 
@@ -326,12 +355,14 @@ def check_graph_grouped_gradients():
         fetches = [tf.gradients(o, x, d)[0] for o, x, d in zip(outs, sources, dys)]
     with v1.Session(graph=graph) as s:
         for step in range(2):
-            _check_grouped_gradients(f"session run {step}",
-                                     s.run(fetches, options=RUN_OPTIONS), n, r)
+            _check_grouped_gradients(
+                f"session run {step}", s.run(fetches, options=RUN_OPTIONS), n, r
+            )
     in_function = tf.function(lambda: _taped_grouped_gradients(n, r))
     for step in range(2):
         _check_grouped_gradients(f"tf.function call {step}", in_function(), n, r)
     _check_grouped_gradients("eager", _taped_grouped_gradients(n, r), n, r)
+
 
 def check_graph_kernel_edges():
     """What the kernel moves as raw bytes: a scalar, an empty tensor, bfloat16 and bool;
@@ -342,8 +373,9 @@ def check_graph_kernel_edges():
     with graph.as_default():
         scalar = hvd.allreduce(tf.constant(float(r + 1)), op=hvd.Sum, name="edge.scalar")
         empty = hvd.allgather(tf.zeros([0, 3]), name="edge.empty")
-        half = hvd.allreduce(tf.fill([3], tf.constant(r + 1, tf.bfloat16)), op=hvd.Sum,
-                             name="edge.bf16")
+        half = hvd.allreduce(
+            tf.fill([3], tf.constant(r + 1, tf.bfloat16)), op=hvd.Sum, name="edge.bf16"
+        )
         flags = hvd.allgather(tf.constant([r % 2 == 0, True]), name="edge.bool")
         splits = v1.placeholder(tf.int32, [None])
         spread, _ = hvd.alltoall(tf.range(4.0), splits=splits, name="edge.alltoall")

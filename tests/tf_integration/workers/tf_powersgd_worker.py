@@ -38,6 +38,7 @@ def _state(opt, what):
 def _apply_fn(opt, variables, traced):
     def apply(gs):
         opt.apply([tf.constant(g) for g in gs], variables)
+
     if not traced:
         return apply
     fn = tf.function(lambda a, b: opt.apply([a, b], variables))
@@ -57,8 +58,11 @@ def matches_reference():
             apply(grads(rank, s, SHAPES))
             tag = f"traced={traced} step {s}"
             _check(f"{tag} matrix", before[0] - variables[0].numpy(), want[s][0])
-            _check(f"{tag} vector", before[1] - variables[1].numpy(),
-                   sum(grads(r, s, SHAPES)[1] for r in range(n)) / n)
+            _check(
+                f"{tag} vector",
+                before[1] - variables[1].numpy(),
+                sum(grads(r, s, SHAPES)[1] for r in range(n)) / n,
+            )
             _check(f"{tag} residual", _state(opt, "hvdlite_powersgd_error"), want[s][1][rank])
 
 
@@ -82,14 +86,17 @@ def state_in_variables():
         fresh_opt.apply([tf.constant(g) for g in grads(hvd.rank(), 3, SHAPES)], fresh)
         same = np.array_equal(fresh[0].numpy(), variables[0].numpy())
         if same != load:
-            raise AssertionError(f"loaded={load} but the next step is "
-                                 f"{'the same' if same else 'different'}")
+            raise AssertionError(
+                f"loaded={load} but the next step is {'the same' if same else 'different'}"
+            )
 
 
 def refusals():
     spec = hvd.Compression.powersgd()
-    for kw, word in (({"op": hvd.Adasum}, "Average"), ({"backward_passes_per_step": 2},
-                                                       "backward_passes_per_step")):
+    for kw, word in (
+        ({"op": hvd.Adasum}, "Average"),
+        ({"backward_passes_per_step": 2}, "backward_passes_per_step"),
+    ):
         try:
             hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=spec, **kw)
             raise AssertionError(f"accepted PowerSGD with {kw}")
@@ -102,8 +109,11 @@ def refusals():
         assert "DistributedOptimizer" in str(e), e
 
 
-CASES = {"matches_reference": matches_reference, "state_in_variables": state_in_variables,
-         "refusals": refusals}
+CASES = {
+    "matches_reference": matches_reference,
+    "state_in_variables": state_in_variables,
+    "refusals": refusals,
+}
 
 
 if __name__ == "__main__":

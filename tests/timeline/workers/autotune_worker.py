@@ -36,8 +36,7 @@ def main():
         tensors = [torch.full((50 * (i + 1),), float(r + i + steps)) for i in range(12)]
         tensors.append(torch.full((300_000,), float(r - steps)))
         flag = torch.tensor([1.0 if tuner is not None and tuner.finished.is_set() else 0.0])
-        handles = [hvd.allreduce_async_(t, name=f"t{i}", op=hvd.Sum)
-                   for i, t in enumerate(tensors)]
+        handles = [hvd.allreduce_async_(t, name=f"t{i}", op=hvd.Sum) for i, t in enumerate(tensors)]
         handles.append(hvd.allreduce_async_(flag, name="finished", op=hvd.Sum))
         for h in handles:
             hvd.synchronize(h)
@@ -47,8 +46,12 @@ def main():
         steps += 1
         if flag.item() > 0:
             break
-    out = {"rank": r, "steps": steps, "switches": log.seen,
-           "final": dataclasses.asdict(basics.runtime().params)}
+    out = {
+        "rank": r,
+        "steps": steps,
+        "switches": log.seen,
+        "final": dataclasses.asdict(basics.runtime().params),
+    }
     if tuner is not None:
         out["best"] = dataclasses.asdict(tuner.best) if tuner.best else None
         out["samples"] = len(tuner.samples)

@@ -17,9 +17,10 @@ import hvdlite.torch as hvd
 
 def step(prefix, r, late=False):
     small = [torch.full((64 * (i + 1),), float(r + i)) for i in range(6)]
-    big = torch.full((800_000,), float(r))          # 3.2 MB: reduced where it lies
-    handles = [hvd.allreduce_async_(t, name=f"{prefix}.small{i}", op=hvd.Sum)
-               for i, t in enumerate(small)]
+    big = torch.full((800_000,), float(r))  # 3.2 MB: reduced where it lies
+    handles = [
+        hvd.allreduce_async_(t, name=f"{prefix}.small{i}", op=hvd.Sum) for i, t in enumerate(small)
+    ]
     handles.append(hvd.allreduce_async_(big, name=f"{prefix}.big", op=hvd.Sum))
     if late:
         if r == 1:
@@ -45,7 +46,7 @@ def main():
         for _ in range(3):
             step("b", r)
         hvd.stop_timeline()
-        hvd.stop_timeline()                   # idempotent
+        hvd.stop_timeline()  # idempotent
         for _ in range(2):
             step("c", r)
         print(f"rank {r} done", flush=True)

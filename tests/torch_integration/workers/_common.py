@@ -16,5 +16,6 @@ def run_cases(cases, only=None):
 def assert_close(name, got, want, rtol, atol):
     if not torch.allclose(got, want, rtol=rtol, atol=atol):
         diff = (got - want).abs().max().item()
-        raise AssertionError(f"{name}: max abs diff {diff:.3g} (rtol={rtol}, atol={atol}) "
-                             f"on rank {hvd.rank()}")
+        raise AssertionError(
+            f"{name}: max abs diff {diff:.3g} (rtol={rtol}, atol={atol}) on rank {hvd.rank()}"
+        )

@@ -17,19 +17,19 @@ def _rows(rank, n_rows, dtype=torch.float32):
 
 
 def _average_of(n_rows, dtype=torch.float32):
-    return sum(_rows(r, n_rows, torch.float64) for r in range(hvd.size())).div(hvd.size()) \
-        .to(dtype)
+    return sum(_rows(r, n_rows, torch.float64) for r in range(hvd.size())).div(hvd.size()).to(dtype)
 
 
 def _my_slice(full):
     rows = full.shape[0] // hvd.size()
-    return full[hvd.rank() * rows:(hvd.rank() + 1) * rows]
+    return full[hvd.rank() * rows : (hvd.rank() + 1) * rows]
 
 
 def _expect(name, got, want):
     if got.dtype != want.dtype:
-        raise AssertionError(f"{name}: dtype {got.dtype}, expected {want.dtype} on rank "
-                             f"{hvd.rank()}")
+        raise AssertionError(
+            f"{name}: dtype {got.dtype}, expected {want.dtype} on rank {hvd.rank()}"
+        )
     assert_close(name, got.double(), want.double(), 0, 1e-6)
 
 
@@ -48,8 +48,7 @@ def allreduce_fp16_gradient():
 def grouped_allreduce_mixed_dtypes():
     """A float64, an int64 (passed through uncompressed) and a float32 tensor: each result
     is decompressed with its own tensor's context."""
-    ins = [_rows(hvd.rank(), 2, torch.float64), torch.arange(4) + hvd.rank(),
-           _rows(hvd.rank(), 3)]
+    ins = [_rows(hvd.rank(), 2, torch.float64), torch.arange(4) + hvd.rank(), _rows(hvd.rank(), 3)]
     outs = hvd.grouped_allreduce(ins, name="c.gar", compression=FP16, op=hvd.Sum)
     n = hvd.size()
     _expect("grouped[0]", outs[0], _average_of(2, torch.float64) * n)

@@ -36,7 +36,7 @@ def broadcast_params():
     torch.manual_seed(10 + hvd.rank())
     model2 = BNNet()
     hvd.broadcast_parameters(model2.named_parameters(), root_rank=1 % hvd.size())
-    for (k, v) in model2.named_parameters():
+    for k, v in model2.named_parameters():
         allv = hvd.allgather(v.detach().unsqueeze(0))
         assert_close(k, v.detach(), allv[1 % hvd.size()], 0, 0)
 
@@ -124,10 +124,11 @@ def broadcast_state_no_grad():
 
     torch.manual_seed(hvd.rank())
     model = NoGrad()
-    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
-                          nesterov=True)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True
+    )
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    if hvd.rank() == 1:       # torch then wraps the reducing step in the wrapper's class
+    if hvd.rank() == 1:  # torch then wraps the reducing step in the wrapper's class
         opt.load_state_dict(opt.state_dict())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -136,10 +137,10 @@ def broadcast_state_no_grad():
     assert torch.equal(grad, hvd.broadcast(grad, root_rank=0)), grad
     buf = opt.state[model.b]["momentum_buffer"]
     assert torch.equal(buf, hvd.broadcast(buf, root_rank=0)), buf
-    opt.state[model.b]["unset"] = None             # a state entry that is None travels
+    opt.state[model.b]["unset"] = None  # a state entry that is None travels
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert opt.state[model.b]["unset"] is None
-    model(torch.ones(2)).sum().backward()          # and training goes on
+    model(torch.ones(2)).sum().backward()  # and training goes on
     opt.step()
 
 
@@ -156,16 +157,17 @@ def broadcast_with_scheduler():
     assert abs(opt.param_groups[0]["lr"] - 0.01) < 1e-12, opt.param_groups[0]["lr"]
     for p in model.parameters():
         buf = opt.state[p]["momentum_buffer"]
-        assert_close("momentum_buffer", buf.reshape(-1),
-                     hvd.allgather(buf.reshape(1, -1))[0], 0, 0)
+        assert_close("momentum_buffer", buf.reshape(-1), hvd.allgather(buf.reshape(1, -1))[0], 0, 0)
 
 
 def distributed_optimizer_state():
     """broadcast_optimizer_state accepts the DistributedOptimizer wrapper."""
     torch.manual_seed(hvd.rank())
     model = BNNet()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 + hvd.rank()),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1 + hvd.rank()),
+        named_parameters=model.named_parameters(),
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert opt.param_groups[0]["lr"] == 0.1
@@ -190,7 +192,7 @@ def sync_batch_norm():
     full = torch.randn(sum(counts), 4, 5, 5, generator=g) * 3 + 1
     gout = torch.randn(sum(counts), 4, 5, 5, generator=g)
     start = sum(counts[:r])
-    local = full[start:start + counts[r]].clone().requires_grad_(True)
+    local = full[start : start + counts[r]].clone().requires_grad_(True)
 
     ref = nn.BatchNorm2d(4)
     with torch.no_grad():
@@ -202,10 +204,10 @@ def sync_batch_norm():
     want = ref(full_in)
     (want * gout).sum().backward()
     got = sbn(local)
-    (got * gout[start:start + counts[r]]).sum().backward()
+    (got * gout[start : start + counts[r]]).sum().backward()
 
-    assert_close("output", got, want[start:start + counts[r]], 1e-4, 1e-5)
-    assert_close("input grad", local.grad, full_in.grad[start:start + counts[r]], 1e-4, 1e-5)
+    assert_close("output", got, want[start : start + counts[r]], 1e-4, 1e-5)
+    assert_close("input grad", local.grad, full_in.grad[start : start + counts[r]], 1e-4, 1e-5)
     wgrad = hvd.allreduce(sbn.weight.grad, op=hvd.Sum)
     bgrad = hvd.allreduce(sbn.bias.grad, op=hvd.Sum)
     assert_close("weight grad", wgrad, ref.weight.grad, 1e-4, 1e-4)

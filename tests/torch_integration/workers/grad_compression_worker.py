@@ -33,9 +33,12 @@ def _backward(model, grads):
 
 
 def _wrap(model, compression, lr=0.0, opt_cls=torch.optim.SGD, **kw):
-    return hvd.DistributedOptimizer(opt_cls(model.parameters(), lr=lr),
-                                    named_parameters=model.named_parameters(),
-                                    compression=compression, **kw)
+    return hvd.DistributedOptimizer(
+        opt_cls(model.parameters(), lr=lr),
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        **kw,
+    )
 
 
 def _check(what, got, want, atol=1e-9):
@@ -45,8 +48,9 @@ def _check(what, got, want, atol=1e-9):
         raise AssertionError(f"{what}: max abs diff {diff:.3g} > {atol} on rank {hvd.rank()}")
 
 
-def _run_against(reference_of, compression, shapes, state_key, bpps=1, process_set=None,
-                 steps=STEPS):
+def _run_against(
+    reference_of, compression, shapes, state_key, bpps=1, process_set=None, steps=STEPS
+):
     """Train ``steps`` steps in every launch strategy; compare each reduced gradient and
     this rank's residual with ``reference_of(grads_by_step, initial_state, n)``."""
     kw = {} if process_set is None else {"process_set": process_set}
@@ -56,10 +60,16 @@ def _run_against(reference_of, compression, shapes, state_key, bpps=1, process_s
         model = _Params(shapes)
         opt = _wrap(model, compression, backward_passes_per_step=bpps, **mode, **kw)
         initial = opt.state_dict()["hvdlite_compression"]["tensors"]["w"]
-        passes = [[_grads(r, s * bpps + i, shapes) for i in range(bpps)]
-                  for s in range(steps) for r in range(n)]
-        summed = [[sum(ps[j] for ps in passes[s * n + r]) for j in range(2)]
-                  for s in range(steps) for r in range(n)]
+        passes = [
+            [_grads(r, s * bpps + i, shapes) for i in range(bpps)]
+            for s in range(steps)
+            for r in range(n)
+        ]
+        summed = [
+            [sum(ps[j] for ps in passes[s * n + r]) for j in range(2)]
+            for s in range(steps)
+            for r in range(n)
+        ]
         by_step = [[summed[s * n + r][0] for r in range(n)] for s in range(steps)]
         want = reference_of(by_step, initial, n)
         for s in range(steps):
@@ -69,11 +79,9 @@ def _run_against(reference_of, compression, shapes, state_key, bpps=1, process_s
             opt.synchronize()
             tag = f"{compression!r} {mode} step {s}"
             _check(f"{tag} matrix", model.w.grad, want[s][0])
-            _check(f"{tag} vector", model.b.grad,
-                   sum(summed[s * n + r][1] for r in range(n)) / n)
+            _check(f"{tag} vector", model.b.grad, sum(summed[s * n + r][1] for r in range(n)) / n)
             got_error = opt.state_dict()["hvdlite_compression"]["tensors"]["w"][state_key]
-            _check(f"{tag} residual", got_error.reshape(want[s][1][rank].shape),
-                   want[s][1][rank])
+            _check(f"{tag} residual", got_error.reshape(want[s][1][rank].shape), want[s][1][rank])
             with opt.skip_synchronize():
                 opt.step()
 
@@ -95,6 +103,7 @@ def _powersgd_case(bpps=1, with_set=False):
                 _run_against(reference, spec, [(12, 10), (10,)], "error", bpps, ps)
         finally:
             hvd.remove_process_set(ps)
+
     return case
 
 
@@ -112,8 +121,10 @@ def channels_last_as_row_major():
     gradients and residuals in every launch strategy; in a bucket its gradient keeps the
     weight's own strides."""
     shapes = [(8, 3, 3, 3), (3,)]
-    for spec in (hvd.Compression.powersgd(rank=2, start_iter=1, min_compression_rate=1.0),
-                 hvd.Compression.topk(ratio=0.05, min_numel=100)):
+    for spec in (
+        hvd.Compression.powersgd(rank=2, start_iter=1, min_compression_rate=1.0),
+        hvd.Compression.topk(ratio=0.05, min_numel=100),
+    ):
         for mode in MODES:
             models = [_Params(shapes), _Params(shapes)]
             last = models[1].w
@@ -126,8 +137,9 @@ def channels_last_as_row_major():
                     _backward(m, g)
                     o.synchronize()
                 tag = f"{spec!r} {mode} step {s}"
-                _check(f"{tag} channels_last gradient", last.grad, models[0].w.grad.numpy(),
-                       atol=1e-12)
+                _check(
+                    f"{tag} channels_last gradient", last.grad, models[0].w.grad.numpy(), atol=1e-12
+                )
                 if not mode:
                     assert last.grad.stride() == last.stride(), (last.grad.stride(), tag)
                 for o in opts:
@@ -147,8 +159,10 @@ def _train(model, opt, steps, first=0):
 def error_feedback_loses_nothing():
     """Sum of the reduced gradients + the mean residual = sum of the mean gradients."""
     shapes = [(24, 20), (20,)]
-    for spec in (hvd.Compression.powersgd(rank=1, start_iter=0),
-                 hvd.Compression.topk(ratio=0.02, min_numel=10)):
+    for spec in (
+        hvd.Compression.powersgd(rank=1, start_iter=0),
+        hvd.Compression.topk(ratio=0.02, min_numel=10),
+    ):
         model = _Params(shapes)
         opt = _wrap(model, spec)
         sent, total = 0, 0
@@ -172,8 +186,10 @@ def checkpoint_round_trip():
     """state_dict() after 3 steps, loaded into a fresh model+wrapper, gives the same 4th
     step as the original; without it, a different one."""
     shapes = [(16, 12), (12,)]
-    for spec in (hvd.Compression.powersgd(rank=2, start_iter=1),
-                 hvd.Compression.topk(ratio=0.1, min_numel=10)):
+    for spec in (
+        hvd.Compression.powersgd(rank=2, start_iter=1),
+        hvd.Compression.topk(ratio=0.1, min_numel=10),
+    ):
         model = _Params(shapes)
         opt = _wrap(model, spec, lr=0.1, opt_cls=torch.optim.Adam)
         _train(model, opt, 3)
@@ -184,27 +200,34 @@ def checkpoint_round_trip():
             fresh = _Params(shapes)
             fresh.load_state_dict(saved_model)
             fresh_opt = _wrap(fresh, spec, lr=0.1, opt_cls=torch.optim.Adam)
-            fresh_opt.load_state_dict(saved_opt if load else
-                                      {k: v for k, v in saved_opt.items()
-                                       if k != "hvdlite_compression"})
+            fresh_opt.load_state_dict(
+                saved_opt
+                if load
+                else {k: v for k, v in saved_opt.items() if k != "hvdlite_compression"}
+            )
             _train(fresh, fresh_opt, 1, first=3)
             same = torch.equal(fresh.w, model.w)
             if same != load:
-                raise AssertionError(f"{spec!r}: loaded={load} but the next step is "
-                                     f"{'the same' if same else 'different'}")
+                raise AssertionError(
+                    f"{spec!r}: loaded={load} but the next step is "
+                    f"{'the same' if same else 'different'}"
+                )
 
 
 def one_checkpoint_on_every_rank():
     """Every rank loads rank 0's checkpoint: the step counter and PowerSGD's Q on all of
     them, the residuals only on rank 0 (zeros elsewhere, not rank 0's residual n times)."""
     shapes = [(16, 12), (12,)]
-    for spec in (hvd.Compression.powersgd(rank=2, start_iter=1),
-                 hvd.Compression.topk(ratio=0.1, min_numel=10)):
+    for spec in (
+        hvd.Compression.powersgd(rank=2, start_iter=1),
+        hvd.Compression.topk(ratio=0.1, min_numel=10),
+    ):
         model = _Params(shapes)
         opt = _wrap(model, spec, lr=0.1)
         _train(model, opt, 3)
-        saved = hvd.broadcast_object(opt.state_dict(), root_rank=0,
-                                     name=f"one_checkpoint.{spec.kind}")["hvdlite_compression"]
+        saved = hvd.broadcast_object(
+            opt.state_dict(), root_rank=0, name=f"one_checkpoint.{spec.kind}"
+        )["hvdlite_compression"]
         assert (saved["rank"], saved["size"], saved["step"]) == (0, hvd.size(), 3), saved
         fresh = _wrap(_Params(shapes), spec, lr=0.1)
         fresh.load_state_dict({**opt.state_dict(), "hvdlite_compression": saved})
@@ -226,7 +249,7 @@ def broadcast_and_elastic_state():
     opt = _wrap(model, hvd.Compression.powersgd(rank=2, start_iter=0))
     _train(model, opt, 2)
     mine = opt.state_dict()
-    if hvd.rank() == 1:                 # make rank 1 differ
+    if hvd.rank() == 1:  # make rank 1 differ
         changed = copy.deepcopy(mine)
         changed["hvdlite_compression"]["step"] = 99
         changed["hvdlite_compression"]["tensors"]["w"]["q"].mul_(3)
@@ -236,15 +259,23 @@ def broadcast_and_elastic_state():
     root = hvd.broadcast_object(mine["hvdlite_compression"], root_rank=0, name="bc.root")
     assert after["step"] == root["step"] == 2, (after["step"], root["step"])
     _check("q after broadcast", after["tensors"]["w"]["q"], root["tensors"]["w"]["q"].numpy(), 0)
-    _check("own residual", after["tensors"]["w"]["error"],
-           mine["hvdlite_compression"]["tensors"]["w"]["error"].numpy(), 0)
+    _check(
+        "own residual",
+        after["tensors"]["w"]["error"],
+        mine["hvdlite_compression"]["tensors"]["w"]["error"].numpy(),
+        0,
+    )
     state = hvd.elastic.TorchState(model=model, optimizer=opt)
     _train(model, opt, 1, first=2)
     state.restore()
     back = opt.state_dict()["hvdlite_compression"]
     assert back["step"] == 2, back["step"]
-    _check("residual after restore", back["tensors"]["w"]["error"],
-           after["tensors"]["w"]["error"].numpy(), 0)
+    _check(
+        "residual after restore",
+        back["tensors"]["w"]["error"],
+        after["tensors"]["w"]["error"].numpy(),
+        0,
+    )
 
 
 def refusals():

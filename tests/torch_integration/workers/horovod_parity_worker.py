@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from _common import assert_close, hvd
 from tests.worker_cases import run_cases
 
-BATCH = 12          # divisible by every set size used here (1, 2, 3)
+BATCH = 12  # divisible by every set size used here (1, 2, 3)
 
 
 def _sets():
@@ -62,9 +62,12 @@ def _train_on_set(ps, make_model, make_opt, steps=3, **dist_kw):
     ref = make_model()
     model = copy.deepcopy(ref)
     ref_opt = make_opt(ref.parameters())
-    opt = hvd.DistributedOptimizer(make_opt(model.parameters()),
-                                   named_parameters=model.named_parameters(), process_set=ps,
-                                   **dist_kw)
+    opt = hvd.DistributedOptimizer(
+        make_opt(model.parameters()),
+        named_parameters=model.named_parameters(),
+        process_set=ps,
+        **dist_kw,
+    )
     k, r = ps.size(), ps.rank()
     s = BATCH // k
     for step in range(steps):
@@ -73,7 +76,7 @@ def _train_on_set(ps, make_model, make_opt, steps=3, **dist_kw):
         F.mse_loss(ref(x), y).backward()
         ref_opt.step()
         opt.zero_grad()
-        F.mse_loss(model(x[r * s:(r + 1) * s]), y[r * s:(r + 1) * s]).backward()
+        F.mse_loss(model(x[r * s : (r + 1) * s]), y[r * s : (r + 1) * s]).backward()
         opt.step()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_close(f"{name} (set {ps.ranks})", p.detach(), q.detach(), 1e-5, 1e-6)
@@ -85,16 +88,23 @@ def _sgd(params):
 
 def optimizer_on_sets():
     """Every gradient path on sets that are not the whole job: no hang, the right result."""
-    variants = [(Net, _sgd, {}), (Net, _sgd, {"bucket_cap_mb": 0}),
-                (Net, _sgd, {"num_groups": 2}), (EmbNet, _sgd, {"bucket_cap_mb": 0}),
-                (EmbNet, _sgd, {})]
+    variants = [
+        (Net, _sgd, {}),
+        (Net, _sgd, {"bucket_cap_mb": 0}),
+        (Net, _sgd, {"num_groups": 2}),
+        (EmbNet, _sgd, {"bucket_cap_mb": 0}),
+        (EmbNet, _sgd, {}),
+    ]
     sets = _sets()
     for ps in sets:
         if ps.included():
             for make_model, make_opt, kw in variants:
                 _train_on_set(ps, make_model, make_opt, **kw)
-            for kw in ({"op": hvd.Adasum}, {"backward_passes_per_step": 2},
-                       {"compression": hvd.Compression.fp16}):
+            for kw in (
+                {"op": hvd.Adasum},
+                {"backward_passes_per_step": 2},
+                {"compression": hvd.Compression.fp16},
+            ):
                 _same_on_members(ps, **kw)
         hvd.barrier()
     for ps in sets:
@@ -106,9 +116,12 @@ def _same_on_members(ps, **dist_kw):
     and must end with the same parameters (and not hang)."""
     torch.manual_seed(0)
     model = Net()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(), process_set=ps,
-                                   **dist_kw)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        process_set=ps,
+        **dist_kw,
+    )
     passes = dist_kw.get("backward_passes_per_step", 1)
     for step in range(2):
         opt.zero_grad()
@@ -131,8 +144,9 @@ def sparse_in_sets():
             for i in range(3):
                 vals = torch.tensor([1.0, 2.0, 3.0]) * (me + 1)
                 t = torch.sparse_coo_tensor(torch.tensor([[0, 2, 4]]), vals, (6,))
-                got = hvd.sparse_allreduce_async(t, name=f"ps.sparse.{i}", op=hvd.Sum,
-                                                 process_set=ps)().to_dense()
+                got = hvd.sparse_allreduce_async(
+                    t, name=f"ps.sparse.{i}", op=hvd.Sum, process_set=ps
+                )().to_dense()
                 scale = float(sum(q + 1 for q in ps.ranks))
                 want = torch.tensor([1.0, 0, 2.0, 0, 3.0, 0]) * scale
                 assert_close("sparse sum in set", got, want, 0, 0)
@@ -152,9 +166,10 @@ def join_refuses_allgather_broadcast():
     if r == 0:
         last = hvd.join()
     else:
-        for what, call in (("allgather", lambda: hvd.allgather(torch.ones(1), name="j.ag")),
-                           ("broadcast", lambda: hvd.broadcast(torch.ones(1), root_rank=1,
-                                                               name="j.bc"))):
+        for what, call in (
+            ("allgather", lambda: hvd.allgather(torch.ones(1), name="j.ag")),
+            ("broadcast", lambda: hvd.broadcast(torch.ones(1), root_rank=1, name="j.bc")),
+        ):
             started = time.monotonic()
             try:
                 call()
@@ -204,9 +219,11 @@ def duplicate_names_are_value_errors():
 
 def reducescatter_adasum():
     """Horovod refuses Adasum for reducescatter with a HorovodInternalError."""
-    for call in (lambda: hvd.reducescatter(torch.ones(4, 1), op=hvd.Adasum),
-                 lambda: hvd.reducescatter_async(torch.ones(4, 1), op=hvd.Adasum),
-                 lambda: hvd.grouped_reducescatter([torch.ones(4, 1)], op=hvd.Adasum)):
+    for call in (
+        lambda: hvd.reducescatter(torch.ones(4, 1), op=hvd.Adasum),
+        lambda: hvd.reducescatter_async(torch.ones(4, 1), op=hvd.Adasum),
+        lambda: hvd.grouped_reducescatter([torch.ones(4, 1)], op=hvd.Adasum),
+    ):
         try:
             call()
         except hvd.HorovodInternalError as e:
@@ -214,7 +231,7 @@ def reducescatter_adasum():
             assert "Reducescatter currently only supports SUM" in str(e), e
         else:
             raise AssertionError("reducescatter(op=Adasum) was accepted")
-    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()   # still usable
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()  # still usable
 
 
 def generated_parameter_names():
@@ -222,19 +239,26 @@ def generated_parameter_names():
     rank, exposed as optimizer._parameter_names (param -> name) as Horovod does."""
     torch.manual_seed(0)
     model = Net()
-    groups = [{"params": list(model.fc1.parameters())},
-              {"params": list(model.fc2.parameters()), "lr": 0.05}]
+    groups = [
+        {"params": list(model.fc1.parameters())},
+        {"params": list(model.fc2.parameters()), "lr": 0.05},
+    ]
     opt = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
     names = opt._parameter_names
     params = [p for g in opt.param_groups for p in g["params"]]
     assert set(names) == set(params) and len(set(names.values())) == len(params), names
-    assert [names[p] for p in params] == ["allreduce.noname.0.0", "allreduce.noname.0.1",
-                                          "allreduce.noname.1.0", "allreduce.noname.1.1"]
+    assert [names[p] for p in params] == [
+        "allreduce.noname.0.0",
+        "allreduce.noname.0.1",
+        "allreduce.noname.1.0",
+        "allreduce.noname.1.1",
+    ]
     everyone = hvd.allgather_object([names[p] for p in params], name="names")
     assert all(x == everyone[0] for x in everyone), everyone
     model2 = Net()
-    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(model2.parameters(), lr=0.1),
-                                    named_parameters=model2.named_parameters())
+    opt2 = hvd.DistributedOptimizer(
+        torch.optim.SGD(model2.parameters(), lr=0.1), named_parameters=model2.named_parameters()
+    )
     assert opt2._parameter_names == {p: nm for nm, p in model2.named_parameters()}
     x, y = _batch(0, False)
     F.mse_loss(model(x), y).backward()
@@ -247,8 +271,11 @@ def _sparse_adam_case(**dist_kw):
         ref = EmbNet()
         model = copy.deepcopy(ref)
         ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05)
-        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.05),
-                                       named_parameters=model.named_parameters(), **dist_kw)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SparseAdam(model.parameters(), lr=0.05),
+            named_parameters=model.named_parameters(),
+            **dist_kw,
+        )
         n, r = hvd.size(), hvd.rank()
         s = BATCH // n
         for step in range(4):
@@ -257,11 +284,11 @@ def _sparse_adam_case(**dist_kw):
             F.mse_loss(ref(idx), y).backward()
             ref_opt.step()
             opt.zero_grad()
-            F.mse_loss(model(idx[r * s:(r + 1) * s]), y[r * s:(r + 1) * s]).backward()
+            F.mse_loss(model(idx[r * s : (r + 1) * s]), y[r * s : (r + 1) * s]).backward()
             opt.step()
             assert model.emb.weight.grad.is_sparse, "SparseAdam needs a sparse gradient"
-        assert_close("emb.weight", model.emb.weight.detach(), ref.emb.weight.detach(),
-                     1e-5, 1e-6)
+        assert_close("emb.weight", model.emb.weight.detach(), ref.emb.weight.detach(), 1e-5, 1e-6)
+
     return case
 
 
@@ -269,8 +296,9 @@ def sync_then_step_warns():
     """synchronize() then step() outside skip_synchronize(): Horovod's warning."""
     torch.manual_seed(0)
     model = Net()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     x, y = _batch(0, False)
     F.mse_loss(model(x), y).backward()
     opt.synchronize()
@@ -278,8 +306,9 @@ def sync_then_step_warns():
         warnings.simplefilter("always")
         opt.step()
     texts = [str(w.message) for w in caught]
-    assert any("optimizer.step() called without optimizer.skip_synchronize()" in t
-               for t in texts), texts
+    assert any(
+        "optimizer.step() called without optimizer.skip_synchronize()" in t for t in texts
+    ), texts
     opt.zero_grad()
     F.mse_loss(model(x), y).backward()
     opt.synchronize()
@@ -303,19 +332,19 @@ def uint16_everywhere():
         return base.to(torch.int32).to(u16)
 
     def every(k=0):
-        return [(torch.tensor([65530, 1, 300 + q, 7 * q], dtype=torch.int64) + k)
-                for q in range(n)]
+        return [(torch.tensor([65530, 1, 300 + q, 7 * q], dtype=torch.int64) + k) for q in range(n)]
 
     def expect(got, want):
         assert got.dtype == u16, got.dtype
-        assert torch.equal(got.to(torch.int64), torch.as_tensor(want, dtype=torch.int64)), \
-            (got, want)
+        assert torch.equal(got.to(torch.int64), torch.as_tensor(want, dtype=torch.int64)), (
+            got,
+            want,
+        )
 
     total = sum(every())
     expect(hvd.allreduce(mine(), op=hvd.Sum, name="u16.sum"), total % 65536)
     expect(hvd.allreduce(mine(), name="u16.avg"), torch.div(total, n, rounding_mode="trunc"))
-    expect(hvd.allreduce(mine(), op=hvd.Max, name="u16.max"),
-           torch.stack(every()).max(0).values)
+    expect(hvd.allreduce(mine(), op=hvd.Max, name="u16.max"), torch.stack(every()).max(0).values)
     t = mine()
     assert hvd.allreduce_(t, op=hvd.Sum, name="u16.inplace") is t
     expect(t, total % 65536)

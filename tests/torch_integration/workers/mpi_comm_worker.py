@@ -15,7 +15,7 @@ ME = WORLD.Get_rank()
 
 def set_from_communicator():
     hvd.init(process_sets="dynamic")
-    comm = WORLD.Split(0 if ME < 2 else MPI.UNDEFINED, ME)    # COMM_NULL on ranks 2, 3
+    comm = WORLD.Split(0 if ME < 2 else MPI.UNDEFINED, ME)  # COMM_NULL on ranks 2, 3
     ps = hvd.add_process_set(hvd.ProcessSet(comm))
     assert ps.ranks == [0, 1], ps
     if ME < 2:
@@ -26,7 +26,7 @@ def set_from_communicator():
 
 
 def init_with_communicator():
-    half = WORLD.Split(ME % 2, ME)        # two 2-rank jobs side by side
+    half = WORLD.Split(ME % 2, ME)  # two 2-rank jobs side by side
     hvd.init(comm=half)
     assert (hvd.rank(), hvd.size()) == (ME // 2, 2), (hvd.rank(), hvd.size())
     got = hvd.allreduce(torch.tensor([ME + 1.0]), op=hvd.Sum)

@@ -51,13 +51,23 @@ def make_opt(kind, params, lr_mult=1.0):
     raise ValueError(kind)
 
 
-def train_case(kind="sgd", bpps=1, compression=None, op=None, predivide=1.0, rtol=1e-5,
-               atol=1e-6, broadcast=False, **dist_kw):
+def train_case(
+    kind="sgd",
+    bpps=1,
+    compression=None,
+    op=None,
+    predivide=1.0,
+    rtol=1e-5,
+    atol=1e-6,
+    broadcast=False,
+    **dist_kw,
+):
     """``broadcast``: rank 1 starts from other weights, and broadcast_parameters +
     broadcast_optimizer_state give every rank rank 0's before training (the reference
     process never broadcasts).  There the never-used layer is frozen in both: a
     DistributedOptimizer gives an unused parameter a zero gradient (as Horovod's), which
     AdamW's weight decay would move while the reference's None gradient is skipped."""
+
     def case():
         comp = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         the_op = hvd.Sum if op == "sum" else hvd.Average
@@ -75,10 +85,14 @@ def train_case(kind="sgd", bpps=1, compression=None, op=None, predivide=1.0, rto
         if callable(kw.get("groups")):
             kw["groups"] = kw["groups"](model)
         opt = hvd.DistributedOptimizer(
-            make_opt(kind, model.parameters()), named_parameters=model.named_parameters(),
-            compression=comp, backward_passes_per_step=bpps,
-            op=the_op, gradient_predivide_factor=predivide,
-            **kw)
+            make_opt(kind, model.parameters()),
+            named_parameters=model.named_parameters(),
+            compression=comp,
+            backward_passes_per_step=bpps,
+            op=the_op,
+            gradient_predivide_factor=predivide,
+            **kw,
+        )
         assert isinstance(opt, type(ref_opt)), type(opt).__mro__
         if broadcast:
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -93,14 +107,15 @@ def train_case(kind="sgd", bpps=1, compression=None, op=None, predivide=1.0, rto
 
             opt.zero_grad()
             shard = BATCH // n
-            xs, ys = x[r * shard:(r + 1) * shard], y[r * shard:(r + 1) * shard]
+            xs, ys = x[r * shard : (r + 1) * shard], y[r * shard : (r + 1) * shard]
             micro = shard // bpps
             for k in range(bpps):
-                out = model(xs[k * micro:(k + 1) * micro])
-                (F.cross_entropy(out, ys[k * micro:(k + 1) * micro]) / bpps).backward()
+                out = model(xs[k * micro : (k + 1) * micro])
+                (F.cross_entropy(out, ys[k * micro : (k + 1) * micro]) / bpps).backward()
             opt.step()
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             assert_close(name, p.detach(), q.detach(), rtol, atol)
+
     return case
 
 
@@ -108,8 +123,9 @@ def uneven_usage():
     """A parameter used only on rank 1 (data-dependent branch): no deadlock, same result."""
     torch.manual_seed(0)
     model = Net()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     for step in range(3):
         x, y = data(step)
         opt.zero_grad()
@@ -127,22 +143,23 @@ def errors():
     model = Net()
     named = list(model.named_parameters())
     try:
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                 named_parameters=named[:-1])
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:-1]
+        )
     except ValueError as e:
         assert "missing" in str(e), e
     else:
         raise AssertionError("missing names accepted")
     dup = [("same", p) for _, p in named]
     try:
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                 named_parameters=dup)
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=dup)
     except ValueError as e:
         assert "duplicate" in str(e) and "same" in str(e), e
     else:
         raise AssertionError("duplicate names accepted")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     x, y = data(0)
     F.cross_entropy(model(x), y).backward()
     try:
@@ -163,20 +180,22 @@ def _match_full_batch(steps, momentum, ref_update, dist_update, prepare=lambda m
     ref = prepare(Net())
     model = copy.deepcopy(ref)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
-                                                   momentum=momentum),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+        named_parameters=model.named_parameters(),
+    )
     s, r = BATCH // hvd.size(), hvd.rank()
     for step in range(steps):
         x, y = data(step)
         ref_update(ref, ref_opt, x, y)
-        dist_update(model, opt, x[r * s:(r + 1) * s], y[r * s:(r + 1) * s])
+        dist_update(model, opt, x[r * s : (r + 1) * s], y[r * s : (r + 1) * s])
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_close(name, p.detach(), q.detach(), 1e-5, 1e-6)
 
 
 def sync_then_step():
     """The gradient-clipping pattern: synchronize(), clip, step() under skip_synchronize()."""
+
     def ref_update(ref, ref_opt, x, y):
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
@@ -196,6 +215,7 @@ def sync_then_step():
 
 def set_to_none_by_module():
     """model.zero_grad() (set_to_none) instead of opt.zero_grad(): grads re-adopt buckets."""
+
     def ref_update(ref, ref_opt, x, y):
         ref.zero_grad()
         F.cross_entropy(ref(x), y).backward()
@@ -213,6 +233,7 @@ def channels_last():
     """A channels_last model (and input): the full-batch result, and the conv weight's
     gradient, a view of its bucket, keeps the weight's strides (DDP's layout), so autograd
     accumulates into it without reordering."""
+
     def to_last(x):
         return x.contiguous(memory_format=torch.channels_last)
 
@@ -228,15 +249,17 @@ def channels_last():
         w = model.conv.weight
         assert w.grad.stride() == w.stride() and not w.grad.is_contiguous(), w.grad.stride()
 
-    _match_full_batch(3, 0.9, ref_update, dist_update, lambda m: m.to(
-        memory_format=torch.channels_last))
+    _match_full_batch(
+        3, 0.9, ref_update, dist_update, lambda m: m.to(memory_format=torch.channels_last)
+    )
 
 
 def lr_scheduler():
     torch.manual_seed(0)
     model = Net()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "scheduler.step() before optimizer.step()" must not fire
@@ -265,8 +288,11 @@ def sparse_case(**dist_kw):
         ref = EmbNet()
         model = copy.deepcopy(ref)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                       named_parameters=model.named_parameters(), **dist_kw)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            named_parameters=model.named_parameters(),
+            **dist_kw,
+        )
         n, r = hvd.size(), hvd.rank()
         for step in range(3):
             g = torch.Generator().manual_seed(step)
@@ -277,10 +303,11 @@ def sparse_case(**dist_kw):
             ref_opt.step()
             opt.zero_grad()
             s = BATCH // n
-            F.cross_entropy(model(idx[r * s:(r + 1) * s]), y[r * s:(r + 1) * s]).backward()
+            F.cross_entropy(model(idx[r * s : (r + 1) * s]), y[r * s : (r + 1) * s]).backward()
             opt.step()
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             assert_close(name, p.detach(), q.detach(), 1e-5, 1e-6)
+
     return case
 
 
@@ -299,8 +326,9 @@ class ScaledSGD(torch.optim.SGD):
 def custom_subclass():
     torch.manual_seed(0)
     model = Net()
-    opt = hvd.DistributedOptimizer(ScaledSGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        ScaledSGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     assert isinstance(opt, ScaledSGD)
     x, y = data(0)
     F.cross_entropy(model(x), y).backward()
@@ -320,14 +348,16 @@ CASES = {
     "sgd_bpps2": train_case("sgd", bpps=2),
     "adam_bpps2_params_path": train_case("adam", bpps=2, bucket_cap_mb=0),
     "sgd_fp16": train_case("sgd", compression="fp16", rtol=1e-2, atol=2e-3),
-    "adam_fp16_params_path": train_case("adam", compression="fp16", rtol=1e-2, atol=2e-3,
-                                        bucket_cap_mb=0),
+    "adam_fp16_params_path": train_case(
+        "adam", compression="fp16", rtol=1e-2, atol=2e-3, bucket_cap_mb=0
+    ),
     "sgd_op_sum": train_case("sgd", op="sum"),
     "sgd_op_sum_predivide": train_case("sgd", op="sum", predivide=2.0),
     "sgd_average_predivide": train_case("sgd", predivide=4.0),
     "sgd_num_groups": train_case("sgd", groups=2),
     "adam_explicit_groups": train_case(
-        "adam", groups=lambda m: [[m.conv.weight, m.conv.bias], [m.fc2.bias, m.fc1.weight]]),
+        "adam", groups=lambda m: [[m.conv.weight, m.conv.bias], [m.fc2.bias, m.fc1.weight]]
+    ),
     "sgd_momentum_after_broadcast": train_case("sgd", broadcast=True),
     "adam_after_broadcast": train_case("adam", broadcast=True),
     "adamw_after_broadcast": train_case("adamw_decay", broadcast=True),

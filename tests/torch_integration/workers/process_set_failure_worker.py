@@ -17,7 +17,7 @@ if me == 1:
 if me in high.ranks:
     got = hvd.allreduce(torch.tensor([me + 1.0]), op=hvd.Sum, process_set=high)
     print(f"HIGH_OK rank={me} value={got.item()}", flush=True)
-    time.sleep(30)                     # the launcher ends us once rank 1's exit is seen
+    time.sleep(30)  # the launcher ends us once rank 1's exit is seen
 else:
     start = time.monotonic()
     try:

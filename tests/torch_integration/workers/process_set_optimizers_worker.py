@@ -19,10 +19,13 @@ from tests.worker_cases import run_cases
 
 
 def _classes():
-    return [getattr(torch.optim, a) for a in sorted(dir(torch.optim))
-            if isinstance(getattr(torch.optim, a), type)
-            and issubclass(getattr(torch.optim, a), torch.optim.Optimizer)
-            and a != "Optimizer"]
+    return [
+        getattr(torch.optim, a)
+        for a in sorted(dir(torch.optim))
+        if isinstance(getattr(torch.optim, a), type)
+        and issubclass(getattr(torch.optim, a), torch.optim.Optimizer)
+        and a != "Optimizer"
+    ]
 
 
 def _train(cls, this_set, set_root):
@@ -32,11 +35,12 @@ def _train(cls, this_set, set_root):
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
     try:
         opt = cls(model.parameters(), lr=0.01)
-    except Exception as exc:               # e.g. Muon and 1-D parameters
+    except Exception as exc:  # e.g. Muon and 1-D parameters
         return f"construct: {type(exc).__name__}"
     try:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       process_set=this_set)
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), process_set=this_set
+        )
         data = torch.Generator().manual_seed(hvd.rank())
         for _ in range(2):
             x = torch.randn(8, 4, generator=data)
@@ -46,16 +50,18 @@ def _train(cls, this_set, set_root):
                 loss = model(x).pow(2).mean()
                 loss.backward()
                 return loss
+
             if isinstance(opt, torch.optim.LBFGS):
                 opt.step(closure)
             else:
                 closure()
                 opt.step()
-    except Exception as exc:               # LBFGS updated with local gradients first
+    except Exception as exc:  # LBFGS updated with local gradients first
         return f"train: {type(exc).__name__}"
     for name, p in model.named_parameters():
-        root = hvd.broadcast(p.detach().clone(), set_root, name=f"{cls.__name__}.{name}",
-                             process_set=this_set)
+        root = hvd.broadcast(
+            p.detach().clone(), set_root, name=f"{cls.__name__}.{name}", process_set=this_set
+        )
         assert_close(f"{cls.__name__} {name}", p.detach(), root, 0, 0)
     return None
 
@@ -91,8 +97,9 @@ def optimizer_on_a_non_member():
         model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9, weight_decay=0.1)
         if process_set is not None:
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                           process_set=process_set)
+            opt = hvd.DistributedOptimizer(
+                opt, named_parameters=model.named_parameters(), process_set=process_set
+            )
         return model, opt
 
     model, opt = model_and_optimizer(even)
@@ -105,15 +112,14 @@ def optimizer_on_a_non_member():
             o.zero_grad()
             torch.nn.functional.mse_loss(m(x), y).backward()
             o.step()
-    opt.synchronize()                      # nothing in flight: returns at once everywhere
+    opt.synchronize()  # nothing in flight: returns at once everywhere
     weight = model.state_dict()["2.weight"]
     everyone = hvd.allgather(weight.unsqueeze(0), process_set=this_set)
     if r % 2 == 0:
         for other in everyone:
             assert_close("even set's weights", other, weight, 0, 0)
     else:
-        assert_close("non-member's weights", weight, local_model.state_dict()["2.weight"],
-                     0, 0)
+        assert_close("non-member's weights", weight, local_model.state_dict()["2.weight"], 0, 0)
         assert not opt._hvd_hook_handles, "a non-member's optimizer hooked its parameters"
     hvd.remove_process_set(odd)
     hvd.remove_process_set(even)
@@ -121,6 +127,11 @@ def optimizer_on_a_non_member():
 
 
 if __name__ == "__main__":
-    run_cases(hvd, {"optimizers_in_process_sets": optimizers_in_process_sets,
-                    "optimizer_on_a_non_member": optimizer_on_a_non_member},
-              process_sets="dynamic")
+    run_cases(
+        hvd,
+        {
+            "optimizers_in_process_sets": optimizers_in_process_sets,
+            "optimizer_on_a_non_member": optimizer_on_a_non_member,
+        },
+        process_sets="dynamic",
+    )

@@ -46,8 +46,7 @@ def check_collectives(even, odd):
     # allgather: rows in set-rank order, uneven first dimensions
     rows = torch.full((me + 1, 2), float(me))
     g = hvd.allgather(rows, process_set=ps)
-    assert_close("allgather", g, torch.cat([torch.full((r + 1, 2), float(r)) for r in ranks]),
-                 0, 0)
+    assert_close("allgather", g, torch.cat([torch.full((r + 1, 2), float(r)) for r in ranks]), 0, 0)
     # broadcast: root_rank is a job rank that belongs to the set
     b = hvd.broadcast(torch.tensor([float(me)]), root_rank=ranks[1], process_set=ps)
     assert b.item() == ranks[1]
@@ -88,7 +87,7 @@ def check_autograd(even, odd):
     (y * torch.arange(1.0, 5.0).unsqueeze(1)).sum().backward()
     # d/dx: the set-average of the output gradient, this member's rows
     rows = torch.arange(1.0, 5.0).unsqueeze(1).expand(4, 3)
-    want = rows[2 * ps.rank():2 * ps.rank() + 2]
+    want = rows[2 * ps.rank() : 2 * ps.rank() + 2]
     assert_close("allgather grad", x.grad, want, 0, 1e-6)
 
 
@@ -99,8 +98,7 @@ def _model(seed):
 
 def _batches(set_index, member, steps=6):
     g = torch.Generator().manual_seed(100 * set_index + member)
-    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g))
-            for _ in range(steps)]
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(steps)]
 
 
 def check_concurrent_training(even, odd):
@@ -109,8 +107,11 @@ def check_concurrent_training(even, odd):
     ps, ranks = _mine(even, odd), _set_ranks()
     index = 0 if ps is even else 1
     model = _model(seed=7 + index)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(), process_set=ps)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        process_set=ps,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=ranks[0], process_set=ps)
     for xb, yb in _batches(index, ps.rank()):
         opt.zero_grad()
@@ -140,12 +141,12 @@ def check_objects_and_batchnorm(even, odd):
     y = bn(x)
     full = torch.cat([_rank_batch(r) for r in ranks])
     ref = nn.BatchNorm2d(3)(full)
-    mine = ref[4 * ps.rank():4 * ps.rank() + 4]
+    mine = ref[4 * ps.rank() : 4 * ps.rank() + 4]
     assert_close("sync batch norm", y.detach(), mine.detach(), 1e-4, 1e-5)
 
 
 def _rank_batch(r):
-    torch.manual_seed(r)                  # as the rank seeded before making its batch
+    torch.manual_seed(r)  # as the rank seeded before making its batch
     return torch.randn(4, 3, 2, 2)
 
 
@@ -155,11 +156,13 @@ def check_overlapping_sets_run_concurrently(even, odd):
     me = hvd.rank()
     handles = []
     if me in low.ranks:
-        handles.append((low, hvd.allreduce_async(torch.tensor([me + 1.0]), op=hvd.Sum,
-                                                 process_set=low)))
+        handles.append(
+            (low, hvd.allreduce_async(torch.tensor([me + 1.0]), op=hvd.Sum, process_set=low))
+        )
     if me in high.ranks:
-        handles.append((high, hvd.allreduce_async(torch.tensor([me + 1.0]), op=hvd.Sum,
-                                                  process_set=high)))
+        handles.append(
+            (high, hvd.allreduce_async(torch.tensor([me + 1.0]), op=hvd.Sum, process_set=high))
+        )
     for ps, h in handles:
         assert hvd.synchronize(h).item() == sum(r + 1.0 for r in ps.ranks)
     # unnamed ops are numbered per set: a rank outside a set does not shift its names
@@ -188,8 +191,9 @@ def check_remove_and_readd(even, odd):
     assert again.process_set_id > old_id
     mine = again if hvd.rank() in EVEN else again_odd
     want = float(sum(r + 1 for r in _set_ranks()))
-    assert hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum,
-                         process_set=mine).item() == want
+    assert (
+        hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, process_set=mine).item() == want
+    )
     return again, again_odd
 
 
@@ -201,8 +205,7 @@ def check_mismatch_names_job_ranks(even, odd):
         hvd.allreduce(torch.ones(2 + ranks.index(me)), name="mismatched", process_set=ps)
     except RuntimeError as e:
         msg = str(e)
-        assert f"ranks [{ranks[0]}] sent [2]" in msg and f"ranks [{ranks[1]}] sent [3]" in msg, \
-            msg
+        assert f"ranks [{ranks[0]}] sent [2]" in msg and f"ranks [{ranks[1]}] sent [3]" in msg, msg
     else:
         raise AssertionError("a shape mismatch inside a set was accepted")
     # and the set still works afterwards
@@ -211,7 +214,7 @@ def check_mismatch_names_job_ranks(even, odd):
 
 def check_errors():
     me = hvd.rank()
-    try:                                    # the ranks disagree: every rank is told
+    try:  # the ranks disagree: every rank is told
         hvd.add_process_set([0, 1] if me == 0 else [0, 3])
     except ValueError as e:
         assert "disagree" in str(e) and "[0, 1]" in str(e) and "[0, 3]" in str(e), e
@@ -248,8 +251,10 @@ def main():
         even, odd = hvd.ProcessSet(EVEN), hvd.ProcessSet(ODD)
         hvd.init(process_sets=[even, odd])
         assert (even.process_set_id, odd.process_set_id) == (1, 2)
-        cases = {"static_collectives": lambda: check_collectives(even, odd),
-                 "static_not_dynamic": _static_refuses_add}
+        cases = {
+            "static_collectives": lambda: check_collectives(even, odd),
+            "static_not_dynamic": _static_refuses_add,
+        }
     else:
         hvd.init(process_sets="dynamic")
         even, odd = hvd.add_process_set(EVEN), hvd.add_process_set(ODD)
@@ -262,14 +267,15 @@ def main():
             "collectives": lambda: check_collectives(sets["even"], sets["odd"]),
             "autograd": lambda: check_autograd(sets["even"], sets["odd"]),
             "concurrent_training": lambda: check_concurrent_training(sets["even"], sets["odd"]),
-            "objects_and_batchnorm": lambda: check_objects_and_batchnorm(sets["even"],
-                                                                         sets["odd"]),
-            "overlapping": lambda: check_overlapping_sets_run_concurrently(sets["even"],
-                                                                           sets["odd"]),
+            "objects_and_batchnorm": lambda: check_objects_and_batchnorm(sets["even"], sets["odd"]),
+            "overlapping": lambda: check_overlapping_sets_run_concurrently(
+                sets["even"], sets["odd"]
+            ),
             "remove_and_readd": readd,
             "collectives_after_readd": lambda: check_collectives(sets["even"], sets["odd"]),
-            "mismatch_names_job_ranks": lambda: check_mismatch_names_job_ranks(sets["even"],
-                                                                               sets["odd"]),
+            "mismatch_names_job_ranks": lambda: check_mismatch_names_job_ranks(
+                sets["even"], sets["odd"]
+            ),
             "errors": check_errors,
         }
     rank = hvd.rank()

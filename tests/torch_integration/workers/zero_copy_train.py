@@ -28,7 +28,7 @@ def _counted(self, flats, *args, **kwargs):
     done = _zero_copy(self, flats, *args, **kwargs)
     arena = shared_buckets.arena()
     if not done and (arena is None or arena.offset_of(flats[0]) < 0):
-        return done          # not a bucket (the elastic state's own allreduces)
+        return done  # not a bucket (the elastic state's own allreduces)
     key = basics.rendezvous_round()
     counts = ZERO_COPY_BY_ROUND.setdefault(key, [0, 0])
     counts[bool(done)] += 1
@@ -43,9 +43,13 @@ COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
 def make_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 192), torch.nn.Tanh(),
-                               torch.nn.Linear(192, 160), torch.nn.Tanh(),
-                               torch.nn.Linear(160, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 192),
+        torch.nn.Tanh(),
+        torch.nn.Linear(192, 160),
+        torch.nn.Tanh(),
+        torch.nn.Linear(160, 4),
+    )
 
 
 def batch(step, rank):
@@ -65,8 +69,10 @@ def train(compression, elastic):
     model = make_model()
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-        named_parameters=model.named_parameters(), compression=COMPRESSIONS[compression],
-        bucket_cap_mb=float(os.environ.get("ZC_BUCKET_MB", "0.05")))
+        named_parameters=model.named_parameters(),
+        compression=COMPRESSIONS[compression],
+        bucket_cap_mb=float(os.environ.get("ZC_BUCKET_MB", "0.05")),
+    )
     shared = [b.shared for b in opt._hvd_buckets]
     ZERO_COPY_BY_ROUND.clear()
     if elastic:
@@ -83,9 +89,12 @@ def train(compression, elastic):
     else:
         for step in range(STEPS):
             train_step(model, opt, step)
-    return {"params": [p.detach().clone() for p in model.parameters()],
-            "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
-            "shared": shared, "zero_copy": dict(ZERO_COPY_BY_ROUND)}
+    return {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+        "shared": shared,
+        "zero_copy": dict(ZERO_COPY_BY_ROUND),
+    }
 
 
 #: ``small``: pieces of 5 KiB floats (slots of 20 KiB), so every bucket is many pieces
@@ -115,9 +124,13 @@ def main():
     out = os.environ["ZC_OUT"]
     rank = int(os.environ.get("HVDLITE_RANK", "0"))
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
-    print(f"DONE rank={rank} " + " ".join(
-        f"{k}: shared={v['shared']} zero_copy={v['zero_copy']}" for k, v in results.items()),
-        flush=True)
+    print(
+        f"DONE rank={rank} "
+        + " ".join(
+            f"{k}: shared={v['shared']} zero_copy={v['zero_copy']}" for k, v in results.items()
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
