@@ -16,6 +16,7 @@ from hvdlite.torch.functions import (
 )
 from hvdlite.torch.optimizer import DistributedOptimizer  # noqa: F401
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from hvdlite.torch.slow_links.diloco import DiLoCo  # noqa: F401
 from hvdlite.torch import elastic  # noqa: F401,E402
 from hvdlite.common.basics import start_timeline, stop_timeline  # noqa: F401,E402
 
@@ -33,6 +34,7 @@ __all__ = list(_ops_all) + [
     "Compression",
     "DistributedOptimizer",
     "SyncBatchNorm",
+    "DiLoCo",
     "broadcast_parameters",
     "broadcast_optimizer_state",
     "broadcast_object",

@@ -12,6 +12,7 @@ import torch
 from hvdlite.common.compression import Compressor, NoneCompressor
 from hvdlite.torch.powersgd import PowerSGD
 from hvdlite.torch.topk import TopK
+from hvdlite.torch.slow_links.int8 import Int8
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
@@ -41,8 +42,9 @@ class FP16Compressor(Compressor):
 class Compression:
     """The built-in compressors, under Horovod's names, and hvdlite's stateful ones.
 
-    ``powersgd(...)`` and ``topk(...)`` build settings objects
-    (:class:`~hvdlite.torch.powersgd.PowerSGD`, :class:`~hvdlite.torch.topk.TopK`) for
+    ``powersgd(...)``, ``topk(...)`` and ``int8(...)`` build settings objects
+    (:class:`~hvdlite.torch.powersgd.PowerSGD`, :class:`~hvdlite.torch.topk.TopK`,
+    :class:`~hvdlite.torch.slow_links.int8.Int8`) for
     ``DistributedOptimizer(opt, compression=...)`` only: they keep error-feedback state
     across steps, so the plain collectives refuse them with a ``TypeError``.
     """
@@ -55,3 +57,6 @@ class Compression:
     powersgd = PowerSGD
     #: top-k sparsification with error feedback (DistributedOptimizer only)
     topk = TopK
+    #: 8-bit values with a scale per chunk and error feedback (DistributedOptimizer and
+    #: DiLoCo's outer step)
+    int8 = Int8

@@ -29,6 +29,7 @@ from hvdlite.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from hvdlite.torch.slow_links.diloco import DiLoCo
 from hvdlite.torch.mpi_ops import rank, size
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
@@ -222,10 +223,16 @@ class _SamplerHandler(_Handler):
         )
 
 
+class _DiLoCoHandler(_Handler):
+    def sync(self) -> None:
+        self.value.sync(root_rank=0)
+
+
 _HANDLERS = (
     (torch.nn.Module, _ModelHandler),
     (torch.optim.Optimizer, _OptimizerHandler),
     (ElasticSampler, _SamplerHandler),
+    (DiLoCo, _DiLoCoHandler),
 )
 
 
@@ -236,15 +243,16 @@ def _bcast(obj):
 class TorchState(ObjectState):
     """A model, an optimizer, samplers and plain values that survive resets.
 
-    Modules, optimizers and :class:`ElasticSampler` values are kept through their
-    ``state_dict``; anything else is a plain value (see ``ObjectState``).  After a
-    reset, ``sync`` broadcasts rank 0's parameters and optimizer state.  Every
+    Modules, optimizers, :class:`ElasticSampler` values and ``hvd.DiLoCo`` wrappers are
+    kept through their ``state_dict``; anything else is a plain value (see
+    ``ObjectState``).  After a reset, ``sync`` broadcasts rank 0's parameters and
+    optimizer state (a DiLoCo's outer state: anchors, outer optimizer, counters).  Every
     value is also an attribute: ``state.model``, ``state.epoch``, ...
 
     Args:
         model: a ``torch.nn.Module`` whose ``state_dict()`` is kept (optional).
-        optimizer: a ``torch.optim.Optimizer`` (a DistributedOptimizer too) whose
-            state is kept (optional).
+        optimizer: a ``torch.optim.Optimizer`` (a DistributedOptimizer too) or an
+            ``hvd.DiLoCo`` whose state is kept (optional).
         kwargs: further values by name: modules, optimizers and samplers as above,
             anything else kept as a deep copy.
     """

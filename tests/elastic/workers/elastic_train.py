@@ -15,7 +15,10 @@ sleep only while it exists, so a test can end the slow part when it is done),
 ELASTIC_HOLD_GIL (``host:local_rank:step:seconds``: that worker holds the interpreter
 lock that long before that step's backward pass, so its background thread cannot run),
 ELASTIC_DEADLOCK (``host:local_rank:step``: that worker deadlocks on a lock of its own
-before that step's backward pass, interpreter lock free, until it is killed).
+before that step's backward pass, interpreter lock free, until it is killed),
+ELASTIC_DILOCO (H: train with ``hvd.DiLoCo``, plain SGD inside, an outer step every H
+steps, committed only then; the result equals :func:`diloco_reference` when the world keeps
+its size, and ``state.outer`` records each committed outer step).
 """
 
 import ctypes
@@ -33,6 +36,7 @@ GLOBAL_BATCH = 12
 STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
 SLEEP_S = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 SLEEP_WHILE = os.environ.get("ELASTIC_SLEEP_WHILE")
+DILOCO_H = int(os.environ.get("ELASTIC_DILOCO", "0"))
 
 
 def batch(step: int):
@@ -92,9 +96,12 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die, slow=still_slow):
     whether a step still sleeps ``sleep_s``."""
     torch.set_num_threads(1)
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model, opt, step=0, history=[], sizes=[], resets=0)
+    if DILOCO_H:
+        opt = hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.05), DILOCO_H)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, step=0, history=[], sizes=[], resets=0, outer=[])
 
     def on_reset():
         state.resets += 1
@@ -124,7 +131,10 @@ def run_training(steps=STEPS, sleep_s=SLEEP_S, die=should_die, slow=still_slow):
             state.step += 1
             if sleep_s and slow():
                 time.sleep(sleep_s)
-            state.commit()
+            if not DILOCO_H or state.step % DILOCO_H == 0:
+                if DILOCO_H:
+                    state.outer.append(opt.outer_steps)
+                state.commit()
 
     train(state)
     return model, state
@@ -142,6 +152,7 @@ def main():
                     "history": state.history,
                     "sizes": state.sizes,
                     "size": hvd.size(),
+                    "outer": state.outer,
                 },
                 f,
             )
@@ -159,6 +170,31 @@ def reference(steps: int = STEPS):
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     return model.weight.detach().view(-1).tolist(), model.bias.detach().tolist()
+
+
+def diloco_reference(steps: int, h: int, size: int):
+    """DiLoCo on ``size`` ranks simulated in one process: each rank's SGD on its shard for
+    ``h`` steps, then the default outer step (Nesterov SGD, lr 0.7, momentum 0.9) on the
+    averaged change."""
+    anchor = make_model()
+    outer = torch.optim.SGD(anchor.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    for first in range(0, steps, h):
+        moved = []
+        for rank in range(size):
+            local = make_model()
+            local.load_state_dict(anchor.state_dict())
+            inner = torch.optim.SGD(local.parameters(), lr=0.05)
+            for step in range(first, first + h):
+                x, y = batch(step)
+                shard = slice(rank * GLOBAL_BATCH // size, (rank + 1) * GLOBAL_BATCH // size)
+                inner.zero_grad()
+                torch.nn.functional.mse_loss(local(x[shard]), y[shard]).backward()
+                inner.step()
+            moved.append([p.detach() for p in local.parameters()])
+        for i, p in enumerate(anchor.parameters()):
+            p.grad = p.detach() - sum(m[i] for m in moved) / size
+        outer.step()
+    return anchor.weight.detach().view(-1).tolist(), anchor.bias.detach().tolist()
 
 
 if __name__ == "__main__":
