@@ -16,11 +16,9 @@ runs one elastic job per :meth:`~RayExecutor.run` with Ray's live nodes as hosts
 
 import dataclasses
 import logging
-import os
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from hvdlite.common import config as cfg
 from hvdlite.common.exceptions import HvdliteError
 from hvdlite.ray import placement
 from hvdlite.ray.calls import ActorCallStarter
@@ -155,7 +153,7 @@ class RayExecutor:
                              f"{cpus_per_worker}: the counts must be positive")
         elastic_settings.check_sizes(   # the job checks again; before a placement group
             count, min_workers, max_workers, names=SIZES,
-            ceiling=cfg.Config.tunables_of(os.environ).max_workers)
+            ceiling=elastic_settings.platform_ceiling())
         self.settings = settings or RaySettings()
         self.num_workers = count
         self._num_hosts = num_hosts or 0

@@ -7,10 +7,8 @@ authenticated services; the results come back to it in rank order.  How the job 
 run is in :mod:`hvdlite.spark.spark_job`.
 """
 
-import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvdlite.common import config as _config
 from hvdlite.runner.agent import settings as _settings
 from hvdlite.spark.pool import HvdliteSparkError
 from hvdlite.spark import spark_job
@@ -88,7 +86,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict]
     timeout = _start_timeout(start_timeout)
     sc = spark_job.spark_context()
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
-    _settings.check_sizes(count, names=spark_job.SIZES, ceiling=_ceiling())
+    _settings.check_sizes(count, names=spark_job.SIZES, ceiling=_settings.platform_ceiling())
     return spark_job.run_static(sc, fn, args, kwargs, count, timeout, env)
 
 
@@ -137,15 +135,10 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any] = (),
                                                       "hvdlite.spark.run_elastic: elastic_timeout")
     max_np = count if max_num_proc is None else max_num_proc
     _settings.check_sizes(count, min_num_proc, max_np, names=spark_job.SIZES,
-                          ceiling=_ceiling())
+                          ceiling=_settings.platform_ceiling())
     settings = _settings.validate(
         np=count, min_np=min_num_proc, max_np=max_np,
         reset_limit=reset_limit, cooldown_range=None, slots_per_host=None,
         discovery_script=None, fixed_hosts=False, mpi=False, names=spark_job.SIZES)
     return spark_job.run_elastic_job(sc, fn, args, kwargs, settings, timeout, env,
                                      elastic_timeout)
-
-
-def _ceiling() -> int:
-    """--max-workers as this process's environment sets it (a Spark job has no flags)."""
-    return _config.Config.tunables_of(os.environ).max_workers

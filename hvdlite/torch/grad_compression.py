@@ -152,6 +152,15 @@ class GradientExchange:
         self._pending = []
         self._copy_back = []
 
+    def _add_residuals(self, params: List[torch.Tensor], min_numel: int) -> None:
+        """A zero residual ``error`` (flat, this rank's own) for each floating-point
+        parameter of at least ``min_numel`` entries: the ones this exchange compresses."""
+        for p in params:
+            if p.dtype.is_floating_point and p.numel() >= min_numel:
+                self.state[self.names[p]] = {
+                    "error": torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                }
+
     def _plain_unit(self, name: str, grads: List[torch.Tensor]) -> Iterator[None]:
         h = mpi_ops.grouped_allreduce_async_(grads, name=name, **self.kw)
         yield

@@ -115,11 +115,7 @@ class _TopKExchange(GradientExchange):
     ):
         super().__init__(spec, names, reduce_kwargs, spec.start_iter)
         self._scratches: Dict[tuple, torch.Tensor] = {}
-        for p in params:
-            if p.dtype.is_floating_point and p.numel() >= spec.min_numel:
-                self.state[names[p]] = {
-                    "error": torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-                }
+        self._add_residuals(params, spec.min_numel)
 
     def _use_dense(self, kept: int, total: int, itemsize: int) -> bool:
         if self.spec.dense is not None:

@@ -149,21 +149,39 @@ def validate(
         raise HvdliteConfigError(f"--slots-per-host {slots_per_host}: must be at least 1")
     if reset_limit is not None and reset_limit < 0:
         raise HvdliteConfigError(f"{said('reset_limit', reset_limit)}: must be >= 0")
-    cooldown = None
-    if cooldown_range is not None:
-        low, high = (float(x) for x in cooldown_range)
-        if not 0 <= low <= high:
-            raise HvdliteConfigError(
-                f"--blacklist-cooldown-range {low:g} {high:g}: expected 0 <= MIN <= MAX seconds"
-            )
-        cooldown = (low, high)
+    cooldown = _cooldown(cooldown_range)
     if discovery_script is not None:
-        if not os.path.isfile(discovery_script):
-            raise HvdliteConfigError(f"--host-discovery-script {discovery_script}: no such file")
-        if not os.access(discovery_script, os.X_OK):
-            raise HvdliteConfigError(
-                f"--host-discovery-script {discovery_script}: not executable (chmod +x it)"
-            )
+        _check_discovery_script(discovery_script)
     return JobSettings(
         np=np, min_np=min_np, max_np=max_np, reset_limit=reset_limit, cooldown_range=cooldown
     )
+
+
+def _cooldown(cooldown_range: Optional[Sequence[float]]) -> Optional[Tuple[float, float]]:
+    """--blacklist-cooldown-range as (MIN, MAX) seconds, or None when not given.
+
+    Raises:
+        HvdliteConfigError: not 0 <= MIN <= MAX.
+    """
+    if cooldown_range is None:
+        return None
+    low, high = (float(x) for x in cooldown_range)
+    if not 0 <= low <= high:
+        raise HvdliteConfigError(
+            f"--blacklist-cooldown-range {low:g} {high:g}: expected 0 <= MIN <= MAX seconds"
+        )
+    return low, high
+
+
+def _check_discovery_script(path: str) -> None:
+    """Raises: HvdliteConfigError: --host-discovery-script is not an executable file."""
+    if not os.path.isfile(path):
+        raise HvdliteConfigError(f"--host-discovery-script {path}: no such file")
+    if not os.access(path, os.X_OK):
+        raise HvdliteConfigError(f"--host-discovery-script {path}: not executable (chmod +x it)")
+
+
+def platform_ceiling() -> int:
+    """--max-workers for a platform's job (Ray, Spark), which has no flags: as this
+    process's environment sets it (``HVDLITE_MAX_WORKERS``)."""
+    return cfg.Config.tunables_of(os.environ).max_workers

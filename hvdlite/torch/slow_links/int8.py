@@ -108,11 +108,7 @@ class _Int8Exchange(GradientExchange):
         reduce_kwargs: dict,
     ):
         super().__init__(spec, names, reduce_kwargs, spec.start_iter)
-        for p in params:
-            if p.dtype.is_floating_point and p.numel() >= spec.min_numel:
-                self.state[names[p]] = {
-                    "error": torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-                }
+        self._add_residuals(params, spec.min_numel)
 
     def _compressed_unit(self, unit, items):
         flats = [g.view(-1) for _, g in items]
