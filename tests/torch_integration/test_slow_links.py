@@ -16,6 +16,8 @@ CASES = [
     "int8_within_its_bound",
     "int8_error_feedback_is_unbiased_over_steps",
     "diloco_with_an_int8_outer_exchange",
+    "streaming_fragments_sync_in_turn",
+    "overlap_applies_the_average_one_step_late",
 ]
 NP3_CASES = [
     "h1_equals_synchronous_sgd",

@@ -293,6 +293,72 @@ def diloco_with_an_int8_outer_exchange():
     assert saved["exchange"]["kind"] == "int8" and saved["exchange"]["tensors"], saved.keys()
 
 
+def streaming_fragments_sync_in_turn():
+    """Two fragments, H = 4: the first is synced at steps 2, 6 (ranks then agree on it, not
+    on the second), the second at 4, 8; a checkpoint keeps both outer optimizers."""
+    model = _model()
+    opt = hvd.DiLoCo(
+        model, torch.optim.AdamW(model.parameters(), lr=0.01), sync_every=4, fragments=2
+    )
+    first = sum(list(model.parameters())[i].numel() for i in opt.fragments[0])
+
+    def check(step):
+        rows = _gathered(model)
+        spread = [(r - r[0]).abs().max().item() for r in (rows[:, :first], rows[:, first:])]
+        synced = {1: 0, 5: 0, 3: 1, 7: 1}.get(step)
+        if synced is None:
+            assert min(spread) > 0.0, f"step {step}: a fragment synced out of turn: {spread}"
+        else:
+            assert spread[synced] == 0.0, f"step {step}: fragment {synced} not synced"
+            assert spread[1 - synced] > 0.0, f"step {step}: fragment {1 - synced} synced too"
+
+    assert opt.fragments == [[0], [1, 2, 3]], opt.fragments
+    assert opt.offsets == [2, 0], opt.offsets
+    _train(opt, model, steps=8, each=check)
+    assert opt.outer_steps == 2, opt.outer_steps
+    saved = opt.state_dict()
+    assert isinstance(saved["outer_optimizer"], list) and len(saved["outer_optimizer"]) == 2
+    again = hvd.DiLoCo(model, torch.optim.AdamW(model.parameters()), sync_every=4, fragments=2)
+    again.load_state_dict(saved)
+    for a, b in zip(again.outer_optimizers, opt.outer_optimizers):
+        assert str(a.state_dict()) == str(b.state_dict())
+    for bad in (0, 5, 2.0):
+        try:
+            hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, fragments=bad)
+        except ValueError as exc:
+            assert f"fragments={bad!r}" in str(exc), exc
+        else:
+            raise AssertionError(f"fragments={bad!r} was taken")
+
+
+def overlap_applies_the_average_one_step_late():
+    """Constant gradients, SGD inside, outer SGD of lr 1: each step moves a rank by its own
+    -lr * g; with overlap the anchors trail by the one allreduce under way and a rank keeps
+    its own last step on top; the state_dict applies it (then the same as without)."""
+    lr, steps = 0.1, 5
+    size, rank = hvd.size(), hvd.rank()
+    g = [torch.full((3,), float(r + 1), dtype=torch.float64) for r in range(size)]
+    mean = sum(g) / size
+    w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    opt = hvd.DiLoCo(
+        torch.nn.ParameterList([w]),
+        torch.optim.SGD([w], lr=lr),
+        sync_every=1,
+        outer_optimizer=lambda anchors: torch.optim.SGD(anchors, lr=1.0),
+        overlap=True,
+    )
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        (w * g[rank]).sum().backward()
+        opt.step()
+        want_anchor = -(step - 1) * lr * mean
+        assert torch.allclose(opt.anchors[0], want_anchor), (step, opt.anchors[0])
+        assert torch.allclose(w.detach(), want_anchor - lr * g[rank]), (step, w)
+    opt.state_dict()
+    assert torch.allclose(opt.anchors[0], -steps * lr * mean) and opt.outer_steps == steps
+    assert torch.allclose(w.detach(), -steps * lr * mean), w
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -305,6 +371,8 @@ CASES = {
         int8_within_its_bound,
         int8_error_feedback_is_unbiased_over_steps,
         diloco_with_an_int8_outer_exchange,
+        streaming_fragments_sync_in_turn,
+        overlap_applies_the_average_one_step_late,
     )
 }
 
