@@ -205,9 +205,9 @@ def _on_sigterm(signum, frame):
     raise _Interrupted(f"signal {signum}")
 
 
-def run_job(tb, launcher_args, bench_args, out_json, timeout_s, verbose, log):
-    """``hvdlite-run LAUNCHER_ARGS python allreduce.py BENCH_ARGS --json OUT_JSON`` on tbh0;
-    returns allreduce.py's JSON and the job's wall time."""
+def run_job(tb, launcher_args, bench_args, out_json, timeout_s, verbose, log, script=ALLREDUCE):
+    """``hvdlite-run LAUNCHER_ARGS python SCRIPT BENCH_ARGS --json OUT_JSON`` on tbh0
+    (``SCRIPT``: allreduce.py by default); returns the script's JSON and the job's wall time."""
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p),
@@ -219,13 +219,13 @@ def run_job(tb, launcher_args, bench_args, out_json, timeout_s, verbose, log):
         *launcher_args,
         *tb.ssh_args(),
         sys.executable,
-        ALLREDUCE,
+        script,
         *bench_args,
         "--json",
         out_json,
     ]
     log(
-        f"$ hvdlite-run {' '.join(launcher_args)} python benchmarks/allreduce.py "
+        f"$ hvdlite-run {' '.join(launcher_args)} python benchmarks/{os.path.basename(script)} "
         f"{' '.join(bench_args)}"
     )
     lines = []
