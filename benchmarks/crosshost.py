@@ -94,6 +94,19 @@ def burst_for(rate: str, burst: str) -> str:
     return f"{max(256, -(-int(rate_bits(rate) / 8 / 1000) // 1024))}kb"
 
 
+def parse_rates(parser, text: str):
+    """``--rates``' comma-separated tc rates, each checked (``parser.error`` on a bad one)."""
+    rates = [r.strip() for r in text.split(",") if r.strip()]
+    for r in rates:
+        try:
+            rate_bits(r)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if not rates:
+        parser.error("--rates is empty")
+    return rates
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -176,14 +189,7 @@ def parse_args(argv=None):
     p.add_argument("--verbose", action="store_true", help="pass the jobs' output through")
     p.add_argument("--json", metavar="FILE", help="write rows, targets and settings as JSON")
     args = p.parse_args(argv)
-    args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    for r in args.rates:
-        try:
-            rate_bits(r)
-        except ValueError as exc:
-            p.error(str(exc))
-    if not args.rates:
-        p.error("--rates is empty")
+    args.rates = parse_rates(p, args.rates)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     if "hvdlite_fusion" not in args.impls:

@@ -39,7 +39,14 @@ for path in (REPO, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from crosshost import _Interrupted, _on_sigterm, burst_for, rate_bits, run_job  # noqa: E402
+from crosshost import (  # noqa: E402
+    _Interrupted,
+    _on_sigterm,
+    burst_for,
+    parse_rates,
+    rate_bits,
+    run_job,
+)
 from slow_links_train import METHODS  # noqa: E402
 
 from tests.testbed import Testbed, TestbedUnavailable  # noqa: E402
@@ -63,12 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE", help="loss against time, one panel per rate")
     args = p.parse_args(argv)
-    args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    for r in args.rates:
-        try:
-            rate_bits(r)
-        except ValueError as exc:
-            p.error(str(exc))
+    args.rates = parse_rates(p, args.rates)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:

@@ -94,20 +94,7 @@ class DiLoCo:
     ):
         if not _is_count(sync_every):
             raise ValueError(f"DiLoCo: sync_every={sync_every!r}: must be an int >= 1")
-        if isinstance(inner_optimizer, HookedOptimizer):
-            raise ValueError(
-                "DiLoCo: inner_optimizer is distributed (a DistributedOptimizer averages "
-                "every step); pass the plain torch optimizer: DiLoCo averages the parameters "
-                "every sync_every steps itself"
-            )
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        known = {id(p) for p in self.params}
-        for group in inner_optimizer.param_groups:
-            if any(id(p) not in known for p in group["params"]):
-                raise ValueError(
-                    "DiLoCo: inner_optimizer has parameters that are not trainable parameters "
-                    "of model"
-                )
+        self.params = _trainable_params(model, inner_optimizer)
         if not _is_count(fragments) or fragments > min(sync_every, len(self.params)):
             raise ValueError(
                 f"DiLoCo: fragments={fragments!r}: must be an int from 1 to "
@@ -274,6 +261,25 @@ class DiLoCo:
             state, root, name=f"{self.name}.sync", process_set=self.process_set
         )
         self.load_state_dict({**state, **own})
+
+
+def _trainable_params(model, inner_optimizer) -> List[torch.Tensor]:
+    """``model``'s trainable parameters, once ``inner_optimizer`` is known to be a plain
+    optimizer of some of them."""
+    if isinstance(inner_optimizer, HookedOptimizer):
+        raise ValueError(
+            "DiLoCo: inner_optimizer is distributed (a DistributedOptimizer averages "
+            "every step); pass the plain torch optimizer: DiLoCo averages the parameters "
+            "every sync_every steps itself"
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    known = {id(p) for p in params}
+    for group in inner_optimizer.param_groups:
+        if any(id(p) not in known for p in group["params"]):
+            raise ValueError(
+                "DiLoCo: inner_optimizer has parameters that are not trainable parameters of model"
+            )
+    return params
 
 
 def _is_count(value) -> bool:
